@@ -1,0 +1,38 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv and install first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+.PHONY: install demo dev test test-slow lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/ingest demo
+
+dev: install
+	$(BIN)/ingest dev
+
+test: install
+	$(BIN)/python -m pytest
+
+test-slow: install
+	$(BIN)/python -m pytest -m slow
+
+lint: install
+	$(BIN)/ruff check ingestion_assets ingestion_assets_tests bench
+	$(BIN)/mypy
+
+bench: install
+	$(BIN)/python bench/postgres_to_duckdb.py
+
+clean:
+	-$(BIN)/ingest down
+	rm -rf .ingest

@@ -1,0 +1,1 @@
+"""Loading: one dlt pipeline per stream run, merge hints, metadata columns."""

@@ -1,0 +1,69 @@
+"""The `_ingest_*` columns every target row carries (see DESIGN.md), added to each Arrow slice."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+EXTRACTED_AT = "_ingest_extracted_at"
+POSITION = "_ingest_position"
+GENERATION = "_ingest_generation_id"
+DELETED_AT = "_ingest_deleted_at"
+META = "_ingest_meta"
+
+TIMESTAMP_UTC = pa.timestamp("us", tz="UTC")
+
+DLT_HINTS: dict[str, dict[str, object]] = {
+    EXTRACTED_AT: {"data_type": "timestamp", "timezone": True, "precision": 6, "nullable": False},
+    POSITION: {"data_type": "text", "nullable": True, "dedup_sort": "desc"},
+    GENERATION: {"data_type": "bigint", "nullable": False},
+    DELETED_AT: {"data_type": "timestamp", "timezone": True, "precision": 6, "nullable": True},
+    META: {"data_type": "json", "nullable": True},
+}
+
+
+def with_metadata(
+    table: pa.Table, version_columns: Sequence[str], extracted_at: dt.datetime, generation: int
+) -> pa.Table:
+    """Append the metadata columns; the row's version is the sortable text of its cursor columns."""
+    rows = table.num_rows
+    if version_columns:
+        position = sortable_text([table.column(name) for name in version_columns])
+    else:  # no cursor: the newest read is the newest version
+        position = pa.array([extracted_at.isoformat()] * rows, pa.string())
+    return (
+        table.append_column(EXTRACTED_AT, pa.array([extracted_at] * rows, TIMESTAMP_UTC))
+        .append_column(POSITION, position)
+        .append_column(GENERATION, pa.array([generation] * rows, pa.int64()))
+        .append_column(DELETED_AT, pa.nulls(rows, TIMESTAMP_UTC))
+        .append_column(META, pa.nulls(rows, pa.string()))
+    )
+
+
+def sortable_text(columns: Sequence[pa.ChunkedArray | pa.Array]) -> pa.ChunkedArray | pa.Array:
+    """Text whose string order equals the value order, so the newest version compares highest.
+
+    Timestamps and dates print fixed-width ISO (UTC), integers are offset to non-negative and padded,
+    NULL prints empty (lowest). Several columns join with `|`.
+    """
+    parts = [_sortable(column) for column in columns]
+    if len(parts) == 1:
+        return parts[0]
+    return pc.binary_join_element_wise(*parts, "|")
+
+
+def _sortable(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    kind = column.type
+    if pa.types.is_timestamp(kind):
+        text = pc.strftime(pc.cast(column, pa.timestamp("us", tz=kind.tz)), format="%Y-%m-%dT%H:%M:%S")
+    elif pa.types.is_date(kind):
+        text = pc.strftime(column, format="%Y-%m-%d")
+    elif pa.types.is_integer(kind):
+        shifted = pc.add(pc.cast(column, pa.decimal128(20, 0)), pa.scalar(2**63, pa.decimal128(20, 0)))
+        text = pc.utf8_lpad(pc.cast(shifted, pa.string()), width=20, padding="0")
+    else:
+        text = pc.cast(column, pa.string())
+    return pc.fill_null(text, "")

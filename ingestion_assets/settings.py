@@ -1,0 +1,47 @@
+"""Where the product keeps its files (INGEST_HOME) and which catalog it reads (INGEST_CATALOG)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ingestion_assets.stack.embedded import EmbeddedPostgres
+
+DEFAULT_HOME = ".ingest"
+
+
+def demo_catalog_path() -> Path:
+    return Path(__file__).parent / "demo" / "catalog.yaml"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved once per process from the environment, then passed explicitly."""
+
+    home: Path
+    catalog_path: Path
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        home = Path(env.get("INGEST_HOME") or DEFAULT_HOME).expanduser().resolve()
+        catalog = env.get("INGEST_CATALOG")
+        return cls(home=home, catalog_path=Path(catalog).expanduser().resolve() if catalog else demo_catalog_path())
+
+    @property
+    def embedded(self) -> EmbeddedPostgres:
+        return EmbeddedPostgres(self.home / "pg")
+
+    @property
+    def warehouse_path(self) -> Path:
+        return self.home / "warehouse.duckdb"
+
+    @property
+    def dagster_home(self) -> Path:
+        return self.home / "dagster"
+
+    @property
+    def dlt_dir(self) -> Path:
+        return self.home / "dlt"

@@ -1,0 +1,1 @@
+"""Plain dlt sources (no Dagster import): each reads one kind of system and yields slices."""

@@ -1,0 +1,89 @@
+"""The ordered, keyset-bounded SELECT a table stream reads, and the position a slice ends at."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from psycopg2 import sql
+from psycopg2.extensions import connection as PgConnection
+
+from ingestion_assets.sources.postgres.introspect import Column, TableShape
+
+Position = dict[str, str | None]  # ordering column -> exact text of its value (None: NULL)
+
+
+class PositionMismatch(ValueError):
+    """A stored position does not fit the stream's ordering columns (the catalog changed)."""
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """What one stream reads: all columns, ordered by cursor then primary key (the tie-breaker)."""
+
+    shape: TableShape
+    cursor: tuple[str, ...]
+    primary_key: tuple[str, ...]
+
+    @property
+    def ordering(self) -> tuple[Column, ...]:
+        names = list(self.cursor) + [k for k in self.primary_key if k not in self.cursor]
+        return tuple(self.shape.column(name) for name in names)
+
+    def copy_statement(self, conn: PgConnection, after: Position | None) -> str:
+        """COPY of every row strictly after `after` in (cursor, primary key) order.
+
+        COPY takes no bind parameters, so literals are quoted by psycopg2 and cast to the column type.
+        """
+        keys = [_order_expr(c) for c in self.ordering]
+        query = sql.SQL("SELECT {cols} FROM {table}").format(
+            cols=sql.SQL(", ").join(sql.Identifier(c.name) for c in self.shape.columns),
+            table=sql.Identifier(self.shape.schema, self.shape.table),
+        )
+        if after is not None:
+            values = [_literal(c, self._value(after, c)) for c in self.ordering]
+            query += sql.SQL(" WHERE ({keys}) > ({values})").format(
+                keys=sql.SQL(", ").join(keys), values=sql.SQL(", ").join(values)
+            )
+        query += sql.SQL(" ORDER BY {keys}").format(keys=sql.SQL(", ").join(keys))
+        copy = sql.SQL("COPY ({query}) TO STDOUT WITH (FORMAT csv)").format(query=query)
+        return copy.as_string(conn)
+
+    def position_of_last_row(self, table: pa.Table) -> Position:
+        last = table.num_rows - 1
+        return {c.name: _exact_text(table.column(c.name)[last].as_py()) for c in self.ordering}
+
+    def _value(self, position: Mapping[str, Any], column: Column) -> str | None:
+        if column.name not in position:
+            raise PositionMismatch(
+                f"the stored position has no value for ordering column {column.name!r} "
+                f"(it holds {sorted(position)}); the cursor or primary key changed: "
+                "reset the stream's state with `ingest state reset`"
+            )
+        value = position[column.name]
+        return None if value is None else str(value)
+
+
+def _order_expr(column: Column) -> sql.Composable:
+    ident = sql.Identifier(column.name)
+    if not column.nullable:
+        return ident
+    return sql.SQL("COALESCE({ident}, {lowest})").format(ident=ident, lowest=_literal(column, None))
+
+
+def _literal(column: Column, value: str | None) -> sql.Composable:
+    text = column.lowest_literal if value is None else value
+    return sql.SQL("{value}::{type}").format(value=sql.Literal(text), type=sql.SQL(column.sql_type))
+
+
+def _exact_text(value: Any) -> str | None:
+    """Text PostgreSQL parses back to the identical value (isoformat keeps microseconds and the zone)."""
+    if value is None:
+        return None
+    if hasattr(value, "isoformat"):
+        return str(value.isoformat())
+    if isinstance(value, bytes):
+        return "\\x" + value.hex()
+    return str(value)

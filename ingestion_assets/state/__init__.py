@@ -1,0 +1,1 @@
+"""Stream state: read, write and reset checkpoints in the Dagster instance."""

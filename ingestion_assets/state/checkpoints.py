@@ -1,0 +1,100 @@
+"""Checkpoints in the Dagster instance: one position per stream and partition, as asset event metadata.
+
+A checkpoint is an AssetObservation logged during the run right after a slice's load committed, and
+the final one rides on the materialization. The newest event carrying CHECKPOINT_KEY wins; a reset is
+such an event whose position is null.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+
+CHECKPOINT_KEY = "ingest/checkpoint"
+_PAGE = 50
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    position: dict[str, Any] | None  # None: start from the beginning (never run, or reset)
+    run_id: str
+    committed_at: dt.datetime
+    storage_id: int
+    details: dict[str, Any]  # everything else stored with it (rows, slice, reason of a reset ...)
+
+
+def checkpoint_metadata(position: dict[str, Any] | None, **details: Any) -> dict[str, Any]:
+    """The metadata entry an operator sees in the UI and `latest_checkpoint` reads back."""
+    return {CHECKPOINT_KEY: dg.MetadataValue.json({"position": position, **details})}
+
+
+def latest_checkpoint(
+    instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition: str | None = None
+) -> Checkpoint | None:
+    """The newest checkpoint of a stream (partition), whether it came from an observation or a materialization."""
+    records_filter = dg.AssetRecordsFilter(
+        asset_key=asset_key, asset_partitions=[partition] if partition is not None else None
+    )
+    found = [
+        _newest_with_checkpoint(instance.fetch_observations, records_filter),
+        _newest_with_checkpoint(instance.fetch_materializations, records_filter),
+    ]
+    candidates = [c for c in found if c is not None]
+    return max(candidates, key=lambda c: c.storage_id) if candidates else None
+
+
+def reset_checkpoint(
+    instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition: str | None, reason: str
+) -> None:
+    """Record that the stream starts over; the history of positions stays in the event log."""
+    instance.report_runless_asset_event(
+        dg.AssetObservation(
+            asset_key=asset_key,
+            partition=partition,
+            metadata=checkpoint_metadata(None, reset=True, reason=reason),
+        )
+    )
+
+
+def _newest_with_checkpoint(
+    fetch: Callable[..., Any], records_filter: dg.AssetRecordsFilter
+) -> Checkpoint | None:
+    cursor = None
+    while True:
+        result = fetch(records_filter, limit=_PAGE, cursor=cursor, ascending=False)
+        for record in result.records:
+            event = record.asset_observation or record.asset_materialization
+            entry = (event.metadata or {}).get(CHECKPOINT_KEY) if event is not None else None
+            if entry is not None:
+                stored = dict(entry.value)
+                return Checkpoint(
+                    position=stored.pop("position", None),
+                    run_id=record.run_id,
+                    committed_at=dt.datetime.fromtimestamp(record.timestamp, tz=dt.UTC),
+                    storage_id=record.storage_id,
+                    details=stored,
+                )
+        if not result.has_more:
+            return None
+        cursor = result.cursor
+
+
+class RunCheckpointSink:
+    """Writes each committed slice's position into the instance from inside a run (stored at once)."""
+
+    def __init__(self, context: dg.AssetExecutionContext, partition: str | None) -> None:
+        self._context = context
+        self._partition = partition
+
+    def commit(self, position: dict[str, Any], slice_index: int, rows: int) -> None:
+        self._context.log_event(
+            dg.AssetObservation(
+                asset_key=self._context.asset_key,
+                partition=self._partition,
+                metadata=checkpoint_metadata(position, complete=False, slice=slice_index, rows=rows),
+            )
+        )

@@ -1,0 +1,97 @@
+"""Operator views of stream state for the CLI: checkpoints, the last run of each stream, pool sizes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import dagster as dg
+
+from ingestion_assets.catalog import Catalog
+from ingestion_assets.defs.assets import pool_name
+from ingestion_assets.settings import Settings
+from ingestion_assets.state.checkpoints import latest_checkpoint, reset_checkpoint
+
+
+@dataclass(frozen=True)
+class CheckpointRow:
+    stream: str
+    partition: str
+    committed_at: str
+    run_id: str
+    position: str
+
+
+@dataclass(frozen=True)
+class RunLine:
+    stream: str
+    rows: int
+    seconds: float
+    rows_per_second: float
+    position: str
+
+
+@contextlib.contextmanager
+def open_instance(settings: Settings) -> Iterator[dg.DagsterInstance]:
+    with dg.DagsterInstance.from_config(str(settings.dagster_home)) as instance:
+        yield instance
+
+
+def checkpoint_rows(
+    settings: Settings, catalog: Catalog, selected: Sequence[tuple[str, str]] | None, partition: str | None
+) -> list[CheckpointRow]:
+    streams = selected or [(source, stream) for source, _, stream, _ in catalog.streams()]
+    rows = []
+    with open_instance(settings) as instance:
+        for source, stream in streams:
+            found = latest_checkpoint(instance, dg.AssetKey([source, stream]), partition)
+            rows.append(
+                CheckpointRow(
+                    stream=f"{source}.{stream}",
+                    partition=partition or "-",
+                    committed_at=found.committed_at.isoformat(timespec="seconds") if found else "never",
+                    run_id=(found.run_id or "(cli)")[:8] if found else "-",
+                    position=_position_text(found.position) if found else "(start)",
+                )
+            )
+    return rows
+
+
+def latest_runs(settings: Settings, catalog: Catalog) -> list[RunLine]:
+    lines = []
+    with open_instance(settings) as instance:
+        for source, _, stream, _ in catalog.streams():
+            key = dg.AssetKey([source, stream])
+            result = instance.fetch_materializations(key, limit=1)
+            metadata = {}
+            if result.records and result.records[0].asset_materialization is not None:
+                metadata = {k: v.value for k, v in result.records[0].asset_materialization.metadata.items()}
+            checkpoint = latest_checkpoint(instance, key)
+            lines.append(
+                RunLine(
+                    stream=f"{source}.{stream}",
+                    rows=int(metadata.get("rows", 0) or 0),
+                    seconds=float(metadata.get("seconds", 0.0) or 0.0),
+                    rows_per_second=float(metadata.get("rows_per_second", 0.0) or 0.0),
+                    position=_position_text(checkpoint.position) if checkpoint else "(none)",
+                )
+            )
+    return lines
+
+
+def reset_stream(settings: Settings, source: str, stream: str, partition: str | None) -> None:
+    with open_instance(settings) as instance:
+        reset_checkpoint(instance, dg.AssetKey([source, stream]), partition, reason="ingest state reset")
+
+
+def size_pools(settings: Settings, catalog: Catalog) -> None:
+    """Each source's pool gets the catalog's max_concurrency slots, so a backfill cannot flood it."""
+    with open_instance(settings) as instance:
+        for source_name, source in catalog.sources.items():
+            instance.event_log_storage.set_concurrency_slots(pool_name(source_name), source.max_concurrency)
+
+
+def _position_text(position: dict[str, object] | None) -> str:
+    return "(start)" if position is None else json.dumps(position, default=str)
