@@ -6,7 +6,7 @@ import contextlib
 import fcntl
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,10 +41,10 @@ class TargetTable:
     table: str  # the stream name
     primary_key: tuple[str, ...]
     write_disposition: str  # merge | append | replace
-    json_columns: tuple[str, ...] = ()
+    type_hints: tuple[tuple[str, dict[str, Any]], ...] = ()  # (column, dlt hint) the Arrow type cannot carry
 
     def column_hints(self) -> dict[str, dict[str, Any]]:
-        hints: dict[str, dict[str, Any]] = {name: {"data_type": "json"} for name in self.json_columns}
+        hints: dict[str, dict[str, Any]] = {name: dict(hint) for name, hint in self.type_hints}
         for name in self.primary_key:
             hints[name] = {**hints.get(name, {}), "nullable": False, "primary_key": True}
         hints.update(DLT_HINTS)
@@ -127,7 +127,3 @@ def make_destination(settings: Settings, destination: Destination) -> DltDestina
 def pipeline_name(source: str, stream: str, partition: str | None) -> str:
     suffix = "" if partition is None else "__" + "".join(ch if ch.isalnum() else "_" for ch in partition)
     return f"ingest__{source}__{stream}{suffix}"
-
-
-def json_columns_of(names_and_flags: Sequence[tuple[str, bool]]) -> tuple[str, ...]:
-    return tuple(name for name, is_json in names_and_flags if is_json)

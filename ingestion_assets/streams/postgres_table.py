@@ -65,7 +65,7 @@ class PostgresTableStream:
                 table=self.name,
                 primary_key=tuple(self.spec.primary_key),
                 write_disposition=self.spec.write_disposition,
-                json_columns=tuple(c.name for c in plan.shape.columns if c.is_json),
+                type_hints=tuple((c.name, h) for c in plan.shape.columns if (h := c.dlt_hint()) is not None),
             ),
             pipeline_name=pipeline_name(self.source_name, self.name, partition),
         )

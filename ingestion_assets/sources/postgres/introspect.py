@@ -56,6 +56,14 @@ class Column:
     def is_json(self) -> bool:
         return self.type_name in JSON_TYPES
 
+    def dlt_hint(self) -> dict[str, object] | None:
+        """What dlt cannot infer from the Arrow type: JSON stays JSON, a local timestamp stays local."""
+        if self.is_json:
+            return {"data_type": "json"}
+        if self.type_name == "timestamp":
+            return {"data_type": "timestamp", "timezone": False, "precision": 6}
+        return None
+
     @property
     def lowest_literal(self) -> str:
         """The value a NULL of this column orders as (text types: the empty string)."""

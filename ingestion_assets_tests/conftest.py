@@ -1,0 +1,87 @@
+"""Shared fixtures: one embedded PostgreSQL and one Dagster instance per session, a fresh schema per test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from ingestion_assets.settings import Settings
+from ingestion_assets.stack.instance import bring_up
+from ingestion_assets_tests.helpers import SourceDb, StreamHarness
+
+SOURCE_DATABASE = "source"
+
+
+@pytest.fixture(scope="session")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("ingest_home")
+    settings = Settings(home=path, catalog_path=path / "unused.yaml")
+    bring_up(settings)
+    settings.embedded.ensure_database(SOURCE_DATABASE)
+    yield path
+    settings.embedded.stop()
+
+
+@pytest.fixture(scope="session")
+def session_settings(home: Path) -> Settings:
+    return Settings(home=home, catalog_path=home / "unused.yaml")
+
+
+@pytest.fixture(scope="session")
+def instance(session_settings: Settings) -> Iterator[dg.DagsterInstance]:
+    with dg.DagsterInstance.from_config(str(session_settings.dagster_home)) as inst:
+        yield inst
+
+
+def _source_urls(session_settings: Settings) -> dict[str, str | None]:
+    return {
+        "embedded": session_settings.embedded.url(SOURCE_DATABASE),
+        "system": os.environ.get("INGEST_TEST_PG_URL"),
+    }
+
+
+@pytest.fixture(params=["embedded"])
+def source_db(request: pytest.FixtureRequest, session_settings: Settings) -> Iterator[SourceDb]:
+    """A fresh schema on the embedded server, dropped afterwards."""
+    url = _source_urls(session_settings)[request.param]
+    if url is None:
+        pytest.skip("INGEST_TEST_PG_URL is not set")
+    db = SourceDb(url=url, schema=f"t_{uuid.uuid4().hex[:10]}")
+    db.create_schema()
+    try:
+        yield db
+    finally:
+        db.drop_schema()
+
+
+@pytest.fixture(params=["embedded", "system"])
+def any_source_db(request: pytest.FixtureRequest, session_settings: Settings) -> Iterator[SourceDb]:
+    """Like source_db, also against the server INGEST_TEST_PG_URL names (e.g. the system PostgreSQL 15)."""
+    url = _source_urls(session_settings)[request.param]
+    if url is None:
+        pytest.skip("INGEST_TEST_PG_URL is not set")
+    db = SourceDb(url=url, schema=f"t_{uuid.uuid4().hex[:10]}")
+    db.create_schema()
+    try:
+        yield db
+    finally:
+        db.drop_schema()
+
+
+@pytest.fixture
+def harness(
+    tmp_path: Path, session_settings: Settings, instance: dg.DagsterInstance, source_db: SourceDb
+) -> StreamHarness:
+    return StreamHarness(tmp_path=tmp_path, home=session_settings.home, instance=instance, source=source_db)
+
+
+@pytest.fixture
+def harness_on_any(
+    tmp_path: Path, session_settings: Settings, instance: dg.DagsterInstance, any_source_db: SourceDb
+) -> StreamHarness:
+    return StreamHarness(tmp_path=tmp_path, home=session_settings.home, instance=instance, source=any_source_db)

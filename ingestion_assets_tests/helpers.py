@@ -1,0 +1,209 @@
+"""Test helpers: a source schema, a per-test catalog, runs through Dagster, row-by-row comparison."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import math
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import duckdb
+import psycopg2
+import yaml
+
+from ingestion_assets.catalog import load_catalog
+from ingestion_assets.defs.assets import build_stream_assets
+from ingestion_assets.settings import Settings
+from ingestion_assets.state.checkpoints import Checkpoint, latest_checkpoint
+
+REPO = Path(__file__).resolve().parent.parent
+META_COLUMNS = ("_ingest_extracted_at", "_ingest_position", "_ingest_generation_id", "_ingest_deleted_at",
+                "_ingest_meta")
+
+
+@dataclass
+class SourceDb:
+    url: str
+    schema: str
+
+    @contextlib.contextmanager
+    def connect(self) -> Iterator[Any]:
+        conn = psycopg2.connect(self.url)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SET TimeZone = 'UTC'")
+                cur.execute(f'SET search_path = "{self.schema}", public')
+            conn.commit()
+            yield conn
+        finally:
+            conn.close()
+
+    def execute(self, statement: str, params: Sequence[Any] | dict[str, Any] | None = None) -> None:
+        with self.connect() as conn, conn.cursor() as cur:
+            cur.execute(statement, params)
+            conn.commit()
+
+    def rows(self, table: str, order_by: str) -> list[tuple[Any, ...]]:
+        with self.connect() as conn, conn.cursor() as cur:
+            cur.execute(f"SELECT * FROM {table} ORDER BY {order_by}")
+            return [tuple(normalize(v) for v in row) for row in cur.fetchall()]
+
+    def columns(self, table: str) -> list[str]:
+        with self.connect() as conn, conn.cursor() as cur:
+            cur.execute(f"SELECT * FROM {table} LIMIT 0")
+            return [d.name for d in cur.description]
+
+    def create_schema(self) -> None:
+        conn = psycopg2.connect(self.url)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f'CREATE SCHEMA "{self.schema}"')
+            conn.commit()
+        finally:
+            conn.close()
+
+    def drop_schema(self) -> None:
+        conn = psycopg2.connect(self.url)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+            conn.commit()
+        finally:
+            conn.close()
+
+
+def normalize(value: Any) -> Any:
+    """Make source (psycopg2) and target (DuckDB) values comparable without hiding differences."""
+    if isinstance(value, memoryview):
+        return bytes(value)
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return value.astimezone(dt.UTC)  # psycopg2 and DuckDB name UTC differently
+    return value
+
+
+@dataclass
+class StreamHarness:
+    """One test's catalog (unique source name), DuckDB file and Dagster runs on the session instance."""
+
+    tmp_path: Path
+    home: Path
+    instance: dg.DagsterInstance
+    source: SourceDb
+    source_name: str = field(default_factory=lambda: f"src_{uuid.uuid4().hex[:8]}")
+    catalog_path: Path | None = None
+
+    @property
+    def warehouse(self) -> Path:
+        return self.tmp_path / "warehouse.duckdb"
+
+    @property
+    def settings(self) -> Settings:
+        assert self.catalog_path is not None, "call write_catalog first"
+        return Settings(home=self.home, catalog_path=self.catalog_path)
+
+    def write_catalog(self, streams: dict[str, dict[str, Any]], **source_options: Any) -> Path:
+        url_file = self.tmp_path / "source_url"
+        url_file.write_text(self.source.url)
+        for spec in streams.values():
+            if "." not in spec["table"]:
+                spec["table"] = f"{self.source.schema}.{spec['table']}"
+        catalog = {
+            "destination": {"type": "duckdb", "path": str(self.warehouse)},
+            "sources": {
+                self.source_name: {
+                    "type": "postgres",
+                    "connection": {"file": str(url_file)},
+                    **source_options,
+                    "streams": streams,
+                }
+            },
+        }
+        self.catalog_path = self.tmp_path / "catalog.yaml"
+        self.catalog_path.write_text(yaml.safe_dump(catalog))
+        return self.catalog_path
+
+    def key(self, stream: str) -> dg.AssetKey:
+        return dg.AssetKey([self.source_name, stream])
+
+    def materialize(self, *streams: str, raise_on_error: bool = True) -> dg.ExecuteInProcessResult:
+        assets = build_stream_assets(self.settings, load_catalog(self.settings.catalog_path))
+        selection = [self.key(s) for s in streams] if streams else None
+        return dg.materialize(assets, instance=self.instance, selection=selection, raise_on_error=raise_on_error)
+
+    def cli_env(self, **extra: str) -> dict[str, str]:
+        return {
+            **os.environ,
+            "INGEST_HOME": str(self.home),
+            "INGEST_CATALOG": str(self.catalog_path),
+            "DAGSTER_HOME": str(self.settings.dagster_home),
+            **extra,
+        }
+
+    def materialize_cli(self, stream: str, **extra_env: str) -> subprocess.Popen[bytes]:
+        """`dagster asset materialize` in its own process, as CI runs it (returns the running process)."""
+        dagster = Path(sys.executable).parent / "dagster"
+        command = [str(dagster), "asset", "materialize", "-m", "ingestion_assets.definitions",
+                   "--select", f"{self.source_name}/{stream}"]
+        log = (self.tmp_path / f"cli-{uuid.uuid4().hex[:6]}.log").open("wb")
+        return subprocess.Popen(command, env=self.cli_env(**extra_env), stdout=log, stderr=subprocess.STDOUT,
+                                cwd=REPO, start_new_session=True)
+
+    def observations(self, stream: str) -> int:
+        """How many checkpoints the stream has written so far (all runs)."""
+        return len(self.instance.fetch_observations(self.key(stream), limit=10_000).records)
+
+    def target_count(self, stream: str) -> int:
+        with duckdb.connect(str(self.warehouse), read_only=True) as con:
+            row = con.execute(f'SELECT count(*) FROM "{self.source_name}"."{stream}"').fetchone()
+        return int(row[0]) if row else 0
+
+    def checkpoint(self, stream: str) -> Checkpoint | None:
+        return latest_checkpoint(self.instance, self.key(stream))
+
+    def target_rows(
+        self, stream: str, columns: Sequence[str], order_by: str, json_columns: Sequence[str] = (),
+        decimal_text_columns: Sequence[str] = (),
+    ) -> list[tuple[Any, ...]]:
+        with duckdb.connect(str(self.warehouse), read_only=True) as con:
+            con.execute("SET TimeZone = 'UTC'")
+            column_list = ", ".join(f'"{c}"' for c in columns)
+            rows = con.execute(
+                f'SELECT {column_list} FROM "{self.source_name}"."{stream}" ORDER BY {order_by}'
+            ).fetchall()
+        parsers = {columns.index(c): json.loads for c in json_columns}
+        parsers.update({columns.index(c): Decimal for c in decimal_text_columns})
+        return [
+            tuple(
+                parsers[i](v) if i in parsers and v is not None else normalize(v) for i, v in enumerate(row)
+            )
+            for row in rows
+        ]
+
+    def assert_target_equals_source(
+        self, stream: str, table: str, order_by: str, json_columns: Sequence[str] = (),
+        decimal_text_columns: Sequence[str] = (),
+    ) -> int:
+        """Every source row present once, at its current version, value for value (order_by = the key)."""
+        columns = self.source.columns(table)
+        expected = self.source.rows(table, order_by)
+        actual = self.target_rows(stream, columns, order_by, json_columns, decimal_text_columns)
+        key_positions = [columns.index(name.strip()) for name in order_by.split(",")]
+        keys = [tuple(row[i] for i in key_positions) for row in actual]
+        assert len(keys) == len(set(keys)), "duplicate primary keys in the target"
+        assert len(actual) == len(expected), f"target has {len(actual)} rows, source {len(expected)}"
+        if expected != actual:
+            diff = [(e, a) for e, a in zip(expected, actual, strict=True) if e != a][:5]
+            raise AssertionError(f"target differs from source; first differences (source, target): {diff}")
+        return len(expected)
