@@ -87,6 +87,7 @@ class PostgresSource(_Model):
 class Destination(_Model):
     type: Literal["duckdb", "postgres"] = "duckdb"
     path: str | None = Field(None, description="DuckDB file; default INGEST_HOME/warehouse.duckdb")
+    memory_limit: str = Field("512MB", description="DuckDB memory_limit while loading (bounded memory)")
     credentials: Reference | None = Field(None, description="connection URL reference for postgres")
 
     @model_validator(mode="after")

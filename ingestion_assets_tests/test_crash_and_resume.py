@@ -67,6 +67,22 @@ def test_sigkill_at_a_random_moment_loses_and_duplicates_nothing(harness: Stream
     harness.assert_target_equals_source("events", "events", "id")
 
 
+def test_failure_after_the_first_load_of_an_initial_read_takes_the_merge_path(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The initial read appends into an empty target; a crash before its first checkpoint must not
+    leave the next run appending over rows that are already there."""
+    _prepare(harness)
+    monkeypatch.setenv(FAULT_ENV, "after_load:0")
+    assert not harness.materialize(raise_on_error=False).success
+    assert harness.checkpoint("events") is None
+    assert harness.target_count("events") == SLICE
+    monkeypatch.delenv(FAULT_ENV)
+    result = harness.materialize()
+    assert _rows_read(harness, result) == ROWS
+    harness.assert_target_equals_source("events", "events", "id")
+
+
 @pytest.mark.parametrize("point", ["after_load", "before_load"])
 def test_failure_between_load_and_checkpoint(
     harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, point: str

@@ -55,14 +55,14 @@ SELECT g, 'customer' || g || '@example.com', lpad((g * 7919 %% 99999)::text, 5, 
        jsonb_build_object('newsletter', g %% 2 = 0, 'tags', jsonb_build_array('t' || g %% 5)),
        timestamptz '2023-01-01 00:00:00+00' + g * interval '37 seconds 123457 microseconds',
        timestamptz '2024-01-01 00:00:00+00' + (g / 10) * interval '1 second 1 microsecond'
-FROM generate_series(1, %(customers)s) g ON CONFLICT DO NOTHING;
+FROM generate_series(1::bigint, %(customers)s) g ON CONFLICT DO NOTHING;
 
 INSERT INTO products
 SELECT lpad(g::text, 6, '0'), 'product ' || g, round((1 + g * 3.7 %% 500)::numeric, 2),
        CASE WHEN g %% 9 = 0 THEN NULL ELSE round((g %% 1000 / 7.0)::numeric, 3) END,
        jsonb_build_object('color', (ARRAY['red','green','blue'])[1 + g %% 3], 'size', g %% 40),
        timestamptz '2024-01-01 00:00:00+00' + (g / 25) * interval '1 minute'
-FROM generate_series(1, %(products)s) g ON CONFLICT DO NOTHING;
+FROM generate_series(1::bigint, %(products)s) g ON CONFLICT DO NOTHING;
 
 INSERT INTO orders
 SELECT g, 1 + g * 31 %% %(customers)s, lpad((1 + g * 13 %% %(products)s)::text, 6, '0'), 1 + g %% 5,
@@ -76,7 +76,7 @@ SELECT g, 1 + g * 31 %% %(customers)s, lpad((1 + g * 13 %% %(products)s)::text, 
        timestamptz '2024-01-01 00:00:00+00' + (g / 40) * interval '120 seconds 654321 microseconds',
        CASE WHEN g %% 7 = 0 THEN NULL ELSE jsonb_build_object('channel', (ARRAY['web','app','store'])[1 + g %% 3],
             'items', jsonb_build_array(jsonb_build_object('sku', lpad((g %% 97)::text, 6, '0'), 'qty', 1 + g %% 5))) END
-FROM generate_series(1, %(orders)s) g ON CONFLICT DO NOTHING;
+FROM generate_series(1::bigint, %(orders)s) g ON CONFLICT DO NOTHING;
 """
 
 

@@ -18,7 +18,7 @@ TIMESTAMP_UTC = pa.timestamp("us", tz="UTC")
 
 DLT_HINTS: dict[str, dict[str, object]] = {
     EXTRACTED_AT: {"data_type": "timestamp", "timezone": True, "precision": 6, "nullable": False},
-    POSITION: {"data_type": "text", "nullable": True, "dedup_sort": "desc"},
+    POSITION: {"nullable": True, "dedup_sort": "desc"},  # its type follows the cursor
     GENERATION: {"data_type": "bigint", "nullable": False},
     DELETED_AT: {"data_type": "timestamp", "timezone": True, "precision": 6, "nullable": True},
     META: {"data_type": "json", "nullable": True},
@@ -28,16 +28,21 @@ DLT_HINTS: dict[str, dict[str, object]] = {
 def with_metadata(
     table: pa.Table, version_columns: Sequence[str], extracted_at: dt.datetime, generation: int
 ) -> pa.Table:
-    """Append the metadata columns; the row's version is the sortable text of its cursor columns."""
+    """Append the metadata columns. The row's version is its cursor value: one cursor column is
+    copied as it is (typed, zero-copy), several become sortable text; without a cursor the newest
+    read is the newest version."""
     rows = table.num_rows
-    if version_columns:
+    extracted = pa.repeat(pa.scalar(extracted_at, TIMESTAMP_UTC), rows)
+    if len(version_columns) == 1:
+        position: pa.ChunkedArray | pa.Array = table.column(version_columns[0])
+    elif version_columns:
         position = sortable_text([table.column(name) for name in version_columns])
-    else:  # no cursor: the newest read is the newest version
-        position = pa.array([extracted_at.isoformat()] * rows, pa.string())
+    else:
+        position = extracted
     return (
-        table.append_column(EXTRACTED_AT, pa.array([extracted_at] * rows, TIMESTAMP_UTC))
+        table.append_column(EXTRACTED_AT, extracted)
         .append_column(POSITION, position)
-        .append_column(GENERATION, pa.array([generation] * rows, pa.int64()))
+        .append_column(GENERATION, pa.repeat(pa.scalar(generation, pa.int64()), rows))
         .append_column(DELETED_AT, pa.nulls(rows, TIMESTAMP_UTC))
         .append_column(META, pa.nulls(rows, pa.string()))
     )

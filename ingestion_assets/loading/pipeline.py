@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import logging
 import time
 from collections.abc import Iterator
@@ -14,6 +15,8 @@ from typing import Any
 import dlt
 import pyarrow as pa
 from dlt.common.destination.reference import Destination as DltDestination
+from dlt.destinations.exceptions import DatabaseUndefinedRelation
+from dlt.destinations.impl.duckdb.configuration import DuckDbCredentials
 
 from ingestion_assets.catalog import Destination
 from ingestion_assets.loading.metadata_columns import DLT_HINTS
@@ -61,9 +64,14 @@ class Loader:
     pipeline_name: str
     _pipeline: Any = field(default=None, init=False, repr=False)
     _loads: int = field(default=0, init=False)
+    _append_only: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         logging.getLogger("dlt").addFilter(_HINT_NOTICE)  # a set: adding it again changes nothing
+        # Loaded packages are not kept (a slice is re-read from the source, never from local files), and
+        # the staging copy of a merged slice is emptied: neither disk grows with the number of runs.
+        dlt.config["load.delete_completed_jobs"] = True
+        dlt.config["load.truncate_staging_dataset"] = True
         self._pipeline = dlt.pipeline(
             pipeline_name=self.pipeline_name,
             pipelines_dir=str(self.settings.dlt_dir),
@@ -74,10 +82,31 @@ class Loader:
         # The checkpoint in Dagster is the truth: packages a killed run left behind are stale re-reads.
         self._pipeline.abort_packages()
 
+    def use_initial_load_path(self) -> bool:
+        """Merge as a plain append when no row of this run can already be in the target.
+
+        Sound only for a run that reads from the very start into an empty target in one snapshot:
+        every key then arrives once. A crash moves the next run onto the merge path (it has a
+        checkpoint, or the target is no longer empty).
+        """
+        if self.target.write_disposition == "merge" and self.target_is_empty():
+            self._append_only = True
+        return self._append_only
+
+    def target_is_empty(self) -> bool:
+        with self._destination_lock(), self._pipeline.sql_client() as client:
+            table = client.make_qualified_table_name(self.target.table)
+            try:
+                return not client.execute_sql(f"SELECT 1 FROM {table} LIMIT 1")
+            except DatabaseUndefinedRelation:
+                return True
+
     def load(self, table: pa.Table) -> None:
         disposition = self.target.write_disposition
         if disposition == "replace" and self._loads > 0:
             disposition = "append"  # one run replaces once, then adds its later slices
+        if self._append_only:
+            disposition = "append"
         resource = dlt.resource(
             [table],
             name=self.target.table,
@@ -89,6 +118,9 @@ class Loader:
         with self._destination_lock():
             self._pipeline.run(resource, loader_file_format="parquet")
         self._loads += 1
+        # dlt's config resolution leaves exception tracebacks in reference cycles whose frames still see
+        # the slice; without a collection per slice, several slices stay alive and memory climbs.
+        gc.collect()
 
     @contextlib.contextmanager
     def _destination_lock(self) -> Iterator[None]:
@@ -118,7 +150,9 @@ def make_destination(settings: Settings, destination: Destination) -> DltDestina
     if destination.type == "duckdb":
         path = duckdb_path(settings, destination)
         path.parent.mkdir(parents=True, exist_ok=True)
-        return dlt.destinations.duckdb(str(path))
+        # DuckDB caches up to 80% of RAM by default: a loader's memory would then grow with the table.
+        credentials = DuckDbCredentials(str(path), global_config={"memory_limit": destination.memory_limit})
+        return dlt.destinations.duckdb(credentials)
     assert destination.credentials is not None
     url = resolve(destination.credentials, settings, "destination.credentials")
     return dlt.destinations.postgres(credentials=url)

@@ -69,6 +69,8 @@ class PostgresTableStream:
             ),
             pipeline_name=pipeline_name(self.source_name, self.name, partition),
         )
+        if after is None and partition is None and loader.use_initial_load_path() and log is not None:
+            log.info("%s: empty target, first full read: loading slices by append", self.qualified_name)
 
         def load(piece: Slice) -> None:
             now = dt.datetime.now(dt.UTC)

@@ -1,0 +1,77 @@
+"""A broken catalog fails on load with the file, the key path and what is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ingestion_assets.catalog import CatalogError, load_catalog
+from ingestion_assets.settings import demo_catalog_path
+
+VALID = """
+sources:
+  shop:
+    type: postgres
+    connection: {env: SHOP_URL}
+    streams:
+      orders: {table: public.orders, primary_key: id, cursor: updated_at}
+"""
+
+
+def _load(tmp_path: Path, text: str) -> CatalogError:
+    path = tmp_path / "catalog.yaml"
+    path.write_text(text)
+    with pytest.raises(CatalogError) as caught:
+        load_catalog(path)
+    assert str(path) in str(caught.value)
+    return caught.value
+
+
+def test_the_demo_catalog_is_valid() -> None:
+    catalog = load_catalog(demo_catalog_path())
+    assert [(s, t) for s, _, t, _ in catalog.streams()] == [("shop", "orders"), ("shop", "customers"),
+                                                           ("shop", "products")]
+
+
+def test_a_valid_catalog_normalises_single_columns_to_lists(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(VALID)
+    stream = load_catalog(path).sources["shop"].streams["orders"]
+    assert stream.primary_key == ["id"] and stream.cursor == ["updated_at"]
+    assert (stream.schema_name, stream.table_name, stream.write_disposition) == ("public", "orders", "merge")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (VALID.replace("primary_key: id, ", ""), "sources.shop.streams.orders.primary_key: required key is missing"),
+        (VALID.replace("cursor: updated_at", "cursor: updated_at, slice_rows: 0"),
+         "sources.shop.streams.orders.slice_rows: Input should be greater than 0"),
+        (VALID.replace("cursor: updated_at", "cursor: updated_at, write_disposition: upsert"),
+         "sources.shop.streams.orders.write_disposition"),
+        (VALID.replace("primary_key:", "primary_keys:"), "sources.shop.streams.orders.primary_keys: unknown key"),
+        (VALID.replace("{env: SHOP_URL}", "postgresql://u:p@h/db"), "sources.shop.connection"),
+        (VALID.replace("{env: SHOP_URL}", "{env: A, file: /b}"),
+         "sources.shop.connection: give exactly one of `env`, `file` or `embedded`"),
+        (VALID.replace("orders:", "Orders-2:"), "sources.shop.streams.Orders-2: name 'Orders-2'"),
+        (VALID.replace("type: postgres", "type: oracle"), "sources.shop.type"),
+        (VALID.replace("public.orders", "a.b.c"), "sources.shop.streams.orders.table: expected `schema.table`"),
+        ("sources: [1, 2]", "sources: Input should be a valid dictionary"),
+        ("sources:\n  shop: {type: postgres\n", "not valid YAML"),
+        ("- just a list", "the top level must be a mapping"),
+    ],
+)
+def test_a_broken_catalog_names_the_key(tmp_path: Path, text: str, expected: str) -> None:
+    error = _load(tmp_path, text)
+    assert expected in str(error), str(error)
+
+
+def test_a_literal_secret_is_not_echoed_in_the_error(tmp_path: Path) -> None:
+    error = _load(tmp_path, VALID.replace("{env: SHOP_URL}", "postgresql://user:hunter2@db/shop"))
+    assert "hunter2" not in str(error)
+
+
+def test_a_missing_file_says_how_to_point_at_one(tmp_path: Path) -> None:
+    with pytest.raises(CatalogError, match="INGEST_CATALOG"):
+        load_catalog(tmp_path / "nope.yaml")

@@ -1,0 +1,92 @@
+"""The `ingest` command against a real instance: state show/reset, check, up/env/down."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from ingestion_assets.cli import main
+from ingestion_assets_tests.helpers import StreamHarness
+
+ITEMS = """
+CREATE TABLE items (id int PRIMARY KEY, name text, updated_at timestamptz NOT NULL);
+INSERT INTO items SELECT g, 'item' || g, timestamptz '2024-06-01 00:00:00+00' + g * interval '1 minute'
+FROM generate_series(1, 1200) g;
+"""
+
+
+@pytest.fixture
+def cli_env(harness: StreamHarness, monkeypatch: pytest.MonkeyPatch) -> StreamHarness:
+    harness.source.execute(ITEMS)
+    harness.write_catalog({"items": {"table": "items", "primary_key": "id", "cursor": "updated_at",
+                                     "slice_rows": 500}})
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    return harness
+
+
+def test_state_show_and_reset(cli_env: StreamHarness, capsys: pytest.CaptureFixture[str]) -> None:
+    harness = cli_env
+    stream = f"{harness.source_name}.items"
+    assert main(["state", "show", stream]) == 0
+    assert "never" in capsys.readouterr().out
+
+    harness.materialize()
+    assert main(["state", "show"]) == 0
+    shown = capsys.readouterr().out
+    assert stream in shown and '"id": "1200"' in shown and "2024-06-01T20:00:00+00:00" in shown
+
+    assert main(["state", "reset", stream]) == 0
+    capsys.readouterr()
+    checkpoint = harness.checkpoint("items")
+    assert checkpoint is not None and checkpoint.position is None and checkpoint.details["reset"] is True
+
+    harness.source.execute("UPDATE items SET name = 'renamed' WHERE id = 5")  # cursor untouched: only a re-read finds it
+    result = harness.materialize()
+    materialization = result.asset_materializations_for_node(f"{harness.source_name}__items")[0]
+    assert materialization.metadata["rows"].value == 1200  # re-read from the start
+    harness.assert_target_equals_source("items", "items", "id")
+
+
+def test_state_reset_of_an_unknown_stream_lists_the_known_ones(cli_env: StreamHarness) -> None:
+    with pytest.raises(SystemExit, match=f"{cli_env.source_name}.items"):
+        main(["state", "reset", "nope.items"])
+
+
+def test_check_reports_what_would_fail_mid_sync(
+    cli_env: StreamHarness, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main(["check"]) == 0
+    assert "ok: 1 stream(s)" in capsys.readouterr().out
+
+    cli_env.write_catalog({"items": {"table": "items", "primary_key": "id", "cursor": "changed_at"}})
+    assert main(["check"]) == 1
+    out = capsys.readouterr().out
+    assert f"stream {cli_env.source_name}.items: cursor column(s) ['changed_at'] not in" in out
+
+    cli_env.write_catalog({"items": {"table": "items", "primary_key": "id"}})
+    (tmp_path / "source_url").write_text("postgresql://nobody:s3cret-pass@127.0.0.1:1/nowhere")
+    assert main(["check"]) == 1
+    out = capsys.readouterr().out
+    assert "cannot connect" in out and "file:" in out and "s3cret-pass" not in out
+
+
+def test_up_env_down_on_a_fresh_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    home = tmp_path / "fresh"
+    monkeypatch.setenv("INGEST_HOME", str(home))
+    monkeypatch.delenv("INGEST_CATALOG", raising=False)
+    try:
+        assert main(["up"]) == 0
+        exports = capsys.readouterr().out
+        assert f"export DAGSTER_HOME={home / 'dagster'}" in exports
+        with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
+            assert "postgres" in type(instance.run_storage).__module__
+            assert instance.event_log_storage.get_concurrency_info("ingest_shop").slot_count == 3
+        assert main(["env"]) == 0
+        assert capsys.readouterr().out == exports
+    finally:
+        assert main(["down"]) == 0
+    assert not (home / "pg" / "data" / "postmaster.pid").exists()
