@@ -21,6 +21,7 @@ dev: install
 	$(BIN)/ingest dev
 
 test: install
+	$(BIN)/ruff check ingestion_assets ingestion_assets_tests bench
 	$(BIN)/python -m pytest
 
 test-slow: install

@@ -58,8 +58,11 @@ def main() -> None:
     for path in args.paths.split(","):
         results[path] = _measure(path, env)
         line = results[path]
-        print(f"{path:<11} {line['rows']:>10,} rows {line['seconds']:>8.2f}s {line['rows_per_s']:>11,.0f} rows/s"
-              f"  peak RSS {line['peak_rss_mb']:>7,.0f} MB", flush=True)
+        print(
+            f"{path:<11} {line['rows']:>10,} rows {line['seconds']:>8.2f}s {line['rows_per_s']:>11,.0f} rows/s"
+            f"  peak RSS {line['peak_rss_mb']:>7,.0f} MB",
+            flush=True,
+        )
     _ratios(results)
 
 
@@ -94,13 +97,22 @@ def _prepare(home: Path, rows: int) -> dict[str, str]:
         "    streams:\n      orders: {table: public.bench_orders, primary_key: id, cursor: updated_at,"
         " slice_rows: 500000}\n"
     )
-    return {"INGEST_HOME": str(home), "INGEST_CATALOG": str(WORK / "catalog.yaml"),
-            "DAGSTER_HOME": str(settings.dagster_home), "BENCH_SOURCE_URL": url}
+    return {
+        "INGEST_HOME": str(home),
+        "INGEST_CATALOG": str(WORK / "catalog.yaml"),
+        "DAGSTER_HOME": str(settings.dagster_home),
+        "BENCH_SOURCE_URL": url,
+    }
 
 
 def _measure(path: str, env: dict[str, str]) -> dict[str, float]:
-    out = subprocess.run([sys.executable, __file__, "--run", path], env={**os.environ, **env},
-                         capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [sys.executable, __file__, "--run", path],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if out.returncode != 0:
         raise SystemExit(f"{path} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -152,11 +164,21 @@ def _stock_dlt(url: str) -> dict[str, float]:
     target.unlink(missing_ok=True)
     shutil.rmtree(WORK / "dlt_pipelines", ignore_errors=True)
     began = time.monotonic()
-    resource_ = sql_table(credentials=url.replace("postgresql://", "postgresql+psycopg2://"),
-                          table="bench_orders", schema="public", backend="pyarrow", chunk_size=100_000,
-                          write_disposition="merge", primary_key="id")
-    pipeline = dlt.pipeline(pipeline_name="bench_stock", destination=dlt.destinations.duckdb(str(target)),
-                            dataset_name="bench", pipelines_dir=str(WORK / "dlt_pipelines"))
+    resource_ = sql_table(
+        credentials=url.replace("postgresql://", "postgresql+psycopg2://"),
+        table="bench_orders",
+        schema="public",
+        backend="pyarrow",
+        chunk_size=100_000,
+        write_disposition="merge",
+        primary_key="id",
+    )
+    pipeline = dlt.pipeline(
+        pipeline_name="bench_stock",
+        destination=dlt.destinations.duckdb(str(target)),
+        dataset_name="bench",
+        pipelines_dir=str(WORK / "dlt_pipelines"),
+    )
     info = pipeline.run(resource_)
     rows = sum(pipeline.last_trace.last_normalize_info.row_counts.get(t, 0) for t in ["bench_orders"])
     assert not info.has_failed_jobs

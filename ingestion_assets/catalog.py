@@ -98,7 +98,7 @@ class Destination(_Model):
 
 
 class Catalog(_Model):
-    destination: Destination = Field(default_factory=Destination)
+    destination: Destination = Field(default_factory=lambda: Destination())
     sources: dict[str, PostgresSource] = Field(min_length=1)
 
     @model_validator(mode="after")

@@ -22,8 +22,13 @@ def check_catalog(settings: Settings, catalog: Catalog) -> list[str]:
             continue
         for stream_name, stream in source.streams.items():
             try:
-                plan_table_read(url, stream.schema_name, stream.table_name, tuple(stream.cursor),
-                                tuple(stream.primary_key))
+                plan_table_read(
+                    url,
+                    stream.schema_name,
+                    stream.table_name,
+                    tuple(stream.cursor),
+                    tuple(stream.primary_key),
+                )
             except psycopg2.OperationalError as exc:
                 first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 problems.append(f"{where} ({source.connection.describe()}): cannot connect: {first_line}")

@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     dev = command("dev", _dev, "run the Dagster webserver and daemon on this instance")
     dev.add_argument("dagster_args", nargs=argparse.REMAINDER, help="passed to `dagster dev`")
     command("check", _check, "validate the catalog, reach every source, find every table and column")
-    state = command("state", lambda *_: state.print_help(), "show or reset stream checkpoints")
+    state = command("state", None, "show or reset stream checkpoints")
     state_commands = state.add_subparsers(required=True, metavar="ACTION")
     show = state_commands.add_parser("show", help="each stream's checkpoint: position, when, which run")
     show.add_argument("stream", nargs="?", help="SOURCE.STREAM (default: all)")

@@ -27,8 +27,13 @@ from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import Checkpoint, latest_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
-META_COLUMNS = ("_ingest_extracted_at", "_ingest_position", "_ingest_generation_id", "_ingest_deleted_at",
-                "_ingest_meta")
+META_COLUMNS = (
+    "_ingest_extracted_at",
+    "_ingest_position",
+    "_ingest_generation_id",
+    "_ingest_deleted_at",
+    "_ingest_meta",
+)
 
 
 @dataclass
@@ -154,11 +159,24 @@ class StreamHarness:
     def materialize_cli(self, stream: str, **extra_env: str) -> subprocess.Popen[bytes]:
         """`dagster asset materialize` in its own process, as CI runs it (returns the running process)."""
         dagster = Path(sys.executable).parent / "dagster"
-        command = [str(dagster), "asset", "materialize", "-m", "ingestion_assets.definitions",
-                   "--select", f"{self.source_name}/{stream}"]
+        command = [
+            str(dagster),
+            "asset",
+            "materialize",
+            "-m",
+            "ingestion_assets.definitions",
+            "--select",
+            f"{self.source_name}/{stream}",
+        ]
         log = (self.tmp_path / f"cli-{uuid.uuid4().hex[:6]}.log").open("wb")
-        return subprocess.Popen(command, env=self.cli_env(**extra_env), stdout=log, stderr=subprocess.STDOUT,
-                                cwd=REPO, start_new_session=True)
+        return subprocess.Popen(
+            command,
+            env=self.cli_env(**extra_env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            start_new_session=True,
+        )
 
     def observations(self, stream: str) -> int:
         """How many checkpoints the stream has written so far (all runs)."""
@@ -173,7 +191,11 @@ class StreamHarness:
         return latest_checkpoint(self.instance, self.key(stream))
 
     def target_rows(
-        self, stream: str, columns: Sequence[str], order_by: str, json_columns: Sequence[str] = (),
+        self,
+        stream: str,
+        columns: Sequence[str],
+        order_by: str,
+        json_columns: Sequence[str] = (),
         decimal_text_columns: Sequence[str] = (),
     ) -> list[tuple[Any, ...]]:
         with duckdb.connect(str(self.warehouse), read_only=True) as con:
@@ -185,14 +207,16 @@ class StreamHarness:
         parsers = {columns.index(c): json.loads for c in json_columns}
         parsers.update({columns.index(c): Decimal for c in decimal_text_columns})
         return [
-            tuple(
-                parsers[i](v) if i in parsers and v is not None else normalize(v) for i, v in enumerate(row)
-            )
+            tuple(parsers[i](v) if i in parsers and v is not None else normalize(v) for i, v in enumerate(row))
             for row in rows
         ]
 
     def assert_target_equals_source(
-        self, stream: str, table: str, order_by: str, json_columns: Sequence[str] = (),
+        self,
+        stream: str,
+        table: str,
+        order_by: str,
+        json_columns: Sequence[str] = (),
         decimal_text_columns: Sequence[str] = (),
     ) -> int:
         """Every source row present once, at its current version, value for value (order_by = the key)."""

@@ -30,8 +30,11 @@ def _load(tmp_path: Path, text: str) -> CatalogError:
 
 def test_the_demo_catalog_is_valid() -> None:
     catalog = load_catalog(demo_catalog_path())
-    assert [(s, t) for s, _, t, _ in catalog.streams()] == [("shop", "orders"), ("shop", "customers"),
-                                                           ("shop", "products")]
+    assert [(s, t) for s, _, t, _ in catalog.streams()] == [
+        ("shop", "orders"),
+        ("shop", "customers"),
+        ("shop", "products"),
+    ]
 
 
 def test_a_valid_catalog_normalises_single_columns_to_lists(tmp_path: Path) -> None:
@@ -45,18 +48,33 @@ def test_a_valid_catalog_normalises_single_columns_to_lists(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        (VALID.replace("primary_key: id, ", ""), "sources.shop.streams.orders.primary_key: required key is missing"),
-        (VALID.replace("cursor: updated_at", "cursor: updated_at, slice_rows: 0"),
-         "sources.shop.streams.orders.slice_rows: Input should be greater than 0"),
-        (VALID.replace("cursor: updated_at", "cursor: updated_at, write_disposition: upsert"),
-         "sources.shop.streams.orders.write_disposition"),
-        (VALID.replace("primary_key:", "primary_keys:"), "sources.shop.streams.orders.primary_keys: unknown key"),
+        (
+            VALID.replace("primary_key: id, ", ""),
+            "sources.shop.streams.orders.primary_key: required key is missing",
+        ),
+        (
+            VALID.replace("cursor: updated_at", "cursor: updated_at, slice_rows: 0"),
+            "sources.shop.streams.orders.slice_rows: Input should be greater than 0",
+        ),
+        (
+            VALID.replace("cursor: updated_at", "cursor: updated_at, write_disposition: upsert"),
+            "sources.shop.streams.orders.write_disposition",
+        ),
+        (
+            VALID.replace("primary_key:", "primary_keys:"),
+            "sources.shop.streams.orders.primary_keys: unknown key",
+        ),
         (VALID.replace("{env: SHOP_URL}", "postgresql://u:p@h/db"), "sources.shop.connection"),
-        (VALID.replace("{env: SHOP_URL}", "{env: A, file: /b}"),
-         "sources.shop.connection: give exactly one of `env`, `file` or `embedded`"),
+        (
+            VALID.replace("{env: SHOP_URL}", "{env: A, file: /b}"),
+            "sources.shop.connection: give exactly one of `env`, `file` or `embedded`",
+        ),
         (VALID.replace("orders:", "Orders-2:"), "sources.shop.streams.Orders-2: name 'Orders-2'"),
         (VALID.replace("type: postgres", "type: oracle"), "sources.shop.type"),
-        (VALID.replace("public.orders", "a.b.c"), "sources.shop.streams.orders.table: expected `schema.table`"),
+        (
+            VALID.replace("public.orders", "a.b.c"),
+            "sources.shop.streams.orders.table: expected `schema.table`",
+        ),
         ("sources: [1, 2]", "sources: Input should be a valid dictionary"),
         ("sources:\n  shop: {type: postgres\n", "not valid YAML"),
         ("- just a list", "the top level must be a mapping"),

@@ -20,8 +20,7 @@ FROM generate_series(1, 1200) g;
 @pytest.fixture
 def cli_env(harness: StreamHarness, monkeypatch: pytest.MonkeyPatch) -> StreamHarness:
     harness.source.execute(ITEMS)
-    harness.write_catalog({"items": {"table": "items", "primary_key": "id", "cursor": "updated_at",
-                                     "slice_rows": 500}})
+    harness.write_catalog({"items": {"table": "items", "primary_key": "id", "cursor": "updated_at", "slice_rows": 500}})
     for key, value in harness.cli_env().items():
         monkeypatch.setenv(key, value)
     return harness
@@ -43,7 +42,9 @@ def test_state_show_and_reset(cli_env: StreamHarness, capsys: pytest.CaptureFixt
     checkpoint = harness.checkpoint("items")
     assert checkpoint is not None and checkpoint.position is None and checkpoint.details["reset"] is True
 
-    harness.source.execute("UPDATE items SET name = 'renamed' WHERE id = 5")  # cursor untouched: only a re-read finds it
+    harness.source.execute(
+        "UPDATE items SET name = 'renamed' WHERE id = 5"
+    )  # cursor untouched: only a re-read finds it
     result = harness.materialize()
     materialization = result.asset_materializations_for_node(f"{harness.source_name}__items")[0]
     assert materialization.metadata["rows"].value == 1200  # re-read from the start
@@ -73,8 +74,9 @@ def test_check_reports_what_would_fail_mid_sync(
     assert "cannot connect" in out and "file:" in out and "s3cret-pass" not in out
 
 
-def test_up_env_down_on_a_fresh_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_up_env_down_on_a_fresh_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     home = tmp_path / "fresh"
     monkeypatch.setenv("INGEST_HOME", str(home))
     monkeypatch.delenv("INGEST_CATALOG", raising=False)

@@ -15,8 +15,7 @@ def test_thousands_of_rows_on_one_timestamp_all_arrive(harness: StreamHarness) -
         FROM generate_series(1, 6000) g;
         """
     )
-    harness.write_catalog({"ticks": {"table": "ticks", "primary_key": "id", "cursor": "updated_at",
-                                     "slice_rows": 700}})
+    harness.write_catalog({"ticks": {"table": "ticks", "primary_key": "id", "cursor": "updated_at", "slice_rows": 700}})
     harness.materialize()
     harness.assert_target_equals_source("ticks", "ticks", "id")
 
@@ -40,8 +39,16 @@ def test_nullable_cursor_and_composite_key(harness: StreamHarness) -> None:
         FROM generate_series(1, 3000) g;
         """
     )
-    harness.write_catalog({"lines": {"table": "lines", "primary_key": ["order_id", "line"],
-                                     "cursor": "changed_on", "slice_rows": 250}})
+    harness.write_catalog(
+        {
+            "lines": {
+                "table": "lines",
+                "primary_key": ["order_id", "line"],
+                "cursor": "changed_on",
+                "slice_rows": 250,
+            }
+        }
+    )
     harness.materialize()
     harness.source.execute("UPDATE lines SET qty = -1, changed_on = date '2030-01-01' WHERE order_id = 7")
     harness.materialize()
@@ -89,8 +96,9 @@ def test_edge_values_round_trip_exactly_on_the_system_postgres(
 
 def _fidelity_round_trip(harness: StreamHarness) -> None:
     harness.source.execute(FIDELITY_TABLE)
-    harness.write_catalog({"fidelity": {"table": "fidelity", "primary_key": "id", "cursor": "updated_at",
-                                        "slice_rows": 2}})
+    harness.write_catalog(
+        {"fidelity": {"table": "fidelity", "primary_key": "id", "cursor": "updated_at", "slice_rows": 2}}
+    )
     harness.materialize()
     harness.assert_target_equals_source(
         "fidelity", "fidelity", "id", json_columns=["doc", "doc_json"], decimal_text_columns=["loose"]

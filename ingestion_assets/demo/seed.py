@@ -92,7 +92,7 @@ def seed_shop(url: str, size: ShopSize = ShopSize()) -> None:
     with contextlib.closing(psycopg2.connect(url)) as conn, conn.cursor() as cur:
         cur.execute(SCHEMA_SQL)
         cur.execute("SELECT count(*) FROM orders")
-        (existing,) = cur.fetchone()  # type: ignore[misc]
+        (existing,) = cur.fetchone() or (0,)
         if existing == 0:
             cur.execute(SEED_SQL, {"orders": size.orders, "customers": size.customers, "products": size.products})
         conn.commit()

@@ -77,7 +77,6 @@ class Loader:
             pipelines_dir=str(self.settings.dlt_dir),
             destination=make_destination(self.settings, self.destination),
             dataset_name=self.target.dataset,
-            progress=None,
         )
         # The checkpoint in Dagster is the truth: packages a killed run left behind are stale re-reads.
         self._pipeline.abort_packages()
@@ -107,14 +106,14 @@ class Loader:
             disposition = "append"  # one run replaces once, then adds its later slices
         if self._append_only:
             disposition = "append"
-        resource = dlt.resource(
-            [table],
-            name=self.target.table,
-            table_name=self.target.table,
-            write_disposition=disposition,  # type: ignore[arg-type]
-            primary_key=list(self.target.primary_key),
-            columns=self.target.column_hints(),
-        )
+        hints: dict[str, Any] = {
+            "name": self.target.table,
+            "table_name": self.target.table,
+            "write_disposition": disposition,
+            "primary_key": list(self.target.primary_key),
+            "columns": self.target.column_hints(),
+        }
+        resource = dlt.resource([table], **hints)
         with self._destination_lock():
             self._pipeline.run(resource, loader_file_format="parquet")
         self._loads += 1

@@ -102,8 +102,16 @@ class EmbeddedPostgres:
         if user is not None:
             _grant_to(user, self.root, self.data_dir)
         self._run(
-            ["initdb", "-D", str(self.data_dir), "--auth=trust", "-U", "postgres", "--encoding=UTF8",
-             "--locale=C.UTF-8"]
+            [
+                "initdb",
+                "-D",
+                str(self.data_dir),
+                "--auth=trust",
+                "-U",
+                "postgres",
+                "--encoding=UTF8",
+                "--locale=C.UTF-8",
+            ]
         )
         settings = "\n".join(f"{key} = {value}" for key, value in SERVER_SETTINGS.items())
         with (self.data_dir / "postgresql.conf").open("a") as conf:
@@ -114,8 +122,7 @@ class EmbeddedPostgres:
         self.port_file.write_text(str(port))
         if _run_as_user() is not None and self.log_file.exists():
             os.chown(self.log_file, *_ids(SYSTEM_USER))
-        result = self._pg_ctl(["-w", "-t", "60", "-l", str(self.log_file), "-o", f"-p {port}", "start"],
-                              check=False)
+        result = self._pg_ctl(["-w", "-t", "60", "-l", str(self.log_file), "-o", f"-p {port}", "start"], check=False)
         if result.returncode != 0:
             raise EmbeddedServerError(
                 f"embedded PostgreSQL failed to start (exit {result.returncode}); see {self.log_file}: "
@@ -130,13 +137,16 @@ class EmbeddedPostgres:
         binary = _bin_dir() / argv[0]
         user = _run_as_user()
         result = subprocess.run(
-            [str(binary), *argv[1:]], capture_output=True, text=True, user=user, check=False,
-            cwd="/", stdin=subprocess.DEVNULL,
+            [str(binary), *argv[1:]],
+            capture_output=True,
+            text=True,
+            user=user,
+            check=False,
+            cwd="/",
+            stdin=subprocess.DEVNULL,
         )
         if check and result.returncode != 0:
-            raise EmbeddedServerError(
-                f"{argv[0]} failed (exit {result.returncode}): {result.stderr.strip()[-800:]}"
-            )
+            raise EmbeddedServerError(f"{argv[0]} failed (exit {result.returncode}): {result.stderr.strip()[-800:]}")
         return result
 
     @contextlib.contextmanager

@@ -47,9 +47,7 @@ def latest_checkpoint(
     return max(candidates, key=lambda c: c.storage_id) if candidates else None
 
 
-def reset_checkpoint(
-    instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition: str | None, reason: str
-) -> None:
+def reset_checkpoint(instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition: str | None, reason: str) -> None:
     """Record that the stream starts over; the history of positions stays in the event log."""
     instance.report_runless_asset_event(
         dg.AssetObservation(
@@ -60,9 +58,7 @@ def reset_checkpoint(
     )
 
 
-def _newest_with_checkpoint(
-    fetch: Callable[..., Any], records_filter: dg.AssetRecordsFilter
-) -> Checkpoint | None:
+def _newest_with_checkpoint(fetch: Callable[..., Any], records_filter: dg.AssetRecordsFilter) -> Checkpoint | None:
     cursor = None
     while True:
         result = fetch(records_filter, limit=_PAGE, cursor=cursor, ascending=False)

@@ -6,6 +6,7 @@ import contextlib
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import dagster as dg
 
@@ -65,7 +66,7 @@ def latest_runs(settings: Settings, catalog: Catalog) -> list[RunLine]:
         for source, _, stream, _ in catalog.streams():
             key = dg.AssetKey([source, stream])
             result = instance.fetch_materializations(key, limit=1)
-            metadata = {}
+            metadata: dict[str, Any] = {}
             if result.records and result.records[0].asset_materialization is not None:
                 metadata = {k: v.value for k, v in result.records[0].asset_materialization.metadata.items()}
             checkpoint = latest_checkpoint(instance, key)

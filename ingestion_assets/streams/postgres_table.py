@@ -52,7 +52,10 @@ class PostgresTableStream:
         url = resolve(self.source.connection, self.settings, where)
         try:
             plan = plan_table_read(
-                url, self.spec.schema_name, self.spec.table_name, tuple(self.spec.cursor),
+                url,
+                self.spec.schema_name,
+                self.spec.table_name,
+                tuple(self.spec.cursor),
                 tuple(self.spec.primary_key),
             )
         except LookupError as exc:

@@ -6,13 +6,15 @@ from collections.abc import Iterator
 
 import dlt
 
-from ingestion_assets.sources.postgres.query import Position, ReadPlan
-from ingestion_assets.sources.postgres.reader import copy_batches, connect
 from ingestion_assets.sources.postgres.introspect import discover_table
+from ingestion_assets.sources.postgres.query import Position, ReadPlan
+from ingestion_assets.sources.postgres.reader import connect, copy_batches
 from ingestion_assets.sources.slices import Slice, rechunk
 
 
-def plan_table_read(url: str, schema: str, table: str, cursor: tuple[str, ...], primary_key: tuple[str, ...]) -> ReadPlan:
+def plan_table_read(
+    url: str, schema: str, table: str, cursor: tuple[str, ...], primary_key: tuple[str, ...]
+) -> ReadPlan:
     """Discover the table and check the named columns exist, so a typo fails before any read."""
     conn = connect(url, "ingest-discover")
     try:
@@ -23,9 +25,7 @@ def plan_table_read(url: str, schema: str, table: str, cursor: tuple[str, ...], 
     for role, columns in (("cursor", cursor), ("primary_key", primary_key)):
         missing = [c for c in columns if c not in names]
         if missing:
-            raise LookupError(
-                f"{role} column(s) {missing} not in {schema}.{table}; it has {sorted(names)}"
-            )
+            raise LookupError(f"{role} column(s) {missing} not in {schema}.{table}; it has {sorted(names)}")
     return ReadPlan(shape=shape, cursor=cursor, primary_key=primary_key)
 
 
@@ -43,7 +43,11 @@ def table_slices(url: str, plan: ReadPlan, after: Position | None, slice_rows: i
 
 @dlt.resource(standalone=True)
 def postgres_table(
-    url: str, schema: str, table: str, primary_key: tuple[str, ...], cursor: tuple[str, ...] = (),
+    url: str,
+    schema: str,
+    table: str,
+    primary_key: tuple[str, ...],
+    cursor: tuple[str, ...] = (),
     slice_rows: int = 250_000,
 ) -> Iterator[object]:
     """Standalone use without Dagster: the whole table as Arrow tables, one per slice."""

@@ -7,6 +7,7 @@ pipe applies back-pressure, so at most a pipe buffer and one parse block are in 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import threading
 from collections.abc import Iterator
@@ -53,7 +54,7 @@ def copy_batches(url: str, statement: str, shape: TableShape, application_name: 
 
     producer = threading.Thread(target=produce, name=f"copy:{application_name}", daemon=True)
     producer.start()
-    source = os.fdopen(read_fd, "rb", buffering=1 << 20)
+    source = io.BufferedReader(io.FileIO(read_fd, "rb"), buffer_size=1 << 20)
     finished = False
     try:
         if source.peek(1):  # Arrow rejects an empty stream; no rows is a normal incremental run
