@@ -79,7 +79,8 @@ def _env(settings: Settings, _args: argparse.Namespace) -> int:
 
 def _dev(settings: Settings, args: argparse.Namespace) -> int:
     env = _bring_up(settings)
-    command = [_sibling("dagster"), "dev", "-m", DEFINITIONS_MODULE, *args.dagster_args]
+    extra = args.dagster_args[1:] if args.dagster_args[:1] == ["--"] else args.dagster_args
+    command = [_sibling("dagster"), "dev", "-m", DEFINITIONS_MODULE, *extra]
     print(f"DAGSTER_HOME={env['DAGSTER_HOME']} {shlex.join(command)}", file=sys.stderr)
     return subprocess.call(command, env={**os.environ, **env})
 
