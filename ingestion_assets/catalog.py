@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -52,14 +53,72 @@ def _as_list(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
+def _valid_cron(value: str | None) -> str | None:
+    if value is not None:
+        from dagster._utils.schedules import is_valid_cron_string
+
+        if not is_valid_cron_string(value):
+            raise ValueError(f"{value!r} is not a cron expression like '*/15 * * * *'")
+    return value
+
+
+class TimePartitions(_Model):
+    """Backfill chunks by a time column: one Dagster partition per hour, day, week or month (UTC)."""
+
+    by: Literal["time"]
+    column: str = Field(description="partition on the cursor column so updated rows move to the newest partition")
+    start: dt.date
+    granularity: Literal["hourly", "daily", "weekly", "monthly"] = "daily"
+
+
+class KeyPartitions(_Model):
+    """Backfill chunks by integer key ranges of `chunk` keys, plus a `live` partition for changes."""
+
+    by: Literal["key"]
+    column: str | None = Field(None, description="an integer column; default: the (single) primary key")
+    chunk: Annotated[int, Field(gt=0)]
+    live: bool = Field(True, description="add the `live` partition: incremental by cursor over the whole table")
+
+
+class Retries(_Model):
+    """Failed attempts retry from the last checkpoint with exponential backoff and full jitter."""
+
+    max_attempts: Annotated[int, Field(ge=1)] = 4
+    delay_seconds: Annotated[float, Field(ge=0)] = 10.0
+    max_no_progress: Annotated[int, Field(ge=1)] = 3
+
+
 class PostgresStream(_Model):
     table: str = Field(description="`schema.table` or `table` (schema public)")
     primary_key: list[str] = Field(min_length=1)
     cursor: list[str] = Field(default_factory=list, description="cursor column(s); empty: full read")
     write_disposition: Literal["merge", "append", "replace"] = "merge"
     slice_rows: Annotated[int, Field(gt=0)] = 250_000
+    partitions: Annotated[TimePartitions | KeyPartitions, Field(discriminator="by")] | None = None
+    max_partitions_per_run: Annotated[int, Field(gt=0)] = 1
+    retries: Retries = Field(default_factory=lambda: Retries())
+    drain_seconds: Annotated[float, Field(gt=0)] = 60.0
 
     _listify = field_validator("primary_key", "cursor", mode="before")(_as_list)
+
+    @model_validator(mode="after")
+    def _partitions_fit(self) -> PostgresStream:
+        if self.partitions is None:
+            return self
+        if self.write_disposition == "replace":
+            raise ValueError("a partitioned stream cannot `replace`: each partition is one chunk of the table")
+        if isinstance(self.partitions, KeyPartitions):
+            if self.partitions.column is None and len(self.primary_key) != 1:
+                raise ValueError("key partitions over a composite primary key need `partitions.column`")
+            if self.partitions.live and not self.cursor:
+                raise ValueError("the `live` key partition needs a `cursor` (or set `partitions.live: false`)")
+        return self
+
+    @property
+    def partition_column(self) -> str | None:
+        if self.partitions is None:
+            return None
+        return self.partitions.column or self.primary_key[0]
 
     @field_validator("table")
     @classmethod
@@ -81,6 +140,9 @@ class PostgresSource(_Model):
     type: Literal["postgres"]
     connection: Reference
     max_concurrency: Annotated[int, Field(gt=0)] = 4
+    schedule: str | None = Field(None, description="cron: when the daemon syncs this source's streams")
+
+    _cron = field_validator("schedule")(_valid_cron)
     streams: dict[str, PostgresStream] = Field(min_length=1)
 
 

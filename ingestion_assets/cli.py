@@ -123,7 +123,7 @@ def _materialize_all(settings: Settings, env: dict[str, str], round_number: int)
 def _print_summary(settings: Settings, title: str) -> None:
     import duckdb
 
-    from ingestion_assets.loading.pipeline import duckdb_path
+    from ingestion_assets.loading.destinations import duckdb_path
     from ingestion_assets.state.summary import latest_runs
 
     catalog = load_catalog(settings.catalog_path)

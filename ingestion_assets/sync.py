@@ -17,7 +17,8 @@ from typing import Any, Protocol
 from ingestion_assets.sources.slices import Slice, prefetched
 
 FAULT_ENV = "INGEST_FAULT"
-FAULT_POINTS = ("before_load", "after_load", "after_checkpoint")
+FAULT_ONCE_ENV = "INGEST_FAULT_ONCE"  # a marker file: the fault fires only while it does not exist
+FAULT_POINTS = ("before_load", "after_load", "after_checkpoint", "before_swap")
 
 
 class CheckpointSink(Protocol):
@@ -30,11 +31,15 @@ class InjectedFault(RuntimeError):
 
 @dataclass(frozen=True)
 class Faults:
-    """`INGEST_FAULT=point:slice[:kill]` fails (or SIGKILLs the process) at a protocol step."""
+    """`INGEST_FAULT=point:slice[:kill]` fails (or SIGKILLs the process) at a protocol step.
+
+    With `INGEST_FAULT_ONCE=<file>` it fires once (and creates the file), so a retry then succeeds.
+    """
 
     point: str | None = None
     at_slice: int = 0
     kill: bool = False
+    once_marker: str | None = None
 
     @classmethod
     def from_env(cls) -> Faults:
@@ -44,11 +49,21 @@ class Faults:
         parts = spec.split(":")
         if parts[0] not in FAULT_POINTS or len(parts) < 2 or not parts[1].isdigit():
             raise ValueError(f"{FAULT_ENV}={spec!r}: expected one of {FAULT_POINTS} ':' slice [':kill']")
-        return cls(point=parts[0], at_slice=int(parts[1]), kill=parts[2:] == ["kill"])
+        return cls(
+            point=parts[0],
+            at_slice=int(parts[1]),
+            kill=parts[2:] == ["kill"],
+            once_marker=os.environ.get(FAULT_ONCE_ENV) or None,
+        )
 
     def hit(self, point: str, slice_index: int) -> None:
         if point != self.point or slice_index != self.at_slice:
             return
+        if self.once_marker is not None:
+            if os.path.exists(self.once_marker):
+                return
+            with open(self.once_marker, "w") as marker:
+                marker.write(f"{point}:{slice_index}")
         if self.kill:
             os.kill(os.getpid(), signal.SIGKILL)
         raise InjectedFault(f"injected fault at {point} of slice {slice_index}")
@@ -62,6 +77,7 @@ class SyncResult:
     slices: int = 0
     seconds: float = 0.0
     slice_seconds: list[float] = field(default_factory=list)
+    stopped: bool = False  # a drain ended the read early, after a committed slice
 
     @property
     def rows_per_second(self) -> float:
@@ -75,8 +91,12 @@ def run_slices(
     started_from: dict[str, Any] | None,
     faults: Faults | None = None,
     log: logging.Logger | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> SyncResult:
-    """Load each slice, then checkpoint it. A crash anywhere costs at most the slice in flight."""
+    """Load each slice, then checkpoint it. A crash anywhere costs at most the slice in flight.
+
+    `stop` is asked after every checkpoint: a drain finishes the slice in flight, then reads no more.
+    """
     faults = faults or Faults()
     result = SyncResult(started_from=started_from, position=started_from)
     began = time.monotonic()
@@ -93,5 +113,8 @@ def run_slices(
         result.slice_seconds.append(time.monotonic() - slice_began)
         if log is not None:
             log.info("slice %d: %d rows committed, checkpoint %s", piece.index, piece.rows, piece.position)
+        if stop is not None and stop():
+            result.stopped = True
+            break
     result.seconds = time.monotonic() - began
     return result

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ingestion_assets.sync import FAULT_ENV
+from ingestion_assets.sync import FAULT_ENV, FAULT_ONCE_ENV
 from ingestion_assets_tests.helpers import StreamHarness
 
 ROWS = 12_000
@@ -23,10 +23,19 @@ FROM generate_series(1, {ROWS}) g;
 """
 
 
-def _prepare(harness: StreamHarness, slice_rows: int = SLICE) -> None:
+def _prepare(harness: StreamHarness, slice_rows: int = SLICE, attempts: int = 1) -> None:
+    """`attempts` 1: no step retries, so what a test sees is one run's doing."""
     harness.source.execute(EVENTS)
     harness.write_catalog(
-        {"events": {"table": "events", "primary_key": "id", "cursor": "updated_at", "slice_rows": slice_rows}}
+        {
+            "events": {
+                "table": "events",
+                "primary_key": "id",
+                "cursor": "updated_at",
+                "slice_rows": slice_rows,
+                "retries": {"max_attempts": attempts, "delay_seconds": 0.2},
+            }
+        }
     )
 
 
@@ -47,6 +56,19 @@ def test_sigkill_after_some_slices_resumes_from_the_last_checkpoint(harness: Str
     harness.source.execute("UPDATE events SET body = 'changed', updated_at = now() WHERE id IN (10, 2500, 11000)")
     result = harness.materialize()
     assert _rows_read(harness, result) == ROWS - 3 * SLICE + 2  # resumed, not from zero (ids 10, 2500 re-read)
+    harness.assert_target_equals_source("events", "events", "id")
+
+
+def test_a_killed_step_is_retried_from_its_checkpoint_within_the_run(harness: StreamHarness) -> None:
+    _prepare(harness, attempts=3)
+    marker = harness.tmp_path / "fault-fired"
+    process = harness.materialize_cli("events", **{FAULT_ENV: "after_checkpoint:4:kill", FAULT_ONCE_ENV: str(marker)})
+    assert process.wait(timeout=240) == 0, "the retry should have finished the run"
+    assert marker.exists()
+    events = harness.instance.fetch_observations(harness.key("events"), limit=100).records
+    slices = [e.asset_observation.metadata["ingest/checkpoint"].value.get("slice") for e in reversed(events)]
+    # first attempt: slices 0..4 then killed; the retry resumes after slice 4: 7 more slices, then complete
+    assert slices == [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, None]
     harness.assert_target_equals_source("events", "events", "id")
 
 
@@ -75,7 +97,9 @@ def test_failure_after_the_first_load_of_an_initial_read_takes_the_merge_path(
     _prepare(harness)
     monkeypatch.setenv(FAULT_ENV, "after_load:0")
     assert not harness.materialize(raise_on_error=False).success
-    assert harness.checkpoint("events") is None
+    failed = harness.checkpoint("events")
+    assert failed is not None and failed.position is None  # the failure is noted; no position was reached
+    assert failed.details["no_progress_attempts"] == 1 and "after_load of slice 0" in failed.details["last_error"]
     assert harness.target_count("events") == SLICE
     monkeypatch.delenv(FAULT_ENV)
     result = harness.materialize()
@@ -92,7 +116,9 @@ def test_failure_between_load_and_checkpoint(
     result = harness.materialize(raise_on_error=False)
     assert not result.success
     checkpoint = harness.checkpoint("events")
-    assert checkpoint is not None and checkpoint.details["slice"] == 0  # slice 1 never checkpointed
+    assert checkpoint is not None  # slice 1 never checkpointed: the position is the end of slice 0
+    assert checkpoint.position == {"updated_at": "2024-03-01T00:00:00.333000+00:00", "id": "1000"}
+    assert checkpoint.details["no_progress_attempts"] == 0  # slice 0 did commit: the attempt made progress
     # after_load: slice 1 is in the target although not checkpointed; before_load: it is not
     assert harness.target_count("events") == (2 * SLICE if point == "after_load" else SLICE)
 

@@ -1,14 +1,20 @@
-"""One partitioned software-defined asset per catalog stream, key [source, stream], group = source."""
+"""One software-defined asset per catalog stream, key [source, stream], group = source; partitioned
+streams are backfilled partition by partition, each with its own checkpoint."""
 
 # No `from __future__ import annotations` here: Dagster inspects the asset's `context` annotation at runtime.
+
+from typing import Any
 
 import dagster as dg
 from dagster import AssetExecutionContext
 
 from ingestion_assets.catalog import Catalog
+from ingestion_assets.defs.partitions import partitions_def
+from ingestion_assets.drain import Drain
 from ingestion_assets.settings import Settings
-from ingestion_assets.state.checkpoints import RunCheckpointSink, checkpoint_metadata, latest_checkpoint
+from ingestion_assets.state.checkpoints import InstanceStateStore, checkpoint_metadata
 from ingestion_assets.streams.postgres_table import PostgresTableStream
+from ingestion_assets.streams.runner import NoProgress, PartitionJob, PartitionOutcome, StreamBusy
 
 
 def pool_name(source_name: str) -> str:
@@ -16,17 +22,20 @@ def pool_name(source_name: str) -> str:
     return f"ingest_{source_name}"
 
 
-def build_stream_assets(settings: Settings, catalog: Catalog) -> list[dg.AssetsDefinition]:
+def catalog_streams(settings: Settings, catalog: Catalog) -> list[PostgresTableStream]:
     return [
-        _postgres_table_asset(
-            PostgresTableStream(settings, catalog.destination, source_name, source, stream_name, stream)
-        )
+        PostgresTableStream(settings, catalog.destination, source_name, source, stream_name, stream)
         for source_name, source, stream_name, stream in catalog.streams()
     ]
 
 
-def _postgres_table_asset(stream: PostgresTableStream) -> dg.AssetsDefinition:
+def build_stream_assets(settings: Settings, catalog: Catalog) -> list[dg.AssetsDefinition]:
+    return [stream_asset(stream) for stream in catalog_streams(settings, catalog)]
+
+
+def stream_asset(stream: PostgresTableStream) -> dg.AssetsDefinition:
     spec = stream.spec
+    retries = spec.retries
 
     @dg.asset(
         key=dg.AssetKey([stream.source_name, stream.name]),
@@ -34,32 +43,78 @@ def _postgres_table_asset(stream: PostgresTableStream) -> dg.AssetsDefinition:
         pool=pool_name(stream.source_name),
         kinds={"postgres", "dlt", stream.destination.type},
         description=f"PostgreSQL table {spec.table} ({spec.write_disposition} on {', '.join(spec.primary_key)})",
-        metadata={
-            "source_table": spec.table,
-            "primary_key": ", ".join(spec.primary_key),
-            "cursor": ", ".join(spec.cursor) or "(none: full read each run)",
-            "slice_rows": spec.slice_rows,
-            "target": f"{stream.source_name}.{stream.name}",
-        },
+        metadata=_static_metadata(stream),
+        partitions_def=partitions_def(stream.source_name, stream.name, spec),
+        backfill_policy=dg.BackfillPolicy.multi_run(spec.max_partitions_per_run) if spec.partitions else None,
+        retry_policy=dg.RetryPolicy(
+            max_retries=retries.max_attempts - 1,
+            delay=retries.delay_seconds,
+            backoff=dg.Backoff.EXPONENTIAL,
+            jitter=dg.Jitter.FULL,
+        ),
     )
     def _asset(context: AssetExecutionContext) -> dg.MaterializeResult:
-        partition = context.partition_key if context.has_partition_key else None
-        previous = latest_checkpoint(context.instance, context.asset_key, partition)
-        after = None
-        if previous is not None:
-            after = stream.resume_position(previous.position, bool(previous.details.get("complete", True)))
-            context.log.info("resuming %s from checkpoint %s (run %s)", stream.qualified_name, after, previous.run_id)
-        result = stream.run(after, RunCheckpointSink(context, partition), partition=partition, log=context.log)
-        return dg.MaterializeResult(
-            metadata={
-                **checkpoint_metadata(result.position, complete=True, rows=result.rows, slices=result.slices),
-                "rows": result.rows,
-                "slices": result.slices,
-                "seconds": round(result.seconds, 3),
-                "rows_per_second": round(result.rows_per_second),
-                "started_from": dg.MetadataValue.json({"position": result.started_from}),
-                "dagster/table_name": f"{stream.source_name}.{stream.name}",
-            }
-        )
+        store = InstanceStateStore(context.instance, context.asset_key, context.log_event)
+        outcomes: list[PartitionOutcome] = []
+        with Drain(spec.drain_seconds, context.log) as drain:
+            for partition in _partitions_of(context):
+                if drain.requested:
+                    break
+                job = PartitionJob(stream, store, partition, stop=drain, log=context.log)
+                try:
+                    outcomes.append(job.run())
+                except (NoProgress, StreamBusy) as exc:
+                    raise dg.Failure(description=str(exc), allow_retries=False) from exc
+            if drain.requested:
+                done = ", ".join(str(o.partition or stream.name) for o in outcomes) or "nothing"
+                raise dg.Failure(
+                    description=f"{stream.qualified_name} drained ({drain.describe()}): the slice in flight was "
+                    f"committed and checkpointed ({done}); the next run resumes from there",
+                    allow_retries=False,
+                )
+        return dg.MaterializeResult(metadata=_run_metadata(stream, outcomes))
 
     return _asset
+
+
+def _partitions_of(context: AssetExecutionContext) -> list[str | None]:
+    if not context.has_partition_key and not context.has_partition_key_range:
+        return [None]
+    return list(context.partition_keys)
+
+
+def _static_metadata(stream: PostgresTableStream) -> dict[str, Any]:
+    spec = stream.spec
+    return {
+        "source_table": spec.table,
+        "primary_key": ", ".join(spec.primary_key),
+        "cursor": ", ".join(spec.cursor) or "(none: full read each run)",
+        "slice_rows": spec.slice_rows,
+        "partitions": spec.partitions.model_dump(mode="json") if spec.partitions else "(none)",
+        "target": f"{stream.source_name}.{stream.name}",
+    }
+
+
+def _run_metadata(stream: PostgresTableStream, outcomes: list[PartitionOutcome]) -> dict[str, Any]:
+    rows = sum(o.result.rows for o in outcomes)
+    seconds = sum(o.result.seconds for o in outcomes)
+    metadata: dict[str, Any] = {
+        "rows": rows,
+        "slices": sum(o.result.slices for o in outcomes),
+        "seconds": round(seconds, 3),
+        "rows_per_second": round(rows / seconds) if seconds > 0 else 0,
+        "mode": ", ".join(sorted({o.mode for o in outcomes})),
+        "dagster/table_name": f"{stream.source_name}.{stream.name}",
+    }
+    if len(outcomes) == 1:  # one partition (or none): the materialization carries its final checkpoint
+        only = outcomes[0]
+        metadata.update(
+            checkpoint_metadata(only.result.position, complete=True, rows=only.result.rows, generation=only.generation)
+        )
+        metadata["generation"] = only.generation
+        metadata["started_from"] = dg.MetadataValue.json({"position": only.result.started_from})
+    else:
+        metadata["partitions"] = dg.MetadataValue.json(
+            {str(o.partition): {"rows": o.result.rows, "position": o.result.position} for o in outcomes}
+        )
+    return metadata

@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import gc
 import logging
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import dlt
 import pyarrow as pa
-from dlt.common.destination.reference import Destination as DltDestination
 from dlt.destinations.exceptions import DatabaseUndefinedRelation
-from dlt.destinations.impl.duckdb.configuration import DuckDbCredentials
 
 from ingestion_assets.catalog import Destination
-from ingestion_assets.loading.metadata_columns import DLT_HINTS
-from ingestion_assets.references import resolve
+from ingestion_assets.loading.destinations import make_destination, writer_lock
+from ingestion_assets.loading.metadata_columns import DLT_HINTS, GENERATION
+from ingestion_assets.loading.versions import drop_stale_rows
 from ingestion_assets.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -41,7 +35,7 @@ class TargetTable:
     """Where and how one stream lands."""
 
     dataset: str  # the source name
-    table: str  # the stream name
+    table: str  # the stream name (or a refresh's shadow table)
     primary_key: tuple[str, ...]
     write_disposition: str  # merge | append | replace
     type_hints: tuple[tuple[str, dict[str, Any]], ...] = ()  # (column, dlt hint) the Arrow type cannot carry
@@ -62,6 +56,8 @@ class Loader:
     destination: Destination
     target: TargetTable
     pipeline_name: str
+    guard_versions: bool = False  # several writers (partitions, live tail): keep the newest version
+    stream_table: str | None = None  # the stream's table when `target` is a refresh's shadow of it
     _pipeline: Any = field(default=None, init=False, repr=False)
     _loads: int = field(default=0, init=False)
     _append_only: bool = field(default=False, init=False)
@@ -84,77 +80,80 @@ class Loader:
     def use_initial_load_path(self) -> bool:
         """Merge as a plain append when no row of this run can already be in the target.
 
-        Sound only for a run that reads from the very start into an empty target in one snapshot:
-        every key then arrives once. A crash moves the next run onto the merge path (it has a
-        checkpoint, or the target is no longer empty).
+        Sound only for a run that reads from the very start into an empty target in one snapshot, with
+        no other writer: every key then arrives once. A crash moves the next run onto the merge path
+        (it has a checkpoint, or the target is no longer empty).
         """
-        if self.target.write_disposition == "merge" and self.target_is_empty():
+        if self.target.write_disposition == "merge" and not self.guard_versions and self.target_is_empty():
             self._append_only = True
         return self._append_only
 
     def target_is_empty(self) -> bool:
-        with self._destination_lock(), self._pipeline.sql_client() as client:
-            table = client.make_qualified_table_name(self.target.table)
+        with self._lock(), self._pipeline.sql_client() as client:
             try:
-                return not client.execute_sql(f"SELECT 1 FROM {table} LIMIT 1")
+                return not client.execute_sql(
+                    f"SELECT 1 FROM {client.make_qualified_table_name(self.target.table)} LIMIT 1"
+                )
             except DatabaseUndefinedRelation:
                 return True
 
-    def load(self, table: pa.Table) -> None:
+    def max_generation(self, table: str) -> int | None:
+        """The generation a table holds (None: no such table, or empty)."""
+        with self._lock(), self._pipeline.sql_client() as client:
+            try:
+                rows = client.execute_sql(f"SELECT max({GENERATION}) FROM {client.make_qualified_table_name(table)}")
+            except DatabaseUndefinedRelation:
+                return None
+        return int(rows[0][0]) if rows and rows[0][0] is not None else None
+
+    def load(self, table: pa.Table) -> int:
+        """Load one slice; returns how many rows went in (stale versions are left out)."""
         disposition = self.target.write_disposition
         if disposition == "replace" and self._loads > 0:
             disposition = "append"  # one run replaces once, then adds its later slices
         if self._append_only:
             disposition = "append"
-        hints: dict[str, Any] = {
-            "name": self.target.table,
-            "table_name": self.target.table,
-            "write_disposition": disposition,
-            "primary_key": list(self.target.primary_key),
-            "columns": self.target.column_hints(),
-        }
-        resource = dlt.resource([table], **hints)
-        with self._destination_lock():
-            self._pipeline.run(resource, loader_file_format="parquet")
+        with self._lock():
+            if self.guard_versions:
+                with self._pipeline.sql_client() as client:
+                    table = drop_stale_rows(
+                        client, self.destination.type, self.target.table, self.target.primary_key, table
+                    )
+            if table.num_rows:
+                hints: dict[str, Any] = {
+                    "name": self.target.table,
+                    "table_name": self.target.table,
+                    "write_disposition": disposition,
+                    "primary_key": list(self.target.primary_key),
+                    "columns": self.target.column_hints(),
+                }
+                self._pipeline.run(dlt.resource([table], **hints), loader_file_format="parquet")
         self._loads += 1
         # dlt's config resolution leaves exception tracebacks in reference cycles whose frames still see
         # the slice; without a collection per slice, several slices stay alive and memory climbs.
         gc.collect()
+        return int(table.num_rows)
 
-    @contextlib.contextmanager
-    def _destination_lock(self) -> Iterator[None]:
-        """DuckDB admits one writing process: loads from parallel runs take turns; extraction does not."""
-        if self.destination.type != "duckdb":
-            yield
-            return
-        path = duckdb_path(self.settings, self.destination)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with Path(f"{path}.lock").open("w") as handle:
-            started = time.monotonic()
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            waited = time.monotonic() - started
-            if waited > 1:
-                log.info("waited %.1fs for the DuckDB writer lock on %s", waited, path)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+    def swap_in(self, shadow: str, table: str) -> None:
+        """Replace `table` by `shadow` in one transaction: readers see the old or the new generation."""
+        with self._lock(), self._pipeline.sql_client() as client:
+            target = client.make_qualified_table_name(table)
+            source = client.make_qualified_table_name(shadow)
+            with client.begin_transaction():
+                client.execute_sql(f"DROP TABLE IF EXISTS {target}")
+                client.execute_sql(f"ALTER TABLE {source} RENAME TO {client.escape_column_name(table)}")
+        self._forget_table(shadow)
 
+    def _forget_table(self, name: str) -> None:
+        """The renamed shadow no longer exists: drop it from dlt's schema so no load expects it."""
+        schema = self._pipeline.default_schema
+        if name in schema.tables:
+            schema.tables.pop(name)
+            self._pipeline.schemas.save(schema)
 
-def duckdb_path(settings: Settings, destination: Destination) -> Path:
-    return Path(destination.path).expanduser() if destination.path else settings.warehouse_path
-
-
-def make_destination(settings: Settings, destination: Destination) -> DltDestination[Any, Any]:
-    if destination.type == "duckdb":
-        path = duckdb_path(settings, destination)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # DuckDB caches up to 80% of RAM by default: a loader's memory would then grow with the table.
-        credentials = DuckDbCredentials(str(path), global_config={"memory_limit": destination.memory_limit})
-        return dlt.destinations.duckdb(credentials)
-    assert destination.credentials is not None
-    url = resolve(destination.credentials, settings, "destination.credentials")
-    return dlt.destinations.postgres(credentials=url)
+    def _lock(self) -> Any:
+        table = self.stream_table or self.target.table
+        return writer_lock(self.settings, self.destination, self.target.dataset, table)
 
 
 def pipeline_name(source: str, stream: str, partition: str | None) -> str:

@@ -9,22 +9,14 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
 
+from ingestion_assets.state.model import Checkpoint
+
 CHECKPOINT_KEY = "ingest/checkpoint"
 _PAGE = 50
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    position: dict[str, Any] | None  # None: start from the beginning (never run, or reset)
-    run_id: str
-    committed_at: dt.datetime
-    storage_id: int
-    details: dict[str, Any]  # everything else stored with it (rows, slice, reason of a reset ...)
 
 
 def checkpoint_metadata(position: dict[str, Any] | None, **details: Any) -> dict[str, Any]:
@@ -79,18 +71,26 @@ def _newest_with_checkpoint(fetch: Callable[..., Any], records_filter: dg.AssetR
         cursor = result.cursor
 
 
-class RunCheckpointSink:
-    """Writes each committed slice's position into the instance from inside a run (stored at once)."""
+class InstanceStateStore:
+    """The runner's state store on a Dagster instance: inside a run checkpoints are logged as the run's
+    events (stored at once); outside one (CLI, sensors) as runless events."""
 
-    def __init__(self, context: dg.AssetExecutionContext, partition: str | None) -> None:
-        self._context = context
-        self._partition = partition
+    def __init__(
+        self,
+        instance: dg.DagsterInstance,
+        asset_key: dg.AssetKey,
+        log_event: Callable[[dg.AssetObservation], None] | None = None,
+    ) -> None:
+        self._instance = instance
+        self._asset_key = asset_key
+        self._log_event = log_event or instance.report_runless_asset_event
 
-    def commit(self, position: dict[str, Any], slice_index: int, rows: int) -> None:
-        self._context.log_event(
+    def latest(self, partition: str | None) -> Checkpoint | None:
+        return latest_checkpoint(self._instance, self._asset_key, partition)
+
+    def commit(self, partition: str | None, position: dict[str, Any] | None, **details: Any) -> None:
+        self._log_event(
             dg.AssetObservation(
-                asset_key=self._context.asset_key,
-                partition=self._partition,
-                metadata=checkpoint_metadata(position, complete=False, slice=slice_index, rows=rows),
+                asset_key=self._asset_key, partition=partition, metadata=checkpoint_metadata(position, **details)
             )
         )

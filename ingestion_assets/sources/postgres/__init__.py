@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import dlt
+from psycopg2 import sql
 
 from ingestion_assets.sources.postgres.introspect import discover_table
-from ingestion_assets.sources.postgres.query import Position, ReadPlan
+from ingestion_assets.sources.postgres.query import Position, ReadPlan, Window, exact_text
 from ingestion_assets.sources.postgres.reader import connect, copy_batches
 from ingestion_assets.sources.slices import Slice, rechunk
 
@@ -29,16 +30,63 @@ def plan_table_read(
     return ReadPlan(shape=shape, cursor=cursor, primary_key=primary_key)
 
 
-def table_slices(url: str, plan: ReadPlan, after: Position | None, slice_rows: int, name: str) -> Iterator[Slice]:
-    """Every row after `after`, in (cursor, primary key) order, as slices of `slice_rows` rows."""
+def table_slices(
+    url: str, plan: ReadPlan, after: Position | None, slice_rows: int, name: str, window: Window | None = None
+) -> Iterator[Slice]:
+    """Every row of `window` after `after`, in (cursor, primary key) order, as slices of `slice_rows` rows."""
     conn = connect(url, f"ingest:{name}")
     try:
-        statement = plan.copy_statement(conn, after)
+        statement = plan.copy_statement(conn, after, window)
     finally:
         conn.close()
     batches = copy_batches(url, statement, plan.shape, application_name=f"ingest:{name}")
     for index, table in enumerate(rechunk(batches, slice_rows)):
         yield Slice(table=table, position=plan.position_of_last_row(table), index=index)
+
+
+def key_bounds(url: str, plan: ReadPlan, column: str) -> tuple[int, int] | None:
+    """The smallest and largest value of an integer column (None for an empty table)."""
+    kind = plan.shape.column(column).type_name
+    if kind not in ("int2", "int4", "int8"):
+        raise LookupError(f"key partitions need an integer column; {column!r} is {kind}")
+    conn = connect(url, "ingest-plan")
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                sql.SQL("SELECT min({c}), max({c}) FROM {t}").format(
+                    c=sql.Identifier(column), t=sql.Identifier(plan.shape.schema, plan.shape.table)
+                )
+            )
+            low, high = cur.fetchone() or (None, None)
+    finally:
+        conn.close()
+    return None if low is None or high is None else (int(low), int(high))
+
+
+def current_position(url: str, plan: ReadPlan) -> Position | None:
+    """A position just before the newest cursor value: a live tail started here misses nothing newer."""
+    if not plan.cursor:
+        return None
+    conn = connect(url, "ingest-plan")
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                sql.SQL("SELECT {cols} FROM {t} ORDER BY {order} LIMIT 1").format(
+                    cols=sql.SQL(", ").join(sql.Identifier(c) for c in plan.cursor),
+                    t=sql.Identifier(plan.shape.schema, plan.shape.table),
+                    order=sql.SQL(", ").join(
+                        sql.SQL("{} DESC NULLS LAST").format(sql.Identifier(c)) for c in plan.cursor
+                    ),
+                )
+            )
+            row = cur.fetchone()
+    finally:
+        conn.close()
+    if row is None:
+        return None
+    position: Position = {name: exact_text(value) for name, value in zip(plan.cursor, row, strict=True)}
+    position.update({c.name: None for c in plan.ordering if c.name not in plan.cursor})
+    return position
 
 
 @dlt.resource(standalone=True)

@@ -15,6 +15,15 @@ from ingestion_assets.sources.postgres.introspect import Column, TableShape
 Position = dict[str, str | None]  # ordering column -> exact text of its value (None: NULL)
 
 
+@dataclass(frozen=True)
+class Window:
+    """The rows of one partition: `lower <= column < upper` (either bound may be open)."""
+
+    column: str
+    lower: str | None = None
+    upper: str | None = None
+
+
 class PositionMismatch(ValueError):
     """A stored position does not fit the stream's ordering columns (the catalog changed)."""
 
@@ -32,8 +41,8 @@ class ReadPlan:
         names = list(self.cursor) + [k for k in self.primary_key if k not in self.cursor]
         return tuple(self.shape.column(name) for name in names)
 
-    def copy_statement(self, conn: PgConnection, after: Position | None) -> str:
-        """COPY of every row strictly after `after` in (cursor, primary key) order.
+    def copy_statement(self, conn: PgConnection, after: Position | None, window: Window | None = None) -> str:
+        """COPY of every row of `window` strictly after `after` in (cursor, primary key) order.
 
         COPY takes no bind parameters, so literals are quoted by psycopg2 and cast to the column type.
         """
@@ -42,18 +51,33 @@ class ReadPlan:
             cols=sql.SQL(", ").join(sql.Identifier(c.name) for c in self.shape.columns),
             table=sql.Identifier(self.shape.schema, self.shape.table),
         )
+        conditions = self._window_conditions(window) if window is not None else []
         if after is not None:
             values = [_literal(c, self._value(after, c)) for c in self.ordering]
-            query += sql.SQL(" WHERE ({keys}) > ({values})").format(
-                keys=sql.SQL(", ").join(keys), values=sql.SQL(", ").join(values)
+            conditions.append(
+                sql.SQL("({keys}) > ({values})").format(
+                    keys=sql.SQL(", ").join(keys), values=sql.SQL(", ").join(values)
+                )
             )
+        if conditions:
+            query += sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions)
         query += sql.SQL(" ORDER BY {keys}").format(keys=sql.SQL(", ").join(keys))
         copy = sql.SQL("COPY ({query}) TO STDOUT WITH (FORMAT csv)").format(query=query)
         return copy.as_string(conn)
 
+    def _window_conditions(self, window: Window) -> list[sql.Composable]:
+        column = self.shape.column(window.column)
+        ident = sql.Identifier(column.name)
+        conditions: list[sql.Composable] = []
+        if window.lower is not None:
+            conditions.append(sql.SQL("{} >= {}").format(ident, _literal(column, window.lower)))
+        if window.upper is not None:
+            conditions.append(sql.SQL("{} < {}").format(ident, _literal(column, window.upper)))
+        return conditions
+
     def position_of_last_row(self, table: pa.Table) -> Position:
         last = table.num_rows - 1
-        return {c.name: _exact_text(table.column(c.name)[last].as_py()) for c in self.ordering}
+        return {c.name: exact_text(table.column(c.name)[last].as_py()) for c in self.ordering}
 
     def _value(self, position: Mapping[str, Any], column: Column) -> str | None:
         if column.name not in position:
@@ -78,7 +102,7 @@ def _literal(column: Column, value: str | None) -> sql.Composable:
     return sql.SQL("{value}::{type}").format(value=sql.Literal(text), type=sql.SQL(column.sql_type))
 
 
-def _exact_text(value: Any) -> str | None:
+def exact_text(value: Any) -> str | None:
     """Text PostgreSQL parses back to the identical value (isoformat keeps microseconds and the zone)."""
     if value is None:
         return None

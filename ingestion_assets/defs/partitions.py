@@ -1,0 +1,77 @@
+"""Dagster partitions for streams: time windows, or key ranges (dynamic, planned from the source)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import dagster as dg
+
+from ingestion_assets.catalog import KeyPartitions, PostgresStream, TimePartitions
+from ingestion_assets.partitions import KEY_FORMATS, LIVE, key_range, key_range_keys
+from ingestion_assets.sources.postgres import current_position, key_bounds
+from ingestion_assets.state.checkpoints import InstanceStateStore, latest_checkpoint
+from ingestion_assets.streams.postgres_table import PostgresTableStream
+
+_TIME_DEFS = {
+    "hourly": dg.HourlyPartitionsDefinition,
+    "daily": dg.DailyPartitionsDefinition,
+    "weekly": dg.WeeklyPartitionsDefinition,
+    "monthly": dg.MonthlyPartitionsDefinition,
+}
+
+
+def dynamic_partitions_name(source_name: str, stream_name: str) -> str:
+    return f"{source_name}__{stream_name}__keys"
+
+
+def partitions_def(source_name: str, stream_name: str, spec: PostgresStream) -> dg.PartitionsDefinition | None:
+    partitions = spec.partitions
+    if isinstance(partitions, TimePartitions):
+        start = dt.datetime.combine(partitions.start, dt.time(), tzinfo=dt.UTC)
+        # end_offset=1: the current, still-filling window is a partition too: it is the live one
+        return _TIME_DEFS[partitions.granularity](
+            start_date=start.strftime(KEY_FORMATS[partitions.granularity]), timezone="UTC", end_offset=1
+        )
+    if isinstance(partitions, KeyPartitions):
+        return dg.DynamicPartitionsDefinition(name=dynamic_partitions_name(source_name, stream_name))
+    return None
+
+
+def newest_partition(stream: PostgresTableStream, partitions: dg.PartitionsDefinition) -> str | None:
+    """What a schedule keeps syncing: the `live` key partition, or the current time window."""
+    if isinstance(stream.spec.partitions, KeyPartitions):
+        return LIVE if stream.spec.partitions.live else None
+    keys = partitions.get_partition_keys()
+    return keys[-1] if keys else None
+
+
+def plan_key_partitions(stream: PostgresTableStream, instance: dg.DagsterInstance) -> list[str]:
+    """Add the key ranges the source's table now needs (and `live`); returns the keys added.
+
+    The first time, the live tail's checkpoint is set to the newest cursor value now: every change
+    after this moment reaches `live`, every row before it belongs to a range, so none falls between.
+    """
+    spec = stream.spec
+    assert isinstance(spec.partitions, KeyPartitions)
+    name = dynamic_partitions_name(stream.source_name, stream.name)
+    existing = instance.get_dynamic_partitions(name)
+    plan = stream.plan()
+    column = spec.partition_column
+    assert column is not None
+    bounds = key_bounds(stream.source_url(), plan, column)
+    wanted = key_range_keys(bounds[0], bounds[1], spec.partitions.chunk) if bounds else []
+    ranges = [k for k in existing if k != LIVE]
+    if ranges:  # keep existing ranges; only extend past the highest one
+        highest = max(key_range(k)[1] for k in ranges)
+        wanted = [k for k in wanted if key_range(k)[0] > highest]
+    added = [k for k in wanted if k not in existing]
+    if spec.partitions.live and LIVE not in existing:
+        key = dg.AssetKey([stream.source_name, stream.name])
+        if latest_checkpoint(instance, key, LIVE) is None:
+            InstanceStateStore(instance, key).commit(
+                LIVE, current_position(stream.source_url(), plan), complete=True, planned=True, generation=1
+            )
+        added.append(LIVE)
+    if added:
+        instance.add_dynamic_partitions(name, added)
+    return added

@@ -1,0 +1,63 @@
+"""Schedules from the catalog: each source's cron syncs its streams (partitioned: the newest partition)."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from ingestion_assets.defs.partitions import newest_partition, partitions_def
+from ingestion_assets.streams.postgres_table import PostgresTableStream
+
+
+def build_schedules(
+    streams: list[PostgresTableStream], assets: dict[dg.AssetKey, dg.AssetsDefinition]
+) -> list[dg.ScheduleDefinition]:
+    schedules: list[dg.ScheduleDefinition] = []
+    by_source: dict[str, list[PostgresTableStream]] = {}
+    for stream in streams:
+        if stream.source.schedule:
+            by_source.setdefault(stream.source_name, []).append(stream)
+    for source_name, members in by_source.items():
+        cron = members[0].source.schedule
+        assert cron is not None
+        plain = [s for s in members if s.spec.partitions is None]
+        if plain:
+            schedules.append(
+                dg.ScheduleDefinition(
+                    name=f"{source_name}__sync",
+                    cron_schedule=cron,
+                    target=dg.AssetSelection.assets(*[dg.AssetKey([s.source_name, s.name]) for s in plain]),
+                    default_status=dg.DefaultScheduleStatus.RUNNING,
+                    execution_timezone="UTC",
+                )
+            )
+        for stream in members:
+            if stream.spec.partitions is not None:
+                schedules.append(_newest_partition_schedule(stream, cron, assets))
+    return schedules
+
+
+def _newest_partition_schedule(
+    stream: PostgresTableStream, cron: str, assets: dict[dg.AssetKey, dg.AssetsDefinition]
+) -> dg.ScheduleDefinition:
+    key = dg.AssetKey([stream.source_name, stream.name])
+    partitions = partitions_def(stream.source_name, stream.name, stream.spec)
+    assert partitions is not None
+
+    @dg.schedule(
+        name=f"{stream.source_name}__{stream.name}__newest",
+        cron_schedule=cron,
+        target=assets[key],
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+        execution_timezone="UTC",
+    )
+    def _schedule(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+        if isinstance(partitions, dg.DynamicPartitionsDefinition):
+            keys = context.instance.get_dynamic_partitions(partitions.name or "")
+            if not keys:
+                return dg.SkipReason("no key ranges planned yet: the planning sensor adds them")
+        partition = newest_partition(stream, partitions)
+        if partition is None:
+            return dg.SkipReason("no partition to sync")
+        return dg.RunRequest(partition_key=partition)
+
+    return _schedule

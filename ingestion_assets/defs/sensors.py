@@ -1,0 +1,27 @@
+"""Sensors: plan new key-range partitions as a key-partitioned source table grows."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from ingestion_assets.catalog import KeyPartitions
+from ingestion_assets.defs.partitions import plan_key_partitions
+from ingestion_assets.streams.postgres_table import PostgresTableStream
+
+
+def build_sensors(streams: list[PostgresTableStream]) -> list[dg.SensorDefinition]:
+    return [_key_range_planner(s) for s in streams if isinstance(s.spec.partitions, KeyPartitions)]
+
+
+def _key_range_planner(stream: PostgresTableStream) -> dg.SensorDefinition:
+    @dg.sensor(
+        name=f"{stream.source_name}__{stream.name}__plan_key_ranges",
+        minimum_interval_seconds=300,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=f"adds key-range partitions as {stream.spec.table} grows (and the `live` tail once)",
+    )
+    def _sensor(context: dg.SensorEvaluationContext) -> dg.SkipReason:
+        added = plan_key_partitions(stream, context.instance)
+        return dg.SkipReason(f"added partitions {added}" if added else "no new key ranges")
+
+    return _sensor

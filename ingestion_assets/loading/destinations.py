@@ -1,0 +1,78 @@
+"""The dlt destination from the catalog, and the writer lock that serialises loads into one target."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dlt
+import psycopg2
+from dlt.destinations.impl.duckdb.configuration import DuckDbCredentials
+
+from ingestion_assets.catalog import Destination
+from ingestion_assets.references import resolve
+from ingestion_assets.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def duckdb_path(settings: Settings, destination: Destination) -> Path:
+    return Path(destination.path).expanduser() if destination.path else settings.warehouse_path
+
+
+def destination_url(settings: Settings, destination: Destination) -> str:
+    assert destination.credentials is not None
+    return resolve(destination.credentials, settings, "destination.credentials")
+
+
+def make_destination(settings: Settings, destination: Destination) -> Any:
+    if destination.type == "duckdb":
+        path = duckdb_path(settings, destination)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # DuckDB caches up to 80% of RAM by default: a loader's memory would then grow with the table.
+        credentials = DuckDbCredentials(str(path), global_config={"memory_limit": destination.memory_limit})
+        return dlt.destinations.duckdb(credentials)
+    return dlt.destinations.postgres(credentials=destination_url(settings, destination))
+
+
+@contextlib.contextmanager
+def writer_lock(settings: Settings, destination: Destination, dataset: str, table: str) -> Iterator[None]:
+    """One writer at a time per target: the version check and the load it guards are then atomic.
+
+    DuckDB admits one writing process per file: a file lock. PostgreSQL: an advisory lock per table,
+    so different tables still load in parallel. Reading from sources never waits on this lock.
+    """
+    started = time.monotonic()
+    if destination.type == "duckdb":
+        path = duckdb_path(settings, destination)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with Path(f"{path}.lock").open("w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            _note_wait(started, str(path))
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+        return
+    key = zlib.crc32(f"ingest:{dataset}.{table}".encode())
+    with contextlib.closing(psycopg2.connect(destination_url(settings, destination))) as conn:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(%s)", (key,))
+            _note_wait(started, f"{dataset}.{table}")
+            try:
+                yield
+            finally:
+                cur.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+
+def _note_wait(started: float, what: str) -> None:
+    waited = time.monotonic() - started
+    if waited > 1:
+        log.info("waited %.1fs for the writer lock on %s", waited, what)

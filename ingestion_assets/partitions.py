@@ -1,0 +1,61 @@
+"""Partition keys and the read window each one stands for (time windows, integer key ranges, `live`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+from ingestion_assets.catalog import KeyPartitions, PostgresStream, TimePartitions
+from ingestion_assets.sources.postgres.query import Window
+
+LIVE = "live"
+KEY_FORMATS = {"hourly": "%Y-%m-%d-%H:%M", "daily": "%Y-%m-%d", "weekly": "%Y-%m-%d", "monthly": "%Y-%m-%d"}
+_RANGE = re.compile(r"^(-?\d+)-(-?\d+)$")
+
+
+class UnknownPartition(ValueError):
+    """A partition key that does not belong to the stream's partitioning."""
+
+
+def window_for(spec: PostgresStream, partition: str | None) -> Window | None:
+    """The rows a partition reads; None reads the whole table (unpartitioned, or the live tail)."""
+    partitions = spec.partitions
+    if partitions is None or partition is None or partition == LIVE:
+        if partition == LIVE and not (isinstance(partitions, KeyPartitions) and partitions.live):
+            raise UnknownPartition("this stream has no `live` partition")
+        return None
+    column = spec.partition_column
+    assert column is not None
+    if isinstance(partitions, TimePartitions):
+        start, end = time_window(partitions, partition)
+        return Window(column, start.isoformat(), end.isoformat())
+    low, high = key_range(partition)
+    return Window(column, str(low), str(high + 1))
+
+
+def time_window(partitions: TimePartitions, key: str) -> tuple[dt.datetime, dt.datetime]:
+    try:
+        start = dt.datetime.strptime(key, KEY_FORMATS[partitions.granularity]).replace(tzinfo=dt.UTC)
+    except ValueError as exc:
+        raise UnknownPartition(f"{key!r} is not a {partitions.granularity} partition key") from exc
+    if partitions.granularity == "hourly":
+        return start, start + dt.timedelta(hours=1)
+    if partitions.granularity == "daily":
+        return start, start + dt.timedelta(days=1)
+    if partitions.granularity == "weekly":
+        return start, start + dt.timedelta(days=7)
+    month = start.month % 12 + 1
+    return start, start.replace(year=start.year + (start.month == 12), month=month)
+
+
+def key_range(key: str) -> tuple[int, int]:
+    match = _RANGE.match(key)
+    if match is None:
+        raise UnknownPartition(f"{key!r} is not a key range like '0-999999' (or `live`)")
+    return int(match.group(1)), int(match.group(2))
+
+
+def key_range_keys(low: int, high: int, chunk: int) -> list[str]:
+    """Aligned ranges of `chunk` keys covering low..high: '0-999', '1000-1999', ..."""
+    first = (low // chunk) * chunk
+    return [f"{start}-{start + chunk - 1}" for start in range(first, high + 1, chunk)]

@@ -1,0 +1,207 @@
+"""One attempt on one stream partition: pick incremental, refresh or resume from the stored state, run
+the checkpoint protocol, finish a refresh with an atomic swap, and count attempts that made no progress.
+
+Dagster-free: state comes through a `StateStore`, so the assets and the simulation drive the same code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ingestion_assets.state.model import Checkpoint
+from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
+from ingestion_assets.sync import Faults, SyncResult
+
+ERROR_CHARS = 400
+
+
+class StateStore(Protocol):
+    def latest(self, partition: str | None) -> Checkpoint | None: ...
+
+    def commit(self, partition: str | None, position: dict[str, Any] | None, **details: Any) -> None: ...
+
+
+class NoProgress(RuntimeError):
+    """Attempts in a row committed no slice: retrying again will not help."""
+
+
+class StreamBusy(RuntimeError):
+    """Another run is syncing the same stream partition right now."""
+
+
+@dataclass
+class PartitionOutcome:
+    partition: str | None
+    result: SyncResult
+    generation: int
+    mode: str  # incremental | refresh | refresh-retain
+    drained: bool = False
+
+
+@dataclass
+class _Sink:
+    """Checkpoints each slice with the run's context (generation, refresh) carried along."""
+
+    store: StateStore
+    partition: str | None
+    details: dict[str, Any]
+    position: dict[str, Any] | None
+    commits: int = 0
+
+    def commit(self, position: dict[str, Any], slice_index: int, rows: int) -> None:
+        self.store.commit(self.partition, position, complete=False, slice=slice_index, rows=rows, **self.details)
+        self.position = position
+        self.commits += 1
+
+
+@dataclass
+class PartitionJob:
+    stream: PostgresTableStream
+    store: StateStore
+    partition: str | None = None
+    stop: Callable[[], bool] = field(default=lambda: False)
+    faults: Faults | None = None
+    log: logging.Logger | None = None
+
+    def run(self) -> PartitionOutcome:
+        with self._exclusive():
+            state = self.store.latest(self.partition)
+            details = dict(state.details) if state is not None else {}
+            position = state.position if state is not None else None
+            sink = _Sink(self.store, self.partition, {}, position)
+            try:
+                return self._attempt(details, position, sink)
+            except Exception as exc:
+                self._record_failure(details, sink, exc)
+                raise
+
+    def _attempt(self, details: dict[str, Any], position: dict[str, Any] | None, sink: _Sink) -> PartitionOutcome:
+        generation = int(details.get("generation", 1))
+        refresh = details.get("refresh")  # a refresh in progress: {"mode", "generation"}
+        if refresh is None:
+            mode = details.get("refresh_requested") or (
+                "remove" if self.stream.spec.write_disposition == "replace" else None
+            )
+            if mode is not None:
+                refresh, position = {"mode": mode, "generation": generation + 1}, None
+        if refresh is not None and refresh["mode"] == "remove":
+            return self._refresh_by_swap(int(refresh["generation"]), generation, position, sink)
+        if refresh is not None:
+            return self._refresh_in_place(int(refresh["generation"]), position, sink)
+        after = self.stream.resume_position(position, bool(details.get("complete", True)))
+        sink.details = {"generation": generation}
+        result = self._read(after, Target(self.stream.name, generation), sink)
+        return self._finish(result, generation, "incremental")
+
+    def _refresh_by_swap(
+        self, new_generation: int, live_generation: int, after: dict[str, Any] | None, sink: _Sink
+    ) -> PartitionOutcome:
+        """Load everything into a shadow table; swap it in only once the read completed."""
+        shadow = f"{self.stream.name}_refresh_g{new_generation}"
+        target = Target(shadow, new_generation, stream_table=self.stream.name)
+        sink.details = {"generation": live_generation, "refresh": {"mode": "remove", "generation": new_generation}}
+        loader = self.stream.loader(target, self.partition)
+        if (
+            after is not None
+            and loader.max_generation(shadow) is None
+            and loader.max_generation(self.stream.name) == new_generation
+        ):
+            result = SyncResult(started_from=after, position=after)  # swapped before a crash: only record it
+        else:
+            result = self._read(after, target, sink, loader=loader)
+            if self.stop():
+                return PartitionOutcome(self.partition, result, live_generation, "refresh", drained=True)
+            if self.faults is not None:
+                self.faults.hit("before_swap", 0)
+            loader.swap_in(shadow, self.stream.name)
+        return self._finish(result, new_generation, "refresh")
+
+    def _refresh_in_place(self, new_generation: int, after: dict[str, Any] | None, sink: _Sink) -> PartitionOutcome:
+        """Re-read everything and merge over the target: nothing is removed."""
+        sink.details = {"generation": new_generation, "refresh": {"mode": "retain", "generation": new_generation}}
+        result = self._read(after, Target(self.stream.name, new_generation), sink)
+        return self._finish(result, new_generation, "refresh-retain")
+
+    def _read(self, after: dict[str, Any] | None, target: Target, sink: _Sink, loader: Any = None) -> SyncResult:
+        return self.stream.run(
+            after,
+            sink,
+            target=target,
+            partition=self.partition,
+            stop=self.stop,
+            faults=self.faults,
+            log=self.log,
+            loader=loader,
+        )
+
+    def _finish(self, result: SyncResult, generation: int, mode: str) -> PartitionOutcome:
+        drained = self.stop()
+        if not drained:
+            self.store.commit(
+                self.partition,
+                result.position,
+                complete=True,
+                rows=result.rows,
+                slices=result.slices,
+                generation=generation,
+            )
+        return PartitionOutcome(self.partition, result, generation, mode, drained=drained)
+
+    def _record_failure(self, details: dict[str, Any], sink: _Sink, exc: Exception) -> None:
+        """Keep the checkpoint, note the failure; several failed attempts without a commit in a row stop."""
+        carried = {k: v for k, v in details.items() if k in ("generation", "refresh", "refresh_requested", "complete")}
+        carried.update(sink.details)
+        failures = 0 if sink.commits else int(details.get("no_progress_attempts", 0)) + 1
+        error = f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
+        self.store.commit(
+            self.partition,
+            sink.position,
+            **{**carried, "complete": False},
+            no_progress_attempts=failures,
+            last_error=error,
+        )
+        limit = self.stream.spec.retries.max_no_progress
+        if failures >= limit:
+            raise NoProgress(
+                f"stream {self.stream.qualified_name}{_partition_text(self.partition)} made no progress in "
+                f"{failures} attempts in a row: not one slice of {self.stream.spec.slice_rows:,} rows committed. "
+                "Either the slice is too large to read and load before the failure hits (lower `slice_rows`), "
+                f"or the source is not answering (check it with `ingest check`). Last error: {error}"
+            ) from exc
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Two runs of one partition would race their checkpoints: the second stops at once."""
+        locks = self.stream.settings.home / "locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        name = f"{self.stream.source_name}__{self.stream.name}__{self.partition or '_'}".replace("/", "_")
+        path = Path(locks / f"{name}.lock")
+        with path.open("a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError as exc:
+                handle.seek(0)
+                holder = handle.read().strip() or "unknown"
+                raise StreamBusy(
+                    f"stream {self.stream.qualified_name}{_partition_text(self.partition)} is being synced by "
+                    f"another run (process {holder}); this run leaves it alone"
+                ) from exc
+            handle.seek(0)
+            handle.truncate()
+            handle.write(str(os.getpid()))
+            handle.flush()
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _partition_text(partition: str | None) -> str:
+    return "" if partition is None else f" partition {partition}"
