@@ -95,7 +95,11 @@ class PostgresStream(_Model):
     write_disposition: Literal["merge", "append", "replace"] = "merge"
     slice_rows: Annotated[int, Field(gt=0)] = 250_000
     partitions: Annotated[TimePartitions | KeyPartitions, Field(discriminator="by")] | None = None
-    max_partitions_per_run: Annotated[int, Field(gt=0)] = 1
+    max_partitions_per_run: Annotated[int, Field(gt=0)] | Literal["all"] = Field(
+        "all",
+        description="`all`: a backfill range is one run (what `dagster asset materialize --partition-range` "
+        "needs); N: the UI launches runs of N partitions, in parallel up to the source's pool",
+    )
     retries: Retries = Field(default_factory=lambda: Retries())
     drain_seconds: Annotated[float, Field(gt=0)] = 60.0
 

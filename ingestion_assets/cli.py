@@ -55,6 +55,15 @@ def _parser() -> argparse.ArgumentParser:
     reset.add_argument("stream", help="SOURCE.STREAM")
     reset.add_argument("--partition")
     reset.set_defaults(handler=_state_reset)
+    refresh = command("refresh", _refresh, "re-read a stream in full as a new generation")
+    refresh.add_argument("stream", help="SOURCE.STREAM (not partitioned)")
+    refresh.add_argument("--retain", action="store_true", help="merge over the target: rows gone from the source stay")
+    refresh.add_argument("--later", action="store_true", help="only mark it: the next scheduled run refreshes")
+    partitions = command("partitions", None, "backfill partitions")
+    partition_commands = partitions.add_subparsers(required=True, metavar="ACTION")
+    plan = partition_commands.add_parser("plan", help="add the key ranges key-partitioned streams now need")
+    plan.add_argument("stream", nargs="?", help="SOURCE.STREAM (default: all key-partitioned streams)")
+    plan.set_defaults(handler=_partitions_plan)
     return parser
 
 
@@ -174,6 +183,45 @@ def _state_reset(settings: Settings, args: argparse.Namespace) -> int:
     source, stream = _stream_key(catalog, args.stream)
     reset_stream(settings, source, stream, args.partition)
     print(f"reset {source}.{stream}: the next run re-reads from the start; the merge keeps the target exact")
+    return 0
+
+
+def _refresh(settings: Settings, args: argparse.Namespace) -> int:
+    from ingestion_assets.state.summary import request_refresh
+
+    catalog = load_catalog(settings.catalog_path)
+    source, stream = _stream_key(catalog, args.stream)
+    if catalog.sources[source].streams[stream].partitions is not None:
+        raise SystemExit(f"error: {source}.{stream} is partitioned: refresh its partitions with a backfill instead")
+    env = _bring_up(settings)
+    mode = "retain" if args.retain else "remove"
+    request_refresh(settings, source, stream, mode)
+    what = "merged over the target" if args.retain else "swapped in once complete; the old table stays until then"
+    print(f"{source}.{stream}: refresh requested ({mode}): a new generation is read in full, {what}")
+    if args.later:
+        return 0
+    command = [_sibling("dagster"), "asset", "materialize", "-m", DEFINITIONS_MODULE, "--select", f"{source}/{stream}"]
+    return subprocess.call(command, env={**os.environ, **env})
+
+
+def _partitions_plan(settings: Settings, args: argparse.Namespace) -> int:
+    from ingestion_assets.catalog import KeyPartitions
+    from ingestion_assets.defs.assets import catalog_streams
+    from ingestion_assets.defs.partitions import plan_key_partitions
+    from ingestion_assets.state.summary import open_instance
+
+    catalog = load_catalog(settings.catalog_path)
+    wanted = _stream_key(catalog, args.stream) if args.stream else None
+    _bring_up(settings)
+    with open_instance(settings) as instance:
+        for stream in catalog_streams(settings, catalog):
+            if not isinstance(stream.spec.partitions, KeyPartitions):
+                continue
+            if wanted is not None and (stream.source_name, stream.name) != wanted:
+                continue
+            added = plan_key_partitions(stream, instance)
+            more = " ..." if len(added) > 3 else ""
+            print(f"{stream.qualified_name}: added {len(added)} partition(s) {added[:3]}{more}")
     return 0
 
 

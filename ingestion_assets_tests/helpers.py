@@ -22,9 +22,13 @@ import psycopg2
 import yaml
 
 from ingestion_assets.catalog import load_catalog
-from ingestion_assets.defs.assets import build_stream_assets
+from ingestion_assets.defs.assets import build_stream_assets, catalog_streams
+from ingestion_assets.defs.partitions import dynamic_partitions_name, plan_key_partitions
 from ingestion_assets.settings import Settings
-from ingestion_assets.state.checkpoints import Checkpoint, latest_checkpoint
+from ingestion_assets.state.checkpoints import latest_checkpoint
+from ingestion_assets.state.model import Checkpoint
+from ingestion_assets.state.summary import size_pools
+from ingestion_assets.streams.postgres_table import PostgresTableStream
 
 REPO = Path(__file__).resolve().parent.parent
 META_COLUMNS = (
@@ -108,6 +112,8 @@ class StreamHarness:
     source: SourceDb
     source_name: str = field(default_factory=lambda: f"src_{uuid.uuid4().hex[:8]}")
     catalog_path: Path | None = None
+    destination: str = "duckdb"
+    _logs: dict[int, str] = field(default_factory=dict)
 
     @property
     def warehouse(self) -> Path:
@@ -118,14 +124,20 @@ class StreamHarness:
         assert self.catalog_path is not None, "call write_catalog first"
         return Settings(home=self.home, catalog_path=self.catalog_path)
 
-    def write_catalog(self, streams: dict[str, dict[str, Any]], **source_options: Any) -> Path:
+    def write_catalog(
+        self, streams: dict[str, dict[str, Any]], destination: str = "duckdb", **source_options: Any
+    ) -> Path:
+        """`destination` postgres: the target is the source database itself, schema = the source name."""
         url_file = self.tmp_path / "source_url"
         url_file.write_text(self.source.url)
+        self.destination = destination
         for spec in streams.values():
             if "." not in spec["table"]:
                 spec["table"] = f"{self.source.schema}.{spec['table']}"
         catalog = {
-            "destination": {"type": "duckdb", "path": str(self.warehouse)},
+            "destination": {"type": "duckdb", "path": str(self.warehouse)}
+            if destination == "duckdb"
+            else {"type": "postgres", "credentials": {"file": str(url_file)}},
             "sources": {
                 self.source_name: {
                     "type": "postgres",
@@ -137,15 +149,44 @@ class StreamHarness:
         }
         self.catalog_path = self.tmp_path / "catalog.yaml"
         self.catalog_path.write_text(yaml.safe_dump(catalog))
+        size_pools(self.settings, load_catalog(self.catalog_path))  # what `ingest up` does for a catalog
         return self.catalog_path
 
     def key(self, stream: str) -> dg.AssetKey:
         return dg.AssetKey([self.source_name, stream])
 
-    def materialize(self, *streams: str, raise_on_error: bool = True) -> dg.ExecuteInProcessResult:
+    def materialize(
+        self,
+        *streams: str,
+        raise_on_error: bool = True,
+        partition: str | None = None,
+        partition_range: tuple[str, str] | None = None,
+    ) -> dg.ExecuteInProcessResult:
         assets = build_stream_assets(self.settings, load_catalog(self.settings.catalog_path))
         selection = [self.key(s) for s in streams] if streams else None
-        return dg.materialize(assets, instance=self.instance, selection=selection, raise_on_error=raise_on_error)
+        tags = {}
+        if partition_range is not None:
+            tags = {
+                "dagster/asset_partition_range_start": partition_range[0],
+                "dagster/asset_partition_range_end": partition_range[1],
+            }
+        return dg.materialize(
+            assets,
+            instance=self.instance,
+            selection=selection,
+            raise_on_error=raise_on_error,
+            partition_key=partition,
+            tags=tags,
+        )
+
+    def stream(self, name: str) -> PostgresTableStream:
+        return next(
+            s for s in catalog_streams(self.settings, load_catalog(self.settings.catalog_path)) if s.name == name
+        )
+
+    def plan_partitions(self, name: str) -> list[str]:
+        plan_key_partitions(self.stream(name), self.instance)
+        return self.instance.get_dynamic_partitions(dynamic_partitions_name(self.source_name, name))
 
     def cli_env(self, **extra: str) -> dict[str, str]:
         return {
@@ -156,7 +197,7 @@ class StreamHarness:
             **extra,
         }
 
-    def materialize_cli(self, stream: str, **extra_env: str) -> subprocess.Popen[bytes]:
+    def materialize_cli(self, stream: str, *partition_args: str, **extra_env: str) -> subprocess.Popen[bytes]:
         """`dagster asset materialize` in its own process, as CI runs it (returns the running process)."""
         dagster = Path(sys.executable).parent / "dagster"
         command = [
@@ -167,9 +208,11 @@ class StreamHarness:
             "ingestion_assets.definitions",
             "--select",
             f"{self.source_name}/{stream}",
+            *partition_args,
         ]
-        log = (self.tmp_path / f"cli-{uuid.uuid4().hex[:6]}.log").open("wb")
-        return subprocess.Popen(
+        log_path = self.tmp_path / f"cli-{uuid.uuid4().hex[:6]}.log"
+        log = log_path.open("wb")
+        process = subprocess.Popen(
             command,
             env=self.cli_env(**extra_env),
             stdout=log,
@@ -177,18 +220,36 @@ class StreamHarness:
             cwd=REPO,
             start_new_session=True,
         )
+        self._logs[process.pid] = str(log_path)
+        return process
+
+    def wait_ok(self, *processes: subprocess.Popen[bytes], timeout: float = 300) -> None:
+        """Wait for CLI runs; a failure shows the end of its log."""
+        for process in processes:
+            code = process.wait(timeout=timeout)
+            if code != 0:
+                log = Path(self._logs[process.pid]).read_text()
+                lines = [line for line in log.splitlines() if " - DEBUG - " not in line]
+                raise AssertionError(f"run exited {code}:\n" + "\n".join(lines[-60:]))
 
     def observations(self, stream: str) -> int:
         """How many checkpoints the stream has written so far (all runs)."""
         return len(self.instance.fetch_observations(self.key(stream), limit=10_000).records)
 
     def target_count(self, stream: str) -> int:
-        with duckdb.connect(str(self.warehouse), read_only=True) as con:
-            row = con.execute(f'SELECT count(*) FROM "{self.source_name}"."{stream}"').fetchone()
-        return int(row[0]) if row else 0
+        return int(self.query_target(f'SELECT count(*) FROM "{self.source_name}"."{stream}"')[0][0])
 
-    def checkpoint(self, stream: str) -> Checkpoint | None:
-        return latest_checkpoint(self.instance, self.key(stream))
+    def query_target(self, statement: str) -> list[tuple[Any, ...]]:
+        if self.destination == "postgres":
+            with self.source.connect() as conn, conn.cursor() as cur:
+                cur.execute(statement)
+                return [tuple(row) for row in cur.fetchall()]
+        with duckdb.connect(str(self.warehouse), read_only=True) as con:
+            con.execute("SET TimeZone = 'UTC'")
+            return [tuple(row) for row in con.execute(statement).fetchall()]
+
+    def checkpoint(self, stream: str, partition: str | None = None) -> Checkpoint | None:
+        return latest_checkpoint(self.instance, self.key(stream), partition)
 
     def target_rows(
         self,
@@ -198,13 +259,10 @@ class StreamHarness:
         json_columns: Sequence[str] = (),
         decimal_text_columns: Sequence[str] = (),
     ) -> list[tuple[Any, ...]]:
-        with duckdb.connect(str(self.warehouse), read_only=True) as con:
-            con.execute("SET TimeZone = 'UTC'")
-            column_list = ", ".join(f'"{c}"' for c in columns)
-            rows = con.execute(
-                f'SELECT {column_list} FROM "{self.source_name}"."{stream}" ORDER BY {order_by}'
-            ).fetchall()
-        parsers = {columns.index(c): json.loads for c in json_columns}
+        column_list = ", ".join(f'"{c}"' for c in columns)
+        rows = self.query_target(f'SELECT {column_list} FROM "{self.source_name}"."{stream}" ORDER BY {order_by}')
+        parse_json = json.loads if self.destination == "duckdb" else (lambda v: v)  # psycopg2 parses jsonb
+        parsers: dict[int, Any] = {columns.index(c): parse_json for c in json_columns}
         parsers.update({columns.index(c): Decimal for c in decimal_text_columns})
         return [
             tuple(parsers[i](v) if i in parsers and v is not None else normalize(v) for i, v in enumerate(row))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ingestion_assets_tests.helpers import StreamHarness
 
 ORDERS = """
@@ -16,10 +18,12 @@ FROM generate_series(1, 5000) g;
 """
 
 
-def test_changes_after_a_run_arrive_in_the_next_run(harness: StreamHarness) -> None:
+@pytest.mark.parametrize("destination", ["duckdb", "postgres"])
+def test_changes_after_a_run_arrive_in_the_next_run(harness: StreamHarness, destination: str) -> None:
     harness.source.execute(ORDERS)
     harness.write_catalog(
-        {"orders": {"table": "orders", "primary_key": "id", "cursor": "updated_at", "slice_rows": 1000}}
+        {"orders": {"table": "orders", "primary_key": "id", "cursor": "updated_at", "slice_rows": 1000}},
+        destination=destination,
     )
     harness.materialize()
     assert harness.assert_target_equals_source("orders", "orders", "id", json_columns=["payload"]) == 5000

@@ -45,7 +45,7 @@ def stream_asset(stream: PostgresTableStream) -> dg.AssetsDefinition:
         description=f"PostgreSQL table {spec.table} ({spec.write_disposition} on {', '.join(spec.primary_key)})",
         metadata=_static_metadata(stream),
         partitions_def=partitions_def(stream.source_name, stream.name, spec),
-        backfill_policy=dg.BackfillPolicy.multi_run(spec.max_partitions_per_run) if spec.partitions else None,
+        backfill_policy=_backfill_policy(stream),
         retry_policy=dg.RetryPolicy(
             max_retries=retries.max_attempts - 1,
             delay=retries.delay_seconds,
@@ -75,6 +75,13 @@ def stream_asset(stream: PostgresTableStream) -> dg.AssetsDefinition:
         return dg.MaterializeResult(metadata=_run_metadata(stream, outcomes))
 
     return _asset
+
+
+def _backfill_policy(stream: PostgresTableStream) -> dg.BackfillPolicy | None:
+    per_run = stream.spec.max_partitions_per_run
+    if stream.spec.partitions is None:
+        return None
+    return dg.BackfillPolicy.single_run() if per_run == "all" else dg.BackfillPolicy.multi_run(per_run)
 
 
 def _partitions_of(context: AssetExecutionContext) -> list[str | None]:

@@ -14,6 +14,7 @@ from typing import Any
 import dlt
 import psycopg2
 from dlt.destinations.impl.duckdb.configuration import DuckDbCredentials
+from dlt.destinations.impl.postgres.configuration import PostgresCredentials
 
 from ingestion_assets.catalog import Destination
 from ingestion_assets.references import resolve
@@ -38,7 +39,9 @@ def make_destination(settings: Settings, destination: Destination) -> Any:
         # DuckDB caches up to 80% of RAM by default: a loader's memory would then grow with the table.
         credentials = DuckDbCredentials(str(path), global_config={"memory_limit": destination.memory_limit})
         return dlt.destinations.duckdb(credentials)
-    return dlt.destinations.postgres(credentials=destination_url(settings, destination))
+    credentials = PostgresCredentials(destination_url(settings, destination))
+    credentials.password = credentials.password or ""  # trust or peer auth: dlt insists on a password field
+    return dlt.destinations.postgres(credentials=credentials)
 
 
 @contextlib.contextmanager

@@ -40,14 +40,11 @@ def latest_checkpoint(
 
 
 def reset_checkpoint(instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition: str | None, reason: str) -> None:
-    """Record that the stream starts over; the history of positions stays in the event log."""
-    instance.report_runless_asset_event(
-        dg.AssetObservation(
-            asset_key=asset_key,
-            partition=partition,
-            metadata=checkpoint_metadata(None, reset=True, reason=reason),
-        )
-    )
+    """Record that the stream starts over; the history of positions stays in the event log. The
+    generation stays: a reset re-reads, it does not start a new generation."""
+    previous = latest_checkpoint(instance, asset_key, partition)
+    generation = previous.details.get("generation", 1) if previous is not None else 1
+    InstanceStateStore(instance, asset_key).commit(partition, None, reset=True, reason=reason, generation=generation)
 
 
 def _newest_with_checkpoint(fetch: Callable[..., Any], records_filter: dg.AssetRecordsFilter) -> Checkpoint | None:

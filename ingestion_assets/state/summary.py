@@ -13,7 +13,7 @@ import dagster as dg
 from ingestion_assets.catalog import Catalog
 from ingestion_assets.defs.assets import pool_name
 from ingestion_assets.settings import Settings
-from ingestion_assets.state.checkpoints import latest_checkpoint, reset_checkpoint
+from ingestion_assets.state.checkpoints import InstanceStateStore, latest_checkpoint, reset_checkpoint
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,17 @@ def latest_runs(settings: Settings, catalog: Catalog) -> list[RunLine]:
 def reset_stream(settings: Settings, source: str, stream: str, partition: str | None) -> None:
     with open_instance(settings) as instance:
         reset_checkpoint(instance, dg.AssetKey([source, stream]), partition, reason="ingest state reset")
+
+
+def request_refresh(settings: Settings, source: str, stream: str, mode: str) -> None:
+    """Mark the stream: its next run re-reads everything as a new generation (`remove` swaps it in whole,
+    `retain` merges it over the target)."""
+    with open_instance(settings) as instance:
+        store = InstanceStateStore(instance, dg.AssetKey([source, stream]))
+        latest = store.latest(None)
+        details = dict(latest.details) if latest else {}
+        kept = {k: details[k] for k in ("generation", "complete") if k in details}
+        store.commit(None, latest.position if latest else None, **kept, refresh_requested=mode)
 
 
 def size_pools(settings: Settings, catalog: Catalog) -> None:
