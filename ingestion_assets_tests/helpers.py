@@ -232,6 +232,9 @@ class StreamHarness:
                 lines = [line for line in log.splitlines() if " - DEBUG - " not in line]
                 raise AssertionError(f"run exited {code}:\n" + "\n".join(lines[-60:]))
 
+    def log_text(self, process: subprocess.Popen[bytes]) -> str:
+        return Path(self._logs[process.pid]).read_text()
+
     def observations(self, stream: str) -> int:
         """How many checkpoints the stream has written so far (all runs)."""
         return len(self.instance.fetch_observations(self.key(stream), limit=10_000).records)

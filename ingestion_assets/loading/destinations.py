@@ -37,8 +37,8 @@ def make_destination(settings: Settings, destination: Destination) -> Any:
         path = duckdb_path(settings, destination)
         path.parent.mkdir(parents=True, exist_ok=True)
         # DuckDB caches up to 80% of RAM by default: a loader's memory would then grow with the table.
-        credentials = DuckDbCredentials(str(path), global_config={"memory_limit": destination.memory_limit})
-        return dlt.destinations.duckdb(credentials)
+        duckdb_credentials = DuckDbCredentials(str(path), global_config={"memory_limit": destination.memory_limit})
+        return dlt.destinations.duckdb(duckdb_credentials)
     credentials = PostgresCredentials(destination_url(settings, destination))
     credentials.password = credentials.password or ""  # trust or peer auth: dlt insists on a password field
     return dlt.destinations.postgres(credentials=credentials)

@@ -142,14 +142,9 @@ class Loader:
             with client.begin_transaction():
                 client.execute_sql(f"DROP TABLE IF EXISTS {target}")
                 client.execute_sql(f"ALTER TABLE {source} RENAME TO {client.escape_column_name(table)}")
-        self._forget_table(shadow)
-
-    def _forget_table(self, name: str) -> None:
-        """The renamed shadow no longer exists: drop it from dlt's schema so no load expects it."""
-        schema = self._pipeline.default_schema
-        if name in schema.tables:
-            schema.tables.pop(name)
-            self._pipeline.schemas.save(schema)
+        # The shadow had a pipeline (and dlt schema) of its own, named after it; its table is gone now, so
+        # its local working folder goes too. Each generation's shadow has a new name: no schema expects it.
+        self._pipeline.drop()
 
     def _lock(self) -> Any:
         table = self.stream_table or self.target.table

@@ -45,7 +45,7 @@ def _stale_sql(qualified: str, primary_key: tuple[str, ...]) -> str:
 def _stale_keys_duckdb(con: Any, qualified: str, primary_key: tuple[str, ...], keys: pa.Table) -> pa.Table:
     con.register(_INCOMING, keys)
     try:
-        result: pa.Table = con.execute(_stale_sql(qualified, primary_key)).to_arrow_table()
+        result: pa.Table = con.sql(_stale_sql(qualified, primary_key)).to_arrow_table()
         return result
     finally:
         con.unregister(_INCOMING)

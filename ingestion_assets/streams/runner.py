@@ -83,7 +83,7 @@ class PartitionJob:
                 raise
 
     def _attempt(self, details: dict[str, Any], position: dict[str, Any] | None, sink: _Sink) -> PartitionOutcome:
-        generation = int(details.get("generation", 1))
+        generation = int(details.get("generation", 0))  # 0: nothing loaded yet; the first load is generation 1
         refresh = details.get("refresh")  # a refresh in progress: {"mode", "generation"}
         if refresh is None:
             mode = details.get("refresh_requested") or (
@@ -96,6 +96,7 @@ class PartitionJob:
         if refresh is not None:
             return self._refresh_in_place(int(refresh["generation"]), position, sink)
         after = self.stream.resume_position(position, bool(details.get("complete", True)))
+        generation = max(generation, 1)
         sink.details = {"generation": generation}
         result = self._read(after, Target(self.stream.name, generation), sink)
         return self._finish(result, generation, "incremental")
@@ -118,8 +119,7 @@ class PartitionJob:
             result = self._read(after, target, sink, loader=loader)
             if self.stop():
                 return PartitionOutcome(self.partition, result, live_generation, "refresh", drained=True)
-            if self.faults is not None:
-                self.faults.hit("before_swap", 0)
+            (self.faults or Faults.from_env()).hit("before_swap", 0)
             loader.swap_in(shadow, self.stream.name)
         return self._finish(result, new_generation, "refresh")
 
