@@ -44,7 +44,7 @@ ANALYZE bench_orders;
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=5_000_000)
-    parser.add_argument("--paths", default="raw,dlt,asset,asset_noop")
+    parser.add_argument("--paths", default="raw,dlt,asset,asset_noop,backfill2")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # internal: run one path in this process
     args = parser.parse_args()
     if args.run:
@@ -97,6 +97,13 @@ def _prepare(home: Path, rows: int) -> dict[str, str]:
         "    streams:\n      orders: {table: public.bench_orders, primary_key: id, cursor: updated_at,"
         " slice_rows: 500000}\n"
     )
+    chunk = max(rows // 10, 1)
+    (WORK / "catalog_backfill.yaml").write_text(
+        "destination: {type: duckdb, path: " + str(WORK / "backfill.duckdb") + "}\n"
+        "sources:\n  bench:\n    type: postgres\n    connection: {file: " + str(WORK / "source_url") + "}\n"
+        "    streams:\n      orders: {table: public.bench_orders, primary_key: id, cursor: updated_at,"
+        f" slice_rows: 500000, partitions: {{by: key, chunk: {chunk}, live: false}}}}\n"
+    )
     return {
         "INGEST_HOME": str(home),
         "INGEST_CATALOG": str(WORK / "catalog.yaml"),
@@ -106,6 +113,8 @@ def _prepare(home: Path, rows: int) -> dict[str, str]:
 
 
 def _measure(path: str, env: dict[str, str]) -> dict[str, float]:
+    if path == "backfill2":
+        return _backfill_two_workers(env)
     out = subprocess.run(
         [sys.executable, __file__, "--run", path],
         env={**os.environ, **env},
@@ -126,6 +135,11 @@ def _run_path(path: str) -> dict[str, float]:
         return _raw(url)
     if path == "dlt":
         return _stock_dlt(url)
+    if path == "backfill_plan":
+        return _backfill_plan()  # type: ignore[return-value]
+    if path.startswith("backfill_worker:"):
+        _, first, last = path.split(":")
+        return _backfill_range(first, last)
     return _asset(reset=(path == "asset"))
 
 
@@ -208,6 +222,89 @@ def _asset(reset: bool) -> dict[str, float]:
     return {"rows": float(rows), "seconds": seconds}  # type: ignore[arg-type]
 
 
+def _backfill_two_workers(env: dict[str, str]) -> dict[str, float]:
+    """Ten key-range partitions, two worker processes with half of them each, as two backfill runs."""
+    backfill_env = {**os.environ, **env, "INGEST_CATALOG": str(WORK / "catalog_backfill.yaml")}
+    plan = subprocess.run(
+        [sys.executable, __file__, "--run", "backfill_plan"], env=backfill_env, capture_output=True, text=True
+    )
+    if plan.returncode != 0:
+        raise SystemExit(f"backfill planning failed:\n{plan.stderr[-3000:]}")
+    keys = json.loads(plan.stdout.strip().splitlines()[-1])["keys"]
+    halves = [keys[: len(keys) // 2], keys[len(keys) // 2 :]]
+    began = time.monotonic()
+    workers = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--run", f"backfill_worker:{half[0]}:{half[-1]}"],
+            env=backfill_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for half in halves
+    ]
+    outputs = [w.communicate() for w in workers]
+    seconds = time.monotonic() - began
+    for worker, (out, err) in zip(workers, outputs, strict=True):
+        if worker.returncode != 0:
+            raise SystemExit(f"backfill worker failed:\n{out[-2000:]}\n{err[-3000:]}")
+    parts = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    rows = sum(p["rows"] for p in parts)
+    return {
+        "rows": rows,
+        "seconds": seconds,
+        "rows_per_s": rows / seconds,
+        "peak_rss_mb": max(p["peak_rss_mb"] for p in parts),
+    }
+
+
+def _backfill_plan() -> dict[str, object]:
+    import dagster as dg
+
+    from ingestion_assets.catalog import load_catalog
+    from ingestion_assets.defs.assets import catalog_streams
+    from ingestion_assets.defs.partitions import dynamic_partitions_name, plan_key_partitions
+    from ingestion_assets.settings import Settings
+    from ingestion_assets.state.checkpoints import reset_checkpoint
+    from ingestion_assets.state.summary import size_pools
+
+    settings = Settings.from_env()
+    catalog = load_catalog(settings.catalog_path)
+    (stream,) = catalog_streams(settings, catalog)
+    (WORK / "backfill.duckdb").unlink(missing_ok=True)
+    with dg.DagsterInstance.get() as instance:
+        size_pools(settings, catalog)
+        name = dynamic_partitions_name("bench", "orders")
+        for old in instance.get_dynamic_partitions(name):  # a fresh plan for this table size
+            instance.delete_dynamic_partition(name, old)
+        plan_key_partitions(stream, instance)
+        keys = instance.get_dynamic_partitions(name)
+        for key in keys:
+            reset_checkpoint(instance, dg.AssetKey(["bench", "orders"]), key, reason="benchmark")
+    return {"keys": keys}
+
+
+def _backfill_range(first: str, last: str) -> dict[str, float]:
+    import dagster as dg
+
+    from ingestion_assets.catalog import load_catalog
+    from ingestion_assets.defs.assets import build_stream_assets
+    from ingestion_assets.settings import Settings
+
+    settings = Settings.from_env()
+    with dg.DagsterInstance.get() as instance:
+        assets = build_stream_assets(settings, load_catalog(settings.catalog_path))
+        began = time.monotonic()
+        result = dg.materialize(
+            assets,
+            instance=instance,
+            tags={"dagster/asset_partition_range_start": first, "dagster/asset_partition_range_end": last},
+        )
+        seconds = time.monotonic() - began
+    rows = result.asset_materializations_for_node("bench__orders")[0].metadata["rows"].value
+    return {"rows": float(rows), "seconds": seconds}  # type: ignore[arg-type]
+
+
 def _ratios(results: dict[str, dict[str, float]]) -> None:
     asset = results.get("asset")
     if not asset:
@@ -216,6 +313,9 @@ def _ratios(results: dict[str, dict[str, float]]) -> None:
         if baseline in results and results[baseline]["rows_per_s"]:
             ratio = asset["rows_per_s"] / results[baseline]["rows_per_s"]
             print(f"asset / {baseline:<4} throughput ratio: {ratio:.2f}x")
+    if "backfill2" in results:
+        ratio = results["backfill2"]["rows_per_s"] / asset["rows_per_s"]
+        print(f"backfill (10 partitions, 2 workers) / single-run asset throughput ratio: {ratio:.2f}x")
     if "asset_noop" in results:
         print(f"no-change incremental run (in-process materialize): {results['asset_noop']['seconds']:.2f}s")
 

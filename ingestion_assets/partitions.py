@@ -55,7 +55,17 @@ def key_range(key: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def key_range_keys(low: int, high: int, chunk: int) -> list[str]:
-    """Aligned ranges of `chunk` keys covering low..high: '0-999', '1000-1999', ..."""
-    first = (low // chunk) * chunk
+def key_range_keys(low: int, high: int, chunk: int, after: int | None = None) -> list[str]:
+    """Ranges of `chunk` keys covering low..high: '0-999', '1000-1999', ...
+
+    With `after` (the end of the highest existing range) the new ranges start right after it, so they
+    continue the existing ones without a gap even if `chunk` changed since.
+    """
+    first = after + 1 if after is not None else (low // chunk) * chunk
     return [f"{start}-{start + chunk - 1}" for start in range(first, high + 1, chunk)]
+
+
+def key_ranges_below(low: int, lowest_start: int, chunk: int) -> list[str]:
+    """Ranges for keys that appeared below the lowest existing range, ending right before it."""
+    first = (low // chunk) * chunk
+    return [f"{start}-{min(start + chunk - 1, lowest_start - 1)}" for start in range(first, lowest_start, chunk)]

@@ -7,7 +7,7 @@ import datetime as dt
 import dagster as dg
 
 from ingestion_assets.catalog import KeyPartitions, PostgresStream, TimePartitions
-from ingestion_assets.partitions import KEY_FORMATS, LIVE, key_range, key_range_keys
+from ingestion_assets.partitions import KEY_FORMATS, LIVE, key_range, key_range_keys, key_ranges_below
 from ingestion_assets.sources.postgres import current_position, key_bounds
 from ingestion_assets.state.checkpoints import InstanceStateStore, latest_checkpoint
 from ingestion_assets.streams.postgres_table import PostgresTableStream
@@ -59,12 +59,15 @@ def plan_key_partitions(stream: PostgresTableStream, instance: dg.DagsterInstanc
     column = spec.partition_column
     assert column is not None
     bounds = key_bounds(stream.source_url(), plan, column)
-    wanted = key_range_keys(bounds[0], bounds[1], spec.partitions.chunk) if bounds else []
     ranges = [k for k in existing if k != LIVE]
-    if ranges:  # keep existing ranges; only extend past the highest one
-        highest = max(key_range(k)[1] for k in ranges)
-        wanted = [k for k in wanted if key_range(k)[0] > highest]
-    added = [k for k in wanted if k not in existing]
+    added: list[str] = []
+    if bounds is not None:  # existing ranges stay as they are; new ones continue them without a gap
+        chunk = spec.partitions.chunk
+        highest = max(key_range(k)[1] for k in ranges) if ranges else None
+        lowest = min(key_range(k)[0] for k in ranges) if ranges else None
+        if lowest is not None and bounds[0] < lowest:
+            added += key_ranges_below(bounds[0], lowest, chunk)
+        added += key_range_keys(bounds[0], bounds[1], chunk, after=highest)
     if spec.partitions.live and LIVE not in existing:
         key = dg.AssetKey([stream.source_name, stream.name])
         if latest_checkpoint(instance, key, LIVE) is None:

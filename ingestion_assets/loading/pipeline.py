@@ -14,7 +14,7 @@ from dlt.destinations.exceptions import DatabaseUndefinedRelation
 from ingestion_assets.catalog import Destination
 from ingestion_assets.loading.destinations import make_destination, writer_lock
 from ingestion_assets.loading.metadata_columns import DLT_HINTS, GENERATION
-from ingestion_assets.loading.versions import drop_stale_rows
+from ingestion_assets.loading.versions import check_keys
 from ingestion_assets.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -116,9 +116,10 @@ class Loader:
         with self._lock():
             if self.guard_versions:
                 with self._pipeline.sql_client() as client:
-                    table = drop_stale_rows(
-                        client, self.destination.type, self.target.table, self.target.primary_key, table
-                    )
+                    check = check_keys(client, self.destination.type, self.target.table, self.target.primary_key, table)
+                table = check.rows
+                if check.existing == 0 and disposition == "merge":
+                    disposition = "append"  # none of its keys is there yet and no one else writes now
             if table.num_rows:
                 hints: dict[str, Any] = {
                     "name": self.target.table,
