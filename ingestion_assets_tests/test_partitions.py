@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 
 import pytest
 from hypothesis import given
@@ -68,5 +69,5 @@ def test_replanning_with_any_chunk_leaves_no_gap_and_no_overlap(
     more = key_ranges_below(new_low, lowest, new_chunk) + key_range_keys(new_low, new_high, new_chunk, after=highest)
     ranges = sorted(key_range(k) for k in first + more)
     assert ranges[0][0] <= new_low and ranges[-1][1] >= new_high
-    for (_, end), (start, _) in zip(ranges, ranges[1:], strict=False):
+    for (_, end), (start, _) in itertools.pairwise(ranges):
         assert start == end + 1  # contiguous: every key in exactly one range
