@@ -7,6 +7,7 @@ import datetime as dt
 import dagster as dg
 import pytest
 
+from ingestion_assets.cli import main
 from ingestion_assets.definitions import defs
 from ingestion_assets.partitions import LIVE
 from ingestion_assets_tests.helpers import StreamHarness
@@ -74,7 +75,7 @@ def test_schedules_sync_plain_streams_and_the_newest_partition(loaded: tuple[Str
 
 
 def test_the_planner_sensor_adds_key_ranges_and_the_live_tail_once(
-    loaded: tuple[StreamHarness, dg.Definitions],
+    loaded: tuple[StreamHarness, dg.Definitions], capsys: pytest.CaptureFixture[str]
 ) -> None:
     harness, definitions = loaded
     sensor = definitions.resolve_sensor_def(f"{harness.source_name}__by_key__plan_key_ranges")
@@ -94,3 +95,7 @@ def test_the_planner_sensor_adds_key_ranges_and_the_live_tail_once(
     harness.materialize("by_key", partition_range=("0-999", "3000-3999"))
     harness.materialize("by_key", partition=LIVE)
     assert harness.assert_target_equals_source("by_key", "events", "id") == 3200
+
+    assert main(["state", "show", f"{harness.source_name}.by_key"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in shown[1:]] == ["live", "0-999", "1000-1999", "2000-2999", "3000-3999"]

@@ -47,17 +47,35 @@ def checkpoint_rows(
     rows = []
     with open_instance(settings) as instance:
         for source, stream in streams:
-            found = latest_checkpoint(instance, dg.AssetKey([source, stream]), partition)
-            rows.append(
-                CheckpointRow(
-                    stream=f"{source}.{stream}",
-                    partition=partition or "-",
-                    committed_at=found.committed_at.isoformat(timespec="seconds") if found else "never",
-                    run_id=(found.run_id or "(cli)")[:8] if found else "-",
-                    position=_position_text(found.position) if found else "(start)",
+            key = dg.AssetKey([source, stream])
+            partitioned = catalog.sources[source].streams[stream].partitions is not None
+            partitions = [partition] if partition or not partitioned else _partitions_with_state(instance, key)
+            for each in partitions or [None]:
+                found = latest_checkpoint(instance, key, each)
+                rows.append(
+                    CheckpointRow(
+                        stream=f"{source}.{stream}",
+                        partition=each or "-",
+                        committed_at=found.committed_at.isoformat(timespec="seconds") if found else "never",
+                        run_id=(found.run_id or "(cli)")[:8] if found else "-",
+                        position=_position_text(found.position) if found else "(start)",
+                    )
                 )
-            )
     return rows
+
+
+def _partitions_with_state(instance: dg.DagsterInstance, key: dg.AssetKey) -> list[str | None]:
+    """The partitions that ever stored a checkpoint, in the order they first did."""
+    seen: dict[str, None] = {}
+    cursor = None
+    while True:
+        result = instance.fetch_observations(key, limit=1000, cursor=cursor, ascending=True)
+        for record in result.records:
+            if record.partition_key is not None:
+                seen.setdefault(record.partition_key, None)
+        if not result.has_more:
+            return list(seen)
+        cursor = result.cursor
 
 
 def latest_runs(settings: Settings, catalog: Catalog) -> list[RunLine]:
