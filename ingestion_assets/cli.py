@@ -169,9 +169,12 @@ def _state_show(settings: Settings, args: argparse.Namespace) -> int:
     catalog = load_catalog(settings.catalog_path)
     _bring_up(settings)
     selected = [_stream_key(catalog, args.stream)] if args.stream else None
-    print(f"{'stream':<22}{'partition':<14}{'committed at (UTC)':<28}{'run':<10}position")
-    for row in checkpoint_rows(settings, catalog, selected, args.partition):
-        print(f"{row.stream:<22}{row.partition:<14}{row.committed_at:<28}{row.run_id:<10}{row.position}")
+    rows = checkpoint_rows(settings, catalog, selected, args.partition)
+    width = max([len(r.stream) for r in rows] + [20]) + 2
+    part = max([len(r.partition) for r in rows] + [10]) + 2
+    print(f"{'stream':<{width}}{'partition':<{part}}{'committed at (UTC)':<27}{'run':<10}position")
+    for row in rows:
+        print(f"{row.stream:<{width}}{row.partition:<{part}}{row.committed_at:<27}{row.run_id:<10}{row.position}")
     return 0
 
 

@@ -58,6 +58,9 @@ class EmbeddedPostgres:
         return f"{scheme}://postgres@127.0.0.1:{self.port()}/{database}"
 
     def port(self) -> int:
+        running = self._postmaster()
+        if running is not None:  # the running server's own word beats the file
+            return running[1]
         try:
             return int(self.port_file.read_text().strip())
         except FileNotFoundError as exc:
@@ -66,9 +69,29 @@ class EmbeddedPostgres:
             ) from exc
 
     def is_running(self) -> bool:
-        if not (self.data_dir / "PG_VERSION").exists():
+        """Read from postmaster.pid and a TCP connect, without a subprocess: this runs inside Dagster's
+        gRPC code server, where forking a child with a different user crashes in gRPC's fork handlers."""
+        running = self._postmaster()
+        if running is None:
             return False
-        return self._pg_ctl(["status"], check=False).returncode == 0
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", running[1]), timeout=2):
+            return True
+        return False
+
+    def _postmaster(self) -> tuple[int, int] | None:
+        """(pid, port) of a live postmaster for this data folder, from its postmaster.pid."""
+        try:
+            lines = (self.data_dir / "postmaster.pid").read_text().splitlines()
+            pid, port = int(lines[0]), int(lines[3])
+        except (OSError, ValueError, IndexError):
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass  # alive, owned by the server's user
+        return pid, port
 
     def ensure_running(self) -> EmbeddedPostgres:
         """Initialise and start the server if needed; safe to call from many processes at once."""
@@ -118,7 +141,7 @@ class EmbeddedPostgres:
             conf.write(f"\n# ingestion_assets embedded defaults\n{settings}\n")
 
     def _start(self) -> None:
-        port = _free_port()
+        port = _free_port(self._previous_port())
         self.port_file.write_text(str(port))
         if _run_as_user() is not None and self.log_file.exists():
             os.chown(self.log_file, *_ids(SYSTEM_USER))
@@ -133,17 +156,19 @@ class EmbeddedPostgres:
     def _pg_ctl(self, args: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
         return self._run(["pg_ctl", "-D", str(self.data_dir), *args], check=check)
 
+    def _previous_port(self) -> int | None:
+        try:
+            return int(self.port_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
     def _run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-        binary = _bin_dir() / argv[0]
+        command = [str(_bin_dir() / argv[0]), *argv[1:]]
         user = _run_as_user()
+        if user is not None:  # `runuser` rather than subprocess(user=...), which forks without vfork
+            command = ["runuser", "-u", user, "--", *command]
         result = subprocess.run(
-            [str(binary), *argv[1:]],
-            capture_output=True,
-            text=True,
-            user=user,
-            check=False,
-            cwd="/",
-            stdin=subprocess.DEVNULL,
+            command, capture_output=True, text=True, check=False, cwd="/", stdin=subprocess.DEVNULL
         )
         if check and result.returncode != 0:
             raise EmbeddedServerError(f"{argv[0]} failed (exit {result.returncode}): {result.stderr.strip()[-800:]}")
@@ -197,10 +222,16 @@ def _grant_to(user: str, root: Path, data_dir: Path) -> None:
         os.chown(path, uid, gid)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _free_port(preferred: int | None = None) -> int:
+    """The port used last time if it is free (stable URLs across restarts), else any free one."""
+    for candidate in ([preferred] if preferred else []) + [0]:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise EmbeddedServerError("no free TCP port on 127.0.0.1")
 
 
 def _wait_for_port(port: int, timeout: float = 30.0) -> None:
