@@ -167,9 +167,7 @@ class EmbeddedPostgres:
         user = _run_as_user()
         if user is not None:  # `runuser` rather than subprocess(user=...), which forks without vfork
             command = ["runuser", "-u", user, "--", *command]
-        result = subprocess.run(
-            command, capture_output=True, text=True, check=False, cwd="/", stdin=subprocess.DEVNULL
-        )
+        result = subprocess.run(command, capture_output=True, text=True, check=False, cwd="/", stdin=subprocess.DEVNULL)
         if check and result.returncode != 0:
             raise EmbeddedServerError(f"{argv[0]} failed (exit {result.returncode}): {result.stderr.strip()[-800:]}")
         return result
@@ -226,6 +224,7 @@ def _free_port(preferred: int | None = None) -> int:
     """The port used last time if it is free (stable URLs across restarts), else any free one."""
     for candidate in ([preferred] if preferred else []) + [0]:
         with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as PostgreSQL binds: TIME_WAIT is fine
             try:
                 sock.bind(("127.0.0.1", candidate))
             except OSError:

@@ -1,0 +1,52 @@
+"""The embedded PostgreSQL: starts once, survives restarts on the same port, is checked without forking."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+from ingestion_assets.stack.embedded import EmbeddedPostgres
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> EmbeddedPostgres:
+    embedded = EmbeddedPostgres(tmp_path / "pg").ensure_running()
+    yield embedded
+    embedded.stop()
+
+
+def test_liveness_needs_no_subprocess(server: EmbeddedPostgres, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside Dagster's gRPC code server a fork for another user crashed (SIGSEGV): checks must not fork."""
+
+    def no_fork(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("is_running/ensure_running on a running server must not start a process")
+
+    monkeypatch.setattr(subprocess, "run", no_fork)
+    assert server.is_running()
+    assert server.ensure_running() is server
+
+
+def test_a_stale_port_file_does_not_mislead(server: EmbeddedPostgres) -> None:
+    real = server.port()
+    server.port_file.write_text("1")
+    assert server.port() == real
+    with psycopg2.connect(server.url()) as conn, conn.cursor() as cur:
+        cur.execute("SHOW wal_level")
+        assert cur.fetchone() == ("logical",)
+
+
+def test_a_restart_keeps_the_port_and_the_data(server: EmbeddedPostgres) -> None:
+    url = server.ensure_database("keep")
+    with psycopg2.connect(url) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE t AS SELECT 42 AS answer")
+    port = server.port()
+    server.stop()
+    assert not server.is_running()
+    server.ensure_running()
+    assert server.port() == port
+    with psycopg2.connect(url) as conn, conn.cursor() as cur:
+        cur.execute("SELECT answer FROM t")
+        assert cur.fetchone() == (42,)
