@@ -148,16 +148,14 @@ def _raw(url: str) -> dict[str, float]:
     import duckdb
 
     from ingestion_assets.sources.postgres import plan_table_read
-    from ingestion_assets.sources.postgres.reader import connect, copy_batches
+    from ingestion_assets.sources.postgres.reader import copy_batches
     from ingestion_assets.sources.slices import rechunk
 
     target = WORK / "raw.duckdb"
     target.unlink(missing_ok=True)
     began = time.monotonic()
     plan = plan_table_read(url, "public", "bench_orders", ("updated_at",), ("id",))
-    conn = connect(url, "bench-raw")
-    statement = plan.copy_statement(conn, None)
-    conn.close()
+    statement = "COPY (SELECT * FROM public.bench_orders ORDER BY updated_at, id) TO STDOUT WITH (FORMAT csv)"
     rows = 0
     with duckdb.connect(str(target)) as con:
         for chunk in rechunk(copy_batches(url, statement, plan.shape, "bench-raw"), 500_000):

@@ -88,6 +88,21 @@ class Retries(_Model):
     max_no_progress: Annotated[int, Field(ge=1)] = 3
 
 
+class DeadLetters(_Model):
+    """Rows that cannot load wait in `_ingest_dead_letter`; too many of them means a mapping error."""
+
+    on_bad_value: Literal["dead_letter", "null"] = Field(
+        "dead_letter", description="park the whole row, or load it with the value nulled (noted in _ingest_meta)"
+    )
+    max_count: Annotated[int, Field(ge=0)] | None = Field(None, description="stop the stream above this many per run")
+    max_share: Annotated[float, Field(ge=0, le=1)] = Field(0.05, description="stop above this share of a run's rows")
+    min_rows: Annotated[int, Field(ge=0)] = Field(1000, description="the share applies once a run read this many")
+    max_value_bytes: Annotated[int, Field(gt=0)] = Field(16 << 20, description="text, JSON or bytes above: bad value")
+
+
+SchemaPolicy = Literal["evolve", "propagate", "columns_only", "pause", "ignore"]
+
+
 class PostgresStream(_Model):
     table: str = Field(description="`schema.table` or `table` (schema public)")
     primary_key: list[str] = Field(min_length=1)
@@ -102,6 +117,16 @@ class PostgresStream(_Model):
     )
     retries: Retries = Field(default_factory=lambda: Retries())
     drain_seconds: Annotated[float, Field(gt=0)] = 60.0
+    schema_policy: SchemaPolicy = Field(
+        "evolve",
+        description="evolve: add columns, apply widened types, keep dropped ones, pause on incompatible changes; "
+        "propagate: apply everything; columns_only: add columns, pause on type changes; pause: pause on any "
+        "change; ignore: skip added and dropped columns, pause on type changes",
+    )
+    dead_letters: DeadLetters = Field(default_factory=lambda: DeadLetters())
+    reconcile: Literal["window", "full", "off"] = Field(
+        "window", description="after each run compare source and target keys: the run's window, or everything"
+    )
 
     _listify = field_validator("primary_key", "cursor", mode="before")(_as_list)
 
@@ -198,6 +223,10 @@ def load_catalog(path: Path | str) -> Catalog:
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError as exc:
         raise CatalogError(path, ["file not found (set INGEST_CATALOG to your catalog's path)"]) from exc
+    except UnicodeDecodeError as exc:
+        raise CatalogError(path, [f"not UTF-8 text (byte {exc.start}): save the catalog as UTF-8"]) from exc
+    except OSError as exc:
+        raise CatalogError(path, [f"cannot read it: {exc.strerror}"]) from exc
     except yaml.YAMLError as exc:
         raise CatalogError(path, [f"not valid YAML: {exc}"]) from exc
     if not isinstance(raw, dict):

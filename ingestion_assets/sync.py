@@ -78,24 +78,36 @@ class SyncResult:
     seconds: float = 0.0
     slice_seconds: list[float] = field(default_factory=list)
     stopped: bool = False  # a drain ended the read early, after a committed slice
+    loaded: int = 0  # rows written (read minus dead letters minus versions the target already had newer)
+    dead_letters: int = 0
+    nulled: int = 0
 
     @property
     def rows_per_second(self) -> float:
         return self.rows / self.seconds if self.seconds > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class SliceOutcome:
+    loaded: int
+    dead_letters: int = 0
+    nulled: int = 0
+
+
 def run_slices(
     slices: Iterable[Slice],
-    load: Callable[[Slice], None],
+    load: Callable[[Slice], SliceOutcome | None],
     sink: CheckpointSink,
     started_from: dict[str, Any] | None,
     faults: Faults | None = None,
     log: logging.Logger | None = None,
     stop: Callable[[], bool] | None = None,
+    after_commit: Callable[[SyncResult], None] | None = None,
 ) -> SyncResult:
     """Load each slice, then checkpoint it. A crash anywhere costs at most the slice in flight.
 
     `stop` is asked after every checkpoint: a drain finishes the slice in flight, then reads no more.
+    `after_commit` may stop the run by raising (a dead-letter threshold): the slice is already safe.
     """
     faults = faults or Faults()
     result = SyncResult(started_from=started_from, position=started_from)
@@ -103,16 +115,21 @@ def run_slices(
     for piece in prefetched(iter(slices)):
         slice_began = time.monotonic()
         faults.hit("before_load", piece.index)
-        load(piece)  # returns only once the destination committed the slice
+        outcome = load(piece) or SliceOutcome(loaded=piece.rows)  # returns once the destination committed
         faults.hit("after_load", piece.index)
         sink.commit(piece.position, piece.index, piece.rows)
         faults.hit("after_checkpoint", piece.index)
         result.position = piece.position
         result.rows += piece.rows
         result.slices += 1
+        result.loaded += outcome.loaded
+        result.dead_letters += outcome.dead_letters
+        result.nulled += outcome.nulled
         result.slice_seconds.append(time.monotonic() - slice_began)
         if log is not None:
             log.info("slice %d: %d rows committed, checkpoint %s", piece.index, piece.rows, piece.position)
+        if after_commit is not None:
+            after_commit(result)
         if stop is not None and stop():
             result.stopped = True
             break

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,13 +20,18 @@ SOURCE_DATABASE = "source"
 
 
 @pytest.fixture(scope="session")
-def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    path = tmp_path_factory.mktemp("ingest_home")
+def home() -> Iterator[Path]:
+    """Outside pytest's temporary root: a second pytest session resets that to mode 0700, which would lock
+    the server's own system user (when tests run as root) out of its data folder."""
+    path = Path(tempfile.mkdtemp(prefix="ingest-test-home-"))
     settings = Settings(home=path, catalog_path=path / "unused.yaml")
-    bring_up(settings)
-    settings.embedded.ensure_database(SOURCE_DATABASE)
-    yield path
-    settings.embedded.stop()
+    try:
+        bring_up(settings)
+        settings.embedded.ensure_database(SOURCE_DATABASE)
+        yield path
+    finally:
+        settings.embedded.stop()
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

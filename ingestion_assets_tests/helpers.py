@@ -242,6 +242,18 @@ class StreamHarness:
     def target_count(self, stream: str) -> int:
         return int(self.query_target(f'SELECT count(*) FROM "{self.source_name}"."{stream}"')[0][0])
 
+    def query_source(self, statement: str) -> list[tuple[Any, ...]]:
+        with self.source.connect() as conn, conn.cursor() as cur:
+            cur.execute(statement)
+            return [tuple(row) for row in cur.fetchall()]
+
+    def query_target_if_exists(self, statement: str) -> list[tuple[Any, ...]]:
+        """Like query_target; a table that was never created (every row parked) reads as empty."""
+        try:
+            return self.query_target(statement)
+        except (duckdb.CatalogException, psycopg2.errors.UndefinedTable):
+            return []
+
     def query_target(self, statement: str) -> list[tuple[Any, ...]]:
         if self.destination == "postgres":
             with self.source.connect() as conn, conn.cursor() as cur:

@@ -46,8 +46,10 @@ def test_sigterm_commits_the_slice_in_flight_and_exits_within_the_deadline(harne
     assert code != 0 and exited_after < 60
     checkpoint = harness.checkpoint("wide")
     assert checkpoint is not None and checkpoint.details["complete"] is False
-    assert checkpoint.details["slice"] == in_flight, "the slice in flight must be committed, and no further one"
-    committed = (in_flight + 1) * SLICE
+    # the slice in flight when the signal landed is committed, and no further one is read (a slice may have
+    # committed between counting and signalling, so the one in flight is in_flight or in_flight + 1)
+    assert checkpoint.details["slice"] in (in_flight, in_flight + 1)
+    committed = (checkpoint.details["slice"] + 1) * SLICE
     assert committed < ROWS, "the drain should stop the read, not finish it"
     assert checkpoint.position is not None and int(checkpoint.position["id"]) == committed
     # the slice in flight was committed and checkpointed: the target holds exactly what the checkpoint says

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg2
@@ -12,10 +15,14 @@ from ingestion_assets.stack.embedded import EmbeddedPostgres
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> EmbeddedPostgres:
-    embedded = EmbeddedPostgres(tmp_path / "pg").ensure_running()
-    yield embedded
-    embedded.stop()
+def server() -> Iterator[EmbeddedPostgres]:
+    root = Path(tempfile.mkdtemp(prefix="ingest-test-pg-"))  # not under pytest's 0700 root: see conftest
+    embedded = EmbeddedPostgres(root / "pg").ensure_running()
+    try:
+        yield embedded
+    finally:
+        embedded.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_liveness_needs_no_subprocess(server: EmbeddedPostgres, monkeypatch: pytest.MonkeyPatch) -> None:

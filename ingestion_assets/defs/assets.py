@@ -9,12 +9,14 @@ import dagster as dg
 from dagster import AssetExecutionContext
 
 from ingestion_assets.catalog import Catalog
+from ingestion_assets.defs.checks import DEAD_LETTERS, SCHEMA, check_results, check_specs, failed_check
 from ingestion_assets.defs.partitions import partitions_def
 from ingestion_assets.drain import Drain
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import InstanceStateStore, checkpoint_metadata
-from ingestion_assets.streams.postgres_table import PostgresTableStream
+from ingestion_assets.streams.postgres_table import DeadLetterThreshold, PostgresTableStream
 from ingestion_assets.streams.runner import NoProgress, PartitionJob, PartitionOutcome, StreamBusy
+from ingestion_assets.streams.schema_step import SchemaPaused
 
 
 def pool_name(source_name: str) -> str:
@@ -46,6 +48,7 @@ def stream_asset(stream: PostgresTableStream) -> dg.AssetsDefinition:
         metadata=_static_metadata(stream),
         partitions_def=partitions_def(stream.source_name, stream.name, spec),
         backfill_policy=_backfill_policy(stream),
+        check_specs=check_specs(dg.AssetKey([stream.source_name, stream.name])),
         retry_policy=dg.RetryPolicy(
             max_retries=retries.max_attempts - 1,
             delay=retries.delay_seconds,
@@ -60,9 +63,16 @@ def stream_asset(stream: PostgresTableStream) -> dg.AssetsDefinition:
             for partition in _partitions_of(context):
                 if drain.requested:
                     break
-                job = PartitionJob(stream, store, partition, stop=drain, log=context.log)
+                job = PartitionJob(stream, store, partition, stop=drain, log=context.log, run_id=context.run_id)
                 try:
                     outcomes.append(job.run())
+                except SchemaPaused as exc:
+                    changes = dg.MetadataValue.json([c.as_json() for c in exc.changes])
+                    context.log_event(failed_check(context.asset_key, SCHEMA, str(exc), changes=changes))
+                    raise dg.Failure(description=str(exc), allow_retries=False) from exc
+                except DeadLetterThreshold as exc:
+                    context.log_event(failed_check(context.asset_key, DEAD_LETTERS, str(exc)))
+                    raise dg.Failure(description=str(exc), allow_retries=False) from exc
                 except (NoProgress, StreamBusy) as exc:
                     raise dg.Failure(description=str(exc), allow_retries=False) from exc
             if drain.requested:
@@ -72,7 +82,7 @@ def stream_asset(stream: PostgresTableStream) -> dg.AssetsDefinition:
                     f"committed and checkpointed ({done}); the next run resumes from there",
                     allow_retries=False,
                 )
-        return dg.MaterializeResult(metadata=_run_metadata(stream, outcomes))
+        return dg.MaterializeResult(metadata=_run_metadata(stream, outcomes), check_results=check_results(outcomes))
 
     return _asset
 
@@ -107,6 +117,8 @@ def _run_metadata(stream: PostgresTableStream, outcomes: list[PartitionOutcome])
     seconds = sum(o.result.seconds for o in outcomes)
     metadata: dict[str, Any] = {
         "rows": rows,
+        "rows loaded": sum(o.result.loaded for o in outcomes),
+        "dead letters": sum(o.result.dead_letters for o in outcomes),
         "slices": sum(o.result.slices for o in outcomes),
         "seconds": round(seconds, 3),
         "rows_per_second": round(rows / seconds) if seconds > 0 else 0,
@@ -115,9 +127,7 @@ def _run_metadata(stream: PostgresTableStream, outcomes: list[PartitionOutcome])
     }
     if len(outcomes) == 1:  # one partition (or none): the materialization carries its final checkpoint
         only = outcomes[0]
-        metadata.update(
-            checkpoint_metadata(only.result.position, complete=True, rows=only.result.rows, generation=only.generation)
-        )
+        metadata.update(checkpoint_metadata(only.result.position, **only.checkpoint))
         metadata["generation"] = only.generation
         metadata["started_from"] = dg.MetadataValue.json({"position": only.result.started_from})
     else:

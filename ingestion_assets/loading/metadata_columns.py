@@ -26,7 +26,11 @@ DLT_HINTS: dict[str, dict[str, object]] = {
 
 
 def with_metadata(
-    table: pa.Table, version_columns: Sequence[str], extracted_at: dt.datetime, generation: int
+    table: pa.Table,
+    version_columns: Sequence[str],
+    extracted_at: dt.datetime,
+    generation: int,
+    meta: pa.Array | None = None,
 ) -> pa.Table:
     """Append the metadata columns. The row's version is its cursor value: one cursor column is
     copied as it is (typed, zero-copy), several become sortable text; without a cursor the newest
@@ -44,7 +48,7 @@ def with_metadata(
         .append_column(POSITION, position)
         .append_column(GENERATION, pa.repeat(pa.scalar(generation, pa.int64()), rows))
         .append_column(DELETED_AT, pa.nulls(rows, TIMESTAMP_UTC))
-        .append_column(META, pa.nulls(rows, pa.string()))
+        .append_column(META, meta if meta is not None else pa.nulls(rows, pa.string()))
     )
 
 

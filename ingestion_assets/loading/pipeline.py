@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import dlt
 import pyarrow as pa
+import pyarrow.compute as pc
+from dlt.common.libs.pyarrow import get_column_type_from_py_arrow
 from dlt.destinations.exceptions import DatabaseUndefinedRelation
 
 from ingestion_assets.catalog import Destination
+from ingestion_assets.loading.dead_letters import record_keys
 from ingestion_assets.loading.destinations import make_destination, writer_lock
 from ingestion_assets.loading.metadata_columns import DLT_HINTS, GENERATION
+from ingestion_assets.loading.migrate import migration_statements
+from ingestion_assets.loading.parked import dead_letter_resource, delete_parked, parked_keys
 from ingestion_assets.loading.versions import check_keys
+from ingestion_assets.schema.changes import SchemaChange
 from ingestion_assets.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -58,6 +66,7 @@ class Loader:
     pipeline_name: str
     guard_versions: bool = False  # several writers (partitions, live tail): keep the newest version
     stream_table: str | None = None  # the stream's table when `target` is a refresh's shadow of it
+    _parked_keys: set[str] | None = field(default=None, init=False)
     _pipeline: Any = field(default=None, init=False, repr=False)
     _loads: int = field(default=0, init=False)
     _append_only: bool = field(default=False, init=False)
@@ -106,8 +115,9 @@ class Loader:
                 return None
         return int(rows[0][0]) if rows and rows[0][0] is not None else None
 
-    def load(self, table: pa.Table) -> int:
-        """Load one slice; returns how many rows went in (stale versions are left out)."""
+    def load(self, table: pa.Table, dead_letters: pa.Table | None = None) -> int:
+        """Load one slice and its dead letters in one dlt run; returns how many rows went in (stale
+        versions are left out). Parked rows of this stream that now loaded leave the dead-letter table."""
         disposition = self.target.write_disposition
         if disposition == "replace" and self._loads > 0:
             disposition = "append"  # one run replaces once, then adds its later slices
@@ -120,6 +130,7 @@ class Loader:
                 table = check.rows
                 if check.existing == 0 and disposition == "merge":
                     disposition = "append"  # none of its keys is there yet and no one else writes now
+            resources = []
             if table.num_rows:
                 hints: dict[str, Any] = {
                     "name": self.target.table,
@@ -128,12 +139,80 @@ class Loader:
                     "primary_key": list(self.target.primary_key),
                     "columns": self.target.column_hints(),
                 }
-                self._pipeline.run(dlt.resource([table], **hints), loader_file_format="parquet")
+                resources.append(dlt.resource([table], **hints))
+            if dead_letters is not None and dead_letters.num_rows:
+                resources.append(dead_letter_resource(dead_letters))
+                self._parked_keys = None  # re-read: the table now holds new entries
+            if resources:
+                self._pipeline.run(resources, loader_file_format="parquet")
+            if table.num_rows:
+                self._release_parked(table)
         self._loads += 1
         # dlt's config resolution leaves exception tracebacks in reference cycles whose frames still see
         # the slice; without a collection per slice, several slices stay alive and memory climbs.
         gc.collect()
         return int(table.num_rows)
+
+    def _release_parked(self, loaded: pa.Table) -> None:
+        """Rows that loaded leave the dead-letter table (they were parked by an earlier run)."""
+        if self._parked_keys is None:
+            self._parked_keys = parked_keys(self._pipeline, self.stream_name)
+        if not self._parked_keys:
+            return
+        keys = record_keys(loaded, self.target.primary_key)
+        released = sorted(set(keys.filter(pc.is_in(keys, pa.array(sorted(self._parked_keys)))).to_pylist()))
+        if released:
+            delete_parked(self._pipeline, self.stream_name, released)
+            self._parked_keys -= set(released)
+
+    @contextlib.contextmanager
+    def client(self) -> Iterator[Any]:
+        """A SQL client on the target, under the writer lock (DuckDB admits no reader beside a writer)."""
+        with self._lock(), self._pipeline.sql_client() as client:
+            yield client
+
+    def parked(self) -> set[str]:
+        """Record keys of this stream waiting in the dead-letter table."""
+        return parked_keys(self._pipeline, self.stream_name)
+
+    def migrate(self, changes: list[tuple[SchemaChange, str, pa.DataType]]) -> list[str]:
+        """Apply (change, new SQL type, new Arrow type) to the target and to dlt's staging copy of it.
+
+        dlt never alters a column type, and it merges through a staging table it creates from its own
+        schema: the tables change here, and dlt's schema learns the new type for the tables it creates."""
+        self._retype_in_dlt_schema([(change.column, arrow) for change, _, arrow in changes])
+        done: list[str] = []
+        with self._lock(), self._pipeline.sql_client() as client:
+            kind = self.destination.type
+            for staging in (False, True):
+                context = client.with_staging_dataset() if staging else contextlib.nullcontext(client)
+                with context as scoped:
+                    table = scoped.make_qualified_table_name(self.target.table)
+                    if not _exists(scoped, table):
+                        continue  # created by its first load, already with the new types
+                    statements = [
+                        statement
+                        for change, new_type, _ in changes
+                        for statement in migration_statements(
+                            kind, table, change, new_type, scoped.escape_column_name, staging
+                        )
+                    ]
+                    with scoped.begin_transaction():
+                        for statement in statements:
+                            scoped.execute_sql(statement)
+                    done += statements
+        return done
+
+    def _retype_in_dlt_schema(self, columns: list[tuple[str, pa.DataType]]) -> None:
+        table = self._pipeline.default_schema.tables.get(self.target.table)
+        if table is None:
+            return
+        for name, arrow_type in columns:
+            column = table["columns"].get(name)
+            if column is not None:
+                for hint in ("precision", "scale", "timezone"):
+                    column.pop(hint, None)
+                column.update(get_column_type_from_py_arrow(arrow_type))
 
     def swap_in(self, shadow: str, table: str) -> None:
         """Replace `table` by `shadow` in one transaction: readers see the old or the new generation."""
@@ -147,9 +226,25 @@ class Loader:
         # its local working folder goes too. Each generation's shadow has a new name: no schema expects it.
         self._pipeline.drop()
 
+    @property
+    def pipeline(self) -> Any:
+        return self._pipeline
+
+    @property
+    def stream_name(self) -> str:
+        return self.stream_table or self.target.table
+
     def _lock(self) -> Any:
         table = self.stream_table or self.target.table
         return writer_lock(self.settings, self.destination, self.target.dataset, table)
+
+
+def _exists(client: Any, table: str) -> bool:
+    try:
+        client.execute_sql(f"SELECT 1 FROM {table} LIMIT 0")
+    except DatabaseUndefinedRelation:
+        return False
+    return True
 
 
 def pipeline_name(source: str, stream: str, partition: str | None) -> str:

@@ -18,7 +18,7 @@ from dlt.destinations.exceptions import DatabaseUndefinedRelation
 from ingestion_assets.loading.metadata_columns import POSITION
 
 _INCOMING = "_ingest_incoming"
-_STALE = "_ingest_stale"
+STALE = "_ingest_stale"
 
 
 @dataclass(frozen=True)
@@ -30,16 +30,10 @@ class KeyCheck:
 def check_keys(
     client: Any, destination_type: str, table: str, primary_key: tuple[str, ...], rows: pa.Table
 ) -> KeyCheck:
-    if not _table_exists(client, table):
+    found = existing_keys(client, destination_type, table, primary_key, rows.select([*primary_key, POSITION]))
+    if found is None:
         return KeyCheck(rows, 0)
-    keys = rows.select([*primary_key, POSITION])
-    qualified = client.make_qualified_table_name(table)
-    statement = _existing_sql(qualified, primary_key)
-    if destination_type == "duckdb":
-        found = _query_duckdb(client.native_connection, statement, keys)
-    else:
-        found = _query_postgres(client.native_connection, statement, qualified, primary_key, keys)
-    stale = found.filter(found[_STALE]).select(list(primary_key))
+    stale = found.filter(found[STALE]).select(list(primary_key))
     if stale.num_rows == 0:
         return KeyCheck(rows, found.num_rows)
     if len(primary_key) == 1:
@@ -49,11 +43,25 @@ def check_keys(
     return KeyCheck(kept, found.num_rows)
 
 
+def existing_keys(
+    client: Any, destination_type: str, table: str, primary_key: tuple[str, ...], keys: pa.Table
+) -> pa.Table | None:
+    """The keys of `keys` (primary key + `_ingest_position`) the target holds, each with `STALE`: whether the
+    target's version is newer. None when the target table does not exist yet."""
+    if not _table_exists(client, table):
+        return None
+    qualified = client.make_qualified_table_name(table)
+    statement = _existing_sql(qualified, primary_key)
+    if destination_type == "duckdb":
+        return _query_duckdb(client.native_connection, statement, keys)
+    return _query_postgres(client.native_connection, statement, qualified, primary_key, keys)
+
+
 def _existing_sql(qualified: str, primary_key: tuple[str, ...]) -> str:
     using = ", ".join(f'"{k}"' for k in primary_key)
     columns = ", ".join(f'i."{k}"' for k in primary_key)
     return (
-        f"SELECT {columns}, t.{POSITION} > i.{POSITION} AS {_STALE} "
+        f"SELECT {columns}, t.{POSITION} > i.{POSITION} AS {STALE} "
         f"FROM {_INCOMING} i JOIN {qualified} t USING ({using})"
     )
 
@@ -82,9 +90,9 @@ def _query_postgres(
             found = cur.fetchall()
         finally:
             cur.execute(f"DROP TABLE IF EXISTS {_INCOMING}")
-    names = [*primary_key, _STALE]
+    names = [*primary_key, STALE]
     arrays = [pa.array([row[i] for row in found]) for i in range(len(names))]
-    schema = pa.schema([*keys.select(list(primary_key)).schema, pa.field(_STALE, pa.bool_())])
+    schema = pa.schema([*keys.select(list(primary_key)).schema, pa.field(STALE, pa.bool_())])
     return pa.table(arrays, names=names).cast(schema)
 
 

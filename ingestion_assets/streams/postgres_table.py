@@ -5,23 +5,54 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ingestion_assets.catalog import Destination, PostgresSource, PostgresStream
+from ingestion_assets.loading.dead_letters import split_bad_rows
 from ingestion_assets.loading.metadata_columns import with_metadata
 from ingestion_assets.loading.pipeline import Loader, TargetTable, pipeline_name
 from ingestion_assets.partitions import UnknownPartition, window_for
 from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres import plan_table_read, table_slices
+from ingestion_assets.sources.postgres.introspect import TableShape, discover_table
 from ingestion_assets.sources.postgres.query import ReadPlan
+from ingestion_assets.sources.postgres.reader import connect
 from ingestion_assets.sources.slices import Slice
-from ingestion_assets.sync import CheckpointSink, Faults, SyncResult, run_slices
+from ingestion_assets.sync import CheckpointSink, Faults, SliceOutcome, SyncResult, run_slices
 
 
 class StreamError(RuntimeError):
     """A stream cannot run; the message starts with the stream's name."""
+
+
+class DeadLetterThreshold(RuntimeError):
+    """So many rows could not load that the mapping, not the data, is likely wrong."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """The table a run writes and the generation its rows carry."""
+
+    table: str
+    generation: int
+    stream_table: str | None = None  # set when `table` is a refresh's shadow of this stream table
+
+
+@dataclass
+class RunOptions:
+    """How one read runs: where it writes, what it skips, how it is stopped or failed on purpose."""
+
+    target: Target
+    partition: str | None = None
+    run_id: str = ""
+    skip_columns: frozenset[str] = frozenset()
+    stop: Callable[[], bool] | None = None
+    faults: Faults | None = None
+    log: logging.Logger | Any | None = None
+    loader: Loader | None = None
+    plan: ReadPlan | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -37,14 +68,19 @@ class PostgresTableStream:
     def qualified_name(self) -> str:
         return f"{self.source_name}.{self.name}"
 
+    @property
+    def key_columns(self) -> set[str]:
+        """Columns the stream cannot lose: primary key, cursor and partition column."""
+        return set(self.spec.primary_key) | set(self.spec.cursor) | {c for c in [self.spec.partition_column] if c}
+
     def resume_position(self, position: dict[str, Any] | None, complete: bool) -> dict[str, Any] | None:
         """Where the next run starts: after the checkpoint; a cursor-less stream re-reads once complete."""
         if not self.spec.cursor and complete:
             return None
         return position
 
-    def loader(self, target: Target, partition: str | None) -> Loader:
-        plan = self.plan()
+    def loader(self, target: Target, partition: str | None, plan: ReadPlan | None = None) -> Loader:
+        plan = plan or self.plan()
         return Loader(
             settings=self.settings,
             destination=self.destination,
@@ -63,7 +99,17 @@ class PostgresTableStream:
     def source_url(self) -> str:
         return resolve(self.source.connection, self.settings, f"sources.{self.source_name}.connection")
 
-    def plan(self) -> ReadPlan:
+    def discover(self) -> TableShape:
+        """The table's columns as they are now, without checking the catalog's names against them."""
+        conn = connect(self.source_url(), "ingest-discover")
+        try:
+            return discover_table(conn, self.spec.schema_name, self.spec.table_name)
+        except LookupError as exc:
+            raise StreamError(f"stream {self.qualified_name}: {exc}") from exc
+        finally:
+            conn.close()
+
+    def plan(self, skip_columns: frozenset[str] = frozenset()) -> ReadPlan:
         try:
             return plan_table_read(
                 self.source_url(),
@@ -71,46 +117,60 @@ class PostgresTableStream:
                 self.spec.table_name,
                 tuple(self.spec.cursor),
                 tuple(self.spec.primary_key),
+                max_value_bytes=self.spec.dead_letters.max_value_bytes,
+                skip_columns=skip_columns,
             )
         except LookupError as exc:
             raise StreamError(f"stream {self.qualified_name}: {exc}") from exc
 
-    def run(
-        self,
-        after: dict[str, Any] | None,
-        sink: CheckpointSink,
-        target: Target | None = None,
-        partition: str | None = None,
-        stop: Callable[[], bool] | None = None,
-        faults: Faults | None = None,
-        log: logging.Logger | None = None,
-        loader: Loader | None = None,
-    ) -> SyncResult:
-        """Read the partition's window after `after` and load it into `target`, checkpointing each slice."""
-        target = target or Target(self.name, generation=1)
+    def run(self, after: dict[str, Any] | None, sink: CheckpointSink, options: RunOptions) -> SyncResult:
+        """Read the partition's window after `after` and load it into the target, checkpointing each slice."""
         try:
-            window = window_for(self.spec, partition)
+            window = window_for(self.spec, options.partition)
         except UnknownPartition as exc:
             raise StreamError(f"stream {self.qualified_name}: {exc}") from exc
-        plan = self.plan()
-        loader = loader or self.loader(target, partition)
-        if after is None and window is None and loader.use_initial_load_path() and log is not None:
-            log.info("%s: empty target, first full read: loading slices by append", self.qualified_name)
+        plan = options.plan or self.plan(options.skip_columns)
+        loader = options.loader or self.loader(options.target, options.partition, plan)
+        if after is None and window is None and loader.use_initial_load_path() and options.log is not None:
+            options.log.info("%s: empty target, first full read: loading slices by append", self.qualified_name)
+        ordering = [c.name for c in plan.ordering]
 
-        def load(piece: Slice) -> None:
+        def load(piece: Slice) -> SliceOutcome:
+            split = split_bad_rows(
+                piece.table,
+                self.name,
+                options.partition,
+                options.run_id,
+                self.spec.primary_key,
+                ordering,
+                self.spec.dead_letters.on_bad_value,
+            )
             now = dt.datetime.now(dt.UTC)
-            loader.load(with_metadata(piece.table, self.spec.cursor, now, generation=target.generation))
+            rows = with_metadata(split.rows, self.spec.cursor, now, options.target.generation, meta=split.meta)
+            loaded = loader.load(rows, dead_letters=split.dead)
+            return SliceOutcome(loaded=loaded, dead_letters=split.dead_count, nulled=split.nulled)
 
         slices = table_slices(self.source_url(), plan, after, self.spec.slice_rows, self.qualified_name, window)
         return run_slices(
-            slices, load, sink, started_from=after, faults=faults or Faults.from_env(), log=log, stop=stop
+            slices,
+            load,
+            sink,
+            started_from=after,
+            faults=options.faults or Faults.from_env(),
+            log=options.log,
+            stop=options.stop,
+            after_commit=self._dead_letter_limit,
         )
 
-
-@dataclass(frozen=True)
-class Target:
-    """The table a run writes and the generation its rows carry."""
-
-    table: str
-    generation: int
-    stream_table: str | None = None  # set when `table` is a refresh's shadow of this stream table
+    def _dead_letter_limit(self, result: SyncResult) -> None:
+        limits = self.spec.dead_letters
+        too_many = limits.max_count is not None and result.dead_letters > limits.max_count
+        share = result.dead_letters / result.rows if result.rows else 0.0
+        too_high = result.rows >= limits.min_rows and share > limits.max_share
+        if too_many or too_high:
+            raise DeadLetterThreshold(
+                f"stream {self.qualified_name}: {result.dead_letters:,} of {result.rows:,} rows read could not load "
+                f"({share:.1%}; limits: {limits.max_count} rows, {limits.max_share:.0%}). So many bad rows usually "
+                f"mean a mapping error: see `ingest dlq list {self.qualified_name}`, fix the catalog or the source, "
+                f"then `ingest dlq replay {self.qualified_name}`. Every good row and the parked ones are committed."
+            )

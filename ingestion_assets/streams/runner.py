@@ -1,5 +1,6 @@
-"""One attempt on one stream partition: pick incremental, refresh or resume from the stored state, run
-the checkpoint protocol, finish a refresh with an atomic swap, and count attempts that made no progress.
+"""One attempt on one stream partition: settle the schema, pick incremental, refresh or resume from the
+stored state, run the checkpoint protocol, finish a refresh with an atomic swap, reconcile, and count
+attempts that made no progress.
 
 Dagster-free: state comes through a `StateStore`, so the assets and the simulation drive the same code.
 """
@@ -15,11 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ingestion_assets.loading.pipeline import Loader
+from ingestion_assets.partitions import window_for
 from ingestion_assets.state.model import Checkpoint
-from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
+from ingestion_assets.streams.postgres_table import PostgresTableStream, RunOptions, Target
+from ingestion_assets.streams.reconcile import Reconciliation, reconcile
+from ingestion_assets.streams.schema_step import SchemaStep, apply_to_target, settle_schema
 from ingestion_assets.sync import Faults, SyncResult
 
 ERROR_CHARS = 400
+CARRIED = ("generation", "refresh", "refresh_requested", "complete", "schema", "schema_accepted")
 
 
 class StateStore(Protocol):
@@ -43,11 +49,14 @@ class PartitionOutcome:
     generation: int
     mode: str  # incremental | refresh | refresh-retain
     drained: bool = False
+    schema_changes: list[str] = field(default_factory=list)
+    reconciliation: Reconciliation | None = None
+    checkpoint: dict[str, Any] = field(default_factory=dict)  # the final checkpoint's details, as stored
 
 
 @dataclass
 class _Sink:
-    """Checkpoints each slice with the run's context (generation, refresh) carried along."""
+    """Checkpoints each slice with the run's context (generation, refresh, schema) carried along."""
 
     store: StateStore
     partition: str | None
@@ -68,7 +77,8 @@ class PartitionJob:
     partition: str | None = None
     stop: Callable[[], bool] = field(default=lambda: False)
     faults: Faults | None = None
-    log: logging.Logger | None = None
+    log: logging.Logger | Any | None = None
+    run_id: str = ""
 
     def run(self) -> PartitionOutcome:
         with self._exclusive():
@@ -83,6 +93,7 @@ class PartitionJob:
                 raise
 
     def _attempt(self, details: dict[str, Any], position: dict[str, Any] | None, sink: _Sink) -> PartitionOutcome:
+        schema = settle_schema(self.stream, details)
         generation = int(details.get("generation", 0))  # 0: nothing loaded yet; the first load is generation 1
         refresh = details.get("refresh")  # a refresh in progress: {"mode", "generation"}
         if refresh is None:
@@ -92,23 +103,35 @@ class PartitionJob:
             if mode is not None:
                 refresh, position = {"mode": mode, "generation": generation + 1}, None
         if refresh is not None and refresh["mode"] == "remove":
-            return self._refresh_by_swap(int(refresh["generation"]), generation, position, sink)
+            return self._refresh_by_swap(schema, int(refresh["generation"]), generation, position, sink)
+        new_generation = int(refresh["generation"]) if refresh is not None else max(generation, 1)
+        after = (
+            position
+            if refresh is not None
+            else self.stream.resume_position(position, bool(details.get("complete", True)))
+        )
+        sink.details = {"generation": new_generation, "schema": schema.stored}
         if refresh is not None:
-            return self._refresh_in_place(int(refresh["generation"]), position, sink)
-        after = self.stream.resume_position(position, bool(details.get("complete", True)))
-        generation = max(generation, 1)
-        sink.details = {"generation": generation}
-        result = self._read(after, Target(self.stream.name, generation), sink)
-        return self._finish(result, generation, "incremental")
+            sink.details["refresh"] = {"mode": "retain", "generation": new_generation}
+        target = Target(self.stream.name, new_generation)
+        loader = self.stream.loader(target, self.partition, schema.plan)
+        apply_to_target(schema, loader)
+        result = self._read(after, target, sink, loader, schema)
+        mode = "refresh-retain" if refresh is not None else "incremental"
+        return self._finish(result, new_generation, mode, schema, loader)
 
     def _refresh_by_swap(
-        self, new_generation: int, live_generation: int, after: dict[str, Any] | None, sink: _Sink
+        self, schema: SchemaStep, new_generation: int, live_generation: int, after: dict[str, Any] | None, sink: _Sink
     ) -> PartitionOutcome:
         """Load everything into a shadow table; swap it in only once the read completed."""
         shadow = f"{self.stream.name}_refresh_g{new_generation}"
         target = Target(shadow, new_generation, stream_table=self.stream.name)
-        sink.details = {"generation": live_generation, "refresh": {"mode": "remove", "generation": new_generation}}
-        loader = self.stream.loader(target, self.partition)
+        sink.details = {
+            "generation": live_generation,
+            "refresh": {"mode": "remove", "generation": new_generation},
+            "schema": schema.stored,
+        }
+        loader = self.stream.loader(target, self.partition, schema.plan)
         if (
             after is not None
             and loader.max_generation(shadow) is None
@@ -116,47 +139,55 @@ class PartitionJob:
         ):
             result = SyncResult(started_from=after, position=after)  # swapped before a crash: only record it
         else:
-            result = self._read(after, target, sink, loader=loader)
+            result = self._read(after, target, sink, loader, schema)
             if self.stop():
                 return PartitionOutcome(self.partition, result, live_generation, "refresh", drained=True)
             (self.faults or Faults.from_env()).hit("before_swap", 0)
             loader.swap_in(shadow, self.stream.name)
-        return self._finish(result, new_generation, "refresh")
+        live = self.stream.loader(Target(self.stream.name, new_generation), self.partition, schema.plan)
+        return self._finish(result, new_generation, "refresh", schema, live, full=True)
 
-    def _refresh_in_place(self, new_generation: int, after: dict[str, Any] | None, sink: _Sink) -> PartitionOutcome:
-        """Re-read everything and merge over the target: nothing is removed."""
-        sink.details = {"generation": new_generation, "refresh": {"mode": "retain", "generation": new_generation}}
-        result = self._read(after, Target(self.stream.name, new_generation), sink)
-        return self._finish(result, new_generation, "refresh-retain")
-
-    def _read(self, after: dict[str, Any] | None, target: Target, sink: _Sink, loader: Any = None) -> SyncResult:
-        return self.stream.run(
-            after,
-            sink,
+    def _read(
+        self, after: dict[str, Any] | None, target: Target, sink: _Sink, loader: Loader, schema: SchemaStep
+    ) -> SyncResult:
+        options = RunOptions(
             target=target,
             partition=self.partition,
+            run_id=self.run_id,
             stop=self.stop,
             faults=self.faults,
             log=self.log,
             loader=loader,
+            plan=schema.plan,
         )
+        return self.stream.run(after, sink, options)
 
-    def _finish(self, result: SyncResult, generation: int, mode: str) -> PartitionOutcome:
+    def _finish(
+        self, result: SyncResult, generation: int, mode: str, schema: SchemaStep, loader: Loader, full: bool = False
+    ) -> PartitionOutcome:
         drained = self.stop()
-        if not drained:
-            self.store.commit(
-                self.partition,
-                result.position,
-                complete=True,
-                rows=result.rows,
-                slices=result.slices,
-                generation=generation,
-            )
-        return PartitionOutcome(self.partition, result, generation, mode, drained=drained)
+        outcome = PartitionOutcome(self.partition, result, generation, mode, drained, schema.describe())
+        if drained:
+            return outcome
+        outcome.checkpoint = {
+            "complete": True,
+            "rows": result.rows,
+            "slices": result.slices,
+            "generation": generation,
+            "schema": schema.stored,
+        }
+        self.store.commit(self.partition, result.position, **outcome.checkpoint)
+        scope = "full" if full else self.stream.spec.reconcile
+        window = window_for(self.stream.spec, self.partition)
+        url = self.stream.source_url()
+        outcome.reconciliation = reconcile(
+            url, schema.plan, loader, window, result.started_from, result.position, scope
+        )
+        return outcome
 
     def _record_failure(self, details: dict[str, Any], sink: _Sink, exc: Exception) -> None:
         """Keep the checkpoint, note the failure; several failed attempts without a commit in a row stop."""
-        carried = {k: v for k, v in details.items() if k in ("generation", "refresh", "refresh_requested", "complete")}
+        carried = {k: v for k, v in details.items() if k in CARRIED}
         carried.update(sink.details)
         failures = 0 if sink.commits else int(details.get("no_progress_attempts", 0)) + 1
         error = f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]

@@ -7,39 +7,60 @@ from collections.abc import Iterator
 import dlt
 from psycopg2 import sql
 
-from ingestion_assets.sources.postgres.introspect import discover_table
+from ingestion_assets.sources.postgres.introspect import TableShape, discover_table
 from ingestion_assets.sources.postgres.query import Position, ReadPlan, Window, exact_text
 from ingestion_assets.sources.postgres.reader import connect, copy_batches
 from ingestion_assets.sources.slices import Slice, rechunk
 
 
 def plan_table_read(
-    url: str, schema: str, table: str, cursor: tuple[str, ...], primary_key: tuple[str, ...]
+    url: str,
+    schema: str,
+    table: str,
+    cursor: tuple[str, ...],
+    primary_key: tuple[str, ...],
+    max_value_bytes: int = 16 << 20,
+    skip_columns: frozenset[str] = frozenset(),
 ) -> ReadPlan:
     """Discover the table and check the named columns exist, so a typo fails before any read."""
     conn = connect(url, "ingest-discover")
     try:
         shape = discover_table(conn, schema, table)
+        server_version = int(conn.server_version)
     finally:
         conn.close()
+    if skip_columns:
+        shape = TableShape(shape.schema, shape.table, tuple(c for c in shape.columns if c.name not in skip_columns))
     names = {c.name for c in shape.columns}
     for role, columns in (("cursor", cursor), ("primary_key", primary_key)):
         missing = [c for c in columns if c not in names]
         if missing:
             raise LookupError(f"{role} column(s) {missing} not in {schema}.{table}; it has {sorted(names)}")
-    return ReadPlan(shape=shape, cursor=cursor, primary_key=primary_key)
+    return ReadPlan(
+        shape=shape,
+        cursor=cursor,
+        primary_key=primary_key,
+        max_value_bytes=max_value_bytes,
+        server_version=server_version,
+    )
 
 
 def table_slices(
-    url: str, plan: ReadPlan, after: Position | None, slice_rows: int, name: str, window: Window | None = None
+    url: str,
+    plan: ReadPlan,
+    after: Position | None,
+    slice_rows: int,
+    name: str,
+    window: Window | None = None,
+    keys: list[list[str]] | None = None,
 ) -> Iterator[Slice]:
-    """Every row of `window` after `after`, in (cursor, primary key) order, as slices of `slice_rows` rows."""
+    """Every row of `window` after `after` (or with one of `keys`), in (cursor, primary key) order, as slices."""
     conn = connect(url, f"ingest:{name}")
     try:
-        statement = plan.copy_statement(conn, after, window)
+        statement = plan.copy_statement(conn, after, window, keys_in=keys)
     finally:
         conn.close()
-    batches = copy_batches(url, statement, plan.shape, application_name=f"ingest:{name}")
+    batches = copy_batches(url, statement, plan.wire_shape, application_name=f"ingest:{name}")
     for index, table in enumerate(rechunk(batches, slice_rows)):
         yield Slice(table=table, position=plan.position_of_last_row(table), index=index)
 

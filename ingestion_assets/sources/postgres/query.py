@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,7 @@ import pyarrow as pa
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
+from ingestion_assets.sources.postgres.bad_values import PROBLEMS, RAW, fits, problem_text
 from ingestion_assets.sources.postgres.introspect import Column, TableShape
 
 Position = dict[str, str | None]  # ordering column -> exact text of its value (None: NULL)
@@ -35,21 +37,44 @@ class ReadPlan:
     shape: TableShape
     cursor: tuple[str, ...]
     primary_key: tuple[str, ...]
+    max_value_bytes: int = 16 << 20
+    server_version: int = 150000
+
+    @property
+    def checks(self) -> list[tuple[Column, sql.Composable]]:
+        found = [(c, fits(c, self.max_value_bytes, self.server_version)) for c in self.shape.columns]
+        return [(c, condition) for c, condition in found if condition is not None]
+
+    @property
+    def wire_shape(self) -> TableShape:
+        """The columns COPY sends: the table's, then the per-row problems and raw record."""
+        extra = tuple(Column(name, "text", "text", True, pa.string()) for name in (PROBLEMS, RAW))
+        return TableShape(self.shape.schema, self.shape.table, self.shape.columns + extra)
 
     @property
     def ordering(self) -> tuple[Column, ...]:
         names = list(self.cursor) + [k for k in self.primary_key if k not in self.cursor]
         return tuple(self.shape.column(name) for name in names)
 
-    def copy_statement(self, conn: PgConnection, after: Position | None, window: Window | None = None) -> str:
+    def copy_statement(
+        self,
+        conn: PgConnection,
+        after: Position | None,
+        window: Window | None = None,
+        keys_in: list[list[str]] | None = None,
+    ) -> str:
         """COPY of every row of `window` strictly after `after` in (cursor, primary key) order.
 
         COPY takes no bind parameters, so literals are quoted by psycopg2 and cast to the column type.
         """
         keys = [_order_expr(c) for c in self.ordering]
-        query = sql.SQL("SELECT {cols} FROM {table}").format(
-            cols=sql.SQL(", ").join(sql.Identifier(c.name) for c in self.shape.columns),
+        query = sql.SQL(
+            "SELECT {cols}, p.problems, CASE WHEN p.problems IS NOT NULL THEN row_to_json(t)::text END FROM {table} t"
+            " CROSS JOIN LATERAL (SELECT {problems} AS problems) p"
+        ).format(
+            cols=sql.SQL(", ").join(self._output(c) for c in self.shape.columns),
             table=sql.Identifier(self.shape.schema, self.shape.table),
+            problems=self._problems(),
         )
         conditions = self._window_conditions(window) if window is not None else []
         if after is not None:
@@ -59,15 +84,62 @@ class ReadPlan:
                     keys=sql.SQL(", ").join(keys), values=sql.SQL(", ").join(values)
                 )
             )
+        if keys_in is not None:
+            conditions.append(self._key_condition(keys_in))
         if conditions:
             query += sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions)
         query += sql.SQL(" ORDER BY {keys}").format(keys=sql.SQL(", ").join(keys))
         copy = sql.SQL("COPY ({query}) TO STDOUT WITH (FORMAT csv)").format(query=query)
         return copy.as_string(conn)
 
+    @property
+    def key_shape(self) -> TableShape:
+        return TableShape(self.shape.schema, self.shape.table, self.ordering)
+
+    def keys_statement(
+        self, conn: PgConnection, after: Position | None, upto: Position, window: Window | None = None
+    ) -> str:
+        """COPY of the ordering columns (cursor, primary key) of the rows in (after, upto] of `window`."""
+        keys = [_order_expr(c) for c in self.ordering]
+        conditions = self._window_conditions(window) if window is not None else []
+        if after is not None:
+            values = [_literal(c, self._value(after, c)) for c in self.ordering]
+            conditions.append(sql.SQL("({}) > ({})").format(sql.SQL(", ").join(keys), sql.SQL(", ").join(values)))
+        values = [_literal(c, self._value(upto, c)) for c in self.ordering]
+        conditions.append(sql.SQL("({}) <= ({})").format(sql.SQL(", ").join(keys), sql.SQL(", ").join(values)))
+        query = sql.SQL("SELECT {cols} FROM {table} t WHERE {where}").format(
+            cols=sql.SQL(", ").join(self._output(c) for c in self.ordering),
+            table=sql.Identifier(self.shape.schema, self.shape.table),
+            where=sql.SQL(" AND ").join(conditions),
+        )
+        return sql.SQL("COPY ({}) TO STDOUT WITH (FORMAT csv)").format(query).as_string(conn)
+
+    def _key_condition(self, keys: list[list[str]]) -> sql.Composable:
+        """Rows whose primary key is one of `keys` (each the key's values as text)."""
+        columns = [self.shape.column(name) for name in self.primary_key]
+        idents = sql.SQL(", ").join(sql.SQL("t.") + sql.Identifier(c.name) for c in columns)
+        rows = [
+            sql.SQL("({})").format(sql.SQL(", ").join(_literal(c, v) for c, v in zip(columns, key, strict=True)))
+            for key in keys
+        ]
+        return sql.SQL("({}) IN ({})").format(idents, sql.SQL(", ").join(rows) if rows else sql.SQL("SELECT NULL"))
+
+    def _output(self, column: Column) -> sql.Composable:
+        ident = sql.SQL("t.") + sql.Identifier(column.name)
+        condition = dict((c.name, cond) for c, cond in self.checks).get(column.name)
+        if condition is None:
+            return ident
+        return sql.SQL("CASE WHEN {ok} THEN {c} END").format(ok=condition, c=ident)
+
+    def _problems(self) -> sql.Composable:
+        texts = [problem_text(c, condition) for c, condition in self.checks]
+        if not texts:
+            return sql.SQL("NULL::text")
+        return sql.SQL("NULLIF(concat_ws('; ', {}), '')").format(sql.SQL(", ").join(texts))
+
     def _window_conditions(self, window: Window) -> list[sql.Composable]:
         column = self.shape.column(window.column)
-        ident = sql.Identifier(column.name)
+        ident = sql.SQL("t.") + sql.Identifier(column.name)
         conditions: list[sql.Composable] = []
         if window.lower is not None:
             conditions.append(sql.SQL("{} >= {}").format(ident, _literal(column, window.lower)))
@@ -76,8 +148,16 @@ class ReadPlan:
         return conditions
 
     def position_of_last_row(self, table: pa.Table) -> Position:
+        """Exact text of the last row's ordering values; a value nulled as unloadable comes from its raw JSON."""
         last = table.num_rows - 1
-        return {c.name: exact_text(table.column(c.name)[last].as_py()) for c in self.ordering}
+        position = {c.name: exact_text(table.column(c.name)[last].as_py()) for c in self.ordering}
+        raw = table.column(RAW)[last].as_py() if RAW in table.column_names else None
+        if raw is not None:
+            record = json.loads(raw)
+            for name, value in position.items():
+                if value is None and record.get(name) is not None:
+                    position[name] = str(record[name])
+        return position
 
     def _value(self, position: Mapping[str, Any], column: Column) -> str | None:
         if column.name not in position:
@@ -91,7 +171,7 @@ class ReadPlan:
 
 
 def _order_expr(column: Column) -> sql.Composable:
-    ident = sql.Identifier(column.name)
+    ident = sql.SQL("t.") + sql.Identifier(column.name)
     if not column.nullable:
         return ident
     return sql.SQL("COALESCE({ident}, {lowest})").format(ident=ident, lowest=_literal(column, None))

@@ -1,0 +1,88 @@
+"""The `ingest` command: stack (up, down, env, dev, demo), state, refresh, partitions, check, schema, dlq."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from ingestion_assets.catalog import CatalogError
+from ingestion_assets.cli import quality, stack, state
+from ingestion_assets.settings import Settings
+
+Handler = Callable[[Settings, argparse.Namespace], int]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    settings = Settings.from_env()
+    try:
+        return int(args.handler(settings, args) or 0)
+    except CatalogError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ingest", description=__doc__)
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    def command(name: str, handler: Handler | None, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    def actions(parent: argparse.ArgumentParser) -> Callable[[str, Handler, str], argparse.ArgumentParser]:
+        group = parent.add_subparsers(required=True, metavar="ACTION")
+
+        def action(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
+            sub = group.add_parser(name, help=help_text, description=help_text)
+            sub.set_defaults(handler=handler)
+            return sub
+
+        return action
+
+    command("up", stack.up, "start the embedded PostgreSQL (Dagster storage, demo source) and print the env")
+    command("down", stack.down, "stop the embedded PostgreSQL")
+    command("env", stack.env, "print `export` lines that point dagster commands at this instance")
+    demo = command("demo", stack.demo, "seed the demo shop, materialize every stream twice, print a summary")
+    demo.add_argument("--orders", type=int, default=int(os.environ.get("INGEST_DEMO_ORDERS", "1000000")))
+    dev = command("dev", stack.dev, "run the Dagster webserver and daemon on this instance")
+    dev.add_argument("dagster_args", nargs=argparse.REMAINDER, help="passed to `dagster dev`")
+    command("check", quality.check, "validate the catalog, reach every source, find every table and column")
+
+    state_action = actions(command("state", None, "show or reset stream checkpoints"))
+    show = state_action("show", state.state_show, "each stream's checkpoint: position, when, which run")
+    show.add_argument("stream", nargs="?", help="SOURCE.STREAM (default: all)")
+    show.add_argument("--partition")
+    reset = state_action("reset", state.state_reset, "clear a checkpoint: the next run re-reads from the start")
+    reset.add_argument("stream", help="SOURCE.STREAM")
+    reset.add_argument("--partition")
+
+    refresh = command("refresh", state.refresh, "re-read a stream in full as a new generation")
+    refresh.add_argument("stream", help="SOURCE.STREAM (not partitioned)")
+    refresh.add_argument("--retain", action="store_true", help="merge over the target: rows gone from the source stay")
+    refresh.add_argument("--later", action="store_true", help="only mark it: the next scheduled run refreshes")
+    plan = actions(command("partitions", None, "backfill partitions"))(
+        "plan", state.partitions_plan, "add the key ranges key-partitioned streams now need"
+    )
+    plan.add_argument("stream", nargs="?", help="SOURCE.STREAM (default: all key-partitioned streams)")
+
+    schema_action = actions(command("schema", None, "schema changes of a stream's source table"))
+    schema_show = schema_action("show", quality.schema_show, "stored columns, and what changed in the source since")
+    schema_show.add_argument("stream", help="SOURCE.STREAM")
+    accept = schema_action("accept", quality.schema_accept, "apply the changes that paused the stream on its next run")
+    accept.add_argument("stream", help="SOURCE.STREAM")
+    accept.add_argument("--partition")
+
+    dlq_action = actions(command("dlq", None, "rows parked in the dead-letter table"))
+    dlq_list = dlq_action("list", quality.dlq_list, "parked rows of a stream: key, error, when, which run")
+    dlq_list.add_argument("stream", help="SOURCE.STREAM")
+    replay = dlq_action("replay", quality.dlq_replay, "read parked rows again from the source; loaded ones leave")
+    replay.add_argument("stream", help="SOURCE.STREAM")
+    return parser
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

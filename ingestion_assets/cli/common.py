@@ -1,0 +1,43 @@
+"""Helpers the `ingest` subcommands share."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from ingestion_assets.catalog import Catalog, CatalogError, load_catalog
+from ingestion_assets.settings import Settings
+
+DEFINITIONS_MODULE = "ingestion_assets.definitions"
+
+
+def stream_key(catalog: Catalog, name: str) -> tuple[str, str]:
+    source, _, stream = name.replace("/", ".").partition(".")
+    known = {(s, t) for s, _, t, _ in catalog.streams()}
+    if (source, stream) not in known:
+        names = ", ".join(sorted(f"{s}.{t}" for s, t in known))
+        raise SystemExit(f"error: no stream {name!r} in the catalog; streams: {names}")
+    return source, stream
+
+
+def bring_up(settings: Settings) -> dict[str, str]:
+    from ingestion_assets.stack.instance import bring_up
+    from ingestion_assets.state.summary import size_pools
+
+    env = bring_up(settings)
+    try:
+        size_pools(settings, load_catalog(settings.catalog_path))
+    except CatalogError as exc:
+        print(f"warning: {exc}", file=sys.stderr)
+    return env
+
+
+def exports(env: dict[str, str]) -> str:
+    return "\n".join(f"export {key}={shlex.quote(value)}" for key, value in env.items())
+
+
+def sibling(executable: str) -> str:
+    """The console script installed beside this interpreter (the project's venv), else from PATH."""
+    candidate = Path(sys.executable).parent / executable
+    return str(candidate) if candidate.exists() else executable

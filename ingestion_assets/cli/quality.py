@@ -1,0 +1,99 @@
+"""`ingest check`, `schema`, `dlq`: fail fast, schema decisions and parked rows."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ingestion_assets.catalog import load_catalog
+from ingestion_assets.cli.common import bring_up, stream_key
+from ingestion_assets.settings import Settings
+
+
+def check(settings: Settings, _args: argparse.Namespace) -> int:
+    from ingestion_assets.checks import check_catalog
+
+    catalog = load_catalog(settings.catalog_path)
+    problems = check_catalog(settings, catalog)
+    for line in problems:
+        print(f"FAIL {line}")
+    if not problems:
+        print(f"ok: {len(catalog.streams())} stream(s) in {settings.catalog_path} are readable")
+    return 1 if problems else 0
+
+
+def schema_show(settings: Settings, args: argparse.Namespace) -> int:
+    from ingestion_assets.schema.changes import ColumnType, diff, parse_stored
+    from ingestion_assets.schema.policy import decide
+
+    stream, store = _stream_and_store(settings, args.stream)
+    latest = store.latest(None)
+    stored = parse_stored(latest.details.get("schema") if latest else None)
+    plan = stream.plan()
+    discovered = {c.name: ColumnType(c.type_name, c.sql_type) for c in plan.shape.columns}
+    print(f"{stream.qualified_name} (policy {stream.spec.schema_policy})")
+    for name, column in (stored or discovered).items():
+        print(f"  {name:<30}{column.sql_type}")
+    if stored is None:
+        print("no schema stored yet: the first run stores the one above")
+        return 0
+    changes = diff(stored, discovered, stream.key_columns)
+    decision = decide(stream.spec.schema_policy, changes, accepted=False)
+    for label, found in (("applies", decision.apply), ("pauses on", decision.pause), ("skips", decision.skip)):
+        for change in found:
+            print(f"next run {label}: {change.describe()}")
+    if not changes:
+        print("no change in the source since the last run")
+    return 0
+
+
+def schema_accept(settings: Settings, args: argparse.Namespace) -> int:
+    stream, store = _stream_and_store(settings, args.stream)
+    latest = store.latest(args.partition)
+    if latest is None:
+        raise SystemExit(f"error: {stream.qualified_name} has never run: there is nothing to accept")
+    store.commit(args.partition, latest.position, **{**latest.details, "schema_accepted": True})
+    print(f"{stream.qualified_name}: the next run applies the schema changes that paused it")
+    return 0
+
+
+def dlq_list(settings: Settings, args: argparse.Namespace) -> int:
+    from ingestion_assets.loading.parked import parked_rows
+    from ingestion_assets.streams.postgres_table import Target
+
+    stream, _ = _stream_and_store(settings, args.stream)
+    loader = stream.loader(Target(stream.name, 1), None)
+    rows = parked_rows(loader.pipeline, stream.name)
+    print(f"{len(rows)} parked row(s) of {stream.qualified_name}")
+    for row in rows:
+        when = row["dead_lettered_at"]
+        print(f"  key {row['record_key']:<20} {when}  run {str(row['run_id'])[:8]}  {row['error']}")
+    return 0
+
+
+def dlq_replay(settings: Settings, args: argparse.Namespace) -> int:
+    from ingestion_assets.streams.replay import replay_dead_letters
+
+    stream, store = _stream_and_store(settings, args.stream)
+    latest = store.latest(None)
+    generation = int(latest.details.get("generation", 1)) if latest else 1
+    replay = replay_dead_letters(stream, max(generation, 1))
+    print(
+        f"{stream.qualified_name}: {replay.parked} parked, {replay.loaded} loaded and released, "
+        f"{replay.still_bad} still bad (parked again with today's error), {len(replay.gone)} gone from the source"
+    )
+    return 0 if replay.still_bad == 0 else 1
+
+
+def _stream_and_store(settings: Settings, name: str) -> tuple[Any, Any]:
+    import dagster as dg
+
+    from ingestion_assets.defs.assets import catalog_streams
+    from ingestion_assets.state.checkpoints import InstanceStateStore
+
+    catalog = load_catalog(settings.catalog_path)
+    source, stream_name = stream_key(catalog, name)
+    bring_up(settings)
+    stream = next(s for s in catalog_streams(settings, catalog) if (s.source_name, s.name) == (source, stream_name))
+    instance = dg.DagsterInstance.from_config(str(settings.dagster_home))
+    return stream, InstanceStateStore(instance, dg.AssetKey([source, stream_name]))

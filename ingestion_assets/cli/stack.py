@@ -1,0 +1,98 @@
+"""`ingest up`, `down`, `env`, `dev`, `demo`: the embedded stack and the demo."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+from ingestion_assets.catalog import load_catalog
+from ingestion_assets.cli.common import DEFINITIONS_MODULE, bring_up, exports, sibling
+from ingestion_assets.settings import Settings
+
+
+def up(settings: Settings, _args: argparse.Namespace) -> int:
+    env = bring_up(settings)
+    print(exports(env))
+    return 0
+
+
+def down(settings: Settings, _args: argparse.Namespace) -> int:
+    settings.embedded.stop()
+    print(f"stopped the embedded PostgreSQL under {settings.embedded.root}")
+    return 0
+
+
+def env(settings: Settings, _args: argparse.Namespace) -> int:
+    from ingestion_assets.stack.instance import instance_env
+
+    print(exports(instance_env(settings)))
+    return 0
+
+
+def dev(settings: Settings, args: argparse.Namespace) -> int:
+    env = bring_up(settings)
+    extra = args.dagster_args[1:] if args.dagster_args[:1] == ["--"] else args.dagster_args
+    command = [sibling("dagster"), "dev", "-m", DEFINITIONS_MODULE, *extra]
+    print(f"DAGSTER_HOME={env['DAGSTER_HOME']} {shlex.join(command)}", file=sys.stderr)
+    return subprocess.call(command, env={**os.environ, **env})
+
+
+def demo(settings: Settings, args: argparse.Namespace) -> int:
+    from ingestion_assets.demo.seed import ShopSize, seed_shop, simulate_activity
+
+    env = bring_up(settings)
+    shop_url = settings.embedded.ensure_database("shop")
+    began = time.monotonic()
+    seed_shop(shop_url, ShopSize(orders=args.orders))
+    print(f"seeded the demo database `shop` ({args.orders:,} orders) in {time.monotonic() - began:.1f}s")
+    for round_number, title in ((1, "first sync (full history)"), (2, "second sync (incremental)")):
+        if round_number == 2:
+            simulate_activity(shop_url)
+            print("simulated shop activity: 20,000 order updates, 5,000 new orders, product and customer edits")
+        status = materialize_all(settings, env, round_number)
+        if status != 0:
+            return status
+        print_summary(settings, title)
+    print(f"\nwarehouse: {settings.warehouse_path}   Dagster UI: ingest dev   state: ingest state show")
+    return 0
+
+
+def materialize_all(settings: Settings, env: dict[str, str], round_number: int) -> int:
+    """Run `dagster asset materialize` exactly as a CI job would, logging to INGEST_HOME/logs."""
+    logs = settings.home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_file = logs / f"demo-round-{round_number}.log"
+    command = [sibling("dagster"), "asset", "materialize", "-m", DEFINITIONS_MODULE, "--select", "*"]
+    print(f"\n$ {shlex.join(command)}   (log: {log_file})")
+    with log_file.open("w") as handle:
+        status = subprocess.call(command, env={**os.environ, **env}, stdout=handle, stderr=subprocess.STDOUT)
+    if status != 0:
+        print(f"materialization failed (exit {status}); last lines of {log_file}:", file=sys.stderr)
+        print("\n".join(log_file.read_text().splitlines()[-30:]), file=sys.stderr)
+    return status
+
+
+def print_summary(settings: Settings, title: str) -> None:
+    import duckdb
+
+    from ingestion_assets.loading.destinations import duckdb_path
+    from ingestion_assets.state.summary import latest_runs
+
+    catalog = load_catalog(settings.catalog_path)
+    print(f"\n{title}")
+    print(f"{'stream':<22}{'rows':>10}{'seconds':>9}{'rows/s':>10}{'in target':>11}  position")
+    counts: dict[str, int] = {}
+    if catalog.destination.type == "duckdb":
+        with duckdb.connect(str(duckdb_path(settings, catalog.destination)), read_only=True) as con:
+            for source_name, _, stream_name, _ in catalog.streams():
+                row = con.execute(f'SELECT count(*) FROM "{source_name}"."{stream_name}"').fetchone()
+                counts[f"{source_name}.{stream_name}"] = int(row[0]) if row else 0
+    for line in latest_runs(settings, catalog):
+        print(
+            f"{line.stream:<22}{line.rows:>10,}{line.seconds:>9.1f}{line.rows_per_second:>10,.0f}"
+            f"{counts.get(line.stream, 0):>11,}  {line.position}"
+        )

@@ -1,0 +1,76 @@
+"""`ingest state`, `refresh`, `partitions`: stream checkpoints, generations and backfill partitions."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+
+from ingestion_assets.catalog import load_catalog
+from ingestion_assets.cli.common import DEFINITIONS_MODULE, bring_up, sibling, stream_key
+from ingestion_assets.settings import Settings
+
+
+def state_show(settings: Settings, args: argparse.Namespace) -> int:
+    from ingestion_assets.state.summary import checkpoint_rows
+
+    catalog = load_catalog(settings.catalog_path)
+    bring_up(settings)
+    selected = [stream_key(catalog, args.stream)] if args.stream else None
+    rows = checkpoint_rows(settings, catalog, selected, args.partition)
+    width = max([len(r.stream) for r in rows] + [20]) + 2
+    part = max([len(r.partition) for r in rows] + [10]) + 2
+    print(f"{'stream':<{width}}{'partition':<{part}}{'committed at (UTC)':<27}{'run':<10}position")
+    for row in rows:
+        print(f"{row.stream:<{width}}{row.partition:<{part}}{row.committed_at:<27}{row.run_id:<10}{row.position}")
+    return 0
+
+
+def state_reset(settings: Settings, args: argparse.Namespace) -> int:
+    from ingestion_assets.state.summary import reset_stream
+
+    catalog = load_catalog(settings.catalog_path)
+    bring_up(settings)
+    source, stream = stream_key(catalog, args.stream)
+    reset_stream(settings, source, stream, args.partition)
+    print(f"reset {source}.{stream}: the next run re-reads from the start; the merge keeps the target exact")
+    return 0
+
+
+def refresh(settings: Settings, args: argparse.Namespace) -> int:
+    from ingestion_assets.state.summary import request_refresh
+
+    catalog = load_catalog(settings.catalog_path)
+    source, stream = stream_key(catalog, args.stream)
+    if catalog.sources[source].streams[stream].partitions is not None:
+        raise SystemExit(f"error: {source}.{stream} is partitioned: refresh its partitions with a backfill instead")
+    env = bring_up(settings)
+    mode = "retain" if args.retain else "remove"
+    request_refresh(settings, source, stream, mode)
+    what = "merged over the target" if args.retain else "swapped in once complete; the old table stays until then"
+    print(f"{source}.{stream}: refresh requested ({mode}): a new generation is read in full, {what}")
+    if args.later:
+        return 0
+    command = [sibling("dagster"), "asset", "materialize", "-m", DEFINITIONS_MODULE, "--select", f"{source}/{stream}"]
+    return subprocess.call(command, env={**os.environ, **env})
+
+
+def partitions_plan(settings: Settings, args: argparse.Namespace) -> int:
+    from ingestion_assets.catalog import KeyPartitions
+    from ingestion_assets.defs.assets import catalog_streams
+    from ingestion_assets.defs.partitions import plan_key_partitions
+    from ingestion_assets.state.summary import open_instance
+
+    catalog = load_catalog(settings.catalog_path)
+    wanted = stream_key(catalog, args.stream) if args.stream else None
+    bring_up(settings)
+    with open_instance(settings) as instance:
+        for stream in catalog_streams(settings, catalog):
+            if not isinstance(stream.spec.partitions, KeyPartitions):
+                continue
+            if wanted is not None and (stream.source_name, stream.name) != wanted:
+                continue
+            added = plan_key_partitions(stream, instance)
+            more = " ..." if len(added) > 3 else ""
+            print(f"{stream.qualified_name}: added {len(added)} partition(s) {added[:3]}{more}")
+    return 0

@@ -1,0 +1,122 @@
+"""Compare a stream's discovered columns with the last known ones and classify every change."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+ChangeKind = Literal["added", "dropped", "widened", "incompatible"]
+
+_INTEGER_DIGITS = {"int2": 5, "int4": 10, "int8": 19}
+_INTEGER_RANK = {"int2": 0, "int4": 1, "int8": 2}
+_TEXT = {"text", "varchar", "bpchar", "name", "citext"}
+_TYPMOD = re.compile(r"\((\d+)(?:,(\d+))?\)")
+
+
+@dataclass(frozen=True)
+class ColumnType:
+    type_name: str  # pg_type.typname: int4, numeric, varchar ...
+    sql_type: str  # format_type(): numeric(12,2), character varying(20) ...
+
+
+StoredSchema = dict[str, list[str]]  # column -> [type_name, sql_type], as kept with the stream's state
+
+
+@dataclass(frozen=True)
+class SchemaChange:
+    kind: ChangeKind
+    column: str
+    old: ColumnType | None
+    new: ColumnType | None
+    note: str = ""
+
+    def describe(self) -> str:
+        old = self.old.sql_type if self.old else "-"
+        new = self.new.sql_type if self.new else "-"
+        text = {"added": f"column {self.column!r} added ({new})", "dropped": f"column {self.column!r} dropped ({old})"}
+        base = text.get(self.kind, f"column {self.column!r} changed type {old} -> {new} ({self.kind})")
+        return f"{base}{': ' + self.note if self.note else ''}"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "column": self.column, "old": _sql(self.old), "new": _sql(self.new)}
+
+
+def _sql(column: ColumnType | None) -> str | None:
+    return column.sql_type if column else None
+
+
+def parse_stored(stored: Mapping[str, Any] | None) -> dict[str, ColumnType] | None:
+    if not stored:
+        return None
+    return {name: ColumnType(str(value[0]), str(value[1])) for name, value in stored.items()}
+
+
+def to_stored(columns: Mapping[str, ColumnType]) -> StoredSchema:
+    return {name: [c.type_name, c.sql_type] for name, c in columns.items()}
+
+
+def diff(old: Mapping[str, ColumnType], new: Mapping[str, ColumnType], key_columns: set[str]) -> list[SchemaChange]:
+    """Every change from `old` to `new`; losing a key or cursor column is always incompatible."""
+    changes: list[SchemaChange] = []
+    for name, column in new.items():
+        if name not in old:
+            changes.append(SchemaChange("added", name, None, column))
+        elif old[name] != column:
+            kind = classify(old[name], column)
+            if kind is not None:
+                changes.append(SchemaChange(kind, name, old[name], column))
+    for name, column in old.items():
+        if name not in new:
+            if name in key_columns:
+                note = "it is a primary key or cursor column; fix the catalog or the source"
+                changes.append(SchemaChange("incompatible", name, column, None, note))
+            else:
+                changes.append(SchemaChange("dropped", name, column, None))
+    return changes
+
+
+def classify(old: ColumnType, new: ColumnType) -> ChangeKind | None:
+    """`widened` when every old value fits the new type exactly; None when nothing that matters changed."""
+    if old.sql_type == new.sql_type:
+        return None
+    if new.type_name in _TEXT and _typmod(new)[0] is None:
+        return "widened"  # unbounded text holds any value's text
+    if old.type_name == new.type_name:
+        return "widened" if _wider_same_type(old, new) else "incompatible"
+    if {old.type_name, new.type_name} <= {"json", "jsonb"} or (old.type_name in _TEXT and new.type_name in _TEXT):
+        return (
+            "widened" if _typmod(new)[0] is None or (_typmod(old)[0] or 0) <= (_typmod(new)[0] or 0) else "incompatible"
+        )
+    if old.type_name in _INTEGER_RANK:
+        if new.type_name in _INTEGER_RANK:
+            return "widened" if _INTEGER_RANK[new.type_name] > _INTEGER_RANK[old.type_name] else "incompatible"
+        if new.type_name == "numeric":
+            precision, scale = _typmod(new)
+            fits = precision is None or precision - (scale or 0) >= _INTEGER_DIGITS[old.type_name]
+            return "widened" if fits else "incompatible"
+        if new.type_name == "float8" and old.type_name != "int8":
+            return "widened"
+    if old.type_name == "float4" and new.type_name == "float8":
+        return "widened"
+    return "incompatible"
+
+
+def _wider_same_type(old: ColumnType, new: ColumnType) -> bool:
+    old_p, old_s = _typmod(old)
+    new_p, new_s = _typmod(new)
+    if new_p is None:
+        return True  # numeric, varchar, timestamp without a limit: wider than any limited one
+    if old_p is None:
+        return False
+    if old.type_name == "numeric":
+        return (new_s or 0) >= (old_s or 0) and new_p - (new_s or 0) >= old_p - (old_s or 0)
+    return new_p >= old_p
+
+
+def _typmod(column: ColumnType) -> tuple[int | None, int | None]:
+    match = _TYPMOD.search(column.sql_type)
+    if match is None:
+        return None, None
+    return int(match.group(1)), int(match.group(2)) if match.group(2) else None

@@ -1,0 +1,92 @@
+"""Before a read: compare the table's columns with the stored schema and act by the stream's policy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from ingestion_assets.loading.migrate import sql_type
+from ingestion_assets.loading.pipeline import Loader
+from ingestion_assets.schema.changes import ColumnType, SchemaChange, StoredSchema, diff, parse_stored, to_stored
+from ingestion_assets.schema.policy import decide
+from ingestion_assets.sources.postgres.introspect import arrow_type_for
+from ingestion_assets.sources.postgres.query import ReadPlan
+from ingestion_assets.streams.postgres_table import PostgresTableStream
+
+
+class SchemaPaused(RuntimeError):
+    """The source changed in a way the stream's policy does not apply by itself."""
+
+    def __init__(self, message: str, changes: list[SchemaChange]) -> None:
+        super().__init__(message)
+        self.changes = changes
+
+
+@dataclass
+class SchemaStep:
+    plan: ReadPlan
+    stored: StoredSchema  # what the state keeps after this run
+    applied: list[SchemaChange] = field(default_factory=list)
+    skipped: list[SchemaChange] = field(default_factory=list)
+
+    def describe(self) -> list[str]:
+        return [c.describe() for c in self.applied] + [f"{c.describe()} (not read: ignored)" for c in self.skipped]
+
+
+def settle_schema(stream: PostgresTableStream, details: dict[str, Any]) -> SchemaStep:
+    """Discover, diff against the stored schema, and pause, skip or apply each change by policy."""
+    discovered = {c.name: ColumnType(c.type_name, c.sql_type) for c in stream.discover().columns}
+    stored = parse_stored(details.get("schema"))
+    if stored is None:
+        return SchemaStep(stream.plan(), to_stored(discovered))
+    changes = diff(stored, discovered, stream.key_columns)
+    decision = decide(stream.spec.schema_policy, changes, accepted=bool(details.get("schema_accepted")))
+    if decision.pause:
+        raise SchemaPaused(_paused_message(stream, decision.pause), decision.pause)
+    plan = stream.plan(frozenset(decision.skipped_columns))
+    kept = {name: column for name, column in discovered.items() if name not in decision.skipped_columns}
+    return SchemaStep(plan, to_stored(kept), decision.apply, decision.skip)
+
+
+def apply_to_target(step: SchemaStep, loader: Loader) -> list[str]:
+    """Widen or re-type target columns whose Arrow type changed; added and dropped ones need nothing."""
+    changes = [c for c in step.applied if c.old is not None and c.new is not None and _arrow_changed(c, step.plan)]
+    if not changes:
+        return []
+    kind = loader.destination.type
+    typed = []
+    for change in changes:
+        column = step.plan.shape.column(change.column)
+        typed.append((change, sql_type(kind, column.arrow_type, column.is_json), column.arrow_type))
+    return loader.migrate(typed)
+
+
+def _arrow_changed(change: SchemaChange, plan: ReadPlan) -> bool:
+    assert change.old is not None
+    return _arrow_of(change.old) != plan.shape.column(change.column).arrow_type
+
+
+def _arrow_of(column: ColumnType) -> pa.DataType:
+    digits = (
+        [int(part) for part in column.sql_type.split("(")[-1].rstrip(")").split(",")] if "(" in column.sql_type else []
+    )
+    precision = digits[0] if digits else None
+    scale = digits[1] if len(digits) > 1 else (0 if digits else None)
+    return arrow_type_for(column.type_name, column.sql_type, precision, scale)
+
+
+def _paused_message(stream: PostgresTableStream, changes: list[SchemaChange]) -> str:
+    listed = "; ".join(c.describe() for c in changes)
+    fixable = not any(c.kind == "incompatible" and c.new is None for c in changes)  # a key column is gone
+    action = (
+        f"to apply it run `ingest schema accept {stream.qualified_name}` (an incompatible column keeps its old "
+        "values in `<column>__<old type>`), or fix the source"
+        if fixable
+        else "fix the catalog or the source: a key or cursor column cannot be accepted away"
+    )
+    return (
+        f"stream {stream.qualified_name} is paused by a schema change (policy {stream.spec.schema_policy}): "
+        f"{listed}. Its checkpoint is kept; {action}."
+    )

@@ -1,0 +1,149 @@
+"""Bad input loses nothing: rows that cannot load are parked with their reason and replayed after a fix."""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+import pytest
+
+from ingestion_assets.cli import main
+from ingestion_assets_tests.helpers import StreamHarness
+
+MIXED = """
+CREATE TABLE readings (
+    id int PRIMARY KEY, sensor text NOT NULL, taken_at timestamptz, amount numeric(10,2), memo text,
+    updated_at timestamptz NOT NULL
+);
+INSERT INTO readings SELECT g, 's' || g % 3, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 h', g * 1.5,
+       'memo ' || g, timestamptz '2024-02-01 00:00:00+00' + g * interval '1 s'
+FROM generate_series(1, 3000) g;
+UPDATE readings SET taken_at = 'infinity' WHERE id = 7;
+UPDATE readings SET taken_at = '0044-03-15 12:00:00+00 BC' WHERE id = 1500;
+UPDATE readings SET amount = 'NaN' WHERE id = 2222;
+UPDATE readings SET memo = repeat('x', 5000) WHERE id = 2999;
+"""
+BAD = {"7": "taken_at", "1500": "taken_at", "2222": "amount", "2999": "memo"}
+
+
+def _catalog(harness: StreamHarness, **dead_letters: object) -> None:
+    harness.write_catalog(
+        {
+            "readings": {
+                "table": "readings",
+                "primary_key": "id",
+                "cursor": "updated_at",
+                "slice_rows": 700,
+                "retries": {"max_attempts": 1},
+                "dead_letters": {"max_value_bytes": 1000, **dead_letters},
+            }
+        }
+    )
+
+
+def _parked(harness: StreamHarness) -> dict[str, tuple[str, dict[str, object]]]:
+    rows = harness.query_target(
+        f'SELECT record_key, error, raw_record FROM "{harness.source_name}"._ingest_dead_letter ORDER BY record_key'
+    )
+    return {str(k): (str(e), json.loads(r) if isinstance(r, str) else r) for k, e, r in rows}
+
+
+def _cli(harness: StreamHarness, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+
+
+def test_good_rows_load_bad_rows_wait_with_their_reason_and_replay_after_a_fix(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness.source.execute(MIXED)
+    _catalog(harness)
+    result = harness.materialize()
+    metadata = result.asset_materializations_for_node(f"{harness.source_name}__readings")[0].metadata
+    assert metadata["dead letters"].value == 4 and metadata["rows loaded"].value == 2996
+
+    parked = _parked(harness)
+    assert sorted(parked) == sorted(BAD)
+    for key, column in BAD.items():
+        error, raw = parked[key]
+        assert error.startswith(f"{column}: ") and raw["id"] == int(key)  # names the column; the raw row is kept
+    assert "infinity" in parked["7"][0] and "over the size limit" in parked["2999"][0]
+    loaded = {r[0] for r in harness.query_target(f'SELECT id FROM "{harness.source_name}".readings')}
+    assert len(loaded) == 2996 and not loaded & {int(k) for k in BAD}  # none both loaded and parked
+
+    _cli(harness, monkeypatch)
+    assert main(["dlq", "list", f"{harness.source_name}.readings"]) == 0
+    listed = capsys.readouterr().out
+    assert "4 parked row(s)" in listed and "amount: NaN does not fit" in listed
+
+    # fix the source without touching the cursor: only a replay can bring these rows in
+    harness.source.execute(
+        "UPDATE readings SET taken_at = '2024-01-01' WHERE id IN (7, 1500); UPDATE readings SET amount = 1 WHERE id = 2222"
+    )
+    assert main(["dlq", "replay", f"{harness.source_name}.readings"]) == 1  # one row is still too big
+    assert "3 loaded and released, 1 still bad" in capsys.readouterr().out
+    assert sorted(_parked(harness)) == ["2999"]
+    harness.source.execute("UPDATE readings SET memo = 'short' WHERE id = 2999")
+    assert main(["dlq", "replay", f"{harness.source_name}.readings"]) == 0
+    assert _parked(harness) == {}
+    assert harness.assert_target_equals_source("readings", "readings", "id") == 3000
+
+
+def test_nulling_instead_of_parking_keeps_the_reason_in_ingest_meta(harness: StreamHarness) -> None:
+    harness.source.execute(MIXED)
+    _catalog(harness, on_bad_value="null")
+    harness.materialize()
+    assert harness.target_count("readings") == 3000
+    rows = harness.query_target(
+        f'SELECT id, taken_at, amount, memo, _ingest_meta FROM "{harness.source_name}".readings '
+        "WHERE _ingest_meta IS NOT NULL ORDER BY id"
+    )
+    assert [r[0] for r in rows] == [7, 1500, 2222, 2999]
+    assert rows[0][1] is None and rows[2][2] is None and rows[3][3] is None  # the value nulled, the row kept
+    assert "taken_at: infinity" in json.loads(rows[0][4])["nulled"]
+
+
+def test_a_mostly_bad_stream_stops_and_keeps_what_it_committed(harness: StreamHarness) -> None:
+    harness.source.execute(MIXED)
+    harness.source.execute("UPDATE readings SET amount = 'NaN' WHERE id % 5 = 0")  # 20 %: a mapping error
+    _catalog(harness, max_share=0.05, min_rows=500)
+    result = harness.materialize(raise_on_error=False)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
+    assert "could not load" in str(failure.step_failure_data.error) and "mapping error" in str(
+        failure.step_failure_data.error
+    )
+    checkpoint = harness.checkpoint("readings")
+    assert checkpoint is not None and checkpoint.position is not None  # the first slice is committed
+    parked, loaded = len(_parked(harness)), harness.target_count("readings")
+    assert parked > 0 and parked + loaded == 700  # one slice: every row either loaded or parked
+
+
+def test_reconciliation_finds_rows_missing_from_the_target(harness: StreamHarness) -> None:
+    harness.source.execute(MIXED)
+    _catalog(harness)
+    harness.write_catalog(
+        {
+            "readings": {
+                "table": "readings",
+                "primary_key": "id",
+                "cursor": "updated_at",
+                "reconcile": "full",
+                "retries": {"max_attempts": 1},
+                "dead_letters": {"max_value_bytes": 1000},
+            }
+        }
+    )
+    result = harness.materialize()
+    check = next(r for r in result.get_asset_check_evaluations() if r.check_name == "reconciliation")
+    assert check.passed and check.metadata["parked as dead letters"].value == 4
+    assert check.metadata["keys checked"].value == 3000
+
+    import duckdb
+
+    with duckdb.connect(str(harness.warehouse)) as con:  # a target that lost rows behind our back
+        con.execute(f'DELETE FROM "{harness.source_name}".readings WHERE id IN (10, 11, 12)')
+    result = harness.materialize()
+    check = next(r for r in result.get_asset_check_evaluations() if r.check_name == "reconciliation")
+    assert not check.passed and check.metadata["missing in target"].value == 3
+    assert check.metadata["sample of missing keys"].value == ["10", "11", "12"]

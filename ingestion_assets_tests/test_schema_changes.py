@@ -1,0 +1,134 @@
+"""Every kind of schema change under every policy; a paused stream resumes after `ingest schema accept`."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+
+from ingestion_assets.cli import main
+from ingestion_assets.schema.changes import ColumnType, classify
+from ingestion_assets_tests.helpers import StreamHarness
+
+TABLE = """
+CREATE TABLE items (id int PRIMARY KEY, code text, qty int, note text, updated_at timestamptz NOT NULL);
+INSERT INTO items SELECT g, lpad(g::text, 4, '0'), g, 'n' || g, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 s'
+FROM generate_series(1, 200) g;
+"""
+CHANGES = {
+    "added": "ALTER TABLE items ADD COLUMN color text; UPDATE items SET color = 'red', updated_at = now() WHERE id <= 10",
+    "dropped": "ALTER TABLE items DROP COLUMN note; UPDATE items SET qty = -qty, updated_at = now() WHERE id <= 10",
+    "widened": "ALTER TABLE items ALTER COLUMN qty TYPE bigint; "
+    "UPDATE items SET qty = 5000000000, updated_at = now() WHERE id <= 10",
+    "incompatible": "ALTER TABLE items ALTER COLUMN code TYPE integer USING code::integer; "
+    "UPDATE items SET updated_at = now() WHERE id <= 10",
+}
+EXPECTED = {  # policy -> kind -> what the next run does
+    "evolve": {"added": "apply", "dropped": "apply", "widened": "apply", "incompatible": "pause"},
+    "propagate": {"added": "apply", "dropped": "apply", "widened": "apply", "incompatible": "apply"},
+    "columns_only": {"added": "apply", "dropped": "apply", "widened": "pause", "incompatible": "pause"},
+    "pause": {"added": "pause", "dropped": "pause", "widened": "pause", "incompatible": "pause"},
+    "ignore": {"added": "skip", "dropped": "apply", "widened": "pause", "incompatible": "pause"},
+}
+
+
+def _target_columns(harness: StreamHarness) -> dict[str, str]:
+    rows = harness.query_target(f'DESCRIBE "{harness.source_name}".items')
+    return {str(r[0]): str(r[1]) for r in rows}
+
+
+def _check_failures(harness: StreamHarness, result: dg.ExecuteInProcessResult) -> list[str]:
+    """Failed check evaluations the run stored (what the UI shows), also from a run that failed."""
+    events = [r.dagster_event for r in harness.instance.all_logs(result.run_id) if r.dagster_event is not None]
+    evaluations = [e.asset_check_evaluation_data for e in events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+    return [e.check_name for e in evaluations if not e.passed]
+
+
+@pytest.mark.parametrize("policy", list(EXPECTED))
+@pytest.mark.parametrize("kind", list(CHANGES))
+def test_each_change_under_each_policy(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], policy: str, kind: str
+) -> None:
+    harness.source.execute(TABLE)
+    harness.write_catalog(
+        {
+            "items": {
+                "table": "items",
+                "primary_key": "id",
+                "cursor": "updated_at",
+                "schema_policy": policy,
+                "retries": {"max_attempts": 1},
+            }
+        }
+    )
+    harness.materialize()
+    harness.source.execute(CHANGES[kind])
+    result = harness.materialize(raise_on_error=False)
+    expected = EXPECTED[policy][kind]
+
+    if expected == "pause":
+        assert not result.success
+        failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
+        message = str(failure.step_failure_data.error)
+        column = {"added": "color", "dropped": "note", "widened": "qty", "incompatible": "code"}[kind]
+        assert f"column '{column}'" in message and f"ingest schema accept {harness.source_name}.items" in message
+        assert _check_failures(harness, result) == ["schema"]
+        for key, value in harness.cli_env().items():
+            monkeypatch.setenv(key, value)
+        assert main(["schema", "accept", f"{harness.source_name}.items"]) == 0
+        capsys.readouterr()
+        result = harness.materialize()  # accepted: applied like `propagate`
+        expected = "apply"
+    assert result.success
+    columns = _target_columns(harness)
+    if kind == "added":
+        assert ("color" in columns) == (expected == "apply")
+    if kind == "widened":
+        assert columns["qty"] == "BIGINT"
+    if kind == "incompatible":
+        assert columns["code"] == "INTEGER" and columns["code__text"] == "VARCHAR"  # old values kept
+        kept = harness.query_target(f'SELECT code, code__text FROM "{harness.source_name}".items WHERE id = 150')
+        assert kept == [(150, "0150")]
+    if kind == "dropped":
+        assert "note" in columns  # history kept
+        nulls = harness.query_target(f'SELECT count(*) FROM "{harness.source_name}".items WHERE note IS NULL')
+        assert nulls == [(10,)]  # rows read after the drop carry NULL
+    all_columns = harness.source.columns("items")
+    kept = [i for i, c in enumerate(all_columns) if expected == "apply" or c != "color"]
+    expected_rows = [tuple(row[i] for i in kept) for row in harness.source.rows("items", "id")]
+    assert harness.target_rows("items", [all_columns[i] for i in kept], "id") == expected_rows
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "kind"),
+    [
+        (("int4", "integer"), ("int8", "bigint"), "widened"),
+        (("int8", "bigint"), ("int4", "integer"), "incompatible"),
+        (("numeric", "numeric(10,2)"), ("numeric", "numeric(12,2)"), "widened"),
+        (("numeric", "numeric(10,2)"), ("numeric", "numeric(10,3)"), "incompatible"),
+        (("numeric", "numeric(10,2)"), ("numeric", "numeric"), "widened"),
+        (("varchar", "character varying(20)"), ("varchar", "character varying(40)"), "widened"),
+        (("varchar", "character varying(20)"), ("text", "text"), "widened"),
+        (("text", "text"), ("int4", "integer"), "incompatible"),
+        (("int4", "integer"), ("text", "text"), "widened"),
+        (("float4", "real"), ("float8", "double precision"), "widened"),
+        (("json", "json"), ("jsonb", "jsonb"), "widened"),
+        (("timestamp", "timestamp without time zone"), ("timestamptz", "timestamp with time zone"), "incompatible"),
+        (("int4", "integer"), ("numeric", "numeric(8,0)"), "incompatible"),
+        (("int4", "integer"), ("numeric", "numeric(12,0)"), "widened"),
+    ],
+)
+def test_type_changes_are_classified(old: tuple[str, str], new: tuple[str, str], kind: str) -> None:
+    assert classify(ColumnType(*old), ColumnType(*new)) == kind
+
+
+def test_a_dropped_cursor_cannot_be_accepted_away(harness: StreamHarness) -> None:
+    harness.source.execute(TABLE)
+    harness.write_catalog(
+        {"items": {"table": "items", "primary_key": "id", "cursor": "updated_at", "retries": {"max_attempts": 1}}}
+    )
+    harness.materialize()
+    harness.source.execute("ALTER TABLE items DROP COLUMN updated_at")
+    result = harness.materialize(raise_on_error=False)
+    failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
+    message = str(failure.step_failure_data.error)
+    assert "updated_at" in message and "fix the catalog or the source" in message
