@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ingestion_assets.catalog import Catalog
+from ingestion_assets.catalog import Catalog, PostgresSource, PostgresStream, RestSource
 from ingestion_assets.references import UnresolvedReference, resolve
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres import plan_table_read
@@ -10,29 +10,51 @@ from ingestion_assets.sources.postgres import plan_table_read
 
 def check_catalog(settings: Settings, catalog: Catalog) -> list[str]:
     """Every problem found, each naming the source or stream and what to change."""
-    import psycopg2
-
     problems: list[str] = []
     for source_name, source in catalog.sources.items():
-        where = f"sources.{source_name}.connection"
+        if isinstance(source, PostgresSource):
+            problems += _check_postgres(settings, source_name, source)
+        else:
+            problems += _check_rest(settings, catalog, source_name, source)
+    return problems
+
+
+def _check_postgres(settings: Settings, source_name: str, source: PostgresSource) -> list[str]:
+    import psycopg2
+
+    where = f"sources.{source_name}.connection"
+    try:
+        url = resolve(source.connection, settings, where)
+    except UnresolvedReference as exc:
+        return [str(exc)]
+    problems: list[str] = []
+    for stream_name, stream in source.streams.items():
+        assert isinstance(stream, PostgresStream)
         try:
-            url = resolve(source.connection, settings, where)
-        except UnresolvedReference as exc:
-            problems.append(str(exc))
+            plan_table_read(url, stream.schema_name, stream.table_name, tuple(stream.cursor), tuple(stream.primary_key))
+        except psycopg2.OperationalError as exc:
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            return [*problems, f"{where} ({source.connection.describe()}): cannot connect: {first_line}"]
+        except LookupError as exc:
+            problems.append(f"stream {source_name}.{stream_name}: {exc}")
+    return problems
+
+
+def _check_rest(settings: Settings, catalog: Catalog, source_name: str, source: RestSource) -> list[str]:
+    """One small request per endpoint: credentials, scopes and paths fail here, not mid-sync."""
+    from ingestion_assets.defs.assets import catalog_streams
+    from ingestion_assets.sources.rest import ApiError, read_pages
+    from ingestion_assets.streams.rest_api import RestApiStream
+
+    problems: list[str] = []
+    for stream in catalog_streams(settings, catalog):
+        if not isinstance(stream, RestApiStream) or stream.source_name != source_name:
             continue
-        for stream_name, stream in source.streams.items():
-            try:
-                plan_table_read(
-                    url,
-                    stream.schema_name,
-                    stream.table_name,
-                    tuple(stream.cursor),
-                    tuple(stream.primary_key),
-                )
-            except psycopg2.OperationalError as exc:
-                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                problems.append(f"{where} ({source.connection.describe()}): cannot connect: {first_line}")
-                break
-            except LookupError as exc:
-                problems.append(f"stream {source_name}.{stream_name}: {exc}")
+        try:
+            with stream.client() as client:
+                pages = read_pages(client, stream.endpoint(), None)
+                next(pages, None)
+                pages.close()
+        except (ApiError, UnresolvedReference) as exc:
+            problems.append(f"stream {stream.qualified_name}: {exc}")
     return problems

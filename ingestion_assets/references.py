@@ -1,4 +1,4 @@
-"""Resolve catalog references (env var, secret file, embedded database) to values at run time."""
+"""Resolve catalog references (env var, secret file, embedded database, project service) at run time."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def resolve(ref: Reference, settings: Settings, where: str) -> str:
             raise UnresolvedReference(f"{where}: environment variable {ref.env} is not set or empty")
         return value
     if ref.file:
-        path = Path(ref.file).expanduser()
+        path = reference_path(ref, settings)
         try:
             value = path.read_text().strip()
         except OSError as exc:
@@ -29,6 +29,16 @@ def resolve(ref: Reference, settings: Settings, where: str) -> str:
         if not value:
             raise UnresolvedReference(f"{where}: secret file {path} is empty")
         return value
+    if ref.service == "demo_api":
+        from ingestion_assets.stack.demo_api import DemoApiProcess
+
+        return DemoApiProcess.for_settings(settings).ensure_running().url
     assert ref.embedded is not None
     server = settings.embedded.ensure_running()
     return server.url(ref.embedded)
+
+
+def reference_path(ref: Reference, settings: Settings) -> Path:
+    """A `file` reference's path; `${INGEST_HOME}` in it is this installation's home folder."""
+    assert ref.file is not None
+    return Path(ref.file.replace("${INGEST_HOME}", str(settings.home))).expanduser()

@@ -34,6 +34,8 @@ def test_the_demo_catalog_is_valid() -> None:
         ("shop", "orders"),
         ("shop", "customers"),
         ("shop", "products"),
+        ("demo_api", "orders"),
+        ("demo_api", "customers"),
     ]
 
 
@@ -67,7 +69,7 @@ def test_a_valid_catalog_normalises_single_columns_to_lists(tmp_path: Path) -> N
         (VALID.replace("{env: SHOP_URL}", "postgresql://u:p@h/db"), "sources.shop.connection"),
         (
             VALID.replace("{env: SHOP_URL}", "{env: A, file: /b}"),
-            "sources.shop.connection: give exactly one of `env`, `file` or `embedded`",
+            "sources.shop.connection: give exactly one of `env`, `file`, `embedded` or `service`",
         ),
         (VALID.replace("orders:", "Orders-2:"), "sources.shop.streams.Orders-2: name 'Orders-2'"),
         (VALID.replace("type: postgres", "type: oracle"), "sources.shop.type"),

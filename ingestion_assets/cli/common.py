@@ -27,10 +27,25 @@ def bring_up(settings: Settings) -> dict[str, str]:
 
     env = bring_up(settings)
     try:
-        size_pools(settings, load_catalog(settings.catalog_path))
+        catalog = load_catalog(settings.catalog_path)
     except CatalogError as exc:
         print(f"warning: {exc}", file=sys.stderr)
+        return env
+    size_pools(settings, catalog)
+    if uses_demo_api(catalog):
+        from ingestion_assets.stack.demo_api import DemoApiProcess
+
+        DemoApiProcess.for_settings(settings).ensure_running()
     return env
+
+
+def uses_demo_api(catalog: Catalog) -> bool:
+    from ingestion_assets.catalog import Reference, RestSource
+
+    return any(
+        isinstance(s, RestSource) and isinstance(s.base_url, Reference) and s.base_url.service == "demo_api"
+        for s in catalog.sources.values()
+    )
 
 
 def exports(env: dict[str, str]) -> str:

@@ -10,7 +10,7 @@ import sys
 import time
 
 from ingestion_assets.catalog import load_catalog
-from ingestion_assets.cli.common import DEFINITIONS_MODULE, bring_up, exports, sibling
+from ingestion_assets.cli.common import DEFINITIONS_MODULE, bring_up, exports, sibling, uses_demo_api
 from ingestion_assets.settings import Settings
 
 
@@ -21,6 +21,9 @@ def up(settings: Settings, _args: argparse.Namespace) -> int:
 
 
 def down(settings: Settings, _args: argparse.Namespace) -> int:
+    from ingestion_assets.stack.demo_api import DemoApiProcess
+
+    DemoApiProcess.for_settings(settings).stop()
     settings.embedded.stop()
     print(f"stopped the embedded PostgreSQL under {settings.embedded.root}")
     return 0
@@ -53,6 +56,11 @@ def demo(settings: Settings, args: argparse.Namespace) -> int:
         if round_number == 2:
             simulate_activity(shop_url)
             print("simulated shop activity: 20,000 order updates, 5,000 new orders, product and customer edits")
+            if uses_demo_api(load_catalog(settings.catalog_path)):
+                from ingestion_assets.stack.demo_api import DemoApiProcess
+
+                DemoApiProcess.for_settings(settings).ensure_running().mutate("orders", inserts=40, updates=60)
+                print("simulated API activity: 40 new orders and 60 changed ones on the demo API")
         status = materialize_all(settings, env, round_number)
         if status != 0:
             return status

@@ -8,14 +8,16 @@ from typing import Any
 import dagster as dg
 from dagster import AssetExecutionContext
 
-from ingestion_assets.catalog import Catalog
+from ingestion_assets.catalog import Catalog, PostgresSource, PostgresStream, RestSource, RestStream
 from ingestion_assets.defs.checks import DEAD_LETTERS, SCHEMA, check_results, check_specs, failed_check
 from ingestion_assets.defs.partitions import partitions_def
 from ingestion_assets.drain import Drain
+from ingestion_assets.loading.dead_letters import DeadLetterThreshold
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import InstanceStateStore, checkpoint_metadata
-from ingestion_assets.streams.postgres_table import DeadLetterThreshold, PostgresTableStream
-from ingestion_assets.streams.runner import NoProgress, PartitionJob, PartitionOutcome, StreamBusy
+from ingestion_assets.streams.postgres_table import PostgresTableStream
+from ingestion_assets.streams.rest_api import RestApiStream
+from ingestion_assets.streams.runner import NoProgress, PartitionJob, PartitionOutcome, Stream, StreamBusy
 from ingestion_assets.streams.schema_step import SchemaPaused
 
 
@@ -24,31 +26,36 @@ def pool_name(source_name: str) -> str:
     return f"ingest_{source_name}"
 
 
-def catalog_streams(settings: Settings, catalog: Catalog) -> list[PostgresTableStream]:
-    return [
-        PostgresTableStream(settings, catalog.destination, source_name, source, stream_name, stream)
-        for source_name, source, stream_name, stream in catalog.streams()
-    ]
+def catalog_streams(settings: Settings, catalog: Catalog) -> list[Stream]:
+    streams: list[Stream] = []
+    for source_name, source, stream_name, spec in catalog.streams():
+        if isinstance(source, RestSource) and isinstance(spec, RestStream):
+            streams.append(RestApiStream(settings, catalog.destination, source_name, source, stream_name, spec))
+        elif isinstance(source, PostgresSource) and isinstance(spec, PostgresStream):
+            streams.append(PostgresTableStream(settings, catalog.destination, source_name, source, stream_name, spec))
+    return streams
 
 
 def build_stream_assets(settings: Settings, catalog: Catalog) -> list[dg.AssetsDefinition]:
     return [stream_asset(stream) for stream in catalog_streams(settings, catalog)]
 
 
-def stream_asset(stream: PostgresTableStream) -> dg.AssetsDefinition:
+def stream_asset(stream: Stream) -> dg.AssetsDefinition:
     spec = stream.spec
     retries = spec.retries
+    partitions = partitions_def(stream.source_name, stream.name, spec) if isinstance(spec, PostgresStream) else None
+    database = isinstance(stream, PostgresTableStream)
 
     @dg.asset(
         key=dg.AssetKey([stream.source_name, stream.name]),
         group_name=stream.source_name,
         pool=pool_name(stream.source_name),
-        kinds={"postgres", "dlt", stream.destination.type},
-        description=f"PostgreSQL table {spec.table} ({spec.write_disposition} on {', '.join(spec.primary_key)})",
+        kinds={"postgres" if isinstance(stream, PostgresTableStream) else "api", "dlt", stream.destination.type},
+        description=_description(stream),
         metadata=_static_metadata(stream),
-        partitions_def=partitions_def(stream.source_name, stream.name, spec),
+        partitions_def=partitions,
         backfill_policy=_backfill_policy(stream),
-        check_specs=check_specs(dg.AssetKey([stream.source_name, stream.name])),
+        check_specs=check_specs(dg.AssetKey([stream.source_name, stream.name]), database),
         retry_policy=dg.RetryPolicy(
             max_retries=retries.max_attempts - 1,
             delay=retries.delay_seconds,
@@ -82,15 +89,17 @@ def stream_asset(stream: PostgresTableStream) -> dg.AssetsDefinition:
                     f"committed and checkpointed ({done}); the next run resumes from there",
                     allow_retries=False,
                 )
-        return dg.MaterializeResult(metadata=_run_metadata(stream, outcomes), check_results=check_results(outcomes))
+        return dg.MaterializeResult(
+            metadata=_run_metadata(stream, outcomes), check_results=check_results(outcomes, database)
+        )
 
     return _asset
 
 
-def _backfill_policy(stream: PostgresTableStream) -> dg.BackfillPolicy | None:
-    per_run = stream.spec.max_partitions_per_run
-    if stream.spec.partitions is None:
+def _backfill_policy(stream: Stream) -> dg.BackfillPolicy | None:
+    if not isinstance(stream.spec, PostgresStream) or stream.spec.partitions is None:
         return None
+    per_run = stream.spec.max_partitions_per_run
     return dg.BackfillPolicy.single_run() if per_run == "all" else dg.BackfillPolicy.multi_run(per_run)
 
 
@@ -100,19 +109,32 @@ def _partitions_of(context: AssetExecutionContext) -> list[str | None]:
     return list(context.partition_keys)
 
 
-def _static_metadata(stream: PostgresTableStream) -> dict[str, Any]:
+def _description(stream: Stream) -> str:
     spec = stream.spec
+    what = f"PostgreSQL table {spec.table}" if isinstance(spec, PostgresStream) else f"HTTP API {spec.path}"
+    return f"{what} ({spec.write_disposition} on {', '.join(spec.primary_key)})"
+
+
+def _static_metadata(stream: Stream) -> dict[str, Any]:
+    spec = stream.spec
+    common = {"primary_key": ", ".join(spec.primary_key), "target": f"{stream.source_name}.{stream.name}"}
+    if isinstance(spec, RestStream):
+        return {
+            **common,
+            "path": spec.path,
+            "cursor": spec.cursor or "(none: full read each run)",
+            "pages_per_slice": spec.pages_per_slice,
+        }
     return {
+        **common,
         "source_table": spec.table,
-        "primary_key": ", ".join(spec.primary_key),
         "cursor": ", ".join(spec.cursor) or "(none: full read each run)",
         "slice_rows": spec.slice_rows,
         "partitions": spec.partitions.model_dump(mode="json") if spec.partitions else "(none)",
-        "target": f"{stream.source_name}.{stream.name}",
     }
 
 
-def _run_metadata(stream: PostgresTableStream, outcomes: list[PartitionOutcome]) -> dict[str, Any]:
+def _run_metadata(stream: Stream, outcomes: list[PartitionOutcome]) -> dict[str, Any]:
     rows = sum(o.result.rows for o in outcomes)
     seconds = sum(o.result.seconds for o in outcomes)
     metadata: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""Asset checks every stream carries: schema, dead letters and reconciliation, from what a run saw."""
+"""Asset checks every stream carries: dead letters; database streams also schema and reconciliation."""
 
 from __future__ import annotations
 
@@ -9,50 +9,60 @@ from ingestion_assets.streams.runner import PartitionOutcome
 SCHEMA = "schema"
 DEAD_LETTERS = "dead_letters"
 RECONCILIATION = "reconciliation"
+DESCRIPTIONS = {
+    SCHEMA: "the source's columns match what the stream loads",
+    DEAD_LETTERS: "rows that could not load are parked, not lost",
+    RECONCILIATION: "every source row up to the checkpoint is in the target",
+}
 
 
-def check_specs(key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
-    return [
-        dg.AssetCheckSpec(SCHEMA, asset=key, description="the source's columns match what the stream loads"),
-        dg.AssetCheckSpec(DEAD_LETTERS, asset=key, description="rows that could not load are parked, not lost"),
-        dg.AssetCheckSpec(
-            RECONCILIATION, asset=key, description="every source row up to the checkpoint is in the target"
-        ),
-    ]
+def check_names(database: bool) -> tuple[str, ...]:
+    return (SCHEMA, DEAD_LETTERS, RECONCILIATION) if database else (DEAD_LETTERS,)
 
 
-def check_results(outcomes: list[PartitionOutcome]) -> list[dg.AssetCheckResult]:
+def check_specs(key: dg.AssetKey, database: bool) -> list[dg.AssetCheckSpec]:
+    return [dg.AssetCheckSpec(name, asset=key, description=DESCRIPTIONS[name]) for name in check_names(database)]
+
+
+def check_results(outcomes: list[PartitionOutcome], database: bool) -> list[dg.AssetCheckResult]:
+    """One result per declared check, always: Dagster expects every check a MaterializeResult can carry."""
+    builders = {SCHEMA: _schema, DEAD_LETTERS: _dead_letters, RECONCILIATION: _reconciliation}
+    return [builders[name](outcomes) for name in check_names(database)]
+
+
+def _schema(outcomes: list[PartitionOutcome]) -> dg.AssetCheckResult:
     changes = [change for o in outcomes for change in o.schema_changes]
+    return dg.AssetCheckResult(
+        check_name=SCHEMA, passed=True, metadata={"changes applied": dg.MetadataValue.json(changes)}
+    )
+
+
+def _dead_letters(outcomes: list[PartitionOutcome]) -> dg.AssetCheckResult:
     dead = sum(o.result.dead_letters for o in outcomes)
-    nulled = sum(o.result.nulled for o in outcomes)
-    results = [
-        dg.AssetCheckResult(
-            check_name=SCHEMA, passed=True, metadata={"changes applied": dg.MetadataValue.json(changes)}
-        ),
-        dg.AssetCheckResult(
-            check_name=DEAD_LETTERS,
-            passed=dead == 0,
-            severity=dg.AssetCheckSeverity.WARN,
-            metadata={"dead letters this run": dead, "values nulled this run": nulled},
-        ),
-    ]
+    return dg.AssetCheckResult(
+        check_name=DEAD_LETTERS,
+        passed=dead == 0,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={"dead letters this run": dead, "values nulled this run": sum(o.result.nulled for o in outcomes)},
+    )
+
+
+def _reconciliation(outcomes: list[PartitionOutcome]) -> dg.AssetCheckResult:
     reconciled = [o.reconciliation for o in outcomes if o.reconciliation is not None]
-    if reconciled:
-        results.append(
-            dg.AssetCheckResult(
-                check_name=RECONCILIATION,
-                passed=all(r.passed for r in reconciled),
-                metadata={
-                    "scope": reconciled[0].scope,
-                    "keys checked": sum(r.checked for r in reconciled),
-                    "missing in target": sum(r.missing for r in reconciled),
-                    "older in target than in source": sum(r.stale for r in reconciled),
-                    "parked as dead letters": sum(r.parked for r in reconciled),
-                    "sample of missing keys": dg.MetadataValue.json([k for r in reconciled for k in r.sample][:10]),
-                },
-            )
-        )
-    return results
+    if not reconciled:
+        return dg.AssetCheckResult(check_name=RECONCILIATION, passed=True, metadata={"scope": "not checked this run"})
+    return dg.AssetCheckResult(
+        check_name=RECONCILIATION,
+        passed=all(r.passed for r in reconciled),
+        metadata={
+            "scope": reconciled[0].scope,
+            "keys checked": sum(r.checked for r in reconciled),
+            "missing in target": sum(r.missing for r in reconciled),
+            "older in target than in source": sum(r.stale for r in reconciled),
+            "parked as dead letters": sum(r.parked for r in reconciled),
+            "sample of missing keys": dg.MetadataValue.json([k for r in reconciled for k in r.sample][:10]),
+        },
+    )
 
 
 def failed_check(key: dg.AssetKey, name: str, description: str, **metadata: object) -> dg.AssetCheckEvaluation:

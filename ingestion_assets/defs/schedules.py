@@ -4,22 +4,24 @@ from __future__ import annotations
 
 import dagster as dg
 
+from ingestion_assets.catalog import PostgresStream
 from ingestion_assets.defs.partitions import newest_partition, partitions_def
 from ingestion_assets.streams.postgres_table import PostgresTableStream
+from ingestion_assets.streams.runner import Stream
 
 
 def build_schedules(
-    streams: list[PostgresTableStream], assets: dict[dg.AssetKey, dg.AssetsDefinition]
+    streams: list[Stream], assets: dict[dg.AssetKey, dg.AssetsDefinition]
 ) -> list[dg.ScheduleDefinition]:
     schedules: list[dg.ScheduleDefinition] = []
-    by_source: dict[str, list[PostgresTableStream]] = {}
+    by_source: dict[str, list[Stream]] = {}
     for stream in streams:
         if stream.source.schedule:
             by_source.setdefault(stream.source_name, []).append(stream)
     for source_name, members in by_source.items():
         cron = members[0].source.schedule
         assert cron is not None
-        plain = [s for s in members if s.spec.partitions is None]
+        plain = [s for s in members if not _partitioned(s)]
         if plain:
             schedules.append(
                 dg.ScheduleDefinition(
@@ -31,9 +33,13 @@ def build_schedules(
                 )
             )
         for stream in members:
-            if stream.spec.partitions is not None:
+            if isinstance(stream, PostgresTableStream) and _partitioned(stream):
                 schedules.append(_newest_partition_schedule(stream, cron, assets))
     return schedules
+
+
+def _partitioned(stream: Stream) -> bool:
+    return isinstance(stream.spec, PostgresStream) and stream.spec.partitions is not None
 
 
 def _newest_partition_schedule(

@@ -7,10 +7,15 @@ import dagster as dg
 from ingestion_assets.catalog import KeyPartitions
 from ingestion_assets.defs.partitions import plan_key_partitions
 from ingestion_assets.streams.postgres_table import PostgresTableStream
+from ingestion_assets.streams.runner import Stream
 
 
-def build_sensors(streams: list[PostgresTableStream]) -> list[dg.SensorDefinition]:
-    return [_key_range_planner(s) for s in streams if isinstance(s.spec.partitions, KeyPartitions)]
+def build_sensors(streams: list[Stream]) -> list[dg.SensorDefinition]:
+    return [
+        _key_range_planner(s)
+        for s in streams
+        if isinstance(s, PostgresTableStream) and isinstance(s.spec.partitions, KeyPartitions)
+    ]
 
 
 def _key_range_planner(stream: PostgresTableStream) -> dg.SensorDefinition:

@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingestion_assets.catalog import DeadLetters
 from ingestion_assets.sources.postgres.bad_values import PROBLEMS, RAW
 
 DEAD_LETTER_TABLE = "_ingest_dead_letter"
@@ -81,7 +82,7 @@ def split_bad_rows(
                 "dead_lettered_at": now,
             }
         )
-    dead = pa.Table.from_pylist(records, schema=_schema())
+    dead = pa.Table.from_pylist(records, schema=DEAD_LETTER_SCHEMA)
     return Split(clean.filter(pc.invert(bad)), None, dead)
 
 
@@ -92,16 +93,33 @@ def record_keys(table: pa.Table, primary_key: Sequence[str]) -> pa.Array:
     return joined.combine_chunks() if isinstance(joined, pa.ChunkedArray) else joined
 
 
-def _schema() -> pa.Schema:
-    return pa.schema(
-        [
-            ("stream", pa.string()),
-            ("partition", pa.string()),
-            ("record_key", pa.string()),
-            ("run_id", pa.string()),
-            ("position", pa.string()),
-            ("error", pa.string()),
-            ("raw_record", pa.string()),
-            ("dead_lettered_at", pa.timestamp("us", tz="UTC")),
-        ]
-    )
+DEAD_LETTER_SCHEMA = pa.schema(
+    [
+        ("stream", pa.string()),
+        ("partition", pa.string()),
+        ("record_key", pa.string()),
+        ("run_id", pa.string()),
+        ("position", pa.string()),
+        ("error", pa.string()),
+        ("raw_record", pa.string()),
+        ("dead_lettered_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+
+class DeadLetterThreshold(RuntimeError):
+    """So many rows could not load that the mapping, not the data, is likely wrong."""
+
+
+def dead_letter_limit(stream: str, limits: DeadLetters, result: Any) -> None:
+    """Stop the stream (after its slice is safe) when too many rows could not load."""
+    too_many = limits.max_count is not None and result.dead_letters > limits.max_count
+    share = result.dead_letters / result.rows if result.rows else 0.0
+    too_high = result.rows >= limits.min_rows and share > limits.max_share
+    if too_many or too_high:
+        raise DeadLetterThreshold(
+            f"stream {stream}: {result.dead_letters:,} of {result.rows:,} rows read could not load "
+            f"({share:.1%}; limits: {limits.max_count} rows, {limits.max_share:.0%}). So many bad rows usually "
+            f"mean a mapping error: see `ingest dlq list {stream}`, fix the catalog or the source, "
+            f"then `ingest dlq replay {stream}`. Every good row and the parked ones are committed."
+        )

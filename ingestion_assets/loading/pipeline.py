@@ -66,6 +66,7 @@ class Loader:
     pipeline_name: str
     guard_versions: bool = False  # several writers (partitions, live tail): keep the newest version
     stream_table: str | None = None  # the stream's table when `target` is a refresh's shadow of it
+    max_table_nesting: int = 0  # API records: nested objects and lists become child tables up to this depth
     _parked_keys: set[str] | None = field(default=None, init=False)
     _pipeline: Any = field(default=None, init=False, repr=False)
     _loads: int = field(default=0, init=False)
@@ -93,7 +94,9 @@ class Loader:
         no other writer: every key then arrives once. A crash moves the next run onto the merge path
         (it has a checkpoint, or the target is no longer empty).
         """
-        if self.target.write_disposition == "merge" and not self.guard_versions and self.target_is_empty():
+        # Child tables of nested records need the root key a merge adds from the first load on.
+        plain = self.target.write_disposition == "merge" and not self.guard_versions and self.max_table_nesting == 0
+        if plain and self.target_is_empty():
             self._append_only = True
         return self._append_only
 
@@ -153,6 +156,31 @@ class Loader:
         gc.collect()
         return int(table.num_rows)
 
+    def load_records(self, records: list[dict[str, Any]], dead_letters: pa.Table | None = None) -> int:
+        """Load one slice of JSON records (nested data becomes child tables) and its dead letters."""
+        disposition = "append" if self._append_only else self.target.write_disposition
+        with self._lock():
+            resources = []
+            if records:
+                hints: dict[str, Any] = {
+                    "name": self.target.table,
+                    "table_name": self.target.table,
+                    "write_disposition": disposition,
+                    "primary_key": list(self.target.primary_key),
+                    "columns": self.target.column_hints(),
+                    "max_table_nesting": self.max_table_nesting,
+                }
+                resources.append(dlt.resource(records, **hints))
+            if dead_letters is not None and dead_letters.num_rows:
+                resources.append(dead_letter_resource(dead_letters))
+                self._parked_keys = None
+            if resources:
+                self._pipeline.run(resources)
+            keys = ["|".join(str(r.get(k)) for k in self.target.primary_key) for r in records]
+            self._release_parked_keys(keys)
+        gc.collect()
+        return len(records)
+
     def _release_parked(self, loaded: pa.Table) -> None:
         """Rows that loaded leave the dead-letter table (they were parked by an earlier run)."""
         if self._parked_keys is None:
@@ -160,7 +188,12 @@ class Loader:
         if not self._parked_keys:
             return
         keys = record_keys(loaded, self.target.primary_key)
-        released = sorted(set(keys.filter(pc.is_in(keys, pa.array(sorted(self._parked_keys)))).to_pylist()))
+        self._release_parked_keys(keys.filter(pc.is_in(keys, pa.array(sorted(self._parked_keys)))).to_pylist())
+
+    def _release_parked_keys(self, keys: list[str]) -> None:
+        if self._parked_keys is None:
+            self._parked_keys = parked_keys(self._pipeline, self.stream_name)
+        released = sorted(set(keys) & self._parked_keys)
         if released:
             delete_parked(self._pipeline, self.stream_name, released)
             self._parked_keys -= set(released)

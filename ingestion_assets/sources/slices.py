@@ -13,13 +13,13 @@ import pyarrow as pa
 
 @dataclass(frozen=True)
 class Slice:
-    table: pa.Table
+    table: Any  # an Arrow table (database sources) or a list of records (API sources)
     position: dict[str, Any]  # the checkpoint once this slice and every slice before it is committed
     index: int  # 0-based within the run
 
     @property
     def rows(self) -> int:
-        return int(self.table.num_rows)
+        return int(self.table.num_rows) if isinstance(self.table, pa.Table) else len(self.table)
 
 
 def rechunk(batches: Iterable[pa.RecordBatch], rows_per_table: int) -> Iterator[pa.Table]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ingestion_assets.catalog import Destination, PostgresSource, PostgresStream
-from ingestion_assets.loading.dead_letters import split_bad_rows
+from ingestion_assets.loading.dead_letters import dead_letter_limit, split_bad_rows
 from ingestion_assets.loading.metadata_columns import with_metadata
 from ingestion_assets.loading.pipeline import Loader, TargetTable, pipeline_name
 from ingestion_assets.partitions import UnknownPartition, window_for
@@ -25,10 +25,6 @@ from ingestion_assets.sync import CheckpointSink, Faults, SliceOutcome, SyncResu
 
 class StreamError(RuntimeError):
     """A stream cannot run; the message starts with the stream's name."""
-
-
-class DeadLetterThreshold(RuntimeError):
-    """So many rows could not load that the mapping, not the data, is likely wrong."""
 
 
 @dataclass(frozen=True)
@@ -159,18 +155,5 @@ class PostgresTableStream:
             faults=options.faults or Faults.from_env(),
             log=options.log,
             stop=options.stop,
-            after_commit=self._dead_letter_limit,
+            after_commit=lambda result: dead_letter_limit(self.qualified_name, self.spec.dead_letters, result),
         )
-
-    def _dead_letter_limit(self, result: SyncResult) -> None:
-        limits = self.spec.dead_letters
-        too_many = limits.max_count is not None and result.dead_letters > limits.max_count
-        share = result.dead_letters / result.rows if result.rows else 0.0
-        too_high = result.rows >= limits.min_rows and share > limits.max_share
-        if too_many or too_high:
-            raise DeadLetterThreshold(
-                f"stream {self.qualified_name}: {result.dead_letters:,} of {result.rows:,} rows read could not load "
-                f"({share:.1%}; limits: {limits.max_count} rows, {limits.max_share:.0%}). So many bad rows usually "
-                f"mean a mapping error: see `ingest dlq list {self.qualified_name}`, fix the catalog or the source, "
-                f"then `ingest dlq replay {self.qualified_name}`. Every good row and the parked ones are committed."
-            )

@@ -21,6 +21,7 @@ from ingestion_assets.partitions import window_for
 from ingestion_assets.state.model import Checkpoint
 from ingestion_assets.streams.postgres_table import PostgresTableStream, RunOptions, Target
 from ingestion_assets.streams.reconcile import Reconciliation, reconcile
+from ingestion_assets.streams.rest_api import RestApiStream
 from ingestion_assets.streams.schema_step import SchemaStep, apply_to_target, settle_schema
 from ingestion_assets.sync import Faults, SyncResult
 
@@ -70,9 +71,12 @@ class _Sink:
         self.commits += 1
 
 
+Stream = PostgresTableStream | RestApiStream
+
+
 @dataclass
 class PartitionJob:
-    stream: PostgresTableStream
+    stream: Stream
     store: StateStore
     partition: str | None = None
     stop: Callable[[], bool] = field(default=lambda: False)
@@ -93,7 +97,11 @@ class PartitionJob:
                 raise
 
     def _attempt(self, details: dict[str, Any], position: dict[str, Any] | None, sink: _Sink) -> PartitionOutcome:
-        schema = settle_schema(self.stream, details)
+        schema = (
+            settle_schema(self.stream, details)
+            if isinstance(self.stream, PostgresTableStream)
+            else SchemaStep(None, {})
+        )
         generation = int(details.get("generation", 0))  # 0: nothing loaded yet; the first load is generation 1
         refresh = details.get("refresh")  # a refresh in progress: {"mode", "generation"}
         if refresh is None:
@@ -178,11 +186,12 @@ class PartitionJob:
         }
         self.store.commit(self.partition, result.position, **outcome.checkpoint)
         scope = "full" if full else self.stream.spec.reconcile
-        window = window_for(self.stream.spec, self.partition)
-        url = self.stream.source_url()
-        outcome.reconciliation = reconcile(
-            url, schema.plan, loader, window, result.started_from, result.position, scope
-        )
+        if scope != "off" and isinstance(self.stream, PostgresTableStream) and schema.plan is not None:
+            window = window_for(self.stream.spec, self.partition)
+            url = self.stream.source_url()
+            outcome.reconciliation = reconcile(
+                url, schema.plan, loader, window, result.started_from, result.position, scope
+            )
         return outcome
 
     def _record_failure(self, details: dict[str, Any], sink: _Sink, exc: Exception) -> None:

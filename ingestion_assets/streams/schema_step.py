@@ -26,7 +26,7 @@ class SchemaPaused(RuntimeError):
 
 @dataclass
 class SchemaStep:
-    plan: ReadPlan
+    plan: ReadPlan | None  # None for sources whose schema dlt infers from the records (APIs)
     stored: StoredSchema  # what the state keeps after this run
     applied: list[SchemaChange] = field(default_factory=list)
     skipped: list[SchemaChange] = field(default_factory=list)
@@ -52,13 +52,16 @@ def settle_schema(stream: PostgresTableStream, details: dict[str, Any]) -> Schem
 
 def apply_to_target(step: SchemaStep, loader: Loader) -> list[str]:
     """Widen or re-type target columns whose Arrow type changed; added and dropped ones need nothing."""
-    changes = [c for c in step.applied if c.old is not None and c.new is not None and _arrow_changed(c, step.plan)]
+    plan = step.plan
+    if plan is None:
+        return []
+    changes = [c for c in step.applied if c.old is not None and c.new is not None and _arrow_changed(c, plan)]
     if not changes:
         return []
     kind = loader.destination.type
     typed = []
     for change in changes:
-        column = step.plan.shape.column(change.column)
+        column = plan.shape.column(change.column)
         typed.append((change, sql_type(kind, column.arrow_type, column.is_json), column.arrow_type))
     return loader.migrate(typed)
 

@@ -1,0 +1,135 @@
+"""The user's stream catalog (YAML): sources, their streams and the destination, validated on load."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from ingestion_assets.catalog.base import DeadLetters, Reference, Retries, _Model
+from ingestion_assets.catalog.postgres import KeyPartitions, PostgresSource, PostgresStream, TimePartitions
+from ingestion_assets.catalog.rest import RestAuth, RestSource, RestStream
+
+Source = Annotated[PostgresSource | RestSource, Field(discriminator="type")]
+AnyStream = PostgresStream | RestStream
+__all__ = [
+    "AnyStream",
+    "Catalog",
+    "CatalogError",
+    "DeadLetters",
+    "Destination",
+    "KeyPartitions",
+    "PostgresSource",
+    "PostgresStream",
+    "Reference",
+    "RestAuth",
+    "RestSource",
+    "RestStream",
+    "Retries",
+    "TimePartitions",
+    "load_catalog",
+]
+
+NAME_PATTERN = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+class CatalogError(ValueError):
+    """The catalog cannot be used; the message names the file, the key path and what is wrong."""
+
+    def __init__(self, path: Path | str, problems: list[str]) -> None:
+        self.path = str(path)
+        self.problems = problems
+        super().__init__(f"invalid catalog {path}:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class Destination(_Model):
+    type: Literal["duckdb", "postgres"] = "duckdb"
+    path: str | None = Field(None, description="DuckDB file; default INGEST_HOME/warehouse.duckdb")
+    memory_limit: str = Field("512MB", description="DuckDB memory_limit while loading (bounded memory)")
+    credentials: Reference | None = Field(None, description="connection URL reference for postgres")
+
+    @model_validator(mode="after")
+    def _credentials_for_postgres(self) -> Destination:
+        if self.type == "postgres" and self.credentials is None:
+            raise ValueError("a postgres destination needs `credentials` (a reference: env or file)")
+        return self
+
+
+class Catalog(_Model):
+    destination: Destination = Field(default_factory=lambda: Destination())
+    sources: dict[str, Source] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _names(self) -> Catalog:
+        for source_name, source in self.sources.items():
+            _check_name(("sources", source_name), source_name)
+            for stream_name in source.streams:
+                _check_name(("sources", source_name, "streams", stream_name), stream_name)
+        return self
+
+    def streams(self) -> list[tuple[str, PostgresSource | RestSource, str, AnyStream]]:
+        return [
+            (source_name, source, stream_name, stream)
+            for source_name, source in self.sources.items()
+            for stream_name, stream in source.streams.items()
+        ]
+
+
+def _check_name(key_path: tuple[str, ...], name: str) -> None:
+    if not NAME_PATTERN.match(name):
+        raise ValueError(
+            f"{'.'.join(key_path)}: name {name!r} must be lower-case letters, digits and underscores "
+            "(it becomes a Dagster asset key and a table name)"
+        )
+
+
+def load_catalog(path: Path | str) -> Catalog:
+    """Read and validate a catalog file; every problem is reported with its key path."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError as exc:
+        raise CatalogError(path, ["file not found (set INGEST_CATALOG to your catalog's path)"]) from exc
+    except UnicodeDecodeError as exc:
+        raise CatalogError(path, [f"not UTF-8 text (byte {exc.start}): save the catalog as UTF-8"]) from exc
+    except OSError as exc:
+        raise CatalogError(path, [f"cannot read it: {exc.strerror}"]) from exc
+    except yaml.YAMLError as exc:
+        raise CatalogError(path, [f"not valid YAML: {exc}"]) from exc
+    if not isinstance(raw, dict):
+        raise CatalogError(path, ["the top level must be a mapping with `sources` (and `destination`)"])
+    try:
+        return Catalog.model_validate(raw)
+    except ValidationError as exc:
+        raise CatalogError(path, [_describe(error) for error in exc.errors()]) from exc
+
+
+_UNION_TAGS = {("sources", 2): {"postgres", "rest"}}
+
+
+def _without_union_tags(loc: tuple[Any, ...]) -> list[Any]:
+    """Pydantic puts the tag of a discriminated union in the path (sources.shop.postgres.streams...): drop it."""
+    parts = list(loc)
+    if len(parts) > 2 and parts[0] == "sources" and parts[2] in _UNION_TAGS[("sources", 2)]:
+        del parts[2]
+    for index in range(len(parts) - 1, 0, -1):
+        if parts[index - 1] == "partitions" and parts[index] in ("time", "key"):
+            del parts[index]
+    return parts
+
+
+def _describe(error: Any) -> str:
+    key_path = ".".join(str(part) for part in _without_union_tags(error["loc"]))
+    if error["type"] == "union_tag_invalid":
+        key_path += f".{error['ctx']['discriminator'].strip(chr(39))}"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if not key_path:  # whole-catalog checks put the key path in the message
+        return message
+    if error["type"] == "extra_forbidden":
+        message = "unknown key (check its spelling against the README's catalog format)"
+    elif error["type"] == "missing":
+        message = "required key is missing"
+    return f"{key_path}: {message}"

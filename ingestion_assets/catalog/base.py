@@ -1,0 +1,69 @@
+"""Catalog building blocks shared by every source type: the base model, references, common settings."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Reference(_Model):
+    """Where a secret or connection string lives: never the value itself."""
+
+    env: str | None = Field(None, description="name of an environment variable holding the value")
+    file: str | None = Field(
+        None, description="path of a file holding the value (a mounted secret); `${INGEST_HOME}` expands"
+    )
+    embedded: str | None = Field(None, description="a database on the embedded PostgreSQL server")
+    service: Literal["demo_api"] | None = Field(None, description="a service the project runs: the demo API's URL")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Reference:
+        given = [k for k in ("env", "file", "embedded", "service") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError("give exactly one of `env`, `file`, `embedded` or `service` (a reference, not a value)")
+        return self
+
+    def describe(self) -> str:
+        """A description safe for logs: it names the reference, never the secret."""
+        for kind in ("env", "file", "embedded", "service"):
+            if getattr(self, kind):
+                return f"{kind}:{getattr(self, kind)}"
+        return "(none)"
+
+
+def as_list(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+def valid_cron(value: str | None) -> str | None:
+    if value is not None:
+        from dagster._utils.schedules import is_valid_cron_string
+
+        if not is_valid_cron_string(value):
+            raise ValueError(f"{value!r} is not a cron expression like '*/15 * * * *'")
+    return value
+
+
+class Retries(_Model):
+    """Failed attempts retry from the last checkpoint with exponential backoff and full jitter."""
+
+    max_attempts: Annotated[int, Field(ge=1)] = 4
+    delay_seconds: Annotated[float, Field(ge=0)] = 10.0
+    max_no_progress: Annotated[int, Field(ge=1)] = 3
+
+
+class DeadLetters(_Model):
+    """Rows that cannot load wait in `_ingest_dead_letter`; too many of them means a mapping error."""
+
+    on_bad_value: Literal["dead_letter", "null"] = Field(
+        "dead_letter", description="park the whole row, or load it with the value nulled (noted in _ingest_meta)"
+    )
+    max_count: Annotated[int, Field(ge=0)] | None = Field(None, description="stop the stream above this many per run")
+    max_share: Annotated[float, Field(ge=0, le=1)] = Field(0.05, description="stop above this share of a run's rows")
+    min_rows: Annotated[int, Field(ge=0)] = Field(1000, description="the share applies once a run read this many")
+    max_value_bytes: Annotated[int, Field(gt=0)] = Field(16 << 20, description="text, JSON or bytes above: bad value")

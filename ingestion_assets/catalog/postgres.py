@@ -1,0 +1,103 @@
+"""The catalog of PostgreSQL sources: table streams, their cursor, partitions, schema and bad-row policies."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from ingestion_assets.catalog.base import DeadLetters, Reference, Retries, _Model, as_list, valid_cron
+
+
+class TimePartitions(_Model):
+    """Backfill chunks by a time column: one Dagster partition per hour, day, week or month (UTC)."""
+
+    by: Literal["time"]
+    column: str = Field(description="partition on the cursor column so updated rows move to the newest partition")
+    start: dt.date
+    granularity: Literal["hourly", "daily", "weekly", "monthly"] = "daily"
+
+
+class KeyPartitions(_Model):
+    """Backfill chunks by integer key ranges of `chunk` keys, plus a `live` partition for changes."""
+
+    by: Literal["key"]
+    column: str | None = Field(None, description="an integer column; default: the (single) primary key")
+    chunk: Annotated[int, Field(gt=0)]
+    live: bool = Field(True, description="add the `live` partition: incremental by cursor over the whole table")
+
+
+SchemaPolicy = Literal["evolve", "propagate", "columns_only", "pause", "ignore"]
+
+
+class PostgresStream(_Model):
+    table: str = Field(description="`schema.table` or `table` (schema public)")
+    primary_key: list[str] = Field(min_length=1)
+    cursor: list[str] = Field(default_factory=list, description="cursor column(s); empty: full read")
+    write_disposition: Literal["merge", "append", "replace"] = "merge"
+    slice_rows: Annotated[int, Field(gt=0)] = 250_000
+    partitions: Annotated[TimePartitions | KeyPartitions, Field(discriminator="by")] | None = None
+    max_partitions_per_run: Annotated[int, Field(gt=0)] | Literal["all"] = Field(
+        "all",
+        description="`all`: a backfill range is one run (what `dagster asset materialize --partition-range` "
+        "needs); N: the UI launches runs of N partitions, in parallel up to the source's pool",
+    )
+    retries: Retries = Field(default_factory=lambda: Retries())
+    drain_seconds: Annotated[float, Field(gt=0)] = 60.0
+    schema_policy: SchemaPolicy = Field(
+        "evolve",
+        description="evolve: add columns, apply widened types, keep dropped ones, pause on incompatible changes; "
+        "propagate: apply everything; columns_only: add columns, pause on type changes; pause: pause on any "
+        "change; ignore: skip added and dropped columns, pause on type changes",
+    )
+    dead_letters: DeadLetters = Field(default_factory=lambda: DeadLetters())
+    reconcile: Literal["window", "full", "off"] = Field(
+        "window", description="after each run compare source and target keys: the run's window, or everything"
+    )
+
+    _listify = field_validator("primary_key", "cursor", mode="before")(as_list)
+
+    @model_validator(mode="after")
+    def _partitions_fit(self) -> PostgresStream:
+        if self.partitions is None:
+            return self
+        if self.write_disposition == "replace":
+            raise ValueError("a partitioned stream cannot `replace`: each partition is one chunk of the table")
+        if isinstance(self.partitions, KeyPartitions):
+            if self.partitions.column is None and len(self.primary_key) != 1:
+                raise ValueError("key partitions over a composite primary key need `partitions.column`")
+            if self.partitions.live and not self.cursor:
+                raise ValueError("the `live` key partition needs a `cursor` (or set `partitions.live: false`)")
+        return self
+
+    @property
+    def partition_column(self) -> str | None:
+        if self.partitions is None:
+            return None
+        return self.partitions.column or self.primary_key[0]
+
+    @field_validator("table")
+    @classmethod
+    def _table_shape(cls, value: str) -> str:
+        if not value or value.count(".") > 1 or "" in value.split("."):
+            raise ValueError(f"expected `schema.table` or `table`, got {value!r}")
+        return value
+
+    @property
+    def schema_name(self) -> str:
+        return self.table.split(".")[0] if "." in self.table else "public"
+
+    @property
+    def table_name(self) -> str:
+        return self.table.split(".")[-1]
+
+
+class PostgresSource(_Model):
+    type: Literal["postgres"]
+    connection: Reference
+    max_concurrency: Annotated[int, Field(gt=0)] = 4
+    schedule: str | None = Field(None, description="cron: when the daemon syncs this source's streams")
+
+    _cron = field_validator("schedule")(valid_cron)
+    streams: dict[str, PostgresStream] = Field(min_length=1)

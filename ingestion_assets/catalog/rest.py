@@ -1,0 +1,103 @@
+"""The catalog of HTTP API sources: base URL, auth, request governor, and one stream per endpoint."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from ingestion_assets.catalog.base import DeadLetters, Reference, Retries, _Model, as_list, valid_cron
+
+
+class RestAuth(_Model):
+    """Credentials by reference. `oauth2_refresh_token` writes a rotated refresh token back to its file."""
+
+    type: Literal["none", "api_key", "bearer", "oauth2_client_credentials", "oauth2_refresh_token"] = "none"
+    token: Reference | None = Field(None, description="api_key / bearer: the key or token")
+    header: str = Field("X-API-Key", description="api_key: the header that carries it")
+    token_url: str | None = Field(None, description="oauth2: token endpoint, absolute or relative to base_url")
+    client_id: Reference | None = None
+    client_secret: Reference | None = None
+    refresh_token: Reference | None = Field(None, description="oauth2_refresh_token: a `file` reference")
+    scope: str | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> RestAuth:
+        needs = {
+            "api_key": ["token"],
+            "bearer": ["token"],
+            "oauth2_client_credentials": ["token_url", "client_id", "client_secret"],
+            "oauth2_refresh_token": ["token_url", "client_id", "refresh_token"],
+        }.get(self.type, [])
+        missing = [name for name in needs if getattr(self, name) is None]
+        if missing:
+            raise ValueError(f"auth type {self.type} needs {', '.join(missing)}")
+        if self.type == "oauth2_refresh_token" and self.refresh_token and not self.refresh_token.file:
+            raise ValueError("a rotating refresh token must be a `file` reference: the new token is written back")
+        return self
+
+
+class RateLimit(_Model):
+    """The request governor: a token bucket per credential, shared by every stream using it."""
+
+    requests_per_second: Annotated[float, Field(gt=0)] = 5.0
+    burst: Annotated[int, Field(gt=0)] = 5
+
+
+class HttpRetries(_Model):
+    max_attempts: Annotated[int, Field(ge=1)] = 6
+    max_elapsed_seconds: Annotated[float, Field(gt=0)] = 300.0
+    max_rate_limited_seconds: Annotated[float, Field(gt=0)] = 900.0
+
+
+class Pagination(_Model):
+    style: Literal["cursor", "link", "page", "offset", "single"] = "cursor"
+    token_path: str = Field("next_cursor", description="cursor: where the next token is in the JSON body")
+    token_param: str = Field("cursor", description="cursor: the request parameter that carries it")
+    size_param: str = "limit"
+    page_param: str = "page"
+    offset_param: str = "offset"
+
+
+class RestStream(_Model):
+    path: str = Field(description="e.g. /v1/orders")
+    records_path: str = Field("data", description="dotted path to the records in the JSON body; '' for a list")
+    primary_key: list[str] = Field(min_length=1)
+    cursor: str | None = Field("updated_at", description="the record field that orders changes; None: full reads")
+    cursor_param: str | None = Field("updated_since", description="the request parameter filtering by cursor >=")
+    overlap_seconds: Annotated[float, Field(ge=0)] = 0.0
+    pagination: Pagination = Field(default_factory=lambda: Pagination())
+    page_size: Annotated[int, Field(gt=0)] = 100
+    pages_per_slice: Annotated[int, Field(gt=0)] = 10
+    params: dict[str, str | int] = Field(default_factory=dict)
+    write_disposition: Literal["merge", "append"] = "merge"
+    max_table_nesting: Annotated[int, Field(ge=0)] = 1
+    retries: Retries = Field(default_factory=lambda: Retries())
+    dead_letters: DeadLetters = Field(default_factory=lambda: DeadLetters())
+    drain_seconds: Annotated[float, Field(gt=0)] = 60.0
+
+    _listify = field_validator("primary_key", mode="before")(as_list)
+
+    @property
+    def slice_rows(self) -> int:
+        return self.page_size * self.pages_per_slice
+
+    # what the shared runner asks of every stream
+    partitions: None = None
+    partition_column: None = None
+    reconcile: Literal["off"] = "off"
+    schema_policy: Literal["evolve"] = "evolve"
+
+
+class RestSource(_Model):
+    type: Literal["rest"]
+    base_url: str | Reference = Field(description="the API root; a literal URL or a reference")
+    auth: RestAuth = Field(default_factory=lambda: RestAuth())
+    rate_limit: RateLimit = Field(default_factory=lambda: RateLimit())
+    http_retries: HttpRetries = Field(default_factory=lambda: HttpRetries())
+    timeout_seconds: Annotated[float, Field(gt=0)] = 30.0
+    max_concurrency: Annotated[int, Field(gt=0)] = 2
+    schedule: str | None = None
+    streams: dict[str, RestStream] = Field(min_length=1)
+
+    _cron = field_validator("schedule")(valid_cron)

@@ -1,0 +1,142 @@
+"""The HTTP client every API stream uses: one `request()` through the governor, retries and auth."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Mapping
+from types import TracebackType
+
+import httpx
+
+from ingestion_assets.sources.rest.auth import Auth, NoAuth
+from ingestion_assets.sources.rest.errors import RateLimited, RetriesExhausted, error_for
+from ingestion_assets.sources.rest.governor import (
+    SHARED_BUCKETS,
+    BucketRegistry,
+    Clock,
+    RetryPolicy,
+    SystemClock,
+    retry_after_seconds,
+)
+
+logger = logging.getLogger(__name__)
+
+TRANSIENT_STATUSES = frozenset({408, 500, 502, 503, 504})
+
+
+class _Attempts:
+    """The retry budget of one request: transient failures and time paused for 429s."""
+
+    def __init__(self, policy: RetryPolicy, clock: Clock, rng: random.Random, where: str) -> None:
+        self.policy, self.clock, self.rng, self.where = policy, clock, rng, where
+        self.started = clock.monotonic()
+        self.failures = 0
+        self.limited = 0  # 429s so far
+        self.paused = 0.0  # seconds the API asked us to wait so far
+
+    def failed(self, what: str, retry_after: float | None) -> None:
+        """Wait before the next attempt after a transient failure, or raise once the budget is spent."""
+        self.failures += 1
+        wait = retry_after if retry_after is not None else self.policy.backoff(self.failures, self.rng)
+        elapsed = self.clock.monotonic() - self.started
+        if self.failures >= self.policy.max_attempts or elapsed + wait > self.policy.max_elapsed_seconds:
+            raise RetriesExhausted(
+                f"{self.where}: gave up after {self.failures} failed attempts in {elapsed:.0f} s (last: {what}); "
+                "the API or the network is failing: try again later, or raise the retry policy's limits"
+            )
+        logger.warning("%s: %s, retry %d in %.2f s", self.where, what, self.failures, wait)
+        self.clock.sleep(wait)
+
+    def rate_limited(self, response: httpx.Response) -> float:
+        """Seconds to pause the credential after a 429, or raise once paused longer than allowed."""
+        self.limited += 1
+        asked = retry_after_seconds(response.headers.get("Retry-After"), self.clock.now())
+        wait = asked if asked is not None else self.policy.backoff(self.limited, self.rng)
+        self.paused += wait
+        if self.paused > self.policy.max_rate_limited_seconds:
+            raise RateLimited(
+                f"{self.where}: still rate limited (429) after pausing {self.paused - wait:.0f} s; "
+                "lower the stream's request rate or raise max_rate_limited_seconds",
+                429,
+            )
+        logger.info("%s: 429 rate limited, pausing %.2f s", self.where, wait)
+        return wait
+
+
+class RestClient:
+    """An httpx client (timeouts, pooled connections, HTTP/2 where the server offers it) behind the governor.
+
+    Requests with the same credential share one token bucket (`rate` per second, bursts of `burst`)
+    through `buckets`, across clients and threads. `clock` decides how time passes and waits.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        auth: Auth | None = None,
+        *,
+        rate: float = 10.0,
+        burst: int = 5,
+        retry: RetryPolicy | None = None,
+        timeout: float = 30.0,
+        clock: Clock | None = None,
+        buckets: BucketRegistry | None = None,
+        transport: httpx.BaseTransport | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.auth: Auth = auth or NoAuth()
+        self.retry = retry or RetryPolicy()
+        self._clock = clock or SystemClock()
+        self._rng = random.Random(seed)
+        self._bucket = (buckets or SHARED_BUCKETS).bucket(self.auth.key, rate, burst, self._clock)
+        self._http = httpx.Client(
+            base_url=base_url,
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+            http2=True,
+            transport=transport,
+            headers={"Accept": "application/json", "User-Agent": "ingestion-assets"},
+        )
+
+    def request(self, method: str, url: str, params: Mapping[str, str | int] | None = None) -> httpx.Response:
+        """A successful response, after as many pauses and retries as the policy allows.
+
+        Raises AuthError (401 after one renewal, 403), NotFound, ApiError (other 4xx) at once;
+        RateLimited or RetriesExhausted when the budget is spent.
+        """
+        where = f"{method} {self._http.build_request(method, url).url.copy_with(query=None, fragment=None)}"
+        attempts, renewed = _Attempts(self.retry, self._clock, self._rng, where), False
+        while True:
+            headers = self.auth.headers()  # a token renewal happens here, not between the slot and the send
+            if self._bucket.acquire() > 0:
+                headers = self.auth.headers()  # renewed only if the wait brought the token near its expiry
+            try:
+                request = self._http.build_request(method, url, params=params, headers=headers)
+                response = self._http.send(request)
+            except httpx.TransportError as exc:  # timeouts, refused or dropped connections
+                attempts.failed(type(exc).__name__, None)
+                continue
+            status = response.status_code
+            if status < 400:
+                return response
+            if status == 401 and not renewed and self.auth.refresh():
+                renewed = True
+                continue
+            if status == 429:
+                self._bucket.pause(attempts.rate_limited(response))
+            elif status in TRANSIENT_STATUSES:
+                asked = retry_after_seconds(response.headers.get("Retry-After"), self._clock.now())
+                attempts.failed(f"HTTP {status}", asked)
+            else:
+                raise error_for(response, where, self.auth.describe())
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> RestClient:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()

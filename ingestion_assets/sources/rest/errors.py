@@ -1,0 +1,71 @@
+"""Every error an HTTP API source raises, in one place; messages name the endpoint and what to check, never a secret."""
+
+from __future__ import annotations
+
+import httpx
+
+_MAX_DETAIL = 200  # characters of the server's own explanation kept in a message
+
+
+class ApiError(Exception):
+    """A request to an HTTP API failed; `status` is the HTTP status (None: no response)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class AuthError(ApiError):
+    """The credentials were rejected or lack a permission: retrying cannot help, fixing them does."""
+
+
+class NotFound(ApiError):
+    """The endpoint does not exist: usually a wrong base URL or path."""
+
+
+class RateLimited(ApiError):
+    """The API kept answering 429 for longer than the source is willing to pause."""
+
+
+class RetriesExhausted(ApiError):
+    """Transient failures (5xx, timeouts, dropped connections) went on past the retry budget."""
+
+
+class PaginationLoop(ApiError):
+    """The API handed back a page token (or a page) it had already given: reading on would never end."""
+
+
+def server_detail(response: httpx.Response) -> str:
+    """The server's `error` / `error_description` (or the start of its body), for a message."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:_MAX_DETAIL].strip()
+    if not isinstance(body, dict):
+        return ""
+    parts = [str(body[key]) for key in ("error", "error_description", "message", "detail") if body.get(key)]
+    return ": ".join(parts)[:_MAX_DETAIL]
+
+
+def error_for(response: httpx.Response, where: str, credential: str) -> ApiError:
+    """The exception for a final (non-retried) error response to the request `where`.
+
+    `credential` describes the credential in use (its kind and reference, never its value).
+    """
+    status, detail = response.status_code, server_detail(response)
+    said = f" (server says: {detail})" if detail else ""
+    if status == 401:
+        return AuthError(
+            f"{where}: 401 unauthorized{said}. The credentials were rejected: check {credential} "
+            "(is it current, for this API and this environment?)",
+            status,
+        )
+    if status == 403:
+        return AuthError(
+            f"{where}: 403 forbidden{said}. {credential} is valid but may not read this endpoint: "
+            "grant it the scope or permission the endpoint needs, or drop the stream",
+            status,
+        )
+    if status == 404:
+        return NotFound(f"{where}: 404 not found{said}. Check the base URL and the endpoint path", status)
+    return ApiError(f"{where}: HTTP {status}{said}; this status is not retried", status)

@@ -1,0 +1,1 @@
+"""Tests of the HTTP API source against the demo API on loopback."""

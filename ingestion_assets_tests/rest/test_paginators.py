@@ -1,0 +1,98 @@
+"""Each paginator against the demo API, resuming a full read from its page token, and loop detection."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import httpx
+import pytest
+
+from ingestion_assets.demo.api_server import DemoApi
+from ingestion_assets.sources.rest import (
+    PAGE_TOKEN,
+    ApiError,
+    BucketRegistry,
+    PaginationLoop,
+    PaginationSpec,
+    read_pages,
+)
+from ingestion_assets.sources.rest.paginators import LinkHeaderPaginator
+from ingestion_assets_tests.rest.conftest import CapturedLogs, StartApi
+from ingestion_assets_tests.rest.helpers import ORDERS, Target, client, oauth, resource_requests
+
+STYLES = {
+    "cursor": PaginationSpec("cursor"),
+    "link": PaginationSpec("link"),
+    "page": PaginationSpec("page", size_param="per_page"),
+    "offset": PaginationSpec("offset"),
+}
+
+
+@pytest.mark.parametrize("style", list(STYLES))
+@pytest.mark.parametrize("incremental", [True, False])
+def test_each_paginator_reads_every_record_in_order(
+    api: DemoApi, buckets: BucketRegistry, style: str, incremental: bool
+) -> None:
+    endpoint = replace(ORDERS, pagination=STYLES[style], page_size=9)
+    if not incremental:
+        endpoint = replace(endpoint, cursor_field=None, cursor_param=None)
+    with client(api, oauth(api), buckets) as rest:
+        pages = list(read_pages(rest, endpoint, None))
+    assert [r for p in pages for r in p.records] == api.records("orders")
+    assert [len(p.records) for p in pages] == [9] * 15 + [2]  # 137 records, no empty trailing page
+    requests = resource_requests(api)
+    assert len(requests) == 16 and all(e["status"] == 200 for e in requests)
+
+
+def test_offset_pagination_warns_that_changing_data_can_skip_rows(
+    api: DemoApi, buckets: BucketRegistry, logs: CapturedLogs
+) -> None:
+    with client(api, oauth(api), buckets) as rest:
+        list(read_pages(rest, replace(ORDERS, pagination=STYLES["offset"]), None))
+    warnings = [r.getMessage() for r in logs.records if r.levelname == "WARNING"]
+    assert any("offset pagination" in w and "skipped or read twice" in w for w in warnings)
+
+
+@pytest.mark.parametrize("style", list(STYLES))
+def test_a_full_read_resumes_from_its_page_token(api: DemoApi, buckets: BucketRegistry, style: str) -> None:
+    endpoint = replace(ORDERS, pagination=STYLES[style], cursor_field=None, cursor_param=None)
+    target = Target()
+    with client(api, oauth(api), buckets) as rest:
+        pages = read_pages(rest, endpoint, None)
+        target.load(next(pages) for _ in range(4))
+        pages.close()
+        assert target.position is not None and target.position[PAGE_TOKEN]
+        read = target.sync(rest, endpoint)
+    assert [r["id"] for r in read] == [r["id"] for r in api.records("orders")][40:]
+    assert target.position == {}  # a finished full read: the next one starts from the top
+    assert list(target.rows.values()) == api.records("orders")
+
+
+def test_a_repeated_page_token_stops_the_read(start_api: StartApi, buckets: BucketRegistry) -> None:
+    api = start_api(repeat_cursor=True)
+    with client(api, oauth(api), buckets) as rest, pytest.raises(PaginationLoop) as raised:
+        list(read_pages(rest, ORDERS, None))
+    assert "GET http://127.0.0.1" in str(raised.value) and "/v1/orders" in str(raised.value)
+    assert "page token" in str(raised.value)
+    assert len(resource_requests(api)) == 2  # the first page, and the one that handed the token back
+
+
+def test_a_page_served_twice_stops_the_read(api: DemoApi, buckets: BucketRegistry) -> None:
+    # the API ignores an unknown page parameter and serves the first page again and again
+    spec = PaginationSpec("page", page_param="pg", size_param="limit")
+    with client(api, oauth(api), buckets) as rest, pytest.raises(PaginationLoop, match="same page twice"):
+        list(read_pages(rest, replace(ORDERS, pagination=spec), None))
+    assert len(resource_requests(api)) == 2
+
+
+def test_a_link_to_another_host_is_not_followed() -> None:
+    request = httpx.Request("GET", "http://127.0.0.1:8000/v1/orders")
+    response = httpx.Response(
+        200, headers={"Link": '<https://elsewhere.example/v1/orders?page=2>; rel="next"'}, request=request
+    )
+    with pytest.raises(ApiError, match=r"elsewhere\.example"):
+        LinkHeaderPaginator(10).advance(response, {}, [{"id": 1}])
+    relative = httpx.Response(200, headers={"Link": '</v1/orders?page=2>; rel="next"'}, request=request)
+    paginator = LinkHeaderPaginator(10)
+    paginator.advance(relative, {}, [{"id": 1}])
+    assert paginator.token == "http://127.0.0.1:8000/v1/orders?page=2"
