@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import dlt
 from psycopg2 import sql
 
+from ingestion_assets.sources.postgres.bad_values import mark_problems
 from ingestion_assets.sources.postgres.introspect import TableShape, discover_table
 from ingestion_assets.sources.postgres.query import Position, ReadPlan, Window, exact_text
 from ingestion_assets.sources.postgres.reader import connect, copy_batches
@@ -61,8 +62,10 @@ def table_slices(
     finally:
         conn.close()
     batches = copy_batches(url, statement, plan.wire_shape, application_name=f"ingest:{name}")
+    checked = [column.name for column, _ in plan.checks]
     for index, table in enumerate(rechunk(batches, slice_rows)):
-        yield Slice(table=table, position=plan.position_of_last_row(table), index=index)
+        marked = mark_problems(table, checked, plan.max_value_bytes)
+        yield Slice(table=marked, position=plan.position_of_last_row(marked), index=index)
 
 
 def key_bounds(url: str, plan: ReadPlan, column: str) -> tuple[int, int] | None:

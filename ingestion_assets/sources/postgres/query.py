@@ -11,7 +11,7 @@ import pyarrow as pa
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
-from ingestion_assets.sources.postgres.bad_values import PROBLEMS, RAW, fits, problem_text
+from ingestion_assets.sources.postgres.bad_values import RAW, fits, raw_when_unfit
 from ingestion_assets.sources.postgres.introspect import Column, TableShape
 
 Position = dict[str, str | None]  # ordering column -> exact text of its value (None: NULL)
@@ -42,13 +42,13 @@ class ReadPlan:
 
     @property
     def checks(self) -> list[tuple[Column, sql.Composable]]:
-        found = [(c, fits(c, self.max_value_bytes, self.server_version)) for c in self.shape.columns]
+        found = [(c, fits(c, self.server_version)) for c in self.shape.columns]
         return [(c, condition) for c, condition in found if condition is not None]
 
     @property
     def wire_shape(self) -> TableShape:
-        """The columns COPY sends: the table's, then the per-row problems and raw record."""
-        extra = tuple(Column(name, "text", "text", True, pa.string()) for name in (PROBLEMS, RAW))
+        """The columns COPY sends: the table's, then the raw record of a row with a value that does not fit."""
+        extra = (Column(RAW, "text", "text", True, pa.string()),)
         return TableShape(self.shape.schema, self.shape.table, self.shape.columns + extra)
 
     @property
@@ -68,13 +68,10 @@ class ReadPlan:
         COPY takes no bind parameters, so literals are quoted by psycopg2 and cast to the column type.
         """
         keys = [_order_expr(c) for c in self.ordering]
-        query = sql.SQL(
-            "SELECT {cols}, p.problems, CASE WHEN p.problems IS NOT NULL THEN row_to_json(t)::text END FROM {table} t"
-            " CROSS JOIN LATERAL (SELECT {problems} AS problems) p"
-        ).format(
+        query = sql.SQL("SELECT {cols}, {raw} FROM {table} t").format(
             cols=sql.SQL(", ").join(self._output(c) for c in self.shape.columns),
+            raw=raw_when_unfit(self.checks),
             table=sql.Identifier(self.shape.schema, self.shape.table),
-            problems=self._problems(),
         )
         conditions = self._window_conditions(window) if window is not None else []
         if after is not None:
@@ -130,12 +127,6 @@ class ReadPlan:
         if condition is None:
             return ident
         return sql.SQL("CASE WHEN {ok} THEN {c} END").format(ok=condition, c=ident)
-
-    def _problems(self) -> sql.Composable:
-        texts = [problem_text(c, condition) for c, condition in self.checks]
-        if not texts:
-            return sql.SQL("NULL::text")
-        return sql.SQL("NULLIF(concat_ws('; ', {}), '')").format(sql.SQL(", ").join(texts))
 
     def _window_conditions(self, window: Window) -> list[sql.Composable]:
         column = self.shape.column(window.column)

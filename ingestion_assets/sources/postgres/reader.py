@@ -26,6 +26,9 @@ SESSION_SETTINGS = (
     "SET extra_float_digits = 3",  # floats print exactly on every server version
     "SET bytea_output = 'hex'",
     "SET statement_timeout = 0",
+    # An ordered read streams best from one backend: a parallel Gather Merge of wide rows with computed
+    # columns was 15x slower here (11 s instead of 0.7 s for 5M rows), and it spares the source's CPUs.
+    "SET max_parallel_workers_per_gather = 0",
 )
 BLOCK_BYTES = 4 << 20
 
