@@ -27,7 +27,7 @@ def _check_postgres(settings: Settings, source_name: str, source: PostgresSource
         url = resolve(source.connection, settings, where)
     except UnresolvedReference as exc:
         return [str(exc)]
-    problems: list[str] = []
+    problems: list[str] = _check_cdc(url, source_name, source) if source.mode == "cdc" else []
     for stream_name, stream in source.streams.items():
         assert isinstance(stream, PostgresStream)
         try:
@@ -58,3 +58,17 @@ def _check_rest(settings: Settings, catalog: Catalog, source_name: str, source: 
         except (ApiError, UnresolvedReference) as exc:
             problems.append(f"stream {stream.qualified_name}: {exc}")
     return problems
+
+
+def _check_cdc(url: str, source_name: str, source: PostgresSource) -> list[str]:
+    """wal_level, slot, publication and replica identity: what `mode: cdc` needs of the server."""
+    from ingestion_assets.sources.postgres.cdc import CdcError, check_cdc, ensure_publication
+
+    slot = source.cdc.slot or f"ingest_{source_name}"
+    publication = source.cdc.publication or f"ingest_{source_name}"
+    tables = [(s.schema_name, s.table_name) for s in source.streams.values()]
+    try:  # the first run would create it too; doing it here also proves the privileges it needs
+        ensure_publication(url, publication, tables)
+    except (CdcError, LookupError) as exc:
+        return [f"source {source_name} (cdc): cannot create publication {publication}: {exc}"]
+    return [f"source {source_name} (cdc): {p}" for p in check_cdc(url, slot, publication, tables, expect_slot=False)]

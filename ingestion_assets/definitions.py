@@ -5,7 +5,8 @@ from __future__ import annotations
 import dagster as dg
 
 from ingestion_assets.catalog import load_catalog
-from ingestion_assets.defs.assets import catalog_streams, stream_asset
+from ingestion_assets.defs.assets import catalog_streams, is_cdc, stream_asset
+from ingestion_assets.defs.cdc import build_cdc_assets
 from ingestion_assets.defs.schedules import build_schedules
 from ingestion_assets.defs.sensors import build_sensors
 from ingestion_assets.settings import Settings
@@ -14,10 +15,12 @@ from ingestion_assets.settings import Settings
 @dg.definitions
 def defs() -> dg.Definitions:
     settings = Settings.from_env()
-    streams = catalog_streams(settings, load_catalog(settings.catalog_path))
+    catalog = load_catalog(settings.catalog_path)
+    streams = [s for s in catalog_streams(settings, catalog) if not is_cdc(s)]
     assets = {dg.AssetKey([s.source_name, s.name]): stream_asset(s) for s in streams}
+    cdc_assets, cdc_sensors = build_cdc_assets(settings, catalog)
     return dg.Definitions(
-        assets=list(assets.values()),
+        assets=[*assets.values(), *cdc_assets],
         schedules=build_schedules(streams, assets),
-        sensors=build_sensors(streams),
+        sensors=[*build_sensors(streams), *cdc_sensors],
     )

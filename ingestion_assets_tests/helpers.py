@@ -284,6 +284,17 @@ class StreamHarness:
             for row in rows
         ]
 
+    def target_rows_where(
+        self, stream: str, columns: Sequence[str], order_by: str, where: str
+    ) -> list[tuple[Any, ...]]:
+        column_list = ", ".join(f'"{c}"' for c in columns)
+        return [
+            tuple(normalize(v) for v in row)
+            for row in self.query_target(
+                f'SELECT {column_list} FROM "{self.source_name}"."{stream}" WHERE {where} ORDER BY {order_by}'
+            )
+        ]
+
     def assert_target_equals_source(
         self,
         stream: str,

@@ -8,8 +8,8 @@ import time
 
 from ingestion_assets_tests.helpers import StreamHarness
 
-ROWS = 400_000
-SLICE = 100_000
+ROWS = 600_000
+SLICE = 75_000
 WIDE = f"""
 CREATE TABLE wide (id bigint PRIMARY KEY, a text, b text, c numeric(20,4), updated_at timestamptz NOT NULL);
 INSERT INTO wide SELECT g, md5(g::text), repeat(md5(g::text), 4), g / 7.0,

@@ -55,6 +55,10 @@ class PostgresStream(_Model):
     reconcile: Literal["window", "full", "off"] = Field(
         "window", description="after each run compare source and target keys: the run's window, or everything"
     )
+    deletes: Literal["hard", "soft"] = Field(
+        "hard", description="cdc: delete the row, or keep it with _ingest_deleted_at"
+    )
+    truncate: Literal["apply", "refuse"] = Field("refuse", description="cdc: empty the target on TRUNCATE, or stop")
 
     _listify = field_validator("primary_key", "cursor", mode="before")(as_list)
 
@@ -93,11 +97,38 @@ class PostgresStream(_Model):
         return self.table.split(".")[-1]
 
 
+class Cdc(_Model):
+    """Log-based capture through a logical replication slot and a publication (both created if missing)."""
+
+    slot: str | None = Field(None, description="default ingest_<source>")
+    publication: str | None = Field(None, description="default ingest_<source>")
+    max_changes: Annotated[int, Field(gt=0)] = 50_000
+    max_seconds: Annotated[float, Field(gt=0)] = 10.0
+    max_batches_per_run: Annotated[int, Field(gt=0)] = 20
+    max_retained_wal_mb: Annotated[int, Field(gt=0)] = 1024
+    on_wal_gap: Literal["fail", "resync"] = "fail"
+    snapshot_slice_rows: Annotated[int, Field(gt=0)] = 250_000
+    retries: Retries = Field(default_factory=lambda: Retries())
+    drain_seconds: Annotated[float, Field(gt=0)] = 60.0
+
+
 class PostgresSource(_Model):
     type: Literal["postgres"]
     connection: Reference
+    mode: Literal["tables", "cdc"] = "tables"
+    cdc: Cdc = Field(default_factory=lambda: Cdc())
     max_concurrency: Annotated[int, Field(gt=0)] = 4
     schedule: str | None = Field(None, description="cron: when the daemon syncs this source's streams")
 
     _cron = field_validator("schedule")(valid_cron)
     streams: dict[str, PostgresStream] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _cdc_streams(self) -> PostgresSource:
+        if self.mode == "cdc":
+            partitioned = [name for name, s in self.streams.items() if s.partitions is not None]
+            if partitioned:
+                raise ValueError(
+                    f"cdc streams copy their history under the slot's snapshot: drop `partitions` of {partitioned}"
+                )
+        return self

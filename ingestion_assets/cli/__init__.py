@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ingestion_assets.catalog import CatalogError
-from ingestion_assets.cli import quality, stack, state
+from ingestion_assets.cli import cdc, quality, stack, state
 from ingestion_assets.settings import Settings
 
 Handler = Callable[[Settings, argparse.Namespace], int]
@@ -75,6 +75,10 @@ def _parser() -> argparse.ArgumentParser:
     accept = schema_action("accept", quality.schema_accept, "apply the changes that paused the stream on its next run")
     accept.add_argument("stream", help="SOURCE.STREAM")
     accept.add_argument("--partition")
+
+    cdc_action = actions(command("cdc", None, "the replication slot of a `mode: cdc` source"))
+    cdc_action("status", cdc.status, "retained WAL, lag and state of the source's slot").add_argument("source")
+    cdc_action("drop-slot", cdc.drop_slot_command, "drop the source's slot (releases its WAL)").add_argument("source")
 
     dlq_action = actions(command("dlq", None, "rows parked in the dead-letter table"))
     dlq_list = dlq_action("list", quality.dlq_list, "parked rows of a stream: key, error, when, which run")

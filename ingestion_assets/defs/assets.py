@@ -36,8 +36,16 @@ def catalog_streams(settings: Settings, catalog: Catalog) -> list[Stream]:
     return streams
 
 
+def is_cdc(stream: Stream) -> bool:
+    """Streams of a `mode: cdc` source are materialized together, from their slot (defs/cdc.py)."""
+    return isinstance(stream.source, PostgresSource) and stream.source.mode == "cdc"
+
+
 def build_stream_assets(settings: Settings, catalog: Catalog) -> list[dg.AssetsDefinition]:
-    return [stream_asset(stream) for stream in catalog_streams(settings, catalog)]
+    from ingestion_assets.defs.cdc import build_cdc_assets
+
+    streams = [stream_asset(s) for s in catalog_streams(settings, catalog) if not is_cdc(s)]
+    return streams + build_cdc_assets(settings, catalog)[0]
 
 
 def stream_asset(stream: Stream) -> dg.AssetsDefinition:

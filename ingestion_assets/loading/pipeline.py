@@ -118,7 +118,7 @@ class Loader:
                 return None
         return int(rows[0][0]) if rows and rows[0][0] is not None else None
 
-    def load(self, table: pa.Table, dead_letters: pa.Table | None = None) -> int:
+    def load(self, table: pa.Table | None, dead_letters: pa.Table | None = None) -> int:
         """Load one slice and its dead letters in one dlt run; returns how many rows went in (stale
         versions are left out). Parked rows of this stream that now loaded leave the dead-letter table."""
         disposition = self.target.write_disposition
@@ -126,15 +126,16 @@ class Loader:
             disposition = "append"  # one run replaces once, then adds its later slices
         if self._append_only:
             disposition = "append"
+        table = table if table is not None and table.num_columns else None
         with self._lock():
-            if self.guard_versions:
+            if self.guard_versions and table is not None:
                 with self._pipeline.sql_client() as client:
                     check = check_keys(client, self.destination.type, self.target.table, self.target.primary_key, table)
                 table = check.rows
                 if check.existing == 0 and disposition == "merge":
                     disposition = "append"  # none of its keys is there yet and no one else writes now
             resources = []
-            if table.num_rows:
+            if table is not None and table.num_rows:
                 hints: dict[str, Any] = {
                     "name": self.target.table,
                     "table_name": self.target.table,
@@ -148,13 +149,27 @@ class Loader:
                 self._parked_keys = None  # re-read: the table now holds new entries
             if resources:
                 self._pipeline.run(resources, loader_file_format="parquet")
-            if table.num_rows:
+            if table is not None and table.num_rows:
                 self._release_parked(table)
         self._loads += 1
         # dlt's config resolution leaves exception tracebacks in reference cycles whose frames still see
         # the slice; without a collection per slice, several slices stay alive and memory climbs.
         gc.collect()
-        return int(table.num_rows)
+        return 0 if table is None else int(table.num_rows)
+
+    def delete_all(self) -> None:
+        """A TRUNCATE in the source, applied: the target table empties, in one statement."""
+        self._execute_if_exists("DELETE FROM {table}")
+
+    def purge_deleted(self) -> None:
+        """Hard deletes: tombstones (rows with `_ingest_deleted_at`) leave the table once merged."""
+        self._execute_if_exists("DELETE FROM {table} WHERE _ingest_deleted_at IS NOT NULL")
+
+    def _execute_if_exists(self, statement: str) -> None:
+        with self._lock(), self._pipeline.sql_client() as client:
+            table = client.make_qualified_table_name(self.target.table)
+            if _exists(client, table):
+                client.execute_sql(statement.format(table=table))
 
     def load_records(self, records: list[dict[str, Any]], dead_letters: pa.Table | None = None) -> int:
         """Load one slice of JSON records (nested data becomes child tables) and its dead letters."""

@@ -54,6 +54,7 @@ def table_slices(
     name: str,
     window: Window | None = None,
     keys: list[list[str]] | None = None,
+    snapshot: str | None = None,
 ) -> Iterator[Slice]:
     """Every row of `window` after `after` (or with one of `keys`), in (cursor, primary key) order, as slices."""
     conn = connect(url, f"ingest:{name}")
@@ -61,7 +62,7 @@ def table_slices(
         statement = plan.copy_statement(conn, after, window, keys_in=keys)
     finally:
         conn.close()
-    batches = copy_batches(url, statement, plan.wire_shape, application_name=f"ingest:{name}")
+    batches = copy_batches(url, statement, plan.wire_shape, f"ingest:{name}", snapshot=snapshot)
     checked = [column.name for column, _ in plan.checks]
     for index, table in enumerate(rechunk(batches, slice_rows)):
         marked = mark_problems(table, checked, plan.max_value_bytes)

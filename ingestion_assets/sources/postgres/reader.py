@@ -42,9 +42,17 @@ def connect(url: str, application_name: str) -> psycopg2.extensions.connection:
     return conn
 
 
-def copy_batches(url: str, statement: str, shape: TableShape, application_name: str) -> Iterator[pa.RecordBatch]:
-    """Yield the rows of `statement` (a COPY ... TO STDOUT WITH (FORMAT csv)) as typed record batches."""
+def copy_batches(
+    url: str, statement: str, shape: TableShape, application_name: str, snapshot: str | None = None
+) -> Iterator[pa.RecordBatch]:
+    """Yield the rows of `statement` (a COPY ... TO STDOUT WITH (FORMAT csv)) as typed record batches.
+
+    With `snapshot` (an exported snapshot) the COPY sees exactly that snapshot's rows."""
     conn = connect(url, application_name)
+    if snapshot is not None:
+        with conn.cursor() as cur:
+            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot,))
     read_fd, write_fd = os.pipe()
     failure: list[BaseException] = []
 
@@ -61,7 +69,7 @@ def copy_batches(url: str, statement: str, shape: TableShape, application_name: 
     finished = False
     try:
         if source.peek(1):  # Arrow rejects an empty stream; no rows is a normal incremental run
-            for batch in pacsv.open_csv(source, **_csv_options(shape)):
+            for batch in pacsv.open_csv(source, **csv_options(shape)):
                 yield _decode_binary(batch, shape)
         finished = True
     except pa.ArrowInvalid as exc:
@@ -80,7 +88,7 @@ def copy_batches(url: str, statement: str, shape: TableShape, application_name: 
         raise failure[0]
 
 
-def _csv_options(shape: TableShape) -> dict[str, object]:
+def csv_options(shape: TableShape) -> dict[str, object]:
     return {
         "read_options": pacsv.ReadOptions(column_names=[c.name for c in shape.columns], block_size=BLOCK_BYTES),
         "parse_options": pacsv.ParseOptions(newlines_in_values=True),

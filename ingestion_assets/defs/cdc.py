@@ -1,0 +1,161 @@
+"""Dagster wiring of a CDC source: one multi-asset materializes all its streams from one slot, a sensor
+watches the slot (retained WAL, lag) and asks for a run when changes wait."""
+
+# No `from __future__ import annotations` here: Dagster inspects the asset's `context` annotation at runtime.
+
+from collections.abc import Iterator
+from typing import Any
+
+import dagster as dg
+from dagster import AssetExecutionContext
+
+from ingestion_assets.catalog import Catalog, PostgresSource
+from ingestion_assets.drain import Drain
+from ingestion_assets.settings import Settings
+from ingestion_assets.sources.postgres.cdc import CdcError as SlotError
+from ingestion_assets.sources.postgres.cdc import format_lsn, slot_health
+from ingestion_assets.state.checkpoints import InstanceStateStore, checkpoint_metadata, latest_checkpoint
+from ingestion_assets.streams.cdc import CdcError, CdcOutcome, CdcSync
+from ingestion_assets.streams.postgres_table import PostgresTableStream
+
+SLOT_HEALTH = "slot_health"
+
+
+class DagsterCdcStore:
+    """The source's log position, stored on every stream asset it feeds (they move together)."""
+
+    def __init__(self, instance: dg.DagsterInstance, keys: list[dg.AssetKey], log_event: Any = None) -> None:
+        self._instance, self._keys = instance, keys
+        self._stores = [InstanceStateStore(instance, key, log_event) for key in keys]
+
+    def latest(self) -> dict[str, Any] | None:
+        found = latest_checkpoint(self._instance, self._keys[0])
+        if found is None or found.position is None:
+            return None
+        return {**found.details, "lsn": found.position["lsn"]}
+
+    def commit(self, lsn: int, **details: Any) -> None:
+        for store in self._stores:
+            store.commit(None, {"lsn": format_lsn(lsn)}, **details)
+
+
+def build_cdc_assets(
+    settings: Settings, catalog: Catalog
+) -> tuple[list[dg.AssetsDefinition], list[dg.SensorDefinition]]:
+    assets, sensors = [], []
+    for source_name, source in catalog.sources.items():
+        if isinstance(source, PostgresSource) and source.mode == "cdc":
+            streams = [
+                PostgresTableStream(settings, catalog.destination, source_name, source, name, spec)
+                for name, spec in source.streams.items()
+            ]
+            assets.append(_cdc_asset(settings, catalog, source_name, source, streams))
+            sensors.append(_slot_sensor(settings, catalog, source_name, source, streams))
+    return assets, sensors
+
+
+def _keys(source_name: str, streams: list[PostgresTableStream]) -> list[dg.AssetKey]:
+    return [dg.AssetKey([source_name, s.name]) for s in streams]
+
+
+def _cdc_asset(
+    settings: Settings, catalog: Catalog, source_name: str, source: PostgresSource, streams: list[PostgresTableStream]
+) -> dg.AssetsDefinition:
+    keys = _keys(source_name, streams)
+    specs = [
+        dg.AssetSpec(
+            key,
+            group_name=source_name,
+            kinds={"postgres", "cdc", catalog.destination.type},
+            description=f"changes of {s.spec.table} from the slot of source {source_name}",
+        )
+        for key, s in zip(keys, streams, strict=True)
+    ]
+
+    @dg.multi_asset(
+        name=f"{source_name}__cdc",
+        specs=specs,
+        check_specs=[dg.AssetCheckSpec(SLOT_HEALTH, asset=keys[0], description="the slot does not hoard WAL")],
+        pool=f"ingest_{source_name}",
+        retry_policy=dg.RetryPolicy(
+            max_retries=source.cdc.retries.max_attempts - 1,
+            delay=source.cdc.retries.delay_seconds,
+            backoff=dg.Backoff.EXPONENTIAL,
+            jitter=dg.Jitter.FULL,
+        ),
+    )
+    def _asset(context: AssetExecutionContext) -> Iterator[Any]:
+        store = DagsterCdcStore(context.instance, keys, context.log_event)
+        with Drain(source.cdc.drain_seconds, context.log) as drain:
+            sync = CdcSync(
+                settings, catalog.destination, source_name, source, streams, store, drain, context.log, context.run_id
+            )
+            try:
+                outcome = sync.run()
+            except (CdcError, SlotError) as exc:
+                raise dg.Failure(description=str(exc), allow_retries=False) from exc
+        yield from _results(source, keys, streams, outcome)
+
+    return _asset
+
+
+def _results(
+    source: PostgresSource, keys: list[dg.AssetKey], streams: list[PostgresTableStream], outcome: CdcOutcome
+) -> Iterator[Any]:
+    health = outcome.health
+    retained = health.retained_wal_bytes if health is not None else 0
+    limit = source.cdc.max_retained_wal_mb * 1024 * 1024
+    shared = {
+        **checkpoint_metadata({"lsn": format_lsn(outcome.lsn)}, snapshot_done=True),
+        "mode": outcome.mode,
+        "retained_wal_bytes": retained,
+        "latency_ms": dg.MetadataValue.json(outcome.latency()),
+        "dead letters": outcome.dead_letters,
+    }
+    for key, stream in zip(keys, streams, strict=True):
+        yield dg.MaterializeResult(asset_key=key, metadata={**shared, "rows": outcome.rows.get(stream.name, 0)})
+    yield dg.AssetCheckResult(
+        asset_key=keys[0],
+        check_name=SLOT_HEALTH,
+        passed=retained <= limit,
+        metadata={
+            "retained_wal_bytes": retained,
+            "limit_bytes": limit,
+            "lag_bytes": health.lag_bytes if health is not None else 0,
+        },
+    )
+
+
+def _slot_sensor(
+    settings: Settings, catalog: Catalog, source_name: str, source: PostgresSource, streams: list[PostgresTableStream]
+) -> dg.SensorDefinition:
+    keys = _keys(source_name, streams)
+
+    @dg.sensor(
+        name=f"{source_name}__cdc_slot",
+        minimum_interval_seconds=10,
+        default_status=dg.DefaultSensorStatus.STOPPED,
+        asset_selection=dg.AssetSelection.assets(*keys),
+        description="records the slot's retained WAL and lag; asks for a run when changes are waiting",
+    )
+    def _sensor(context: dg.SensorEvaluationContext) -> Any:
+        sync = CdcSync(
+            settings, catalog.destination, source_name, source, streams, DagsterCdcStore(context.instance, keys)
+        )
+        try:
+            health = slot_health(sync.url(), sync.slot)
+        except SlotError as exc:
+            return dg.SkipReason(f"slot not readable yet: {exc}")
+        context.instance.report_runless_asset_event(
+            dg.AssetObservation(
+                asset_key=keys[0],
+                metadata={"retained_wal_bytes": health.retained_wal_bytes, "lag_bytes": health.lag_bytes},
+            )
+        )
+        state = sync.store.latest()
+        waiting = state is not None and health.lag_bytes > 0
+        if not waiting:
+            return dg.SkipReason("no changes waiting in the slot")
+        return dg.RunRequest(run_key=f"{state['lsn']}-{health.lag_bytes}" if state else None)
+
+    return _sensor

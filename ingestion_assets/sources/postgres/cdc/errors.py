@@ -1,0 +1,34 @@
+"""The errors of change data capture, and the problems a check reports, written out in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class CdcError(RuntimeError):
+    """Change data capture cannot go on; the message names the slot, publication or table and the fix."""
+
+
+class ProtocolError(CdcError):
+    """Bytes from the replication stream that are not a valid pgoutput message, or arrive out of order."""
+
+
+class SlotMissingError(CdcError):
+    """The replication slot does not exist (never created, or dropped)."""
+
+
+class SlotInUseError(CdcError):
+    """Another process is streaming from the replication slot."""
+
+
+class AcknowledgeTimeout(CdcError):
+    """The server did not show the acknowledged position on the slot in time."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    subject: str  # what is wrong: "server", "slot 'x'", "publication 'p'", "table s.t"
+    message: str  # why it matters and what to do
+
+    def __str__(self) -> str:
+        return f"{self.subject}: {self.message}"

@@ -1,0 +1,164 @@
+"""An open pgoutput stream from a logical replication slot, read with psycopg2's replication protocol.
+
+psycopg2 answers keepalives itself with the highest flush position it was given, and when it holds that
+everything it received was confirmed (true before the first data message) it first moves that position
+to the keepalive's WAL end. A status update sent then would acknowledge WAL the caller never stored. So
+a stream never calls send_feedback, sends no periodic status (NEVER_SECONDS), and sets its own
+wal_sender_timeout beyond the read, so the server never asks an idle reader for a reply. (A server that
+shuts down does ask; the position sent then passes only WAL in which nothing was published.) The slot
+moves only through `acknowledge`.
+"""
+
+from __future__ import annotations
+
+import select
+import types
+from typing import Any
+
+import psycopg2
+import psycopg2.extras
+
+from ingestion_assets.sources.postgres.cdc.errors import CdcError, SlotInUseError, SlotMissingError
+from ingestion_assets.sources.postgres.cdc.lsn import format_lsn, parse_lsn
+from ingestion_assets.sources.postgres.cdc.messages import Message
+from ingestion_assets.sources.postgres.cdc.pgoutput import Decoder
+from ingestion_assets.sources.postgres.cdc.slots import valid_slot_name, wait_until_free
+
+NEVER_SECONDS = 10_000_000  # psycopg2's status interval: no periodic feedback during a read
+
+
+def protocol_version(server_version: int) -> int:
+    """The newest pgoutput protocol the server speaks: 1 (10-13), 2 streaming (14), 3 two-phase (15), 4 (16+)."""
+    if server_version >= 160000:
+        return 4
+    if server_version >= 150000:
+        return 3
+    if server_version >= 140000:
+        return 2
+    return 1
+
+
+def replication_connection(url: str, session_seconds: float, work_mem_kb: int | None = None) -> Any:
+    """A logical replication connection whose walsender will not ask for a reply within `session_seconds`."""
+    timeout_ms = int((2 * session_seconds + 60) * 1000)
+    # Values come as the walsender's output functions print them: make that the text COPY reads print too.
+    options = (
+        f"-c wal_sender_timeout={timeout_ms} -c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=iso_8601"
+        " -c extra_float_digits=3 -c bytea_output=hex"
+    )
+    if work_mem_kb is not None:
+        options += f" -c logical_decoding_work_mem={int(work_mem_kb)}kB"
+    return psycopg2.connect(
+        url,
+        connection_factory=psycopg2.extras.LogicalReplicationConnection,
+        options=options,
+        client_encoding="UTF8",
+        application_name="ingest-cdc",
+    )
+
+
+class ReplicationStream:
+    """START_REPLICATION on `slot` from `start_lsn`; `next()` returns decoded messages in stream order."""
+
+    def __init__(
+        self,
+        url: str,
+        slot: str,
+        publication: str,
+        start_lsn: int = 0,
+        *,
+        streaming: bool = False,
+        messages: bool = False,
+        session_seconds: float = 60.0,
+        work_mem_kb: int | None = None,
+        slot_wait_seconds: float = 10.0,
+    ) -> None:
+        self.url, self.slot, self.publication, self.start_lsn = url, valid_slot_name(slot), publication, start_lsn
+        self.streaming, self.messages = streaming, messages
+        self.session_seconds, self.work_mem_kb, self.slot_wait_seconds = session_seconds, work_mem_kb, slot_wait_seconds
+        self.decoder = Decoder()
+        self.wal_end = 0  # the furthest WAL position the server reported, from data messages and keepalives
+        self.server_lsn = 0  # the server's flushed WAL position when the stream started
+        self.proto_version = 0
+        self._conn: Any = None
+        self._cur: Any = None
+
+    def __enter__(self) -> ReplicationStream:
+        self._conn = replication_connection(self.url, self.session_seconds, self.work_mem_kb)
+        try:
+            self._cur = self._conn.cursor()
+            self._preflight()
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: types.TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _preflight(self) -> None:
+        """Fail with the fix rather than stream nothing: PostgreSQL 16+ skips a missing publication silently."""
+        self._cur.execute("SELECT count(*) FROM pg_publication WHERE pubname = %s", (self.publication,))
+        if self._cur.fetchone()[0] == 0:
+            raise CdcError(
+                f"publication {self.publication!r} does not exist in this database; create it with "
+                f"ensure_publication() or CREATE PUBLICATION {self.publication} FOR TABLE ..."
+            )
+        row = wait_until_free(self._cur, self.slot, self.slot_wait_seconds)
+        if row["plugin"] != "pgoutput" or row["database"] != row["current_database"]:
+            raise CdcError(
+                f"replication slot {self.slot!r} uses plugin {row['plugin']!r} in database {row['database']!r}; "
+                f"this reader needs a pgoutput slot in {row['current_database']!r}: use another slot name"
+            )
+        self._cur.execute("IDENTIFY_SYSTEM")
+        self.server_lsn = parse_lsn(self._cur.fetchone()[2])
+
+    def _start(self) -> None:
+        self.proto_version = protocol_version(self._conn.server_version)
+        options = {"proto_version": str(self.proto_version), "publication_names": self.publication}
+        if self.proto_version >= 2:
+            options["messages"] = "true" if self.messages else "false"
+            options["streaming"] = "on" if self.streaming else "off"
+        elif self.streaming:
+            raise CdcError("streaming of in-progress transactions needs PostgreSQL 14 or newer")
+        try:
+            self._cur.start_replication(
+                slot_name=self.slot,
+                decode=False,
+                start_lsn=self.start_lsn,
+                options=options,
+                status_interval=NEVER_SECONDS,
+            )
+        except psycopg2.errors.UndefinedObject as exc:
+            raise SlotMissingError(f"replication slot {self.slot!r} does not exist: {exc}") from exc
+        except psycopg2.errors.ObjectInUse as exc:
+            raise SlotInUseError(f"replication slot {self.slot!r} was taken by another process: {exc}") from exc
+
+    def next(self, timeout: float) -> tuple[int, Message] | None:
+        """The next message and the WAL position the server gave it, or None after `timeout` seconds."""
+        message = self._read()
+        if message is None and timeout > 0:
+            select.select([self._cur], [], [], timeout)
+            message = self._read()
+        if message is None:
+            return None
+        return message.data_start, self.decoder.decode(message.payload)
+
+    def _read(self) -> Any:
+        try:
+            message = self._cur.read_message()
+        except psycopg2.Error as exc:
+            raise CdcError(
+                f"reading replication slot {self.slot!r} (publication {self.publication!r}) "
+                f"from {format_lsn(self.start_lsn)} failed: {str(exc).strip()}"
+            ) from exc
+        self.wal_end = max(self.wal_end, self._cur.wal_end)
+        return message

@@ -1,0 +1,285 @@
+"""A PostgreSQL source in `mode: cdc`: the first run copies every table under the slot's exported snapshot,
+later runs apply the slot's changes in commit order. The checkpoint is the log position whose changes are
+all committed in the target; the slot is acknowledged only after that checkpoint is stored."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from ingestion_assets.catalog import Destination, PostgresSource
+from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA, split_bad_rows
+from ingestion_assets.loading.metadata_columns import with_metadata
+from ingestion_assets.references import resolve
+from ingestion_assets.settings import Settings
+from ingestion_assets.sources.postgres import plan_table_read, table_slices
+from ingestion_assets.sources.postgres.cdc import (
+    ChangeBatch,
+    SlotHealth,
+    acknowledge,
+    check_cdc,
+    create_slot_with_snapshot,
+    drop_slot,
+    ensure_publication,
+    find_gap,
+    format_lsn,
+    parse_lsn,
+    read_changes,
+    slot_health,
+)
+from ingestion_assets.sources.postgres.introspect import TableShape
+from ingestion_assets.sources.postgres.reader import connect
+from ingestion_assets.streams.cdc_rows import VERSION_TYPE, TableChanges, version_of
+from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
+from ingestion_assets.sync import Faults
+
+log = logging.getLogger(__name__)
+
+
+class CdcStore(Protocol):
+    def latest(self) -> dict[str, Any] | None: ...
+
+    def commit(self, lsn: int, **details: Any) -> None: ...
+
+
+class CdcError(RuntimeError):
+    """The log cannot be read safely; the message says why and what to do."""
+
+
+@dataclass
+class CdcOutcome:
+    mode: str  # snapshot | changes
+    lsn: int
+    rows: dict[str, int] = field(default_factory=dict)  # per stream: rows (snapshot) or changes applied
+    latency_ms: list[float] = field(default_factory=list)
+    health: SlotHealth | None = None
+    dead_letters: int = 0
+
+    def latency(self) -> dict[str, float]:
+        if not self.latency_ms:
+            return {}
+        ordered = sorted(self.latency_ms)
+        pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+        return {"p50": round(statistics.median(ordered), 1), "p95": round(pick(0.95), 1), "p99": round(pick(0.99), 1)}
+
+
+@dataclass
+class CdcSync:
+    settings: Settings
+    destination: Destination
+    source_name: str
+    source: PostgresSource
+    streams: list[PostgresTableStream]
+    store: CdcStore
+    stop: Callable[[], bool] = field(default=lambda: False)
+    log: logging.Logger | Any | None = None
+    run_id: str = ""
+
+    @property
+    def slot(self) -> str:
+        return self.source.cdc.slot or f"ingest_{self.source_name}"
+
+    @property
+    def publication(self) -> str:
+        return self.source.cdc.publication or f"ingest_{self.source_name}"
+
+    def url(self) -> str:
+        return resolve(self.source.connection, self.settings, f"sources.{self.source_name}.connection")
+
+    def tables(self) -> list[tuple[str, str]]:
+        return [(s.spec.schema_name, s.spec.table_name) for s in self.streams]
+
+    def run(self) -> CdcOutcome:
+        url = self.url()
+        state = self.store.latest()
+        if state is None or not state.get("snapshot_done"):
+            return self._snapshot(url)
+        lsn = parse_lsn(state["lsn"])
+        gap = find_gap(url, self.slot, lsn)
+        if gap is not None:
+            if self.source.cdc.on_wal_gap == "resync":
+                self._say("%s: %s; resyncing from a fresh snapshot (on_wal_gap: resync)", self.source_name, gap)
+                drop_slot(url, self.slot)
+                return self._snapshot(url)
+            raise CdcError(
+                f"source {self.source_name}: the slot {self.slot} can no longer deliver the changes after the "
+                f"checkpoint {format_lsn(lsn)} ({gap}). Rows changed in between would be missed. Re-copy the "
+                f"source with `ingest state reset` on its streams (a fresh snapshot), or set cdc.on_wal_gap: resync"
+            )
+        return self._changes(url, lsn)
+
+    def _snapshot(self, url: str) -> CdcOutcome:
+        """Every table under the exported snapshot of a new slot; the slot's changes start exactly after it."""
+        self._preflight(url, expect_slot=False)
+        with _existing_slot_dropped(url, self.slot), create_slot_with_snapshot(url, self.slot) as snap:
+            version = version_of(snap.consistent_lsn, 0) - 1  # just below any change the slot will send
+            outcome = CdcOutcome("snapshot", snap.consistent_lsn)
+            for stream in self.streams:
+                outcome.rows[stream.name] = self._copy(url, stream, snap.snapshot_name, version)
+            self.store.commit(snap.consistent_lsn, snapshot_done=True, slot=self.slot)
+        outcome.health = slot_health(url, self.slot)
+        return outcome
+
+    def _copy(self, url: str, stream: PostgresTableStream, snapshot: str, version: Decimal) -> int:
+        plan = plan_table_read(url, stream.spec.schema_name, stream.spec.table_name, (), tuple(stream.spec.primary_key))
+        loader = stream.loader(Target(stream.name, 1), None, plan)
+        rows = 0
+        name = stream.qualified_name
+        for piece in table_slices(url, plan, None, self.source.cdc.snapshot_slice_rows, name, snapshot=snapshot):
+            split = split_bad_rows(
+                piece.table,
+                stream.name,
+                None,
+                self.run_id,
+                stream.spec.primary_key,
+                [c.name for c in plan.ordering],
+                stream.spec.dead_letters.on_bad_value,
+            )
+            table = with_metadata(split.rows, (), dt.datetime.now(dt.UTC), 1, meta=split.meta)
+            table = table.set_column(
+                table.schema.get_field_index("_ingest_position"),
+                "_ingest_position",
+                pa.repeat(pa.scalar(version, VERSION_TYPE), table.num_rows),
+            )
+            loader.load(table, dead_letters=split.dead)
+            rows += piece.rows
+        return rows
+
+    def _changes(self, url: str, lsn: int) -> CdcOutcome:
+        self._preflight(url, expect_slot=True)
+        outcome = CdcOutcome("changes", lsn)
+        faults = Faults.from_env()
+        for index in range(self.source.cdc.max_batches_per_run):
+            batch = read_changes(
+                url,
+                self.slot,
+                self.publication,
+                outcome.lsn,
+                max_changes=self.source.cdc.max_changes,
+                max_seconds=self.source.cdc.max_seconds,
+            )
+            if batch.end_lsn <= outcome.lsn and not batch.transactions:
+                break
+            faults.hit("before_load", index)
+            self._apply(url, batch, outcome)
+            faults.hit("after_load", index)
+            self.store.commit(batch.end_lsn, snapshot_done=True, slot=self.slot)
+            faults.hit("after_checkpoint", index)
+            acknowledge(url, self.slot, self.publication, batch.end_lsn)  # only behind a stored checkpoint
+            outcome.lsn = batch.end_lsn
+            if batch.caught_up or self.stop():
+                break
+        outcome.health = slot_health(url, self.slot)
+        return outcome
+
+    def _apply(self, url: str, batch: ChangeBatch, outcome: CdcOutcome) -> None:
+        by_table = {(s.spec.schema_name, s.spec.table_name): s for s in self.streams}
+        pending: dict[str, TableChanges] = {}
+        shapes = {s.name: s.discover() for s in self.streams}
+        for change in batch.changes:
+            stream = by_table.get((change.table.schema, change.table.table))
+            if stream is None:
+                continue
+            if change.op.value == "truncate" and stream.spec.truncate == "refuse":
+                raise CdcError(
+                    f"stream {stream.qualified_name}: the source table was truncated at {format_lsn(change.commit_lsn)}"
+                    " and the stream refuses truncates (it would empty the target). Set `truncate: apply` to "
+                    "follow it, or re-copy with `ingest state reset`; nothing after it was applied"
+                )
+            changes = pending.setdefault(stream.name, TableChanges(shapes[stream.name], tuple(stream.spec.primary_key)))
+            changes.add(change, _toast_lookup(url, stream, shapes[stream.name]))
+        for stream in self.streams:
+            if stream.name in pending:
+                self._load(stream, pending[stream.name], outcome)
+
+    def _load(self, stream: PostgresTableStream, changes: TableChanges, outcome: CdcOutcome) -> None:
+        loader = stream.loader(Target(stream.name, 1), None)
+        if changes.truncated_at is not None:
+            loader.delete_all()
+        rows = changes.to_arrow(generation=1)
+        dead = _dead_letters(stream, changes, self.run_id)
+        if rows is not None or dead is not None:
+            loader.load(rows, dead_letters=dead)
+        if stream.spec.deletes == "hard":
+            loader.purge_deleted()
+        now = dt.datetime.now(dt.UTC)
+        outcome.latency_ms += [(now - t).total_seconds() * 1000 for t in changes.commit_times]
+        outcome.rows[stream.name] = outcome.rows.get(stream.name, 0) + len(changes.rows)
+        outcome.dead_letters += len(changes.bad)
+
+    def _preflight(self, url: str, expect_slot: bool) -> None:
+        ensure_publication(url, self.publication, self.tables())
+        problems = check_cdc(url, self.slot, self.publication, self.tables(), expect_slot=expect_slot)
+        if problems:
+            raise CdcError(f"source {self.source_name} cannot capture changes: " + "; ".join(str(p) for p in problems))
+
+    def _say(self, message: str, *args: Any) -> None:
+        (self.log or log).warning(message, *args)
+
+
+def _dead_letters(stream: PostgresTableStream, changes: TableChanges, run_id: str) -> pa.Table | None:
+    rows = changes.dead_letter_rows()
+    if not rows:
+        return None
+    now = dt.datetime.now(dt.UTC)
+    records = [
+        {
+            "stream": stream.name,
+            "partition": "",
+            "record_key": key,
+            "run_id": run_id,
+            "position": "{}",
+            "error": error,
+            "raw_record": raw,
+            "dead_lettered_at": now,
+        }
+        for key, error, raw in rows
+    ]
+    return pa.Table.from_pylist(records, schema=DEAD_LETTER_SCHEMA)
+
+
+def _toast_lookup(
+    url: str, stream: PostgresTableStream, shape: TableShape
+) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    return lambda key: _current_row(url, stream, key, shape)
+
+
+def _current_row(url: str, stream: PostgresTableStream, key: dict[str, Any], shape: TableShape) -> dict[str, Any]:
+    """The source's current row by key, as text (an unchanged TOASTed value the log did not resend)."""
+    from psycopg2 import sql
+
+    conn = connect(url, "ingest-cdc-toast")
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                sql.SQL("SELECT {cols} FROM {table} WHERE {where}").format(
+                    cols=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c.name)) for c in shape.columns),
+                    table=sql.Identifier(stream.spec.schema_name, stream.spec.table_name),
+                    where=sql.SQL(" AND ").join(sql.SQL("{}::text = %s").format(sql.Identifier(k)) for k in key),
+                ),
+                [str(v) for v in key.values()],
+            )
+            row = cur.fetchone()
+    finally:
+        conn.close()
+    return dict(zip([c.name for c in shape.columns], row, strict=True)) if row else {}
+
+
+class _existing_slot_dropped:
+    """A slot left by a snapshot that never completed is useless (its copy is gone): start over."""
+
+    def __init__(self, url: str, slot: str) -> None:
+        self.url, self.slot = url, slot
+
+    def __enter__(self) -> None:
+        drop_slot(self.url, self.slot)
+
+    def __exit__(self, *_exc: object) -> None:
+        return None

@@ -1,0 +1,158 @@
+"""Row changes from the log as Arrow rows for one target table: upserts, delete tombstones, truncates.
+
+Values arrive as PostgreSQL's text output, the same text a COPY reads; they go through the same Arrow CSV
+parser with the table's types, so a value means the same whether it came from the snapshot or the log.
+A row's version is its change's log position: commit LSN * 10^9 + order within the transaction.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from ingestion_assets.loading.metadata_columns import (
+    DELETED_AT,
+    EXTRACTED_AT,
+    GENERATION,
+    META,
+    POSITION,
+    TIMESTAMP_UTC,
+)
+from ingestion_assets.sources.postgres.cdc import UNCHANGED_TOAST, Op, RowChange
+from ingestion_assets.sources.postgres.introspect import TableShape
+from ingestion_assets.sources.postgres.reader import csv_options
+
+VERSION_TYPE = pa.decimal128(38, 0)
+_UNFIT_TEMPORAL = ("infinity", "-infinity")
+_UNFIT_DECIMAL = ("NaN", "Infinity", "-Infinity")
+
+
+def version_of(commit_lsn: int, seq: int) -> Decimal:
+    return Decimal(commit_lsn) * 10**9 + seq
+
+
+@dataclass
+class TableChanges:
+    """The changes of one table within a batch, as rows ready to merge (the newest per key wins)."""
+
+    shape: TableShape
+    primary_key: tuple[str, ...]
+    rows: list[dict[str, Any]] = field(default_factory=list)  # column -> text value, plus bookkeeping
+    truncated_at: int | None = None  # index in `rows` after which the table was truncated last
+    bad: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+    commit_times: list[dt.datetime] = field(default_factory=list)
+
+    def add(self, change: RowChange, lookup_toast: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        self.commit_times.append(change.commit_time)
+        version = version_of(change.commit_lsn, change.seq)
+        if change.op == Op.TRUNCATE:
+            self.rows.clear()
+            self.truncated_at = change.commit_lsn
+            return
+        old = dict(zip(change.table.columns, change.old, strict=False)) if change.old is not None else None
+        if change.op == Op.DELETE:
+            self.rows.append(self._tombstone(old or {}, version, change.commit_time))
+            return
+        new = change.new_record()
+        if any(value is UNCHANGED_TOAST for value in new.values()):
+            new = self._fill_toast(new, old, lookup_toast)
+        if old is not None and any(old.get(k) is not None and old.get(k) != new.get(k) for k in self.primary_key):
+            self.rows.append(self._tombstone(old, version, change.commit_time))  # the key itself changed
+        problem = self._unfit(new)
+        if problem is not None:
+            self.bad.append((new, problem))
+            return
+        self.rows.append({**new, POSITION: version, DELETED_AT: None})
+
+    def _tombstone(self, old: dict[str, Any], version: Decimal, when: dt.datetime) -> dict[str, Any]:
+        return {**{k: old.get(k) for k in self.primary_key}, POSITION: version, DELETED_AT: when}
+
+    def _fill_toast(
+        self, new: dict[str, Any], old: dict[str, Any] | None, lookup: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """An unchanged TOASTed value is not resent: take it from the full old row, or from the source."""
+        missing = [name for name, value in new.items() if value is UNCHANGED_TOAST]
+        if old is not None and all(old.get(name) is not UNCHANGED_TOAST and name in old for name in missing):
+            return {**new, **{name: old[name] for name in missing}}
+        current = lookup({k: new[k] for k in self.primary_key})
+        return {**new, **{name: current.get(name) for name in missing}}
+
+    def _unfit(self, row: dict[str, Any]) -> str | None:
+        for column in self.shape.columns:
+            value = row.get(column.name)
+            if not isinstance(value, str):
+                continue
+            if column.type_name in ("timestamptz", "timestamp", "date") and (
+                value in _UNFIT_TEMPORAL or value.endswith(" BC")
+            ):
+                return f"{column.name}: {value} does not fit the target type"
+            if pa.types.is_decimal(column.arrow_type) and value in _UNFIT_DECIMAL:
+                return f"{column.name}: {value} does not fit the target type"
+        return None
+
+    def to_arrow(self, generation: int) -> pa.Table | None:
+        """The rows as typed Arrow with the metadata columns; the parse is the snapshot's CSV parse."""
+        if not self.rows:
+            return None
+        nullable = TableShape(self.shape.schema, self.shape.table, self.shape.columns)
+        text = io.StringIO()
+        writer = csv.writer(text, quoting=csv.QUOTE_NONNUMERIC, lineterminator="\n")
+        for row in self.rows:
+            writer.writerow([_csv_cell(row.get(c.name)) for c in self.shape.columns])
+        data = pacsv.read_csv(io.BytesIO(text.getvalue().encode()), **csv_options(nullable))
+        data = _decode_hex_binary(data, self.shape)
+        now = dt.datetime.now(dt.UTC)
+        count = data.num_rows
+        return (
+            data.append_column(EXTRACTED_AT, pa.repeat(pa.scalar(now, TIMESTAMP_UTC), count))
+            .append_column(POSITION, pa.array([r[POSITION] for r in self.rows], VERSION_TYPE))
+            .append_column(GENERATION, pa.repeat(pa.scalar(generation, pa.int64()), count))
+            .append_column(DELETED_AT, pa.array([r[DELETED_AT] for r in self.rows], TIMESTAMP_UTC))
+            .append_column(META, pa.nulls(count, pa.string()))
+        )
+
+    def dead_letter_rows(self) -> list[tuple[str, str, str]]:
+        """(record key, error, raw JSON) of the changes whose values cannot load."""
+        return [
+            ("|".join(str(row.get(k)) for k in self.primary_key), problem, json.dumps(row, default=str))
+            for row, problem in self.bad
+        ]
+
+
+class _Null:
+    """Written unquoted by QUOTE_NONNUMERIC: the CSV reader's NULL (an empty string is quoted)."""
+
+    def __str__(self) -> str:
+        return ""
+
+    def __float__(self) -> float:  # QUOTE_NONNUMERIC leaves numbers unquoted; this is how it knows
+        return 0.0
+
+
+_NULL_CELL = _Null()
+
+
+def _csv_cell(value: Any) -> Any:
+    return _NULL_CELL if value is None else str(value)
+
+
+def _decode_hex_binary(table: pa.Table, shape: TableShape) -> pa.Table:
+    for index, column in enumerate(shape.columns):
+        if pa.types.is_binary(column.arrow_type):
+            texts = table.column(index).to_pylist()
+            values = [None if t is None else bytes.fromhex(t[2:]) for t in texts]
+            table = table.set_column(index, column.name, pa.array(values, pa.binary()))
+    return table
+
+
+def keys_text(rows: Sequence[dict[str, Any]], primary_key: Sequence[str]) -> list[str]:
+    return ["|".join(str(r.get(k)) for k in primary_key) for r in rows]

@@ -1,0 +1,1 @@
+"""Tests of PostgreSQL change data capture against real servers with logical decoding."""
