@@ -18,7 +18,17 @@ from ingestion_assets.sources.slices import Slice, prefetched
 
 FAULT_ENV = "INGEST_FAULT"
 FAULT_ONCE_ENV = "INGEST_FAULT_ONCE"  # a marker file: the fault fires only while it does not exist
-FAULT_POINTS = ("before_load", "after_load", "after_checkpoint", "before_swap")
+FAULT_POINTS = (
+    "before_load",
+    "after_load",
+    "after_checkpoint",
+    "before_migration",
+    "after_migration",
+    "before_swap",
+    "after_swap",
+    "after_snapshot_slice",  # cdc: a slice of the first copy is loaded, the copy is not complete
+)
+UNSAFE_ORDER_ENV = "INGEST_UNSAFE_CHECKPOINT_FIRST"  # test-only: the broken protocol the simulation must catch
 
 
 class CheckpointSink(Protocol):
@@ -103,6 +113,7 @@ def run_slices(
     log: logging.Logger | None = None,
     stop: Callable[[], bool] | None = None,
     after_commit: Callable[[SyncResult], None] | None = None,
+    read_ahead: int = 1,
 ) -> SyncResult:
     """Load each slice, then checkpoint it. A crash anywhere costs at most the slice in flight.
 
@@ -110,14 +121,18 @@ def run_slices(
     `after_commit` may stop the run by raising (a dead-letter threshold): the slice is already safe.
     """
     faults = faults or Faults()
+    unsafe = os.environ.get(UNSAFE_ORDER_ENV) == "1"
     result = SyncResult(started_from=started_from, position=started_from)
     began = time.monotonic()
-    for piece in prefetched(iter(slices)):
+    for piece in prefetched(iter(slices)) if read_ahead else iter(slices):
         slice_began = time.monotonic()
+        if unsafe:  # never in production: checkpoint first, so a crash in the load loses the slice
+            sink.commit(piece.position, piece.index, piece.rows)
         faults.hit("before_load", piece.index)
         outcome = load(piece) or SliceOutcome(loaded=piece.rows)  # returns once the destination committed
         faults.hit("after_load", piece.index)
-        sink.commit(piece.position, piece.index, piece.rows)
+        if not unsafe:
+            sink.commit(piece.position, piece.index, piece.rows)
         faults.hit("after_checkpoint", piece.index)
         result.position = piece.position
         result.rows += piece.rows

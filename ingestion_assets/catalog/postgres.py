@@ -37,6 +37,11 @@ class PostgresStream(_Model):
     cursor: list[str] = Field(default_factory=list, description="cursor column(s); empty: full read")
     write_disposition: Literal["merge", "append", "replace"] = "merge"
     slice_rows: Annotated[int, Field(gt=0)] = 250_000
+    lookback_seconds: Annotated[float, Field(ge=0)] = Field(
+        0.0,
+        description="re-read this far behind the checkpoint's cursor (a timestamp): catches rows written late "
+        "with a cursor at or before it (clock resolution, long transactions); the merge absorbs the re-read",
+    )
     partitions: Annotated[TimePartitions | KeyPartitions, Field(discriminator="by")] | None = None
     max_partitions_per_run: Annotated[int, Field(gt=0)] | Literal["all"] = Field(
         "all",

@@ -7,6 +7,7 @@ import gc
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 import dlt
@@ -164,6 +165,17 @@ class Loader:
     def purge_deleted(self) -> None:
         """Hard deletes: tombstones (rows with `_ingest_deleted_at`) leave the table once merged."""
         self._execute_if_exists("DELETE FROM {table} WHERE _ingest_deleted_at IS NOT NULL")
+
+    def retire_below(self, position: Decimal, soft: bool) -> None:
+        """After a complete snapshot at `position`: every row that still exists was rewritten at it, so a row
+        below it (from an interrupted earlier snapshot, or from before a WAL gap) was deleted in the source."""
+        if soft:
+            self._execute_if_exists(
+                "UPDATE {table} SET _ingest_deleted_at = CURRENT_TIMESTAMP "
+                f"WHERE _ingest_position < {position} AND _ingest_deleted_at IS NULL"
+            )
+        else:
+            self._execute_if_exists(f"DELETE FROM {{table}} WHERE _ingest_position < {position}")
 
     def _execute_if_exists(self, statement: str) -> None:
         with self._lock(), self._pipeline.sql_client() as client:

@@ -132,6 +132,7 @@ class CdcSync:
         loader = stream.loader(Target(stream.name, 1), None, plan)
         rows = 0
         name = stream.qualified_name
+        faults = Faults.from_env()
         for piece in table_slices(url, plan, None, self.source.cdc.snapshot_slice_rows, name, snapshot=snapshot):
             split = split_bad_rows(
                 piece.table,
@@ -149,7 +150,9 @@ class CdcSync:
                 pa.repeat(pa.scalar(version, VERSION_TYPE), table.num_rows),
             )
             loader.load(table, dead_letters=split.dead)
+            faults.hit("after_snapshot_slice", piece.index)
             rows += piece.rows
+        loader.retire_below(version, soft=stream.spec.deletes == "soft")
         return rows
 
     def _changes(self, url: str, lsn: int) -> CdcOutcome:

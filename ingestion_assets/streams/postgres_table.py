@@ -49,6 +49,7 @@ class RunOptions:
     log: logging.Logger | Any | None = None
     loader: Loader | None = None
     plan: ReadPlan | None = field(default=None, repr=False)
+    read_ahead: int = 1  # slices read ahead in a thread; 0 keeps everything in one thread (the simulation)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ class PostgresTableStream:
         """Where the next run starts: after the checkpoint; a cursor-less stream re-reads once complete."""
         if not self.spec.cursor and complete:
             return None
+        if position is not None and self.spec.lookback_seconds and len(self.spec.cursor) == 1:
+            return _looked_back(position, self.spec.cursor[0], self.spec.lookback_seconds)
         return position
 
     def loader(self, target: Target, partition: str | None, plan: ReadPlan | None = None) -> Loader:
@@ -156,4 +159,17 @@ class PostgresTableStream:
             log=options.log,
             stop=options.stop,
             after_commit=lambda result: dead_letter_limit(self.qualified_name, self.spec.dead_letters, result),
+            read_ahead=options.read_ahead,
         )
+
+
+def _looked_back(position: dict[str, Any], cursor: str, seconds: float) -> dict[str, Any]:
+    """Start `seconds` before the checkpoint's cursor, at the lowest key: rows since are read again."""
+    value = position.get(cursor)
+    if value is None:
+        return position
+    try:
+        moment = dt.datetime.fromisoformat(str(value))
+    except ValueError:
+        return position  # not a timestamp: the exact position is all we can do
+    return {name: None for name in position} | {cursor: (moment - dt.timedelta(seconds=seconds)).isoformat()}

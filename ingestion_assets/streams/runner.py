@@ -83,6 +83,7 @@ class PartitionJob:
     faults: Faults | None = None
     log: logging.Logger | Any | None = None
     run_id: str = ""
+    read_ahead: int = 1
 
     def run(self) -> PartitionOutcome:
         with self._exclusive():
@@ -123,7 +124,10 @@ class PartitionJob:
             sink.details["refresh"] = {"mode": "retain", "generation": new_generation}
         target = Target(self.stream.name, new_generation)
         loader = self.stream.loader(target, self.partition, schema.plan)
+        faults = self.faults or Faults.from_env()
+        faults.hit("before_migration", 0)
         apply_to_target(schema, loader)
+        faults.hit("after_migration", 0)
         result = self._read(after, target, sink, loader, schema)
         mode = "refresh-retain" if refresh is not None else "incremental"
         return self._finish(result, new_generation, mode, schema, loader)
@@ -145,13 +149,18 @@ class PartitionJob:
             and loader.max_generation(shadow) is None
             and loader.max_generation(self.stream.name) == new_generation
         ):
-            result = SyncResult(started_from=after, position=after)  # swapped before a crash: only record it
-        else:
-            result = self._read(after, target, sink, loader, schema)
-            if self.stop():
-                return PartitionOutcome(self.partition, result, live_generation, "refresh", drained=True)
-            (self.faults or Faults.from_env()).hit("before_swap", 0)
-            loader.swap_in(shadow, self.stream.name)
+            # The swap happened, then the process died before the checkpoint said so: record it, then do what
+            # this run is for from there (a `replace` stream refreshes again, a one-off refresh goes on
+            # incrementally), so the run reflects the source as of now, not as of the crashed run.
+            done = {"generation": new_generation, "complete": True, "schema": schema.stored}
+            self.store.commit(self.partition, after, **done)
+            return self._attempt(done, after, _Sink(self.store, self.partition, {}, after))
+        result = self._read(after, target, sink, loader, schema)
+        if self.stop():
+            return PartitionOutcome(self.partition, result, live_generation, "refresh", drained=True)
+        (self.faults or Faults.from_env()).hit("before_swap", 0)
+        loader.swap_in(shadow, self.stream.name)
+        (self.faults or Faults.from_env()).hit("after_swap", 0)
         live = self.stream.loader(Target(self.stream.name, new_generation), self.partition, schema.plan)
         return self._finish(result, new_generation, "refresh", schema, live, full=True)
 
@@ -167,6 +176,7 @@ class PartitionJob:
             log=self.log,
             loader=loader,
             plan=schema.plan,
+            read_ahead=self.read_ahead,
         )
         return self.stream.run(after, sink, options)
 
