@@ -7,9 +7,10 @@ import datetime as dt
 import hashlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import pyarrow as pa
 
 from ingestion_assets.catalog import Destination, RestAuth, RestSource, RestStream
@@ -22,6 +23,7 @@ from ingestion_assets.sources.rest import (
     ApiKeyAuth,
     Auth,
     BearerAuth,
+    Clock,
     EndpointSpec,
     FileSecretStore,
     NoAuth,
@@ -46,6 +48,9 @@ class RestApiStream:
     source: RestSource
     name: str
     spec: RestStream
+    # How time passes and where requests go: the system clock and the network unless a simulation swaps them.
+    clock: Clock | None = field(default=None, repr=False, compare=False)
+    transport: httpx.BaseTransport | None = field(default=None, repr=False, compare=False)
 
     @property
     def qualified_name(self) -> str:
@@ -108,6 +113,8 @@ class RestApiStream:
                 max_rate_limited_seconds=limits.max_rate_limited_seconds,
             ),
             timeout=self.source.timeout_seconds,
+            clock=self.clock,
+            transport=self.transport,
         )
 
     def run(self, after: dict[str, Any] | None, sink: CheckpointSink, options: RunOptions) -> SyncResult:
@@ -131,6 +138,7 @@ class RestApiStream:
                 log=options.log,
                 stop=options.stop,
                 after_commit=lambda result: dead_letter_limit(self.qualified_name, self.spec.dead_letters, result),
+                read_ahead=options.read_ahead,
             )
         finally:
             client.close()

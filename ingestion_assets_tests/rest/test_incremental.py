@@ -8,6 +8,7 @@ import pytest
 
 from ingestion_assets.demo.api_server import DemoApi
 from ingestion_assets.sources.rest import BucketRegistry, read_pages
+from ingestion_assets.sources.rest.incremental import REREAD_FROM
 from ingestion_assets_tests.rest.conftest import StartApi
 from ingestion_assets_tests.rest.helpers import ORDERS, Target, assert_equal_to_server, client, oauth
 
@@ -23,14 +24,19 @@ def test_syncs_with_changes_in_between_end_equal_to_the_server(api: DemoApi, buc
             before = target.position
             read = target.sync(rest, ORDERS)
             assert_equal_to_server(target, api)
-            assert target.position == {"updated_at": stamp, "id": str(137 + 4 * (round_ + 1))}
-            # only the changes and the re-read boundary rows (those sharing the old position's timestamp)
+            position = dict(target.position or {})
+            reread_from = position.pop(REREAD_FROM, None)  # set when the read began within the changes' second
+            assert position == {"updated_at": stamp, "id": str(137 + 4 * (round_ + 1))}
+            assert reread_from is None or reread_from <= stamp
+            # only the changes and what changed since the previous read began (its boundary ties included)
             assert before is not None
-            assert {r["updated_at"] for r in read} <= {stamp, before["updated_at"]}
+            assert min(r["updated_at"] for r in read) >= (before.get(REREAD_FROM) or before["updated_at"])
             assert {r["id"] for r in read if r["updated_at"] == stamp} == {
                 r["id"] for r in api.records("orders") if r["updated_at"] == stamp
             }
-        assert target.sync(rest, ORDERS) == [r for r in api.records("orders") if r["updated_at"] == stamp]
+        resume = target.position or {}
+        # nothing changed: the read finds only what it must re-check, from where the last read began
+        assert target.sync(rest, ORDERS) == api.records("orders", since=resume.get(REREAD_FROM) or stamp)
 
 
 def test_ties_across_page_boundaries_are_all_read(start_api: StartApi, buckets: BucketRegistry) -> None:
@@ -48,7 +54,8 @@ def test_ties_across_page_boundaries_are_all_read(start_api: StartApi, buckets: 
     for page in target.pages:  # each page's position is its last record, exactly as the server wrote it
         if page.records:
             last = page.records[-1]
-            assert page.position == {"updated_at": last["updated_at"], "id": str(last["id"])}
+            exact = {k: v for k, v in page.position.items() if k != REREAD_FROM}
+            assert exact == {"updated_at": last["updated_at"], "id": str(last["id"])}
 
 
 @pytest.mark.parametrize("overlap_seconds", [0.0, 2.0])

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import email.utils
 import logging
 import random
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from types import TracebackType
 
 import httpx
@@ -129,6 +132,16 @@ class RestClient:
                 attempts.failed(f"HTTP {status}", asked)
             else:
                 raise error_for(response, where, self.auth.describe())
+
+    def server_time(self, response: httpx.Response) -> datetime:
+        """When the server answered, by its own clock (the `Date` header, whole seconds, rounded down), or by
+        ours when it sends none. Records the server stamps after this moment carry a later timestamp."""
+        header = response.headers.get("Date")
+        if header:
+            with contextlib.suppress(TypeError, ValueError, IndexError):
+                moment = email.utils.parsedate_to_datetime(header)
+                return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+        return self._clock.now()
 
     def close(self) -> None:
         self._http.close()

@@ -16,6 +16,10 @@ from ingestion_assets.sources.rest.paginators import PaginationSpec, Paginator, 
 
 Position = dict[str, str | None]  # field -> exact text of its value, as in the postgres source
 PAGE_TOKEN = "page_token"  # the position of a full read: the token of the next page
+# Where the next read must start (inclusive) when it is earlier than the cursor: the moment the read that
+# wrote the position began. A record changed while the read ran can carry a timestamp the read had already
+# passed (it tied a page's last record, with a lower key); starting the next read there finds it.
+REREAD_FROM = "_reread_from"
 
 
 @dataclass(frozen=True)
@@ -63,13 +67,15 @@ def read_pages(
         paginator.resume(str(start[PAGE_TOKEN]))
     position: Position = dict(start or {})
     index = 0
+    began: datetime | None = None  # the server's time at the first answer: a lower bound for late changes
     while paginator.has_more:
         url, query = paginator.request(endpoint.path, params)
         response = client.request("GET", url, query)
+        began = began or client.server_time(response)
         body = _json(response, endpoint)
         records = page_records(body, endpoint)
         paginator.advance(response, body, records)
-        position = next_position(endpoint, position, records, paginator)
+        position = next_position(endpoint, position, records, paginator, began)
         yield Page(records=records, position=position, index=index)
         index += 1
 
@@ -78,7 +84,7 @@ def window_params(endpoint: EndpointSpec, start: Position | None) -> dict[str, s
     """The filter that starts a read at `start`."""
     if not (endpoint.cursor_field and endpoint.cursor_param and start and start.get(endpoint.cursor_field)):
         return {}
-    since = str(start[endpoint.cursor_field])
+    since = str(start.get(REREAD_FROM) or start[endpoint.cursor_field])
     if endpoint.overlap_seconds:
         since = _format_like(since, _timestamp(since, endpoint) - timedelta(seconds=endpoint.overlap_seconds))
     return {endpoint.cursor_param: since}
@@ -102,19 +108,27 @@ def page_records(body: Any, endpoint: EndpointSpec) -> list[dict[str, Any]]:
 
 
 def next_position(
-    endpoint: EndpointSpec, before: Position, records: list[dict[str, Any]], paginator: Paginator
+    endpoint: EndpointSpec,
+    before: Position,
+    records: list[dict[str, Any]],
+    paginator: Paginator,
+    began: datetime | None = None,
 ) -> Position:
-    """The position after `records`: the last record's (cursor, primary key), never moving backwards."""
+    """The position after `records`: the last record's (cursor, primary key), never moving backwards, and
+    (for a timestamp cursor) where the next read starts if this read began after the cursor."""
     if endpoint.cursor_field is None:
         return {PAGE_TOKEN: paginator.token} if paginator.has_more else {}
     if not records:
         return before
     last = records[-1]
     after: Position = {name: exact_text(last[name]) for name in (endpoint.cursor_field, *endpoint.primary_key)}
-    earlier = before.get(endpoint.cursor_field)
-    if endpoint.overlap_seconds and earlier is not None:  # the re-read rows lie before the start
-        behind = _timestamp(str(after[endpoint.cursor_field]), endpoint) < _timestamp(earlier, endpoint)
-        return before if behind else after
+    stamp, earlier = _moment(after[endpoint.cursor_field]), _moment(before.get(endpoint.cursor_field))
+    if stamp is None:
+        return after  # not a timestamp: the exact position is all there is
+    if earlier is not None and stamp < earlier:  # still re-reading what lies before the start
+        return before
+    if began is not None and began < stamp:
+        after[REREAD_FROM] = _format_like(str(after[endpoint.cursor_field]), began)
     return after
 
 
@@ -131,6 +145,16 @@ def _json(response: httpx.Response, endpoint: EndpointSpec) -> Any:
     except ValueError as exc:
         kind = response.headers.get("Content-Type")
         raise ApiError(f"GET {endpoint.path}: the response is not JSON ({kind}); check the path") from exc
+
+
+def _moment(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _timestamp(text: str, endpoint: EndpointSpec) -> datetime:

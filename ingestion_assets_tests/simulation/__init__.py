@@ -1,0 +1,1 @@
+"""Deterministic simulation of the checkpoint protocol: `make simulate SEED=...` or `RUNS=N`."""

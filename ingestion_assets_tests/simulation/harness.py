@@ -1,0 +1,305 @@
+"""A seeded, single-threaded simulation of the checkpoint protocol around the real runner.
+
+Real: the runner, the PostgreSQL read (COPY into Arrow), the dlt load into DuckDB, the schema step, the
+refresh swap. Simulated: the clock the source's rows are stamped with, the network (a read that dies
+mid-stream), the fault points (a process death at any protocol step) and the checkpoint store (a write
+that is lost, or that lands just before the process dies). A model of the source, kept beside the real
+table, is what the target is checked against: at every checkpoint (never ahead of the target) and at
+the end (every row at its newest version, no key twice, deletes applied).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import random
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import psycopg2
+import yaml
+
+import ingestion_assets.streams.postgres_table as postgres_table
+from ingestion_assets.catalog import load_catalog
+from ingestion_assets.defs.assets import catalog_streams
+from ingestion_assets.settings import Settings
+from ingestion_assets.state.model import Checkpoint
+from ingestion_assets.streams.runner import PartitionJob
+from ingestion_assets.sync import UNSAFE_ORDER_ENV
+
+EPOCH = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+DEFAULT_ROUNDS = 6
+
+
+class Crash(BaseException):
+    """A simulated process death: not an Exception, so nothing on the way up records or handles it."""
+
+
+class SimulationFailure(AssertionError):
+    """An invariant broke; the message carries the seed that replays it."""
+
+
+@dataclass
+class SimFaults:
+    """The real fault points (sync.FAULT_POINTS), each a place the process may die."""
+
+    rng: random.Random
+    rate: float
+    crashes: list[str] = field(default_factory=list)
+
+    def hit(self, point: str, slice_index: int) -> None:
+        if self.rng.random() < self.rate:
+            self.crashes.append(f"{point}:{slice_index}")
+            raise Crash(f"{point}:{slice_index}")
+
+
+@dataclass
+class SimStore:
+    """The checkpoint store: every commit is checked against the target, some writes are lost or fatal."""
+
+    rng: random.Random
+    rate: float
+    check: Any  # called with each stored checkpoint
+    history: list[Checkpoint] = field(default_factory=list)
+
+    def latest(self, partition: str | None) -> Checkpoint | None:
+        return self.history[-1] if self.history else None
+
+    def commit(self, partition: str | None, position: dict[str, Any] | None, **details: Any) -> None:
+        if self.rng.random() < self.rate / 2:
+            raise Crash("checkpoint write lost")
+        stored = Checkpoint(position, "sim", dt.datetime.now(dt.UTC), len(self.history), dict(details))
+        self.history.append(stored)
+        self.check(stored)
+        if self.rng.random() < self.rate / 2:
+            raise Crash("died right after the checkpoint write")
+
+
+@dataclass
+class Model:
+    """What the source table holds: id -> (updated_at seconds, value)."""
+
+    rows: dict[int, tuple[int, int]] = field(default_factory=dict)
+    next_id: int = 1
+
+    def positions(self) -> dict[int, tuple[int, int]]:
+        return dict(self.rows)
+
+
+class Simulation:
+    def __init__(self, seed: int, source_url: str, home: Path, unsafe: bool = False) -> None:
+        self.seed, self.url, self.home, self.unsafe = seed, source_url, home, unsafe
+        self.rng = random.Random(seed)
+        self.clock = 0  # seconds after EPOCH; advancing by 0 makes ties
+        self.model = Model()
+        self.read_snapshot: dict[int, tuple[int, int]] = {}
+        self.schema = f"sim_{seed}_{uuid.uuid4().hex[:6]}"
+        self.mode = self.rng.choice(["merge", "merge", "replace"])
+        self.warehouse = home / f"{self.schema}.duckdb"
+        self.events: list[str] = []
+        self.rounds = DEFAULT_ROUNDS
+
+    def run(self, rounds: int = DEFAULT_ROUNDS) -> list[str]:
+        """Mutate, sync with crashes, repeat; then sync cleanly and compare. Returns the event log."""
+        self.rounds = rounds
+        self._setup()
+        try:
+            for round_index in range(rounds):
+                self._mutate(self.rng.randint(1, 25), deletes=self.mode == "replace")
+                if self.rng.random() < 0.15:
+                    self._add_column(round_index)
+                self._sync_until_done(fault_rate=self.rng.choice([0.0, 0.05, 0.15, 0.3]))
+            self._sync_until_done(fault_rate=0.0, quiet=True)  # the source at rest: the target must equal it
+            self._check_final()
+        finally:
+            self._teardown()
+        return self.events
+
+    @property
+    def replay(self) -> str:
+        rounds = "" if self.rounds == DEFAULT_ROUNDS else f" ROUNDS={self.rounds}"
+        return f"make simulate SEED={self.seed}{rounds}" + (" UNSAFE=1" if self.unsafe else "")
+
+    # --- the source ----------------------------------------------------------------------------
+    def _setup(self) -> None:
+        self._sql(f'CREATE SCHEMA "{self.schema}"')
+        self._sql(
+            f'CREATE TABLE "{self.schema}".items (id int PRIMARY KEY, value int, updated_at timestamptz NOT NULL)'
+        )
+        self._mutate(self.rng.randint(20, 120), deletes=False)
+        catalog = {
+            "destination": {"type": "duckdb", "path": str(self.warehouse)},
+            "sources": {
+                "sim": {
+                    "type": "postgres",
+                    "connection": {"file": str(self._url_file())},
+                    "streams": {
+                        "items": {
+                            "table": f"{self.schema}.items",
+                            "primary_key": "id",
+                            "cursor": "updated_at",
+                            "write_disposition": self.mode,
+                            "slice_rows": self.rng.randint(3, 40),
+                            "lookback_seconds": 1,  # the clock's resolution: ties written late are re-read
+                            "reconcile": "off",
+                        }
+                    },
+                }
+            },
+        }
+        (self.home / f"{self.schema}.yaml").write_text(yaml.safe_dump(catalog))
+
+    def _url_file(self) -> Path:
+        path = self.home / f"{self.schema}.url"
+        path.write_text(self.url)
+        return path
+
+    def _mutate(self, count: int, deletes: bool) -> None:
+        for _ in range(count):
+            self.clock += self.rng.choice([0, 0, 1, 2])
+            choice = self.rng.random()
+            if self.model.rows and choice < 0.45:
+                key = self.rng.choice(sorted(self.model.rows))
+                value = self.rng.randint(0, 10**6)
+                self._sql(
+                    f'UPDATE "{self.schema}".items SET value = %s, updated_at = %s WHERE id = %s',
+                    (value, self._stamp(), key),
+                )
+                self.model.rows[key] = (self.clock, value)
+            elif deletes and self.model.rows and choice < 0.6:
+                key = self.rng.choice(sorted(self.model.rows))
+                self._sql(f'DELETE FROM "{self.schema}".items WHERE id = %s', (key,))
+                del self.model.rows[key]
+            else:
+                key, value = self.model.next_id, self.rng.randint(0, 10**6)
+                self.model.next_id += 1
+                self._sql(
+                    f'INSERT INTO "{self.schema}".items (id, value, updated_at) VALUES (%s, %s, %s)',
+                    (key, value, self._stamp()),
+                )
+                self.model.rows[key] = (self.clock, value)
+
+    def _add_column(self, round_index: int) -> None:
+        self._sql(f'ALTER TABLE "{self.schema}".items ADD COLUMN extra_{round_index} text')
+        self.events.append(f"schema: added extra_{round_index}")
+
+    def _stamp(self) -> dt.datetime:
+        return EPOCH + dt.timedelta(seconds=self.clock)
+
+    def _sql(self, statement: str, params: tuple[Any, ...] = ()) -> None:
+        with contextlib.closing(psycopg2.connect(self.url)) as conn, conn.cursor() as cur:
+            cur.execute(statement, params)
+            conn.commit()
+
+    # --- syncing ---------------------------------------------------------------------------------
+    def _sync_until_done(self, fault_rate: float, quiet: bool = False) -> None:
+        """Runs until one completes; each crash is a dead process, the next run a fresh one."""
+        for _ in range(60):
+            faults = SimFaults(self.rng, fault_rate)
+            try:
+                with self._simulated_network(fault_rate, quiet), unsafe_order(self.unsafe):
+                    self._job(faults).run()
+                return
+            except Crash as crash:
+                self.events.append(f"crash: {crash}")
+        raise SimulationFailure(f"seed {self.seed}: no run completed in 60 attempts")
+
+    def _job(self, faults: SimFaults) -> PartitionJob:
+        settings = Settings(home=self.home, catalog_path=self.home / f"{self.schema}.yaml")
+        (stream,) = catalog_streams(settings, load_catalog(settings.catalog_path))
+        return PartitionJob(stream, self.store, faults=faults, read_ahead=0)  # type: ignore[arg-type]
+
+    @property
+    def store(self) -> SimStore:
+        if not hasattr(self, "_store"):
+            self._store = SimStore(self.rng, 0.05, self._check_checkpoint)
+        return self._store
+
+    @contextlib.contextmanager
+    def _simulated_network(self, fault_rate: float, quiet: bool) -> Iterator[None]:
+        """Source reads that may die mid-stream, with writes landing in the source between slices."""
+        real = postgres_table.table_slices
+        simulation = self
+
+        def table_slices(*args: Any, **kwargs: Any) -> Iterator[Any]:
+            reader = real(*args, **kwargs)
+            first = next(reader, None)  # the COPY has started: its snapshot is the model as of now
+            simulation.read_snapshot = simulation.model.positions()
+            pieces = [] if first is None else [first]
+            for piece in [*pieces, *reader]:
+                yield piece
+                if simulation.rng.random() < fault_rate:
+                    simulation.events.append("network: connection reset during the read")
+                    raise Crash("connection reset")
+                if not quiet and simulation.rng.random() < 0.3:
+                    simulation._mutate(simulation.rng.randint(1, 4), deletes=simulation.mode == "replace")
+
+        postgres_table.table_slices = table_slices  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            postgres_table.table_slices = real
+
+    # --- invariants --------------------------------------------------------------------------------
+    def _target(self) -> dict[int, tuple[int, int]]:
+        if not self.warehouse.exists():
+            return {}
+        with duckdb.connect(str(self.warehouse), read_only=True) as con:
+            try:
+                rows = con.execute("SELECT id, updated_at, value FROM sim.items").fetchall()
+            except duckdb.CatalogException:
+                return {}
+        found: dict[int, tuple[int, int]] = {}
+        for key, stamp, value in rows:
+            if key in found:
+                raise SimulationFailure(f"seed {self.seed}: primary key {key} twice in the target")
+            found[key] = (int((stamp - EPOCH).total_seconds()), value)
+        return found
+
+    def _check_checkpoint(self, stored: Checkpoint) -> None:
+        """The checkpoint never runs ahead of the target: every row read at or before it is loaded."""
+        position = stored.position
+        if position is None or stored.details.get("refresh") or self.mode == "replace":
+            return  # a refresh writes a shadow table; its checkpoint is checked at the swap (final check)
+        cut = (int((dt.datetime.fromisoformat(position["updated_at"]) - EPOCH).total_seconds()), int(position["id"]))
+        target = self._target()
+        for key, (stamp, _value) in self.read_snapshot.items():
+            if (stamp, key) <= cut and (key not in target or target[key][0] < stamp):
+                raise SimulationFailure(
+                    f"seed {self.seed}: checkpoint {position} is ahead of the target: row {key} (version {stamp}) "
+                    f"was read before it but is {'missing' if key not in target else 'older'} in the target; "
+                    f"replay with `{self.replay}`"
+                )
+
+    def _check_final(self) -> None:
+        target, source = self._target(), self.model.rows
+        missing = sorted(set(source) - set(target))
+        stale = sorted(k for k in source if k in target and target[k] != source[k])
+        extra = sorted(set(target) - set(source))  # merge streams keep deleted rows; this sim deletes only in replace
+        if missing or stale or extra:
+            raise SimulationFailure(
+                f"seed {self.seed} ({self.mode}): {len(missing)} rows missing {missing[:5]}, {len(stale)} stale "
+                f"{stale[:5]}, {len(extra)} not deleted {extra[:5]} after {len(self.events)} events "
+                f"(last: {self.events[-5:]}); replay with `{self.replay}`"
+            )
+
+    def _teardown(self) -> None:
+        self._sql(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+
+
+@contextlib.contextmanager
+def unsafe_order(enabled: bool) -> Iterator[None]:
+    """The deliberately broken protocol (checkpoint before the load commits), to prove the harness can fail."""
+    if not enabled:
+        yield
+        return
+    os.environ[UNSAFE_ORDER_ENV] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(UNSAFE_ORDER_ENV, None)
