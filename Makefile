@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: install demo dev test test-slow lint bench clean
+.PHONY: install demo dev test test-slow lint bench simulate chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,22 @@ test-slow: install
 lint: install
 	$(BIN)/ruff check ingestion_assets ingestion_assets_tests bench
 	$(BIN)/mypy
+
+# `make simulate SEED=1002` replays one seed exactly (KIND=table|api|both); `make simulate RUNS=200` runs many more.
+SEED ?=
+RUNS ?= 20
+START ?= 1000
+ROUNDS ?= 6
+KIND ?= both
+simulate: install
+	$(BIN)/python -m ingestion_assets_tests.simulation $(if $(SEED),--seed $(SEED),--runs $(RUNS) --start $(START)) \
+		--rounds $(ROUNDS) --kind $(KIND) $(if $(UNSAFE),--unsafe)
+
+# Real chaos through Dagster: `make chaos TRIALS=100 CHAOS_SEED=7` (RELIABILITY.md records the figures).
+TRIALS ?= 30
+CHAOS_SEED ?= 1
+chaos: install
+	$(BIN)/python -m ingestion_assets_tests.chaos --trials $(TRIALS) --seed $(CHAOS_SEED)
 
 bench: install
 	$(BIN)/python bench/postgres_to_duckdb.py

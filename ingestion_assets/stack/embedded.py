@@ -103,10 +103,11 @@ class EmbeddedPostgres:
                 self._start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, mode: str = "fast") -> None:
+        """`fast` disconnects clients and shuts down cleanly; `immediate` is a crash (recovery at next start)."""
         with self._lock():
             if self.is_running():
-                self._pg_ctl(["-w", "-m", "fast", "stop"])
+                self._pg_ctl(["-w", "-m", mode, "stop"])
 
     def ensure_database(self, name: str) -> str:
         """Create database `name` if it is missing and return its URL."""
