@@ -10,12 +10,14 @@ from ingestion_assets.defs.cdc import build_cdc_assets
 from ingestion_assets.defs.schedules import build_schedules
 from ingestion_assets.defs.sensors import build_sensors
 from ingestion_assets.settings import Settings
+from ingestion_assets.state.runs import release_dead_runs_on_this_machine
 
 
 @dg.definitions
 def defs() -> dg.Definitions:
     settings = Settings.from_env()
     catalog = load_catalog(settings.catalog_path)
+    release_dead_runs_on_this_machine(settings)  # a killed run's pool slots would block its source for good
     streams = [s for s in catalog_streams(settings, catalog) if not is_cdc(s)]
     assets = {dg.AssetKey([s.source_name, s.name]): stream_asset(s) for s in streams}
     cdc_assets, cdc_sensors = build_cdc_assets(settings, catalog)

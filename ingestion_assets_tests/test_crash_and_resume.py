@@ -6,6 +6,7 @@ import os
 import signal
 import time
 
+import dagster as dg
 import pytest
 
 from ingestion_assets.sync import FAULT_ENV, FAULT_ONCE_ENV
@@ -86,6 +87,27 @@ def test_sigkill_at_a_random_moment_loses_and_duplicates_nothing(harness: Stream
     assert before.details["complete"] is False, "the kill came after the run finished: nothing was tested"
 
     harness.materialize()
+    harness.assert_target_equals_source("events", "events", "id")
+
+
+def test_a_killed_run_does_not_hold_its_pool_slot_for_ever(harness: StreamHarness) -> None:
+    """Found by the chaos runs: SIGKILLed runs kept their slots of the source's pool, so once the pool was
+    full every later run of the source waited for ever."""
+    harness.source.execute(EVENTS)
+    spec = {"table": "events", "primary_key": "id", "cursor": "updated_at", "slice_rows": 400}
+    harness.write_catalog({"events": spec}, max_concurrency=1)
+    process = harness.materialize_cli("events")
+    deadline = time.monotonic() + 120
+    while harness.observations("events") < 2 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    killed = harness.instance.get_runs(limit=1)[0]
+    assert killed.status == dg.DagsterRunStatus.STARTED, harness.log_text(process)[-3000:]
+    assert killed.run_id in harness.instance.event_log_storage.get_concurrency_run_ids()
+
+    harness.wait_ok(harness.materialize_cli("events"), timeout=240)  # before the fix: blocked for ever
+    assert harness.instance.get_run_by_id(killed.run_id).status == dg.DagsterRunStatus.FAILURE
     harness.assert_target_equals_source("events", "events", "id")
 
 

@@ -49,6 +49,7 @@ def instance_config(storage_url: str, settings: Settings) -> dict[str, Any]:
             "runs": {"max_concurrent_runs": 8},
             "pools": {"default_limit": 4, "granularity": "op"},
         },
-        "run_monitoring": {"enabled": True, "poll_interval_seconds": 30},
+        # with the daemon: runs that ended without freeing their pool slots (terminated, crashed) free them
+        "run_monitoring": {"enabled": True, "poll_interval_seconds": 30, "free_slots_after_run_end_seconds": 10},
         "telemetry": {"enabled": False},
     }
