@@ -31,12 +31,12 @@ lint: install
 	$(BIN)/ruff check ingestion_assets ingestion_assets_tests bench
 	$(BIN)/mypy
 
-# `make simulate SEED=1002` replays one seed exactly (KIND=table|api|both); `make simulate RUNS=200` runs many more.
+# `make simulate SEED=1002` replays one seed exactly (KIND=table|api|cdc|all); `make simulate RUNS=200` runs many more.
 SEED ?=
 RUNS ?= 20
 START ?= 1000
 ROUNDS ?= 6
-KIND ?= both
+KIND ?= all
 simulate: install
 	$(BIN)/python -m ingestion_assets_tests.simulation $(if $(SEED),--seed $(SEED),--runs $(RUNS) --start $(START)) \
 		--rounds $(ROUNDS) --kind $(KIND) $(if $(UNSAFE),--unsafe)

@@ -77,6 +77,10 @@ def test_a_valid_catalog_normalises_single_columns_to_lists(tmp_path: Path) -> N
             VALID.replace("public.orders", "a.b.c"),
             "sources.shop.streams.orders.table: expected `schema.table`",
         ),
+        (  # found by the CDC simulation: DuckDB reads `shop.orders` as file `shop` or schema `shop`
+            "destination: {type: duckdb, path: /data/shop.duckdb}\n" + VALID,
+            "the DuckDB file is named like the source 'shop'",
+        ),
         ("sources: [1, 2]", "sources: Input should be a valid dictionary"),
         ("sources:\n  shop: {type: postgres\n", "not valid YAML"),
         ("- just a list", "the top level must be a mapping"),

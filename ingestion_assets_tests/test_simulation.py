@@ -9,6 +9,7 @@ import pytest
 
 from ingestion_assets.settings import Settings
 from ingestion_assets_tests.simulation.api import ApiSimulation
+from ingestion_assets_tests.simulation.cdc import CdcSimulation
 from ingestion_assets_tests.simulation.harness import Simulation, SimulationFailure
 
 # 1002 (replace mode) is the regression seed of the refresh swap that crashed before its checkpoint: the
@@ -17,6 +18,7 @@ SEEDS = [1000, 1001, 1002]
 # 1000 (api) is the regression seed of the late tie: a record changed while a read ran, stamped with the
 # timestamp of a page already served but a lower key, was skipped for good once the checkpoint moved on.
 API_SEEDS = [1000, 1002]
+CDC_SEEDS = [1000, 1001]  # soft and hard deletes
 
 
 @pytest.fixture(scope="module")
@@ -45,3 +47,14 @@ def test_api_seed_keeps_every_invariant(seed: int, tmp_path: Path) -> None:
 def test_api_checkpoint_before_the_load_is_caught(tmp_path: Path) -> None:
     with pytest.raises(SimulationFailure, match=r"ahead of the target|missing|stale"):
         ApiSimulation(1000, tmp_path, unsafe=True).run()
+
+
+@pytest.mark.parametrize("seed", CDC_SEEDS)
+def test_cdc_seed_keeps_every_invariant(seed: int, sim_url: str, tmp_path: Path) -> None:
+    events = CdcSimulation(seed, sim_url, tmp_path).run()
+    assert any(event.startswith("crash") for event in events), "the seed injected no crash: it proves nothing"
+
+
+def test_cdc_checkpoint_before_the_load_is_caught(sim_url: str, tmp_path: Path) -> None:
+    with pytest.raises(SimulationFailure, match="is not the source as of then"):
+        CdcSimulation(1000, sim_url, tmp_path, unsafe=True).run()

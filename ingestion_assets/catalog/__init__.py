@@ -68,6 +68,14 @@ class Catalog(_Model):
             _check_name(("sources", source_name), source_name)
             for stream_name in source.streams:
                 _check_name(("sources", source_name, "streams", stream_name), stream_name)
+        if self.destination.type == "duckdb":
+            stem = Path(self.destination.path or "warehouse.duckdb").name.split(".")[0]
+            if stem in self.sources:
+                raise ValueError(
+                    f"destination.path: the DuckDB file is named like the source {stem!r}, whose rows land in a "
+                    f"schema {stem!r}; DuckDB then cannot tell the file from the schema in `{stem}.<table>`. "
+                    "Rename the file or the source"
+                )
         return self
 
     def streams(self) -> list[tuple[str, PostgresSource | RestSource, str, AnyStream]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from ingestion_assets.sources.postgres.introspect import TableShape
 from ingestion_assets.sources.postgres.reader import connect
 from ingestion_assets.streams.cdc_rows import VERSION_TYPE, TableChanges, version_of
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
-from ingestion_assets.sync import Faults
+from ingestion_assets.sync import UNSAFE_ORDER_ENV, Faults
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class CdcSync:
     stop: Callable[[], bool] = field(default=lambda: False)
     log: logging.Logger | Any | None = None
     run_id: str = ""
+    faults: Faults | None = None  # the fault points; default from INGEST_FAULT (tests, chaos, the simulation)
 
     @property
     def slot(self) -> str:
@@ -132,7 +134,7 @@ class CdcSync:
         loader = stream.loader(Target(stream.name, 1), None, plan)
         rows = 0
         name = stream.qualified_name
-        faults = Faults.from_env()
+        faults = self.faults or Faults.from_env()
         for piece in table_slices(url, plan, None, self.source.cdc.snapshot_slice_rows, name, snapshot=snapshot):
             split = split_bad_rows(
                 piece.table,
@@ -158,7 +160,7 @@ class CdcSync:
     def _changes(self, url: str, lsn: int) -> CdcOutcome:
         self._preflight(url, expect_slot=True)
         outcome = CdcOutcome("changes", lsn)
-        faults = Faults.from_env()
+        faults = self.faults or Faults.from_env()
         for index in range(self.source.cdc.max_batches_per_run):
             batch = read_changes(
                 url,
@@ -170,10 +172,14 @@ class CdcSync:
             )
             if batch.end_lsn <= outcome.lsn and not batch.transactions:
                 break
+            unsafe = os.environ.get(UNSAFE_ORDER_ENV) == "1"
+            if unsafe:  # never in production: checkpoint first, so a crash in the load loses the batch
+                self.store.commit(batch.end_lsn, snapshot_done=True, slot=self.slot)
             faults.hit("before_load", index)
             self._apply(url, batch, outcome)
             faults.hit("after_load", index)
-            self.store.commit(batch.end_lsn, snapshot_done=True, slot=self.slot)
+            if not unsafe:
+                self.store.commit(batch.end_lsn, snapshot_done=True, slot=self.slot)
             faults.hit("after_checkpoint", index)
             acknowledge(url, self.slot, self.publication, batch.end_lsn)  # only behind a stored checkpoint
             outcome.lsn = batch.end_lsn

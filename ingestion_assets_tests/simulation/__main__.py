@@ -11,7 +11,10 @@ from pathlib import Path
 
 from ingestion_assets.stack.embedded import EmbeddedPostgres
 from ingestion_assets_tests.simulation.api import ApiSimulation
+from ingestion_assets_tests.simulation.cdc import CdcSimulation
 from ingestion_assets_tests.simulation.harness import Simulation, SimulationFailure
+
+KINDS = ("table", "api", "cdc")
 
 
 def main() -> int:
@@ -20,11 +23,11 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=20, help="how many seeds, from --start")
     parser.add_argument("--start", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=6, help="source changes and crashing syncs per seed")
-    parser.add_argument("--kind", choices=["table", "api", "both"], default="both", help="which stream to simulate")
+    parser.add_argument("--kind", choices=[*KINDS, "all"], default="all", help="which stream to simulate")
     parser.add_argument("--unsafe", action="store_true", help="the broken protocol: checkpoint before the load")
     args = parser.parse_args()
     seeds = [args.seed] if args.seed is not None else list(range(args.start, args.start + args.runs))
-    kinds = ["table", "api"] if args.kind == "both" else [args.kind]
+    kinds = list(KINDS) if args.kind == "all" else [args.kind]
     root = Path(tempfile.mkdtemp(prefix="ingest-sim-"))
     server = EmbeddedPostgres(root / "pg").ensure_running()
     failures = crashes = 0
@@ -32,11 +35,13 @@ def main() -> int:
     try:
         url = server.ensure_database("sim")
         for seed, kind in [(seed, kind) for seed in seeds for kind in kinds]:
-            simulation: Simulation | ApiSimulation = (
-                Simulation(seed, url, root, unsafe=args.unsafe)
-                if kind == "table"
-                else ApiSimulation(seed, root, unsafe=args.unsafe)
-            )
+            simulation: Simulation | ApiSimulation | CdcSimulation
+            if kind == "table":
+                simulation = Simulation(seed, url, root, unsafe=args.unsafe)
+            elif kind == "api":
+                simulation = ApiSimulation(seed, root, unsafe=args.unsafe)
+            else:
+                simulation = CdcSimulation(seed, url, root, unsafe=args.unsafe)
             seed_began = time.monotonic()
             try:
                 events = simulation.run(rounds=args.rounds)

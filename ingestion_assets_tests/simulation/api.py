@@ -102,7 +102,9 @@ class ModelApi:
         since = dt.datetime.fromisoformat(query["updated_since"]) if "updated_since" in query else None
         after = tuple(json.loads(base64.urlsafe_b64decode(query["cursor"]))) if query.get("cursor") else None
         ordered = sorted((stamp, key, value) for key, (stamp, value) in self.rows.items())
-        rows = [r for r in ordered if (since is None or r[0] >= since) and (after is None or (_text(r[0]), r[1]) > after)]
+        rows = [
+            r for r in ordered if (since is None or r[0] >= since) and (after is None or (_text(r[0]), r[1]) > after)
+        ]
         size = int(query.get("limit", 50))
         token = None
         if len(rows) > size:
@@ -235,4 +237,3 @@ class ApiSimulation:
                 f"seed {self.seed} (api): {len(missing)} missing {missing[:5]}, {len(stale)} stale {stale[:5]}, "
                 f"{len(extra)} unknown {extra[:5]} after {len(self.events)} events; replay with `{self.replay}`"
             )
-

@@ -1,0 +1,249 @@
+"""The seeded simulation for a CDC source: the real snapshot, pgoutput reader, change application, loader
+and slot acknowledgement against a real PostgreSQL; crashes at every fault point (snapshot slices, before
+and after each batch's load, after its checkpoint), lost or fatal checkpoint writes, and source changes
+between slices and batches (inserts, updates, deletes, primary-key changes).
+
+At every checkpoint it checks that the target holds exactly the source as of that log position (each
+change the sim makes is stamped with the WAL position right after its commit) and that the slot was never
+acknowledged past the stored checkpoint; at the end, that the target equals the source."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import psycopg2
+import yaml
+
+import ingestion_assets.streams.cdc as cdc_module
+from ingestion_assets.catalog import load_catalog
+from ingestion_assets.settings import Settings
+from ingestion_assets.sources.postgres.cdc import drop_slot, format_lsn, parse_lsn, slot_health
+from ingestion_assets.streams.cdc import CdcSync
+from ingestion_assets.streams.postgres_table import PostgresTableStream
+from ingestion_assets_tests.simulation.harness import (
+    DEFAULT_ROUNDS,
+    Crash,
+    SimFaults,
+    SimulationFailure,
+    unsafe_order,
+)
+
+Rows = dict[int, int]  # id -> value
+
+
+class SimCdcStore:
+    """The CDC checkpoint store; each commit is checked, some writes are lost or the process dies after."""
+
+    def __init__(self, rng: random.Random, rate: float, check: Any) -> None:
+        self.rng, self.rate, self.check = rng, rate, check
+        self.state: dict[str, Any] | None = None
+
+    def latest(self) -> dict[str, Any] | None:
+        return self.state
+
+    def commit(self, lsn: int, **details: Any) -> None:
+        if self.rng.random() < self.rate / 2:
+            raise Crash("checkpoint write lost")
+        self.state = {**details, "lsn": format_lsn(lsn)}
+        self.check(lsn)
+        if self.rng.random() < self.rate / 2:
+            raise Crash("died right after the checkpoint write")
+
+
+class CdcSimulation:
+    def __init__(self, seed: int, source_url: str, home: Path, unsafe: bool = False) -> None:
+        self.seed, self.url, self.home, self.unsafe = seed, source_url, home, unsafe
+        self.rng = random.Random(seed)
+        self.name = f"simcdc_{seed}_{uuid.uuid4().hex[:6]}"
+        self.deletes = self.rng.choice(["hard", "soft"])
+        self.mode = f"cdc, {self.deletes} deletes"
+        self.warehouse = home / f"{self.name}_warehouse.duckdb"  # not the source's name: see the catalog check
+        self.rows: Rows = {}
+        self.history: list[tuple[int, Rows]] = []  # (WAL position after the change's commit, rows after it)
+        self.next_id = 1
+        self.events: list[str] = []
+        self.rounds = DEFAULT_ROUNDS
+        self.store = SimCdcStore(self.rng, 0.05, self._check_checkpoint)
+        self._conn: Any = None
+
+    @property
+    def replay(self) -> str:
+        rounds = "" if self.rounds == DEFAULT_ROUNDS else f" ROUNDS={self.rounds}"
+        return f"make simulate SEED={self.seed}{rounds} KIND=cdc" + (" UNSAFE=1" if self.unsafe else "")
+
+    def run(self, rounds: int = DEFAULT_ROUNDS) -> list[str]:
+        self.rounds = rounds
+        self._conn = psycopg2.connect(self.url)
+        self._conn.autocommit = True
+        try:
+            self._sql(f'CREATE SCHEMA "{self.name}"')
+            self._sql(f'CREATE TABLE "{self.name}".items (id int PRIMARY KEY, value int NOT NULL)')
+            self._mutate(self.rng.randint(20, 150))
+            self._write_catalog()
+            for _ in range(rounds):
+                self._mutate(self.rng.randint(1, 30))
+                self._sync_until_done(self.rng.choice([0.0, 0.03, 0.08, 0.15]), changing=True)
+            for _ in range(500):  # at rest: runs (each at most max_batches_per_run batches) until one finds nothing
+                if self._sync_until_done(0.0, changing=False) == 0:
+                    break
+            self._check_final()
+        finally:
+            with contextlib.suppress(psycopg2.Error):
+                drop_slot(self.url, f"ingest_{self.name}")
+                self._sql(f'DROP PUBLICATION IF EXISTS "ingest_{self.name}"')
+                self._sql(f'DROP SCHEMA IF EXISTS "{self.name}" CASCADE')
+            self._conn.close()
+        return self.events
+
+    # --- the source ----------------------------------------------------------------------------
+    def _sql(self, statement: str, params: tuple[Any, ...] = ()) -> None:
+        with self._conn.cursor() as cur:
+            cur.execute(statement, params)
+
+    def _mutate(self, count: int) -> None:
+        """Each change its own transaction, stamped with the WAL position right after its commit."""
+        table = f'"{self.name}".items'
+        for _ in range(count):
+            roll = self.rng.random()
+            if self.rows and roll < 0.4:
+                key, value = self.rng.choice(sorted(self.rows)), self.rng.randint(0, 10**6)
+                self._sql(f"UPDATE {table} SET value = %s WHERE id = %s", (value, key))
+                self.rows[key] = value
+            elif self.rows and roll < 0.55:
+                key = self.rng.choice(sorted(self.rows))
+                self._sql(f"DELETE FROM {table} WHERE id = %s", (key,))
+                del self.rows[key]
+            elif self.rows and roll < 0.6:  # a primary-key change: a delete of the old key, an insert of the new
+                key, new = self.rng.choice(sorted(self.rows)), self.next_id
+                self.next_id += 1
+                self._sql(f"UPDATE {table} SET id = %s WHERE id = %s", (new, key))
+                self.rows[new] = self.rows.pop(key)
+            else:
+                key, value = self.next_id, self.rng.randint(0, 10**6)
+                self.next_id += 1
+                self._sql(f"INSERT INTO {table} (id, value) VALUES (%s, %s)", (key, value))
+                self.rows[key] = value
+            with self._conn.cursor() as cur:
+                cur.execute("SELECT pg_current_wal_insert_lsn()::text")
+                self.history.append((parse_lsn(cur.fetchone()[0]), dict(self.rows)))
+
+    def _write_catalog(self) -> None:
+        (self.home / f"{self.name}.url").write_text(self.url)
+        source = {
+            "type": "postgres",
+            "mode": "cdc",
+            "connection": {"file": str(self.home / f"{self.name}.url")},
+            "cdc": {
+                "max_changes": self.rng.randint(3, 40),
+                "max_seconds": 2,
+                "max_batches_per_run": self.rng.randint(3, 10),
+                "snapshot_slice_rows": self.rng.randint(5, 60),
+            },
+            "streams": {"items": {"table": f"{self.name}.items", "primary_key": "id", "deletes": self.deletes}},
+        }
+        catalog = {"destination": {"type": "duckdb", "path": str(self.warehouse)}, "sources": {self.name: source}}
+        (self.home / f"{self.name}.yaml").write_text(yaml.safe_dump(catalog))
+
+    # --- syncing ---------------------------------------------------------------------------------
+    def _sync_until_done(self, fault_rate: float, changing: bool) -> int:
+        """Runs until one completes; returns the changes (or snapshot rows) it applied."""
+        for _ in range(60):
+            try:
+                with self._changes_between_reads(changing), unsafe_order(self.unsafe):
+                    outcome = self._sync(SimFaults(self.rng, fault_rate)).run()
+                return sum(outcome.rows.values())
+            except Crash as crash:
+                self.events.append(f"crash: {crash}")
+        raise SimulationFailure(f"seed {self.seed}: no run completed in 60 attempts")
+
+    def _sync(self, faults: SimFaults) -> CdcSync:
+        settings = Settings(home=self.home, catalog_path=self.home / f"{self.name}.yaml")
+        catalog = load_catalog(settings.catalog_path)
+        source = catalog.sources[self.name]
+        streams = [
+            PostgresTableStream(settings, catalog.destination, self.name, source, name, spec)  # type: ignore[arg-type]
+            for name, spec in source.streams.items()
+        ]
+        return CdcSync(settings, catalog.destination, self.name, source, streams, self.store, faults=faults)  # type: ignore[arg-type]
+
+    @contextlib.contextmanager
+    def _changes_between_reads(self, changing: bool) -> Iterator[None]:
+        """The source keeps changing between snapshot slices and between batches of changes."""
+        real_slices, real_changes = cdc_module.table_slices, cdc_module.read_changes
+        simulation = self
+
+        def table_slices(*args: Any, **kwargs: Any) -> Iterator[Any]:
+            for piece in real_slices(*args, **kwargs):
+                yield piece
+                if changing and simulation.rng.random() < 0.4:
+                    simulation._mutate(simulation.rng.randint(1, 5))
+
+        def read_changes(*args: Any, **kwargs: Any) -> Any:
+            if changing and simulation.rng.random() < 0.5:
+                simulation._mutate(simulation.rng.randint(1, 8))
+            return real_changes(*args, **kwargs)
+
+        cdc_module.table_slices, cdc_module.read_changes = table_slices, read_changes  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            cdc_module.table_slices, cdc_module.read_changes = real_slices, real_changes
+
+    # --- invariants --------------------------------------------------------------------------------
+    def _target(self) -> Rows:
+        if not self.warehouse.exists():
+            return {}
+        with duckdb.connect(str(self.warehouse), read_only=True) as con:
+            try:
+                rows = con.execute(
+                    f'SELECT id, value FROM "{self.name}".items WHERE _ingest_deleted_at IS NULL'
+                ).fetchall()
+            except duckdb.CatalogException:
+                return {}
+        found: Rows = {}
+        for key, value in rows:
+            if key in found:
+                raise SimulationFailure(f"seed {self.seed}: primary key {key} twice in the target; `{self.replay}`")
+            found[key] = value
+        return found
+
+    def _check_checkpoint(self, lsn: int) -> None:
+        """The target is the source as of the checkpoint's log position; the slot is not acknowledged past it."""
+        health = slot_health(self.url, f"ingest_{self.name}")
+        if health.confirmed_flush_lsn is not None and health.confirmed_flush_lsn > lsn:
+            raise SimulationFailure(
+                f"seed {self.seed}: the slot was acknowledged at {format_lsn(health.confirmed_flush_lsn)}, past the "
+                f"checkpoint {format_lsn(lsn)}; replay with `{self.replay}`"
+            )
+        before = [rows for stamp, rows in self.history if stamp < lsn]
+        candidates = [before[-1] if before else {}]  # every change committed before the position
+        later = [rows for stamp, rows in self.history if stamp >= lsn]
+        if later:
+            candidates.append(later[0])  # the change whose commit ends exactly at the position
+        target = self._target()
+        if target not in candidates:
+            expected = candidates[-1]
+            missing = sorted(set(expected) - set(target))[:5]
+            extra = sorted(set(target) - set(expected))[:5]
+            raise SimulationFailure(
+                f"seed {self.seed}: at checkpoint {format_lsn(lsn)} the target is not the source as of then "
+                f"(missing {missing}, extra {extra}); replay with `{self.replay}`"
+            )
+
+    def _check_final(self) -> None:
+        target = self._target()
+        missing = sorted(set(self.rows) - set(target))
+        stale = sorted(k for k in self.rows if k in target and target[k] != self.rows[k])
+        extra = sorted(set(target) - set(self.rows))
+        if missing or stale or extra:
+            raise SimulationFailure(
+                f"seed {self.seed} ({self.mode}): {len(missing)} missing {missing[:5]}, {len(stale)} stale "
+                f"{stale[:5]}, {len(extra)} not deleted {extra[:5]} after {len(self.events)} events; "
+                f"replay with `{self.replay}`"
+            )
