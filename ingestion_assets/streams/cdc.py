@@ -8,6 +8,7 @@ import datetime as dt
 import logging
 import os
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -42,6 +43,7 @@ from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
 from ingestion_assets.sync import UNSAFE_ORDER_ENV, Faults
 
 log = logging.getLogger(__name__)
+SLOT_RELEASE_SECONDS = 10.0
 
 
 class CdcStore(Protocol):
@@ -225,7 +227,12 @@ class CdcSync:
 
     def _preflight(self, url: str, expect_slot: bool) -> None:
         ensure_publication(url, self.publication, self.tables())
+        deadline = time.monotonic() + SLOT_RELEASE_SECONDS
         problems = check_cdc(url, self.slot, self.publication, self.tables(), expect_slot=expect_slot)
+        # The walsender of the previous run (or of a crashed one) leaves the slot a moment after its client.
+        while problems and all(p.transient for p in problems) and time.monotonic() < deadline:
+            time.sleep(0.25)
+            problems = check_cdc(url, self.slot, self.publication, self.tables(), expect_slot=expect_slot)
         if problems:
             raise CdcError(f"source {self.source_name} cannot capture changes: " + "; ".join(str(p) for p in problems))
 

@@ -95,7 +95,11 @@ def _slot_problems(cur: PgCursor, slot: str, expect_slot: bool) -> list[Problem]
     if row["active"]:
         pid = row["active_pid"]
         problems.append(
-            Problem(subject, f"is in use by process {pid}; stop that reader, or SELECT pg_terminate_backend({pid})")
+            Problem(
+                subject,
+                f"is in use by process {pid}; stop that reader, or SELECT pg_terminate_backend({pid})",
+                transient=True,
+            )
         )
     if row.get("wal_status") == "lost" or row.get("invalidation_reason"):
         problems.append(
