@@ -49,6 +49,10 @@ def main() -> int:
                 failures += 1
                 print(f"FAIL seed {seed} ({kind}): {failure}")
                 continue
+            except Exception as error:  # noqa: BLE001 - the product raised: that seed fails, the others still run
+                failures += 1
+                print(f"FAIL seed {seed} ({kind}): {type(error).__name__}: {error}; replay: {simulation.replay}")
+                continue
             crashes += sum(e.startswith("crash") for e in events)
             print(
                 f"ok   seed {seed} ({simulation.mode}): {len(events)} events, "
