@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+
 import pytest
 
 from ingestion_assets_tests.helpers import StreamHarness
@@ -51,3 +55,21 @@ def test_changes_after_a_run_arrive_in_the_next_run(harness: StreamHarness, dest
     assert materialization.metadata["rows"].value == 0
     last = harness.checkpoint("orders")
     assert last is not None and last.position == second.position
+
+
+def test_a_reader_holding_the_warehouse_delays_a_load_instead_of_failing_it(harness: StreamHarness) -> None:
+    """Found in CI: a test reading the DuckDB file while a run loaded failed the load ("Could not set lock")."""
+    harness.source.execute(ORDERS)
+    harness.write_catalog({"orders": {"table": "orders", "primary_key": "id", "cursor": "updated_at"}})
+    harness.materialize()
+    harness.source.execute("UPDATE orders SET status = 'paid', updated_at = statement_timestamp() WHERE id < 100")
+    hold = "import duckdb, sys, time; c = duckdb.connect(sys.argv[1], read_only=True); print('held', flush=True); "
+    hold += "time.sleep(3)"
+    with subprocess.Popen(
+        [sys.executable, "-c", hold, str(harness.warehouse)], stdout=subprocess.PIPE, text=True
+    ) as reader:
+        assert reader.stdout is not None and reader.stdout.readline().strip() == "held"
+        began = time.monotonic()
+        harness.materialize()
+        assert time.monotonic() - began > 1.0, "the load did not wait: the reader was gone already"
+    harness.assert_target_equals_source("orders", "orders", "id", json_columns=["payload"])

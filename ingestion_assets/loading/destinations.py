@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import dlt
+import duckdb
 import psycopg2
 from dlt.destinations.impl.duckdb.configuration import DuckDbCredentials
 from dlt.destinations.impl.postgres.configuration import PostgresCredentials
@@ -21,6 +22,9 @@ from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+DUCKDB_BUSY_SECONDS = 300.0
 
 
 def duckdb_path(settings: Settings, destination: Destination) -> Path:
@@ -57,6 +61,7 @@ def writer_lock(settings: Settings, destination: Destination, dataset: str, tabl
         path.parent.mkdir(parents=True, exist_ok=True)
         with Path(f"{path}.lock").open("w") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
+            _wait_until_writable(path)
             _note_wait(started, str(path))
             try:
                 yield
@@ -73,6 +78,27 @@ def writer_lock(settings: Settings, destination: Destination, dataset: str, tabl
                 yield
             finally:
                 cur.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+
+def _wait_until_writable(path: Path, patience: float = DUCKDB_BUSY_SECONDS) -> None:
+    """Another process holding the DuckDB file (a notebook, a BI tool: even a read-only connection) keeps
+    writers out; wait for it rather than fail the slice, and say who holds it if it does not let go."""
+    deadline, pause = time.monotonic() + patience, 0.05
+    while True:
+        try:
+            duckdb.connect(str(path)).close()
+            return
+        except duckdb.IOException as exc:
+            if "lock" not in str(exc).lower():
+                raise
+            if time.monotonic() > deadline:
+                holder = str(exc).split("Conflicting lock is held in", 1)[-1].split(".")[0].strip()
+                raise TimeoutError(
+                    f"the warehouse {path} has been held by another process ({holder}) for over {patience:.0f}s; "
+                    "close that connection (a read-only one also keeps loads out)"
+                ) from exc
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
 
 def _note_wait(started: float, what: str) -> None:
