@@ -25,12 +25,22 @@ class Drain:
         self._since: float | None = None
         self._previous: dict[int, Any] = {}
         self._watchdog: threading.Timer | None = None
+        self._announced = False
 
     @property
     def requested(self) -> bool:
         return self._signal is not None
 
     def __call__(self) -> bool:
+        """Asked between slices (main thread): says so once, outside the signal handler."""
+        if self._signal is not None and not self._announced:
+            self._announced = True
+            if self._log is not None:
+                self._log.warning(
+                    "%s: finishing the slice in flight (committed and checkpointed), then stopping (deadline %.0fs)",
+                    signal.Signals(self._signal).name,
+                    self.deadline_seconds,
+                )
         return self.requested
 
     def describe(self) -> str:
@@ -53,15 +63,11 @@ class Drain:
             self._watchdog.cancel()
 
     def _on_signal(self, number: int, _frame: FrameType | None) -> None:
+        """Only flags and arms the watchdog: the main thread may be inside a database call that logging from
+        here would re-enter (seen in CI: the drain then lost its message and raced the slice's commit)."""
         if self._signal is not None:
             return  # a second signal changes nothing: the deadline is already running
         self._signal, self._since = number, time.monotonic()
-        if self._log is not None:
-            self._log.warning(
-                "%s: finishing the slice in flight, then checkpointing and stopping (deadline %.0fs)",
-                signal.Signals(number).name,
-                self.deadline_seconds,
-            )
         self._watchdog = threading.Timer(self.deadline_seconds, _kill_self)
         self._watchdog.daemon = True
         self._watchdog.start()
