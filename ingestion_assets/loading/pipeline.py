@@ -235,8 +235,10 @@ class Loader:
             yield client
 
     def parked(self) -> set[str]:
-        """Record keys of this stream waiting in the dead-letter table."""
-        return parked_keys(self._pipeline, self.stream_name)
+        """Record keys of this stream waiting in the dead-letter table (under the writer lock: an open DuckDB
+        connection of this process keeps every other process's loads out; found in parallel backfills)."""
+        with self._lock():
+            return parked_keys(self._pipeline, self.stream_name)
 
     def migrate(self, changes: list[tuple[SchemaChange, str, pa.DataType]]) -> list[str]:
         """Apply (change, new SQL type, new Arrow type) to the target and to dlt's staging copy of it.
