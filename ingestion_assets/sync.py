@@ -31,6 +31,11 @@ FAULT_POINTS = (
 UNSAFE_ORDER_ENV = "INGEST_UNSAFE_CHECKPOINT_FIRST"  # test-only: the broken protocol the simulation must catch
 
 
+def checkpoint_first() -> bool:
+    """The deliberately broken order (checkpoint before the load commits), switched on by tests only."""
+    return os.environ.get(UNSAFE_ORDER_ENV) == "1"
+
+
 class CheckpointSink(Protocol):
     def commit(self, position: dict[str, Any], slice_index: int, rows: int) -> None: ...
 
@@ -121,7 +126,7 @@ def run_slices(
     `after_commit` may stop the run by raising (a dead-letter threshold): the slice is already safe.
     """
     faults = faults or Faults()
-    unsafe = os.environ.get(UNSAFE_ORDER_ENV) == "1"
+    unsafe = checkpoint_first()
     result = SyncResult(started_from=started_from, position=started_from)
     began = time.monotonic()
     for piece in prefetched(iter(slices)) if read_ahead else iter(slices):

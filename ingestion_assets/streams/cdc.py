@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -40,7 +39,7 @@ from ingestion_assets.sources.postgres.introspect import TableShape
 from ingestion_assets.sources.postgres.reader import connect
 from ingestion_assets.streams.cdc_rows import VERSION_TYPE, TableChanges, version_of
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
-from ingestion_assets.sync import UNSAFE_ORDER_ENV, Faults
+from ingestion_assets.sync import Faults, checkpoint_first
 
 log = logging.getLogger(__name__)
 SLOT_RELEASE_SECONDS = 10.0
@@ -165,6 +164,7 @@ class CdcSync:
         self._preflight(url, expect_slot=True)
         outcome = CdcOutcome("changes", lsn)
         faults = self.faults or Faults.from_env()
+        unsafe = checkpoint_first()
         for index in range(self.source.cdc.max_batches_per_run):
             batch = read_changes(
                 url,
@@ -176,7 +176,6 @@ class CdcSync:
             )
             if batch.end_lsn <= outcome.lsn and not batch.transactions:
                 break
-            unsafe = os.environ.get(UNSAFE_ORDER_ENV) == "1"
             if unsafe:  # never in production: checkpoint first, so a crash in the load loses the batch
                 self.store.commit(batch.end_lsn, snapshot_done=True, slot=self.slot)
             faults.hit("before_load", index)

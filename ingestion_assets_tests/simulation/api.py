@@ -33,6 +33,7 @@ from ingestion_assets_tests.simulation.harness import (
     SimFaults,
     SimStore,
     SimulationFailure,
+    replay_command,
     unsafe_order,
 )
 
@@ -137,8 +138,7 @@ class ApiSimulation:
 
     @property
     def replay(self) -> str:
-        rounds = "" if self.rounds == DEFAULT_ROUNDS else f" ROUNDS={self.rounds}"
-        return f"make simulate SEED={self.seed}{rounds} KIND=api" + (" UNSAFE=1" if self.unsafe else "")
+        return replay_command(self.seed, self.rounds, self.unsafe, kind="api")
 
     def run(self, rounds: int = DEFAULT_ROUNDS) -> list[str]:
         self.rounds = rounds

@@ -31,6 +31,7 @@ from ingestion_assets_tests.simulation.harness import (
     Crash,
     SimFaults,
     SimulationFailure,
+    replay_command,
     unsafe_order,
 )
 
@@ -74,8 +75,7 @@ class CdcSimulation:
 
     @property
     def replay(self) -> str:
-        rounds = "" if self.rounds == DEFAULT_ROUNDS else f" ROUNDS={self.rounds}"
-        return f"make simulate SEED={self.seed}{rounds} KIND=cdc" + (" UNSAFE=1" if self.unsafe else "")
+        return replay_command(self.seed, self.rounds, self.unsafe, kind="cdc")
 
     def run(self, rounds: int = DEFAULT_ROUNDS) -> list[str]:
         self.rounds = rounds

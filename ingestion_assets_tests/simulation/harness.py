@@ -122,8 +122,7 @@ class Simulation:
 
     @property
     def replay(self) -> str:
-        rounds = "" if self.rounds == DEFAULT_ROUNDS else f" ROUNDS={self.rounds}"
-        return f"make simulate SEED={self.seed}{rounds}" + (" UNSAFE=1" if self.unsafe else "")
+        return replay_command(self.seed, self.rounds, self.unsafe)
 
     # --- the source ----------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -290,6 +289,14 @@ class Simulation:
 
     def _teardown(self) -> None:
         self._sql(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+
+
+def replay_command(seed: int, rounds: int, unsafe: bool, kind: str | None = None) -> str:
+    """The `make simulate` line that replays a run exactly."""
+    command = f"make simulate SEED={seed}"
+    command += "" if rounds == DEFAULT_ROUNDS else f" ROUNDS={rounds}"
+    command += "" if kind is None else f" KIND={kind}"
+    return command + (" UNSAFE=1" if unsafe else "")
 
 
 @contextlib.contextmanager
