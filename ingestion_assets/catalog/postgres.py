@@ -113,6 +113,15 @@ class Cdc(_Model):
     max_retained_wal_mb: Annotated[int, Field(gt=0)] = 1024
     on_wal_gap: Literal["fail", "resync"] = "fail"
     snapshot_slice_rows: Annotated[int, Field(gt=0)] = 250_000
+    history_chunk: Annotated[int, Field(gt=0)] | None = Field(
+        None,
+        description="copy the history as Dagster backfill partitions of this many primary-key values (every "
+        "stream needs one integer primary key column), beside the `live` partition that applies the log; "
+        "unset: the first run copies all history under the slot's snapshot",
+    )
+    lock_wait_seconds: Annotated[float, Field(gt=0)] = Field(
+        900.0, description="how long a run waits for another run of the source to release the slot"
+    )
     retries: Retries = Field(default_factory=lambda: Retries())
     drain_seconds: Annotated[float, Field(gt=0)] = 60.0
 
@@ -134,6 +143,19 @@ class PostgresSource(_Model):
             partitioned = [name for name, s in self.streams.items() if s.partitions is not None]
             if partitioned:
                 raise ValueError(
-                    f"cdc streams copy their history under the slot's snapshot: drop `partitions` of {partitioned}"
+                    f"cdc streams copy their history under the slot's snapshot, or as `cdc.history_chunk` "
+                    f"partitions of the source: drop `partitions` of {partitioned}"
                 )
+            if self.cdc.history_chunk is not None:
+                composite = [name for name, s in self.streams.items() if len(s.primary_key) != 1]
+                if composite:
+                    raise ValueError(
+                        f"cdc.history_chunk splits history by one integer primary key column; streams {composite} "
+                        "have composite keys: unset history_chunk (one snapshot copy) or give them a single key"
+                    )
+                if self.cdc.on_wal_gap == "resync":
+                    raise ValueError(
+                        "cdc.on_wal_gap: resync re-copies history in one run, which history_chunk partitions do not "
+                        "do: use on_wal_gap: fail, then `ingest state reset` and backfill the partitions again"
+                    )
         return self

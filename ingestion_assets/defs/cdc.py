@@ -11,6 +11,7 @@ from dagster import AssetExecutionContext
 
 from ingestion_assets.catalog import Catalog, PostgresSource
 from ingestion_assets.drain import Drain
+from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres.cdc import CdcError as SlotError
 from ingestion_assets.sources.postgres.cdc import format_lsn, slot_health
@@ -22,21 +23,57 @@ SLOT_HEALTH = "slot_health"
 
 
 class DagsterCdcStore:
-    """The source's log position, stored on every stream asset it feeds (they move together)."""
+    """The source's log position, stored on every stream asset it feeds (they move together); with history
+    partitions, on their `live` partition, whichever run moved it."""
 
-    def __init__(self, instance: dg.DagsterInstance, keys: list[dg.AssetKey], log_event: Any = None) -> None:
-        self._instance, self._keys = instance, keys
+    def __init__(
+        self, instance: dg.DagsterInstance, keys: list[dg.AssetKey], log_event: Any = None, partition: str | None = None
+    ) -> None:
+        self._instance, self._keys, self._partition = instance, keys, partition
         self._stores = [InstanceStateStore(instance, key, log_event) for key in keys]
 
     def latest(self) -> dict[str, Any] | None:
-        found = latest_checkpoint(self._instance, self._keys[0])
+        found = latest_checkpoint(self._instance, self._keys[0], self._partition)
         if found is None or found.position is None:
             return None
         return {**found.details, "lsn": found.position["lsn"]}
 
     def commit(self, lsn: int, **details: Any) -> None:
         for store in self._stores:
-            store.commit(None, {"lsn": format_lsn(lsn)}, **details)
+            store.commit(self._partition, {"lsn": format_lsn(lsn)}, **details)
+
+
+def history_partitions(source_name: str, source: PostgresSource) -> dg.DynamicPartitionsDefinition | None:
+    """`live` plus the history key ranges, when the source copies its history as partitions."""
+    if source.cdc.history_chunk is None:
+        return None
+    return dg.DynamicPartitionsDefinition(name=f"{source_name}__cdc")
+
+
+def cdc_sync(
+    settings: Settings,
+    catalog: Catalog,
+    source_name: str,
+    source: PostgresSource,
+    streams: list[PostgresTableStream],
+    instance: dg.DagsterInstance,
+    log_event: Any = None,
+) -> CdcSync:
+    """The source's sync on a Dagster instance: its checkpoint store, and where history partitions go."""
+    partitions = history_partitions(source_name, source)
+    store = DagsterCdcStore(instance, _keys(source_name, streams), log_event, LIVE if partitions else None)
+    sync = CdcSync(settings, catalog.destination, source_name, source, streams, store)
+    if partitions is not None:
+        name = partitions.name or ""
+        sync.add_partitions = lambda keys: _add_missing(instance, name, keys)
+    return sync
+
+
+def _add_missing(instance: dg.DagsterInstance, name: str, keys: list[str]) -> None:
+    existing = set(instance.get_dynamic_partitions(name))
+    missing = [k for k in keys if k not in existing]
+    if missing:
+        instance.add_dynamic_partitions(name, missing)
 
 
 def build_cdc_assets(
@@ -77,6 +114,7 @@ def _cdc_asset(
         specs=specs,
         check_specs=[dg.AssetCheckSpec(SLOT_HEALTH, asset=keys[0], description="the slot does not hoard WAL")],
         pool=f"ingest_{source_name}",
+        partitions_def=history_partitions(source_name, source),
         retry_policy=dg.RetryPolicy(
             max_retries=source.cdc.retries.max_attempts - 1,
             delay=source.cdc.retries.delay_seconds,
@@ -85,13 +123,12 @@ def _cdc_asset(
         ),
     )
     def _asset(context: AssetExecutionContext) -> Iterator[Any]:
-        store = DagsterCdcStore(context.instance, keys, context.log_event)
+        sync = cdc_sync(settings, catalog, source_name, source, streams, context.instance, context.log_event)
+        partition = context.partition_key if context.has_partition_key else None
         with Drain(source.cdc.drain_seconds, context.log) as drain:
-            sync = CdcSync(
-                settings, catalog.destination, source_name, source, streams, store, drain, context.log, context.run_id
-            )
+            sync.stop, sync.log, sync.run_id = drain, context.log, context.run_id
             try:
-                outcome = sync.run()
+                outcome = sync.run(partition)
             except (CdcError, SlotError) as exc:
                 raise dg.Failure(description=str(exc), allow_retries=False) from exc
         yield from _results(source, keys, streams, outcome)
@@ -105,8 +142,12 @@ def _results(
     health = outcome.health
     retained = health.retained_wal_bytes if health is not None else 0
     limit = source.cdc.max_retained_wal_mb * 1024 * 1024
+    # A history chunk's own partition records the copy; the log position lives on `live`.
+    lsn = {"lsn": format_lsn(outcome.lsn)}
+    position = {} if outcome.mode == "chunk" else checkpoint_metadata(lsn, **outcome.checkpoint)
     shared = {
-        **checkpoint_metadata({"lsn": format_lsn(outcome.lsn)}, snapshot_done=True),
+        **position,
+        "log position": format_lsn(outcome.lsn),
         "mode": outcome.mode,
         "retained_wal_bytes": retained,
         "latency_ms": dg.MetadataValue.json(outcome.latency()),
@@ -139,9 +180,11 @@ def _slot_sensor(
         description="records the slot's retained WAL and lag; asks for a run when changes are waiting",
     )
     def _sensor(context: dg.SensorEvaluationContext) -> Any:
-        sync = CdcSync(
-            settings, catalog.destination, source_name, source, streams, DagsterCdcStore(context.instance, keys)
-        )
+        sync = cdc_sync(settings, catalog, source_name, source, streams, context.instance)
+        live = LIVE if sync.history else None
+        if live is not None and sync.add_partitions is not None and sync.store.latest() is None:
+            sync.add_partitions([LIVE])  # its first run creates the slot and plans the history partitions
+            return dg.RunRequest(run_key="start", partition_key=LIVE)
         try:
             health = slot_health(sync.url(), sync.slot)
         except SlotError as exc:
@@ -149,6 +192,7 @@ def _slot_sensor(
         context.instance.report_runless_asset_event(
             dg.AssetObservation(
                 asset_key=keys[0],
+                partition=live,
                 metadata={"retained_wal_bytes": health.retained_wal_bytes, "lag_bytes": health.lag_bytes},
             )
         )
@@ -156,6 +200,6 @@ def _slot_sensor(
         waiting = state is not None and health.lag_bytes > 0
         if not waiting:
             return dg.SkipReason("no changes waiting in the slot")
-        return dg.RunRequest(run_key=f"{state['lsn']}-{health.lag_bytes}" if state else None)
+        return dg.RunRequest(run_key=f"{state['lsn']}-{health.lag_bytes}" if state else None, partition_key=live)
 
     return _sensor

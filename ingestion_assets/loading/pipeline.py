@@ -169,22 +169,27 @@ class Loader:
         """Hard deletes: tombstones (rows with `_ingest_deleted_at`) leave the table once merged."""
         self._execute_if_exists("DELETE FROM {table} WHERE _ingest_deleted_at IS NOT NULL")
 
-    def retire_below(self, position: Decimal, soft: bool) -> None:
+    def retire_below(self, position: Decimal, soft: bool, within: tuple[str, int, int] | None = None) -> None:
         """After a complete snapshot at `position`: every row that still exists was rewritten at it, so a row
-        below it (from an interrupted earlier snapshot, or from before a WAL gap) was deleted in the source."""
+        below it (from an interrupted earlier snapshot, or from before a WAL gap) was deleted in the source.
+        `within` (integer column, low, high) limits this to the key range a history chunk copied."""
+        where = f"_ingest_position < {position}"
+        if within is not None:
+            _, low, high = within
+            where += f" AND {{column}} BETWEEN {int(low)} AND {int(high)}"
         if soft:
-            self._execute_if_exists(
-                "UPDATE {table} SET _ingest_deleted_at = CURRENT_TIMESTAMP "
-                f"WHERE _ingest_position < {position} AND _ingest_deleted_at IS NULL"
-            )
+            where += " AND _ingest_deleted_at IS NULL"
+            statement = f"UPDATE {{table}} SET _ingest_deleted_at = CURRENT_TIMESTAMP WHERE {where}"
         else:
-            self._execute_if_exists(f"DELETE FROM {{table}} WHERE _ingest_position < {position}")
+            statement = f"DELETE FROM {{table}} WHERE {where}"
+        self._execute_if_exists(statement, column=within[0] if within else None)
 
-    def _execute_if_exists(self, statement: str) -> None:
+    def _execute_if_exists(self, statement: str, column: str | None = None) -> None:
         with self._lock(), self._pipeline.sql_client() as client:
             table = client.make_qualified_table_name(self.target.table)
             if _exists(client, table):
-                client.execute_sql(statement.format(table=table))
+                quoted = client.escape_column_name(column) if column is not None else ""
+                client.execute_sql(statement.format(table=table, column=quoted))
 
     def load_records(self, records: list[dict[str, Any]], dead_letters: pa.Table | None = None) -> int:
         """Load one slice of JSON records (nested data becomes child tables) and its dead letters."""

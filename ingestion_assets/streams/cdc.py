@@ -18,6 +18,7 @@ import pyarrow as pa
 from ingestion_assets.catalog import Destination, PostgresSource
 from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA, split_bad_rows
 from ingestion_assets.loading.metadata_columns import with_metadata
+from ingestion_assets.partitions import LIVE, key_range
 from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres import plan_table_read, table_slices
@@ -35,14 +36,18 @@ from ingestion_assets.sources.postgres.cdc import (
     read_changes,
     slot_health,
 )
+from ingestion_assets.sources.postgres.cdc.chunks import chunk_snapshot, reading_slot
 from ingestion_assets.sources.postgres.introspect import TableShape
+from ingestion_assets.sources.postgres.query import Window
 from ingestion_assets.sources.postgres.reader import connect
+from ingestion_assets.streams.cdc_history import HISTORY, Fences, fences_for, history_keys, plan_history
 from ingestion_assets.streams.cdc_rows import VERSION_TYPE, TableChanges, version_of
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
 from ingestion_assets.sync import Faults, checkpoint_first
 
 log = logging.getLogger(__name__)
 SLOT_RELEASE_SECONDS = 10.0
+REACH_SECONDS = 120.0  # a chunk run waits this long for the log to reach its snapshot's WAL position
 
 
 class CdcStore(Protocol):
@@ -57,12 +62,13 @@ class CdcError(RuntimeError):
 
 @dataclass
 class CdcOutcome:
-    mode: str  # snapshot | changes
+    mode: str  # snapshot | changes | chunk
     lsn: int
     rows: dict[str, int] = field(default_factory=dict)  # per stream: rows (snapshot) or changes applied
     latency_ms: list[float] = field(default_factory=list)
     health: SlotHealth | None = None
     dead_letters: int = 0
+    checkpoint: dict[str, Any] = field(default_factory=dict)  # details stored beside the log position
 
     def latency(self) -> dict[str, float]:
         if not self.latency_ms:
@@ -84,6 +90,8 @@ class CdcSync:
     log: logging.Logger | Any | None = None
     run_id: str = ""
     faults: Faults | None = None  # the fault points; default from INGEST_FAULT (tests, chaos, the simulation)
+    add_partitions: Callable[[list[str]], None] | None = None  # history mode: registers `live` and the key ranges
+    _space: dict[str, int] | None = field(default=None, init=False)  # history mode: the key space, kept in checkpoints
 
     @property
     def slot(self) -> str:
@@ -99,11 +107,28 @@ class CdcSync:
     def tables(self) -> list[tuple[str, str]]:
         return [(s.spec.schema_name, s.spec.table_name) for s in self.streams]
 
-    def run(self) -> CdcOutcome:
+    @property
+    def history(self) -> bool:
+        """History as key-range partitions beside the `live` one (else one snapshot copy in the first run)."""
+        return self.source.cdc.history_chunk is not None
+
+    def run(self, partition: str | None = None) -> CdcOutcome:
+        """Apply the log (`live`, or no partition), or copy one history key range while applying it."""
         url = self.url()
+        with reading_slot(url, self.slot, self.source.cdc.lock_wait_seconds):
+            outcome = self._run(url, partition)
+        outcome.checkpoint = {"snapshot_done": True, **({HISTORY: self._space} if self.history else {})}
+        return outcome
+
+    def _run(self, url: str, partition: str | None) -> CdcOutcome:
         state = self.store.latest()
         if state is None or not state.get("snapshot_done"):
-            return self._snapshot(url)
+            if not self.history:
+                return self._snapshot(url)
+            state = self._start_log(url)
+        self._space = state.get(HISTORY)
+        if self.history and self.add_partitions is not None:
+            self.add_partitions(history_keys(state))
         lsn = parse_lsn(state["lsn"])
         gap = find_gap(url, self.slot, lsn)
         if gap is not None:
@@ -116,7 +141,39 @@ class CdcSync:
                 f"checkpoint {format_lsn(lsn)} ({gap}). Rows changed in between would be missed. Re-copy the "
                 f"source with `ingest state reset` on its streams (a fresh snapshot), or set cdc.on_wal_gap: resync"
             )
-        return self._changes(url, lsn)
+        if partition is None or partition == LIVE:
+            return self._changes(url, lsn)
+        if not self.history:
+            raise CdcError(f"source {self.source_name} has no history partitions (cdc.history_chunk is unset)")
+        return self._chunk(url, lsn, partition)
+
+    def _start_log(self, url: str) -> dict[str, Any]:
+        """History mode, first run: a new slot; the key space of the rows that exist now is the history."""
+        self._preflight(url, expect_slot=False)
+        with _existing_slot_dropped(url, self.slot), create_slot_with_snapshot(url, self.slot) as snap:
+            lsn = snap.consistent_lsn
+        chunk = self.source.cdc.history_chunk
+        assert chunk is not None
+        space = plan_history(url, self.streams, chunk)
+        self._space = space
+        self._commit(lsn)
+        return {"lsn": format_lsn(lsn), "snapshot_done": True, HISTORY: space}
+
+    def _chunk(self, url: str, lsn: int, partition: str) -> CdcOutcome:
+        """One history key range: the log up to a fresh snapshot, then the range's rows as of it."""
+        low, high = key_range(partition)
+        with chunk_snapshot(url) as snap:
+            fences = fences_for(snap, self.streams)
+            outcome = self._changes(url, lsn, reach=snap.lsn, fences=fences)
+            outcome.mode = "chunk"
+            version = version_of(snap.lsn, 0) - 1  # above every change it sees, below every one it does not
+            for stream in self.streams:
+                table = (stream.spec.schema_name, stream.spec.table_name)
+                if table in fences.truncated:
+                    continue  # emptied after the snapshot: what it holds now came through the log
+                copied = self._copy(url, stream, snap.name, version, (low, high), fences, floor=version_of(lsn, 0))
+                outcome.rows[stream.name] = outcome.rows.get(stream.name, 0) + copied
+        return outcome
 
     def _snapshot(self, url: str) -> CdcOutcome:
         """Every table under the exported snapshot of a new slot; the slot's changes start exactly after it."""
@@ -132,15 +189,33 @@ class CdcSync:
         outcome.health = slot_health(url, self.slot)
         return outcome
 
-    def _copy(self, url: str, stream: PostgresTableStream, snapshot: str, version: Decimal) -> int:
+    def _copy(
+        self,
+        url: str,
+        stream: PostgresTableStream,
+        snapshot: str,
+        version: Decimal,
+        keys: tuple[int, int] | None = None,
+        fences: Fences | None = None,
+        floor: Decimal | None = None,
+    ) -> int:
+        """The table (or its `keys` range, less the fenced keys) as of `snapshot`, every row at `version`; then
+        rows left below `floor` (the whole copy's `version` by default) were deleted in the source."""
         plan = plan_table_read(url, stream.spec.schema_name, stream.spec.table_name, (), tuple(stream.spec.primary_key))
-        loader = stream.loader(Target(stream.name, 1), None, plan)
+        loader = stream.loader(Target(stream.name, 1), None, plan, guard=self.history)
+        column = stream.spec.primary_key[0]
+        window = Window(column, str(keys[0]), str(keys[1] + 1)) if keys is not None else None
+        table_name = (stream.spec.schema_name, stream.spec.table_name)
         rows = 0
         name = stream.qualified_name
         faults = self.faults or Faults.from_env()
-        for piece in table_slices(url, plan, None, self.source.cdc.snapshot_slice_rows, name, snapshot=snapshot):
+        slices = table_slices(
+            url, plan, None, self.source.cdc.snapshot_slice_rows, name, window=window, snapshot=snapshot
+        )
+        for piece in slices:
+            source_rows = fences.drop_fenced(table_name, piece.table) if fences is not None else piece.table
             split = split_bad_rows(
-                piece.table,
+                source_rows,
                 stream.name,
                 None,
                 self.run_id,
@@ -156,16 +231,23 @@ class CdcSync:
             )
             loader.load(table, dead_letters=split.dead)
             faults.hit("after_snapshot_slice", piece.index)
-            rows += piece.rows
-        loader.retire_below(version, soft=stream.spec.deletes == "soft")
+            rows += source_rows.num_rows
+        soft = stream.spec.deletes == "soft"
+        loader.retire_below(version if floor is None else floor, soft, (column, *keys) if keys is not None else None)
         return rows
 
-    def _changes(self, url: str, lsn: int) -> CdcOutcome:
+    def _changes(self, url: str, lsn: int, reach: int | None = None, fences: Fences | None = None) -> CdcOutcome:
+        """Batches of the log, each loaded, checkpointed, then acknowledged. With `reach` (a chunk's snapshot),
+        go on until every transaction committed before that WAL position is applied, and show each to `fences`."""
         self._preflight(url, expect_slot=True)
         outcome = CdcOutcome("changes", lsn)
         faults = self.faults or Faults.from_env()
         unsafe = checkpoint_first()
-        for index in range(self.source.cdc.max_batches_per_run):
+        deadline = time.monotonic() + REACH_SECONDS
+        index = 0
+        while reach is not None or index < self.source.cdc.max_batches_per_run:
+            if reach is not None and outcome.lsn >= reach:
+                break
             batch = read_changes(
                 url,
                 self.slot,
@@ -175,21 +257,40 @@ class CdcSync:
                 max_seconds=self.source.cdc.max_seconds,
             )
             if batch.end_lsn <= outcome.lsn and not batch.transactions:
-                break
+                if reach is None:
+                    break
+                self._wait_for_wal(reach, outcome.lsn, deadline)
+                continue
+            if fences is not None:
+                fences.see(batch)
             if unsafe:  # never in production: checkpoint first, so a crash in the load loses the batch
-                self.store.commit(batch.end_lsn, snapshot_done=True, slot=self.slot)
+                self._commit(batch.end_lsn)
             faults.hit("before_load", index)
             self._apply(url, batch, outcome)
             faults.hit("after_load", index)
             if not unsafe:
-                self.store.commit(batch.end_lsn, snapshot_done=True, slot=self.slot)
+                self._commit(batch.end_lsn)
             faults.hit("after_checkpoint", index)
             acknowledge(url, self.slot, self.publication, batch.end_lsn)  # only behind a stored checkpoint
             outcome.lsn = batch.end_lsn
-            if batch.caught_up or self.stop():
+            index += 1
+            if reach is None and (batch.caught_up or self.stop()):
                 break
         outcome.health = slot_health(url, self.slot)
         return outcome
+
+    def _commit(self, lsn: int) -> None:
+        extra = {HISTORY: self._space} if self.history else {}
+        self.store.commit(lsn, snapshot_done=True, slot=self.slot, **extra)
+
+    def _wait_for_wal(self, reach: int, at: int, deadline: float) -> None:
+        if time.monotonic() > deadline:
+            raise CdcError(
+                f"source {self.source_name}: the slot {self.slot} stayed at {format_lsn(at)} for "
+                f"{REACH_SECONDS:.0f} s, short of the chunk snapshot's position {format_lsn(reach)}; "
+                "nothing was loaded from the chunk, retry the partition"
+            )
+        time.sleep(0.2)
 
     def _apply(self, url: str, batch: ChangeBatch, outcome: CdcOutcome) -> None:
         by_table = {(s.spec.schema_name, s.spec.table_name): s for s in self.streams}
@@ -212,7 +313,7 @@ class CdcSync:
                 self._load(stream, pending[stream.name], outcome)
 
     def _load(self, stream: PostgresTableStream, changes: TableChanges, outcome: CdcOutcome) -> None:
-        loader = stream.loader(Target(stream.name, 1), None)
+        loader = stream.loader(Target(stream.name, 1), None, guard=self.history)
         if changes.truncated_at is not None:
             loader.delete_all()
         rows = changes.to_arrow(generation=1)

@@ -78,7 +78,10 @@ class PostgresTableStream:
             return _looked_back(position, self.spec.cursor[0], self.spec.lookback_seconds)
         return position
 
-    def loader(self, target: Target, partition: str | None, plan: ReadPlan | None = None) -> Loader:
+    def loader(
+        self, target: Target, partition: str | None, plan: ReadPlan | None = None, guard: bool = False
+    ) -> Loader:
+        """`guard`: keep the newest version even if the stream has no partitions (another writer shares it)."""
         plan = plan or self.plan()
         return Loader(
             settings=self.settings,
@@ -91,7 +94,7 @@ class PostgresTableStream:
                 type_hints=tuple((c.name, h) for c in plan.shape.columns if (h := c.dlt_hint()) is not None),
             ),
             pipeline_name=pipeline_name(self.source_name, target.table, partition),
-            guard_versions=self.spec.partitions is not None,
+            guard_versions=guard or self.spec.partitions is not None,
             stream_table=target.stream_table,
         )
 

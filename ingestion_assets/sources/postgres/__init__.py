@@ -88,6 +88,23 @@ def key_bounds(url: str, plan: ReadPlan, column: str) -> tuple[int, int] | None:
     return None if low is None or high is None else (int(low), int(high))
 
 
+def occupied_buckets(url: str, schema: str, table: str, column: str, chunk: int) -> set[int]:
+    """`floor(key / chunk)` of every row of an integer key column: the ranges of `chunk` keys that hold rows
+    (one index-only scan of the key)."""
+    conn = connect(url, "ingest-plan")
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                sql.SQL("SELECT DISTINCT floor({c}::numeric / %s)::bigint FROM {t}").format(
+                    c=sql.Identifier(column), t=sql.Identifier(schema, table)
+                ),
+                (chunk,),
+            )
+            return {int(row[0]) for row in cur.fetchall()}
+    finally:
+        conn.close()
+
+
 def current_position(url: str, plan: ReadPlan) -> Position | None:
     """A position just before the newest cursor value: a live tail started here misses nothing newer."""
     if not plan.cursor:

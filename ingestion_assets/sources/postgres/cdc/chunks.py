@@ -1,0 +1,96 @@
+"""History chunks read beside a running slot: a snapshot that knows exactly which transactions it sees, and
+the per-source lock that keeps one reader of the slot at a time.
+
+A chunk read at any moment meets the log exactly: the transactions of the log that the chunk's snapshot
+does not see are known by their xid (the snapshot's xmin, xmax and in-progress list), so the keys they
+touched are left to the log, and every other row of the chunk is at least as new as the log before it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg2
+
+from ingestion_assets.sources.postgres.cdc.errors import CdcError
+from ingestion_assets.sources.postgres.cdc.lsn import parse_lsn
+from ingestion_assets.sources.postgres.reader import connect
+
+_XID_SPACE = 1 << 32
+
+
+@dataclass(frozen=True)
+class ChunkSnapshot:
+    """An exported snapshot (`name`), what it sees (`xmin`, `xmax`, `in_progress`: 64-bit xids), and `lsn`: the
+    WAL insert position read right after it was taken, so every transaction it sees committed before `lsn`."""
+
+    name: str
+    xmin: int
+    xmax: int
+    in_progress: frozenset[int]
+    lsn: int
+
+    def sees(self, xid: int) -> bool:
+        """Whether a committed transaction (its 32-bit xid, as the log names it) is visible in the snapshot."""
+        ahead = (xid - self.xmax) % _XID_SPACE  # the xid's distance past xmax, modulo wraparound
+        if ahead < _XID_SPACE // 2:
+            return False  # started at or after xmax: after the snapshot
+        full = self.xmax - (_XID_SPACE - ahead)
+        return full < self.xmin or full not in self.in_progress
+
+
+def parse_snapshot(text: str) -> tuple[int, int, frozenset[int]]:
+    """`pg_current_snapshot()` as text: 'xmin:xmax:xip,xip,...'."""
+    xmin, xmax, listed = text.split(":")
+    return int(xmin), int(xmax), frozenset(int(x) for x in listed.split(",") if x)
+
+
+@contextlib.contextmanager
+def chunk_snapshot(url: str) -> Iterator[ChunkSnapshot]:
+    """Open a repeatable-read transaction, export its snapshot and hold it until the block ends (readers
+    import it by name with `use_snapshot`)."""
+    conn = connect(url, "ingest-cdc-chunk")
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            # One statement: the snapshot is taken as it starts, the insert position read after it.
+            cur.execute("SELECT pg_export_snapshot(), pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text")
+            name, snapshot, lsn = cur.fetchone()
+            xmin, xmax, in_progress = parse_snapshot(snapshot)
+            yield ChunkSnapshot(name, xmin, xmax, in_progress, parse_lsn(lsn))
+            cur.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def _lock_key(slot: str) -> int:
+    digest = hashlib.sha256(f"ingest_cdc:{slot}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+@contextlib.contextmanager
+def reading_slot(url: str, slot: str, wait_seconds: float) -> Iterator[None]:
+    """Hold the source's advisory lock for `slot`: one run reads (and acknowledges) the slot at a time.
+
+    A session lock: it ends with its connection, so a killed run never leaves it behind.
+    """
+    conn = connect(url, "ingest-cdc-lock")
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("SET lock_timeout = %s", (f"{int(wait_seconds * 1000)}ms",))
+            try:
+                cur.execute("SELECT pg_advisory_lock(%s)", (_lock_key(slot),))
+            except psycopg2.errors.LockNotAvailable as exc:
+                raise CdcError(
+                    f"another run has been reading replication slot {slot!r} for over {wait_seconds:.0f} s; "
+                    "this run did not start (pg_locks shows the holder: locktype 'advisory')"
+                ) from exc
+            cur.execute("SET lock_timeout = 0")
+        yield
+    finally:
+        conn.close()

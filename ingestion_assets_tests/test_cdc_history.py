@@ -1,0 +1,253 @@
+"""CDC history as Dagster backfill partitions (`cdc.history_chunk`): key-range chunks copied while the log
+runs on (embedded PostgreSQL 18; snapshot visibility also on the server INGEST_TEST_PG_URL names)."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import dagster as dg
+import psycopg2
+import pytest
+from pydantic import ValidationError
+
+from ingestion_assets.catalog import PostgresSource
+from ingestion_assets.partitions import LIVE
+from ingestion_assets.sources.postgres.cdc import drop_slot, parse_lsn, slot_health
+from ingestion_assets.sources.postgres.cdc.chunks import ChunkSnapshot, chunk_snapshot
+from ingestion_assets.state.checkpoints import latest_checkpoint
+from ingestion_assets.sync import FAULT_ENV
+from ingestion_assets_tests.helpers import SourceDb, StreamHarness
+
+TABLE = """
+CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL, amount numeric(12,2), note text);
+INSERT INTO orders SELECT g, 'new', g * 1.5, CASE WHEN g % 50 = 0 THEN repeat(md5(g::text), 400) END
+FROM generate_series(1, 3000) g;
+CREATE TABLE customers (id int PRIMARY KEY, name text NOT NULL);
+INSERT INTO customers SELECT g, 'c' || g FROM generate_series(500, 1499) g;
+"""
+RANGES = ["0-999", "1000-1999", "2000-2999", "3000-3999"]
+
+
+@pytest.fixture
+def cdc(harness: StreamHarness) -> Iterator[StreamHarness]:
+    try:
+        yield harness
+    finally:
+        drop_slot(harness.source.url, f"ingest_{harness.source_name}")
+        harness.source.execute(f"DROP PUBLICATION IF EXISTS ingest_{harness.source_name}")
+
+
+def _catalog(harness: StreamHarness, deletes: str = "hard") -> None:
+    harness.write_catalog(
+        {
+            "orders": {"table": "orders", "primary_key": "id", "deletes": deletes},
+            "customers": {"table": "customers", "primary_key": "id", "deletes": deletes},
+        },
+        mode="cdc",
+        cdc={
+            "history_chunk": 1000,
+            "snapshot_slice_rows": 300,
+            "max_changes": 5000,
+            "max_seconds": 2,
+            "retries": {"max_attempts": 1},
+        },
+    )
+    harness.instance.add_dynamic_partitions(_partitions(harness), [LIVE])  # what `ingest partitions plan` does
+
+
+def _partitions(harness: StreamHarness) -> str:
+    return f"{harness.source_name}__cdc"
+
+
+def _run(harness: StreamHarness, partition: str, raise_on_error: bool = True) -> dg.ExecuteInProcessResult:
+    return harness.materialize(partition=partition, raise_on_error=raise_on_error)
+
+
+def _metadata(result: dg.ExecuteInProcessResult, harness: StreamHarness) -> dict[str, Any]:
+    materializations = result.asset_materializations_for_node(f"{harness.source_name}__cdc")
+    return {k: v.value for k, v in materializations[0].metadata.items()}
+
+
+def _assert_exact(harness: StreamHarness) -> None:
+    for table in ("orders", "customers"):
+        columns = harness.source.columns(table)
+        live = harness.target_rows_where(table, columns, "id", "_ingest_deleted_at IS NULL")
+        assert live == harness.source.rows(table, "id"), table
+
+
+def _writer(source: SourceDb, stop: threading.Event, seed: int) -> None:
+    rng = random.Random(seed)
+    conn = psycopg2.connect(source.url)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f'SET search_path = "{source.schema}"')
+        next_id = 10_000
+        while not stop.is_set():
+            kind, key = rng.random(), rng.randint(1, 3000)
+            if kind < 0.35:
+                cur.execute("UPDATE orders SET status = 'paid', amount = amount + 1 WHERE id = %s", (key,))
+            elif kind < 0.5:
+                cur.execute("DELETE FROM orders WHERE id = %s", (key,))
+            elif kind < 0.58:
+                cur.execute("UPDATE orders SET id = id + 100000 WHERE id = %s", (key,))  # leaves every range
+            elif kind < 0.64:
+                cur.execute("UPDATE orders SET id = %s WHERE id = %s", (rng.randint(3001, 3999), key))  # into a range
+            elif kind < 0.7:
+                cur.execute("UPDATE orders SET status = 'toast-kept' WHERE id = %s AND note IS NOT NULL", (key,))
+            elif kind < 0.8:
+                cur.execute("UPDATE customers SET name = name || '+' WHERE id = %s", (rng.randint(500, 1499),))
+            elif kind < 0.85:
+                cur.execute("DELETE FROM customers WHERE id = %s", (rng.randint(500, 1499),))
+            else:
+                next_id += 1
+                cur.execute("INSERT INTO orders (id, status, amount) VALUES (%s, 'new', 1)", (next_id,))
+            time.sleep(0.004)
+    conn.close()
+
+
+def _write_safely(source: SourceDb, stop: threading.Event, seed: int) -> None:
+    while not stop.is_set():  # a key move onto an existing key fails; the writer starts again
+        try:
+            _writer(source, stop, seed)
+        except psycopg2.errors.UniqueViolation:
+            seed += 1
+
+
+@pytest.mark.parametrize("deletes", ["hard", "soft"])
+def test_history_partitions_under_a_concurrent_writer_end_exact(cdc: StreamHarness, deletes: str) -> None:
+    harness = cdc
+    harness.source.execute(TABLE)
+    _catalog(harness, deletes)
+    started = _run(harness, LIVE)  # creates the slot and plans the history ranges; copies nothing
+    assert _metadata(started, harness)["mode"] == "changes" and not harness.warehouse.exists()  # nothing copied
+    planned = harness.instance.get_dynamic_partitions(_partitions(harness))
+    assert planned == [LIVE, *RANGES]  # only ranges holding rows: customers' 500-1499 add none
+    stop = threading.Event()
+    thread = threading.Thread(target=_write_safely, args=(harness.source, stop, 11 if deletes == "hard" else 12))
+    thread.start()
+    try:
+        concurrent = harness.materialize_cli(f"orders,{harness.source_name}/customers", "--partition", LIVE)
+        for key in planned[1:]:
+            chunk = _metadata(_run(harness, key), harness)
+            assert chunk["mode"] == "chunk" and "ingest/checkpoint" not in chunk
+            _run(harness, LIVE)
+        harness.wait_ok(concurrent)
+    finally:
+        stop.set()
+        thread.join()
+    for _ in range(6):
+        if _metadata(_run(harness, LIVE), harness)["rows"] == 0:
+            break
+    _assert_exact(harness)
+    checkpoint = latest_checkpoint(harness.instance, dg.AssetKey([harness.source_name, "orders"]), LIVE)
+    assert checkpoint is not None and checkpoint.details["history"] == {"chunk": 1000, "buckets": [0, 1, 2, 3]}
+    confirmed = slot_health(harness.source.url, f"ingest_{harness.source_name}").confirmed_flush_lsn or 0
+    assert confirmed <= parse_lsn(checkpoint.position["lsn"])  # WAL released only behind the checkpoint
+
+
+def test_a_transaction_the_chunk_does_not_see_keeps_its_rows(
+    cdc: StreamHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction running while the chunk's snapshot is taken commits right after it: its update and its
+    delete must win over the chunk's older rows (they are fenced: the log has them)."""
+    harness = cdc
+    harness.source.execute(TABLE)
+    _catalog(harness)
+    _run(harness, LIVE)
+    held = psycopg2.connect(harness.source.url)
+    with held.cursor() as cur:
+        cur.execute(f'SET search_path = "{harness.source.schema}"')
+        cur.execute("UPDATE orders SET status = 'late', amount = -1 WHERE id = 5")
+        cur.execute("DELETE FROM orders WHERE id = 6")
+        cur.execute("UPDATE orders SET id = 3500 WHERE id = 7")  # a key leaving the range
+
+    import ingestion_assets.streams.cdc as cdc_module
+
+    real = cdc_module.chunk_snapshot
+
+    @contextlib.contextmanager
+    def commit_after_snapshot(url: str) -> Iterator[ChunkSnapshot]:
+        with real(url) as snap:
+            held.commit()  # after the snapshot was taken, so the snapshot does not see it
+            yield snap
+
+    monkeypatch.setattr(cdc_module, "chunk_snapshot", commit_after_snapshot)
+    try:
+        _run(harness, "0-999")
+    finally:
+        held.close()
+    rows = dict(harness.query_target(f'SELECT id, status FROM "{harness.source_name}".orders WHERE id < 1000'))
+    assert rows[5] == "late" and 6 not in rows and 7 not in rows
+    assert rows == dict(harness.query_source("SELECT id, status FROM orders WHERE id < 1000"))
+
+
+def test_the_snapshot_knows_which_transactions_it_sees(any_source_db: SourceDb) -> None:
+    source_db = any_source_db
+    before, during = psycopg2.connect(source_db.url), psycopg2.connect(source_db.url)
+    try:
+        with before.cursor() as cur:
+            cur.execute("SELECT txid_current()")
+            committed = cur.fetchone()[0]
+        before.commit()
+        with during.cursor() as cur:
+            cur.execute("SELECT txid_current()")
+            running = cur.fetchone()[0]
+        with chunk_snapshot(source_db.url) as snap:
+            during.commit()
+            with before.cursor() as cur:
+                cur.execute("SELECT txid_current()")
+                later = cur.fetchone()[0]
+            before.commit()
+        assert snap.sees(committed % 2**32)
+        assert not snap.sees(running % 2**32)
+        assert not snap.sees(later % 2**32)
+    finally:
+        before.close()
+        during.close()
+
+
+def test_visibility_survives_xid_wraparound() -> None:
+    epoch = 5 << 32
+    snap = ChunkSnapshot("s", xmin=epoch - 10, xmax=epoch + 3, in_progress=frozenset({epoch - 2}), lsn=0)
+    assert snap.sees((epoch - 20) % 2**32)  # before xmin, in the previous epoch's numbering
+    assert snap.sees((epoch - 1) % 2**32)
+    assert not snap.sees((epoch - 2) % 2**32)  # running when the snapshot was taken
+    assert not snap.sees((epoch + 3) % 2**32) and not snap.sees((epoch + 1000) % 2**32)
+
+
+def test_a_chunk_that_died_mid_copy_is_exact_after_its_retry(
+    cdc: StreamHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    harness = cdc
+    harness.source.execute(TABLE)
+    _catalog(harness)
+    _run(harness, LIVE)
+    monkeypatch.setenv(FAULT_ENV, "after_snapshot_slice:1")
+    assert not _run(harness, "1000-1999", raise_on_error=False).success
+    monkeypatch.delenv(FAULT_ENV)
+    harness.source.execute("DELETE FROM orders WHERE id BETWEEN 1000 AND 1100; UPDATE orders SET status = 'x'")
+    for key in RANGES:
+        _run(harness, key)
+    _run(harness, LIVE)
+    _assert_exact(harness)
+
+
+def test_history_chunks_need_one_key_and_no_resync() -> None:
+    base: dict[str, Any] = {"type": "postgres", "connection": {"env": "X"}, "mode": "cdc"}
+    with pytest.raises(ValidationError, match="composite keys"):
+        PostgresSource.model_validate(
+            {**base, "cdc": {"history_chunk": 10}, "streams": {"t": {"table": "t", "primary_key": ["a", "b"]}}}
+        )
+    with pytest.raises(ValidationError, match="on_wal_gap"):
+        PostgresSource.model_validate(
+            {
+                **base,
+                "cdc": {"history_chunk": 10, "on_wal_gap": "resync"},
+                "streams": {"t": {"table": "t", "primary_key": "a"}},
+            }
+        )
