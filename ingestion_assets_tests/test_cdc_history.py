@@ -251,3 +251,43 @@ def test_history_chunks_need_one_key_and_no_resync() -> None:
                 "streams": {"t": {"table": "t", "primary_key": "a"}},
             }
         )
+
+
+def test_a_killed_chunk_run_frees_the_slot_and_its_retry_is_exact(cdc: StreamHarness) -> None:
+    harness = cdc
+    harness.source.execute(TABLE)
+    _catalog(harness)
+    _run(harness, LIVE)
+    harness.source.execute("UPDATE orders SET status = 'before-kill' WHERE id % 4 = 0")
+    both = f"orders,{harness.source_name}/customers"
+    killed = harness.materialize_cli(both, "--partition", "0-999", **{FAULT_ENV: "after_snapshot_slice:0:kill"})
+    assert killed.wait(timeout=300) != 0
+    assert 0 < harness.target_count("orders") < 999  # one slice of the range landed, then the process died
+    harness.source.execute("DELETE FROM orders WHERE id BETWEEN 1 AND 400 AND id % 3 = 0; UPDATE orders SET amount = 0")
+    for key in RANGES:  # the first one takes the slot the killed run held
+        _run(harness, key)
+    _run(harness, LIVE)
+    _assert_exact(harness)
+
+
+def test_the_sensor_and_plan_start_history_partitions(cdc: StreamHarness) -> None:
+    from ingestion_assets.catalog import load_catalog
+    from ingestion_assets.cli.state import plan_cdc_history
+    from ingestion_assets.defs.cdc import build_cdc_assets
+
+    harness = cdc
+    harness.source.execute(TABLE)
+    _catalog(harness)
+    harness.instance.delete_dynamic_partition(_partitions(harness), LIVE)
+    catalog = load_catalog(harness.catalog_path)
+    sensor = build_cdc_assets(harness.settings, catalog)[1][0]
+    request = sensor(dg.build_sensor_context(instance=harness.instance))
+    assert isinstance(request, dg.RunRequest) and request.partition_key == LIVE
+    assert harness.instance.get_dynamic_partitions(_partitions(harness)) == [LIVE]
+    assert plan_cdc_history(harness.settings, catalog, harness.instance, None) == [(harness.source_name, [])]
+    _run(harness, LIVE)  # starts the log and plans the ranges
+    harness.instance.delete_dynamic_partition(_partitions(harness), "2000-2999")
+    assert plan_cdc_history(harness.settings, catalog, harness.instance, None) == [(harness.source_name, ["2000-2999"])]
+    harness.source.execute("UPDATE orders SET status = 'x' WHERE id = 1")
+    waiting = sensor(dg.build_sensor_context(instance=harness.instance))
+    assert isinstance(waiting, dg.RunRequest) and waiting.partition_key == LIVE

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
+from typing import Any
 
-from ingestion_assets.catalog import load_catalog
+from ingestion_assets.catalog import Catalog, load_catalog
 from ingestion_assets.cli.common import DEFINITIONS_MODULE, bring_up, sibling, stream_key
 from ingestion_assets.settings import Settings
 
@@ -55,6 +56,34 @@ def refresh(settings: Settings, args: argparse.Namespace) -> int:
     return subprocess.call(command, env={**os.environ, **env})
 
 
+def plan_cdc_history(
+    settings: Settings, catalog: Catalog, instance: Any, wanted: tuple[str, str] | None
+) -> list[tuple[str, list[str]]]:
+    """CDC sources with history partitions: `live`, and once its first run started the log, the key ranges."""
+    from ingestion_assets.catalog import PostgresSource
+    from ingestion_assets.defs.cdc import cdc_streams, cdc_sync, history_partitions
+    from ingestion_assets.streams.cdc_history import history_keys
+
+    planned = []
+    for source_name, source in catalog.sources.items():
+        if not isinstance(source, PostgresSource):
+            continue
+        partitions = history_partitions(source_name, source)
+        if partitions is None:
+            continue
+        if wanted is not None and wanted[0] != source_name:
+            continue
+        sync = cdc_sync(
+            settings, catalog, source_name, source, cdc_streams(settings, catalog, source_name, source), instance
+        )
+        name = partitions.name or ""
+        before = set(instance.get_dynamic_partitions(name))
+        assert sync.add_partitions is not None
+        sync.add_partitions(history_keys(sync.store.latest() or {}))
+        planned.append((source_name, [k for k in instance.get_dynamic_partitions(name) if k not in before]))
+    return planned
+
+
 def partitions_plan(settings: Settings, args: argparse.Namespace) -> int:
     from ingestion_assets.catalog import KeyPartitions
     from ingestion_assets.defs.assets import catalog_streams
@@ -73,4 +102,7 @@ def partitions_plan(settings: Settings, args: argparse.Namespace) -> int:
             added = plan_key_partitions(stream, instance)
             more = " ..." if len(added) > 3 else ""
             print(f"{stream.qualified_name}: added {len(added)} partition(s) {added[:3]}{more}")
+        for source_name, added in plan_cdc_history(settings, catalog, instance, wanted):
+            more = " ..." if len(added) > 3 else ""
+            print(f"{source_name} (cdc history): added {len(added)} partition(s) {added[:3]}{more}")
     return 0

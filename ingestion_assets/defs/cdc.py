@@ -82,13 +82,19 @@ def build_cdc_assets(
     assets, sensors = [], []
     for source_name, source in catalog.sources.items():
         if isinstance(source, PostgresSource) and source.mode == "cdc":
-            streams = [
-                PostgresTableStream(settings, catalog.destination, source_name, source, name, spec)
-                for name, spec in source.streams.items()
-            ]
+            streams = cdc_streams(settings, catalog, source_name, source)
             assets.append(_cdc_asset(settings, catalog, source_name, source, streams))
             sensors.append(_slot_sensor(settings, catalog, source_name, source, streams))
     return assets, sensors
+
+
+def cdc_streams(
+    settings: Settings, catalog: Catalog, source_name: str, source: PostgresSource
+) -> list[PostgresTableStream]:
+    return [
+        PostgresTableStream(settings, catalog.destination, source_name, source, name, spec)
+        for name, spec in source.streams.items()
+    ]
 
 
 def _keys(source_name: str, streams: list[PostgresTableStream]) -> list[dg.AssetKey]:

@@ -13,15 +13,10 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Protocol
 
-import pyarrow as pa
-
 from ingestion_assets.catalog import Destination, PostgresSource
-from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA, split_bad_rows
-from ingestion_assets.loading.metadata_columns import with_metadata
 from ingestion_assets.partitions import LIVE, key_range
 from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
-from ingestion_assets.sources.postgres import plan_table_read, table_slices
 from ingestion_assets.sources.postgres.cdc import (
     ChangeBatch,
     SlotHealth,
@@ -37,11 +32,9 @@ from ingestion_assets.sources.postgres.cdc import (
     slot_health,
 )
 from ingestion_assets.sources.postgres.cdc.chunks import chunk_snapshot, reading_slot
-from ingestion_assets.sources.postgres.introspect import TableShape
-from ingestion_assets.sources.postgres.query import Window
-from ingestion_assets.sources.postgres.reader import connect
+from ingestion_assets.streams.cdc_copy import CopyRules, copy_as_of
 from ingestion_assets.streams.cdc_history import HISTORY, Fences, fences_for, history_keys, plan_history
-from ingestion_assets.streams.cdc_rows import VERSION_TYPE, TableChanges, version_of
+from ingestion_assets.streams.cdc_rows import TableChanges, dead_letter_table, toast_lookup, version_of
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
 from ingestion_assets.sync import Faults, checkpoint_first
 
@@ -199,42 +192,9 @@ class CdcSync:
         fences: Fences | None = None,
         floor: Decimal | None = None,
     ) -> int:
-        """The table (or its `keys` range, less the fenced keys) as of `snapshot`, every row at `version`; then
-        rows left below `floor` (the whole copy's `version` by default) were deleted in the source."""
-        plan = plan_table_read(url, stream.spec.schema_name, stream.spec.table_name, (), tuple(stream.spec.primary_key))
-        loader = stream.loader(Target(stream.name, 1), None, plan, guard=self.history)
-        column = stream.spec.primary_key[0]
-        window = Window(column, str(keys[0]), str(keys[1] + 1)) if keys is not None else None
-        table_name = (stream.spec.schema_name, stream.spec.table_name)
-        rows = 0
-        name = stream.qualified_name
         faults = self.faults or Faults.from_env()
-        slices = table_slices(
-            url, plan, None, self.source.cdc.snapshot_slice_rows, name, window=window, snapshot=snapshot
-        )
-        for piece in slices:
-            source_rows = fences.drop_fenced(table_name, piece.table) if fences is not None else piece.table
-            split = split_bad_rows(
-                source_rows,
-                stream.name,
-                None,
-                self.run_id,
-                stream.spec.primary_key,
-                [c.name for c in plan.ordering],
-                stream.spec.dead_letters.on_bad_value,
-            )
-            table = with_metadata(split.rows, (), dt.datetime.now(dt.UTC), 1, meta=split.meta)
-            table = table.set_column(
-                table.schema.get_field_index("_ingest_position"),
-                "_ingest_position",
-                pa.repeat(pa.scalar(version, VERSION_TYPE), table.num_rows),
-            )
-            loader.load(table, dead_letters=split.dead)
-            faults.hit("after_snapshot_slice", piece.index)
-            rows += source_rows.num_rows
-        soft = stream.spec.deletes == "soft"
-        loader.retire_below(version if floor is None else floor, soft, (column, *keys) if keys is not None else None)
-        return rows
+        rules = CopyRules(self.source.cdc.snapshot_slice_rows, self.run_id, faults, self.history)
+        return copy_as_of(url, stream, snapshot, version, rules, keys, fences, floor)
 
     def _changes(self, url: str, lsn: int, reach: int | None = None, fences: Fences | None = None) -> CdcOutcome:
         """Batches of the log, each loaded, checkpointed, then acknowledged. With `reach` (a chunk's snapshot),
@@ -307,7 +267,7 @@ class CdcSync:
                     "follow it, or re-copy with `ingest state reset`; nothing after it was applied"
                 )
             changes = pending.setdefault(stream.name, TableChanges(shapes[stream.name], tuple(stream.spec.primary_key)))
-            changes.add(change, _toast_lookup(url, stream, shapes[stream.name]))
+            changes.add(change, toast_lookup(url, stream, shapes[stream.name]))
         for stream in self.streams:
             if stream.name in pending:
                 self._load(stream, pending[stream.name], outcome)
@@ -317,7 +277,7 @@ class CdcSync:
         if changes.truncated_at is not None:
             loader.delete_all()
         rows = changes.to_arrow(generation=1)
-        dead = _dead_letters(stream, changes, self.run_id)
+        dead = dead_letter_table(stream, changes, self.run_id)
         if rows is not None or dead is not None:
             loader.load(rows, dead_letters=dead)
         if stream.spec.deletes == "hard":
@@ -340,54 +300,6 @@ class CdcSync:
 
     def _say(self, message: str, *args: Any) -> None:
         (self.log or log).warning(message, *args)
-
-
-def _dead_letters(stream: PostgresTableStream, changes: TableChanges, run_id: str) -> pa.Table | None:
-    rows = changes.dead_letter_rows()
-    if not rows:
-        return None
-    now = dt.datetime.now(dt.UTC)
-    records = [
-        {
-            "stream": stream.name,
-            "partition": "",
-            "record_key": key,
-            "run_id": run_id,
-            "position": "{}",
-            "error": error,
-            "raw_record": raw,
-            "dead_lettered_at": now,
-        }
-        for key, error, raw in rows
-    ]
-    return pa.Table.from_pylist(records, schema=DEAD_LETTER_SCHEMA)
-
-
-def _toast_lookup(
-    url: str, stream: PostgresTableStream, shape: TableShape
-) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    return lambda key: _current_row(url, stream, key, shape)
-
-
-def _current_row(url: str, stream: PostgresTableStream, key: dict[str, Any], shape: TableShape) -> dict[str, Any]:
-    """The source's current row by key, as text (an unchanged TOASTed value the log did not resend)."""
-    from psycopg2 import sql
-
-    conn = connect(url, "ingest-cdc-toast")
-    try:
-        with conn.cursor() as cur:
-            cur.execute(
-                sql.SQL("SELECT {cols} FROM {table} WHERE {where}").format(
-                    cols=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c.name)) for c in shape.columns),
-                    table=sql.Identifier(stream.spec.schema_name, stream.spec.table_name),
-                    where=sql.SQL(" AND ").join(sql.SQL("{}::text = %s").format(sql.Identifier(k)) for k in key),
-                ),
-                [str(v) for v in key.values()],
-            )
-            row = cur.fetchone()
-    finally:
-        conn.close()
-    return dict(zip([c.name for c in shape.columns], row, strict=True)) if row else {}
 
 
 class _existing_slot_dropped:

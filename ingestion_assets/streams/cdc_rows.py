@@ -14,11 +14,12 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA
 from ingestion_assets.loading.metadata_columns import (
     DELETED_AT,
     EXTRACTED_AT,
@@ -29,7 +30,10 @@ from ingestion_assets.loading.metadata_columns import (
 )
 from ingestion_assets.sources.postgres.cdc import UNCHANGED_TOAST, Op, RowChange
 from ingestion_assets.sources.postgres.introspect import TableShape
-from ingestion_assets.sources.postgres.reader import csv_options
+from ingestion_assets.sources.postgres.reader import connect, csv_options
+
+if TYPE_CHECKING:
+    from ingestion_assets.streams.postgres_table import PostgresTableStream
 
 VERSION_TYPE = pa.decimal128(38, 0)
 _UNFIT_TEMPORAL = ("infinity", "-infinity")
@@ -156,3 +160,51 @@ def _decode_hex_binary(table: pa.Table, shape: TableShape) -> pa.Table:
 
 def keys_text(rows: Sequence[dict[str, Any]], primary_key: Sequence[str]) -> list[str]:
     return ["|".join(str(r.get(k)) for k in primary_key) for r in rows]
+
+
+def dead_letter_table(stream: PostgresTableStream, changes: TableChanges, run_id: str) -> pa.Table | None:
+    rows = changes.dead_letter_rows()
+    if not rows:
+        return None
+    now = dt.datetime.now(dt.UTC)
+    records = [
+        {
+            "stream": stream.name,
+            "partition": "",
+            "record_key": key,
+            "run_id": run_id,
+            "position": "{}",
+            "error": error,
+            "raw_record": raw,
+            "dead_lettered_at": now,
+        }
+        for key, error, raw in rows
+    ]
+    return pa.Table.from_pylist(records, schema=DEAD_LETTER_SCHEMA)
+
+
+def toast_lookup(
+    url: str, stream: PostgresTableStream, shape: TableShape
+) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    return lambda key: _current_row(url, stream, key, shape)
+
+
+def _current_row(url: str, stream: PostgresTableStream, key: dict[str, Any], shape: TableShape) -> dict[str, Any]:
+    """The source's current row by key, as text (an unchanged TOASTed value the log did not resend)."""
+    from psycopg2 import sql
+
+    conn = connect(url, "ingest-cdc-toast")
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                sql.SQL("SELECT {cols} FROM {table} WHERE {where}").format(
+                    cols=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c.name)) for c in shape.columns),
+                    table=sql.Identifier(stream.spec.schema_name, stream.spec.table_name),
+                    where=sql.SQL(" AND ").join(sql.SQL("{}::text = %s").format(sql.Identifier(k)) for k in key),
+                ),
+                [str(v) for v in key.values()],
+            )
+            row = cur.fetchone()
+    finally:
+        conn.close()
+    return dict(zip([c.name for c in shape.columns], row, strict=True)) if row else {}
