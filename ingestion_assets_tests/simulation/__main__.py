@@ -14,7 +14,7 @@ from ingestion_assets_tests.simulation.api import ApiSimulation
 from ingestion_assets_tests.simulation.cdc import CdcSimulation
 from ingestion_assets_tests.simulation.harness import Simulation, SimulationFailure
 
-KINDS = ("table", "api", "cdc")
+KINDS = ("table", "api", "cdc", "cdch")  # cdch: cdc with history partitions
 
 
 def main() -> int:
@@ -41,7 +41,7 @@ def main() -> int:
             elif kind == "api":
                 simulation = ApiSimulation(seed, root, unsafe=args.unsafe)
             else:
-                simulation = CdcSimulation(seed, url, root, unsafe=args.unsafe)
+                simulation = CdcSimulation(seed, url, root, unsafe=args.unsafe, history=kind == "cdch")
             seed_began = time.monotonic()
             try:
                 events = simulation.run(rounds=args.rounds)

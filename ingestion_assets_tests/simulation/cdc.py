@@ -5,7 +5,12 @@ between slices and batches (inserts, updates, deletes, primary-key changes).
 
 At every checkpoint it checks that the target holds exactly the source as of that log position (each
 change the sim makes is stamped with the WAL position right after its commit) and that the slot was never
-acknowledged past the stored checkpoint; at the end, that the target equals the source."""
+acknowledged past the stored checkpoint; at the end, that the target equals the source.
+
+With `history` the source copies its history as key-range partitions (`cdc.history_chunk`): runs of `live`
+and of ranges (new, retried or done again) interleave in a seeded order, a transaction is held open across
+each range's snapshot and committed right after it, and the target is checked at the end (a checkpoint
+then stands for the log only: ranges not copied yet are missing by design)."""
 
 from __future__ import annotations
 
@@ -21,7 +26,9 @@ import psycopg2
 import yaml
 
 import ingestion_assets.streams.cdc as cdc_module
+import ingestion_assets.streams.cdc_copy as copy_module
 from ingestion_assets.catalog import load_catalog
+from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres.cdc import drop_slot, format_lsn, parse_lsn, slot_health
 from ingestion_assets.streams.cdc import CdcSync
@@ -58,12 +65,14 @@ class SimCdcStore:
 
 
 class CdcSimulation:
-    def __init__(self, seed: int, source_url: str, home: Path, unsafe: bool = False) -> None:
-        self.seed, self.url, self.home, self.unsafe = seed, source_url, home, unsafe
+    def __init__(self, seed: int, source_url: str, home: Path, unsafe: bool = False, history: bool = False) -> None:
+        self.seed, self.url, self.home, self.unsafe, self.history_mode = seed, source_url, home, unsafe, history
         self.rng = random.Random(seed)
         self.name = f"simcdc_{seed}_{uuid.uuid4().hex[:6]}"
         self.deletes = self.rng.choice(["hard", "soft"])
-        self.mode = f"cdc, {self.deletes} deletes"
+        self.mode = f"cdc{' history' if history else ''}, {self.deletes} deletes"
+        self.partitions: list[str] = []  # history mode: the planned ranges
+        self.copied: set[str] = set()
         self.warehouse = home / f"{self.name}_warehouse.duckdb"  # not the source's name: see the catalog check
         self.rows: Rows = {}
         self.history: list[tuple[int, Rows]] = []  # (WAL position after the change's commit, rows after it)
@@ -75,7 +84,7 @@ class CdcSimulation:
 
     @property
     def replay(self) -> str:
-        return replay_command(self.seed, self.rounds, self.unsafe, kind="cdc")
+        return replay_command(self.seed, self.rounds, self.unsafe, kind="cdch" if self.history_mode else "cdc")
 
     def run(self, rounds: int = DEFAULT_ROUNDS) -> list[str]:
         self.rounds = rounds
@@ -88,7 +97,9 @@ class CdcSimulation:
             self._write_catalog()
             for _ in range(rounds):
                 self._mutate(self.rng.randint(1, 30))
-                self._sync_until_done(self.rng.choice([0.0, 0.03, 0.08, 0.15]), changing=True)
+                self._sync_until_done(self.rng.choice([0.0, 0.03, 0.08, 0.15]), changing=True, partition=self._pick())
+            for key in [k for k in self.partitions if k not in self.copied]:  # the backfill's last ranges
+                self._sync_until_done(self.rng.choice([0.0, 0.08]), changing=True, partition=key)
             for _ in range(500):  # at rest: runs (each at most max_batches_per_run batches) until one finds nothing
                 if self._sync_until_done(0.0, changing=False) == 0:
                     break
@@ -147,16 +158,28 @@ class CdcSimulation:
             },
             "streams": {"items": {"table": f"{self.name}.items", "primary_key": "id", "deletes": self.deletes}},
         }
+        if self.history_mode:
+            source["cdc"]["history_chunk"] = self.rng.randint(8, 60)
         catalog = {"destination": {"type": "duckdb", "path": str(self.warehouse)}, "sources": {self.name: source}}
         (self.home / f"{self.name}.yaml").write_text(yaml.safe_dump(catalog))
 
     # --- syncing ---------------------------------------------------------------------------------
-    def _sync_until_done(self, fault_rate: float, changing: bool) -> int:
+    def _pick(self) -> str | None:
+        """History mode: `live`, a range not copied yet, or one copied before (a user's re-run)."""
+        if not self.history_mode:
+            return None
+        if not self.partitions or self.rng.random() < 0.4:
+            return LIVE
+        return self.rng.choice(self.partitions)
+
+    def _sync_until_done(self, fault_rate: float, changing: bool, partition: str | None = None) -> int:
         """Runs until one completes; returns the changes (or snapshot rows) it applied."""
         for _ in range(60):
             try:
                 with self._changes_between_reads(changing), unsafe_order(self.unsafe):
-                    outcome = self._sync(SimFaults(self.rng, fault_rate)).run()
+                    outcome = self._sync(SimFaults(self.rng, fault_rate)).run(partition)
+                if partition is not None and partition != LIVE:
+                    self.copied.add(partition)
                 return sum(outcome.rows.values())
             except Crash as crash:
                 self.events.append(f"crash: {crash}")
@@ -170,12 +193,17 @@ class CdcSimulation:
             PostgresTableStream(settings, catalog.destination, self.name, source, name, spec)  # type: ignore[arg-type]
             for name, spec in source.streams.items()
         ]
-        return CdcSync(settings, catalog.destination, self.name, source, streams, self.store, faults=faults)  # type: ignore[arg-type]
+        sync = CdcSync(settings, catalog.destination, self.name, source, streams, self.store, faults=faults)  # type: ignore[arg-type]
+        sync.add_partitions = self._plan
+        return sync
+
+    def _plan(self, keys: list[str]) -> None:
+        self.partitions = [k for k in keys if k != LIVE]
 
     @contextlib.contextmanager
     def _changes_between_reads(self, changing: bool) -> Iterator[None]:
         """The source keeps changing between snapshot slices and between batches of changes."""
-        real_slices, real_changes = cdc_module.table_slices, cdc_module.read_changes
+        real_slices, real_changes, real_snapshot = copy_module.table_slices, cdc_module.read_changes, cdc_module.chunk_snapshot
         simulation = self
 
         def table_slices(*args: Any, **kwargs: Any) -> Iterator[Any]:
@@ -189,11 +217,53 @@ class CdcSimulation:
                 simulation._mutate(simulation.rng.randint(1, 8))
             return real_changes(*args, **kwargs)
 
-        cdc_module.table_slices, cdc_module.read_changes = table_slices, read_changes  # type: ignore[assignment]
+        @contextlib.contextmanager
+        def chunk_snapshot(url: str) -> Iterator[Any]:
+            with simulation._held_across() as commit, real_snapshot(url) as snap:
+                commit()  # running while the snapshot was taken, committed right after: the snapshot does not see it
+                yield snap
+
+        copy_module.table_slices, cdc_module.read_changes = table_slices, read_changes  # type: ignore[assignment]
+        cdc_module.chunk_snapshot = chunk_snapshot  # type: ignore[assignment]
         try:
             yield
         finally:
-            cdc_module.table_slices, cdc_module.read_changes = real_slices, real_changes
+            copy_module.table_slices, cdc_module.read_changes = real_slices, real_changes
+            cdc_module.chunk_snapshot = real_snapshot
+
+    @contextlib.contextmanager
+    def _held_across(self) -> Iterator[Any]:
+        """An update and a delete in a transaction open until `commit` is called (or the block ends)."""
+        conn = psycopg2.connect(self.url)
+        table = f'"{self.name}".items'
+        keys = self.rng.sample(sorted(self.rows), min(2, len(self.rows)))
+        value = self.rng.randint(0, 10**6)
+        with conn.cursor() as cur:
+            if keys:
+                cur.execute(f"UPDATE {table} SET value = %s WHERE id = %s", (value, keys[0]))
+            if len(keys) > 1:
+                cur.execute(f"DELETE FROM {table} WHERE id = %s", (keys[1],))
+        done = False
+
+        def commit() -> None:
+            nonlocal done
+            if done:
+                return
+            conn.commit()
+            done = True
+            if keys:
+                self.rows[keys[0]] = value
+            if len(keys) > 1:
+                del self.rows[keys[1]]
+            with self._conn.cursor() as cur:
+                cur.execute("SELECT pg_current_wal_insert_lsn()::text")
+                self.history.append((parse_lsn(cur.fetchone()[0]), dict(self.rows)))
+
+        try:
+            yield commit
+            commit()
+        finally:
+            conn.close()
 
     # --- invariants --------------------------------------------------------------------------------
     def _target(self) -> Rows:
@@ -221,6 +291,8 @@ class CdcSimulation:
                 f"seed {self.seed}: the slot was acknowledged at {format_lsn(health.confirmed_flush_lsn)}, past the "
                 f"checkpoint {format_lsn(lsn)}; replay with `{self.replay}`"
             )
+        if self.history_mode:
+            return  # ranges not copied yet are missing by design: the end compares
         before = [rows for stamp, rows in self.history if stamp < lsn]
         candidates = [before[-1] if before else {}]  # every change committed before the position
         later = [rows for stamp, rows in self.history if stamp >= lsn]
