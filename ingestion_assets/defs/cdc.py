@@ -14,7 +14,7 @@ from ingestion_assets.drain import Drain
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres.cdc import CdcError as SlotError
-from ingestion_assets.sources.postgres.cdc import format_lsn, slot_health
+from ingestion_assets.sources.postgres.cdc import SlotInUseError, format_lsn, slot_health
 from ingestion_assets.state.checkpoints import InstanceStateStore, checkpoint_metadata, latest_checkpoint
 from ingestion_assets.streams.cdc import CdcError, CdcOutcome, CdcSync
 from ingestion_assets.streams.postgres_table import PostgresTableStream
@@ -135,6 +135,8 @@ def _cdc_asset(
             sync.stop, sync.log, sync.run_id = drain, context.log, context.run_id
             try:
                 outcome = sync.run(partition)
+            except SlotInUseError as exc:  # another run of the source holds the slot: worth a retry
+                raise dg.Failure(description=str(exc), allow_retries=True) from exc
             except (CdcError, SlotError) as exc:
                 raise dg.Failure(description=str(exc), allow_retries=False) from exc
         yield from _results(source, keys, streams, outcome)

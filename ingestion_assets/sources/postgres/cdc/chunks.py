@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import psycopg2
 
-from ingestion_assets.sources.postgres.cdc.errors import CdcError
+from ingestion_assets.sources.postgres.cdc.errors import SlotInUseError
 from ingestion_assets.sources.postgres.cdc.lsn import parse_lsn
 from ingestion_assets.sources.postgres.reader import connect
 
@@ -86,9 +86,9 @@ def reading_slot(url: str, slot: str, wait_seconds: float) -> Iterator[None]:
             try:
                 cur.execute("SELECT pg_advisory_lock(%s)", (_lock_key(slot),))
             except psycopg2.errors.LockNotAvailable as exc:
-                raise CdcError(
+                raise SlotInUseError(
                     f"another run has been reading replication slot {slot!r} for over {wait_seconds:.0f} s; "
-                    "this run did not start (pg_locks shows the holder: locktype 'advisory')"
+                    "this run did not start and may be retried (pg_locks shows the holder: locktype 'advisory')"
                 ) from exc
             cur.execute("SET lock_timeout = 0")
         yield
