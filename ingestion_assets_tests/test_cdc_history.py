@@ -291,3 +291,18 @@ def test_the_sensor_and_plan_start_history_partitions(cdc: StreamHarness) -> Non
     harness.source.execute("UPDATE orders SET status = 'x' WHERE id = 1")
     waiting = sensor(dg.build_sensor_context(instance=harness.instance))
     assert isinstance(waiting, dg.RunRequest) and waiting.partition_key == LIVE
+
+
+def test_several_versions_of_a_new_row_in_one_batch_end_at_the_newest(cdc: StreamHarness) -> None:
+    """Found by the simulation (seeds 2002, 2004): a batch whose keys were all new was appended whole, so an
+    insert and its update stayed as two rows, and an insert outlived its own delete."""
+    harness = cdc
+    harness.source.execute(TABLE)
+    _catalog(harness)
+    _run(harness, LIVE)
+    harness.source.execute("INSERT INTO orders (id, status) VALUES (5000, 'new'), (5001, 'new')")
+    harness.source.execute("UPDATE orders SET status = 'paid' WHERE id = 5000")
+    harness.source.execute("DELETE FROM orders WHERE id = 5001")
+    _run(harness, LIVE)
+    rows = harness.query_target(f'SELECT id, status FROM "{harness.source_name}".orders ORDER BY id')
+    assert rows == [(5000, "paid")]

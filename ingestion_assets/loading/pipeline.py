@@ -136,7 +136,7 @@ class Loader:
                 with self._pipeline.sql_client() as client:
                     check = check_keys(client, self.destination.type, self.target.table, self.target.primary_key, table)
                 table = check.rows
-                if check.existing == 0 and disposition == "merge":
+                if check.existing == 0 and disposition == "merge" and _keys_unique(table, self.target.primary_key):
                     disposition = "append"  # none of its keys is there yet and no one else writes now
             resources = []
             if table is not None and table.num_rows:
@@ -307,6 +307,14 @@ class Loader:
     def _lock(self) -> Any:
         table = self.stream_table or self.target.table
         return writer_lock(self.settings, self.destination, self.target.dataset, table)
+
+
+def _keys_unique(table: pa.Table, primary_key: tuple[str, ...]) -> bool:
+    """Whether each key appears once: a batch of log changes may hold several versions of a row (an insert
+    and its delete), which only a merge reduces to the newest (found by the CDC history simulation)."""
+    if table.num_rows < 2:
+        return True
+    return bool(table.group_by(list(primary_key)).aggregate([]).num_rows == table.num_rows)
 
 
 def _exists(client: Any, table: str) -> bool:
