@@ -306,3 +306,27 @@ def test_several_versions_of_a_new_row_in_one_batch_end_at_the_newest(cdc: Strea
     _run(harness, LIVE)
     rows = harness.query_target(f'SELECT id, status FROM "{harness.source_name}".orders ORDER BY id')
     assert rows == [(5000, "paid")]
+
+
+def test_after_a_wal_gap_a_reset_and_the_ranges_again_end_exact(cdc: StreamHarness) -> None:
+    from ingestion_assets.state.checkpoints import reset_checkpoint
+
+    harness = cdc
+    harness.source.execute(TABLE)
+    _catalog(harness)
+    _run(harness, LIVE)
+    for key in RANGES:
+        _run(harness, key)
+    harness.source.execute("UPDATE orders SET status = 'lost?' WHERE id <= 10; DELETE FROM orders WHERE id > 2990")
+    with psycopg2.connect(harness.source.url) as conn, conn.cursor() as cur:  # another consumer moved the slot
+        cur.execute("SELECT pg_replication_slot_advance(%s, pg_current_wal_lsn())", (f"ingest_{harness.source_name}",))
+    result = _run(harness, LIVE, raise_on_error=False)
+    failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
+    assert "can no longer deliver" in str(failure.step_failure_data.error)
+    assert "--partition live" in str(failure.step_failure_data.error)
+    for stream in ("orders", "customers"):
+        reset_checkpoint(harness.instance, dg.AssetKey([harness.source_name, stream]), LIVE, reason="test")
+    _run(harness, LIVE)  # a new slot
+    for key in RANGES:  # each range also removes what the source deleted during the gap
+        _run(harness, key)
+    _assert_exact(harness)

@@ -129,10 +129,16 @@ class CdcSync:
                 self._say("%s: %s; resyncing from a fresh snapshot (on_wal_gap: resync)", self.source_name, gap)
                 drop_slot(url, self.slot)
                 return self._snapshot(url)
+            again = (
+                f"Reset `live` (`ingest state reset {self.source_name}.STREAM --partition live` for each stream), "
+                "run it, then backfill the history ranges again"
+                if self.history
+                else "Re-copy the source with `ingest state reset` on its streams (a fresh snapshot), or set "
+                "cdc.on_wal_gap: resync"
+            )
             raise CdcError(
                 f"source {self.source_name}: the slot {self.slot} can no longer deliver the changes after the "
-                f"checkpoint {format_lsn(lsn)} ({gap}). Rows changed in between would be missed. Re-copy the "
-                f"source with `ingest state reset` on its streams (a fresh snapshot), or set cdc.on_wal_gap: resync"
+                f"checkpoint {format_lsn(lsn)} ({gap}). Rows changed in between would be missed. {again}"
             )
         if partition is None or partition == LIVE:
             return self._changes(url, lsn)

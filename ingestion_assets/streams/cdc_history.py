@@ -4,6 +4,11 @@ A chunk run holds the slot, exports a snapshot, applies the log up to the snapsh
 every key that a transaction invisible to the snapshot touched: a fence), then loads the chunk's rows but
 the fenced ones, at a version just below any change the snapshot does not see. The log wins where it is
 newer, the chunk wins where the log is older, whatever order later runs load in.
+
+The one case this does not decide: a transaction already applied and checkpointed by an earlier run that
+the snapshot still lists as running (its commit record written, the process table not yet updated: a
+sub-millisecond window, against a load and a storage write before any checkpoint). It would count as
+seen; it is not guarded.
 """
 
 from __future__ import annotations
