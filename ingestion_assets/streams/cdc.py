@@ -10,7 +10,6 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any, Protocol
 
 from ingestion_assets.catalog import Destination, PostgresSource
@@ -166,11 +165,12 @@ class CdcSync:
             outcome = self._changes(url, lsn, reach=snap.lsn, fences=fences)
             outcome.mode = "chunk"
             version = version_of(snap.lsn, 0) - 1  # above every change it sees, below every one it does not
+            rules = self._rules()
             for stream in self.streams:
                 table = (stream.spec.schema_name, stream.spec.table_name)
                 if table in fences.truncated:
                     continue  # emptied after the snapshot: what it holds now came through the log
-                copied = self._copy(url, stream, snap.name, version, (low, high), fences, floor=version_of(lsn, 0))
+                copied = copy_as_of(url, stream, snap.name, version, rules, (low, high), fences, version_of(lsn, 0))
                 outcome.rows[stream.name] = outcome.rows.get(stream.name, 0) + copied
         return outcome
 
@@ -181,26 +181,16 @@ class CdcSync:
             version = version_of(snap.consistent_lsn, 0) - 1  # just below any change the slot will send
             outcome = CdcOutcome("snapshot", snap.consistent_lsn)
             for stream in self.streams:
-                outcome.rows[stream.name] = self._copy(url, stream, snap.snapshot_name, version)
+                outcome.rows[stream.name] = copy_as_of(url, stream, snap.snapshot_name, version, self._rules())
         # Only once the block is left: a failure inside it drops the new slot, which a stored checkpoint
         # saying "snapshot done" would then point at (found by simulation seed 2013, cdc).
         self.store.commit(snap.consistent_lsn, snapshot_done=True, slot=self.slot)
         outcome.health = slot_health(url, self.slot)
         return outcome
 
-    def _copy(
-        self,
-        url: str,
-        stream: PostgresTableStream,
-        snapshot: str,
-        version: Decimal,
-        keys: tuple[int, int] | None = None,
-        fences: Fences | None = None,
-        floor: Decimal | None = None,
-    ) -> int:
+    def _rules(self) -> CopyRules:
         faults = self.faults or Faults.from_env()
-        rules = CopyRules(self.source.cdc.snapshot_slice_rows, self.run_id, faults, self.history)
-        return copy_as_of(url, stream, snapshot, version, rules, keys, fences, floor)
+        return CopyRules(self.source.cdc.snapshot_slice_rows, self.run_id, faults, self.history)
 
     def _changes(self, url: str, lsn: int, reach: int | None = None, fences: Fences | None = None) -> CdcOutcome:
         """Batches of the log, each loaded, checkpointed, then acknowledged. With `reach` (a chunk's snapshot),
