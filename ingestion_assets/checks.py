@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from ingestion_assets.catalog import Catalog, PostgresSource, PostgresStream, RestSource
+from ingestion_assets.loading.destinations import target_names
+from ingestion_assets.loading.naming import NameCollision
 from ingestion_assets.references import UnresolvedReference, resolve
 from ingestion_assets.settings import Settings
-from ingestion_assets.sources.postgres import plan_table_read
+from ingestion_assets.sources.postgres import dry_run, plan_table_read
 
 
 def check_catalog(settings: Settings, catalog: Catalog) -> list[str]:
@@ -13,13 +15,13 @@ def check_catalog(settings: Settings, catalog: Catalog) -> list[str]:
     problems: list[str] = []
     for source_name, source in catalog.sources.items():
         if isinstance(source, PostgresSource):
-            problems += _check_postgres(settings, source_name, source)
+            problems += _check_postgres(settings, catalog, source_name, source)
         else:
             problems += _check_rest(settings, catalog, source_name, source)
     return problems
 
 
-def _check_postgres(settings: Settings, source_name: str, source: PostgresSource) -> list[str]:
+def _check_postgres(settings: Settings, catalog: Catalog, source_name: str, source: PostgresSource) -> list[str]:
     import psycopg2
 
     where = f"sources.{source_name}.connection"
@@ -30,14 +32,33 @@ def _check_postgres(settings: Settings, source_name: str, source: PostgresSource
     problems: list[str] = _check_cdc(url, source_name, source) if source.mode == "cdc" else []
     for stream_name, stream in source.streams.items():
         assert isinstance(stream, PostgresStream)
+        name = f"stream {source_name}.{stream_name}"
         try:
-            plan_table_read(url, stream.schema_name, stream.table_name, tuple(stream.cursor), tuple(stream.primary_key))
+            plan = plan_table_read(
+                url, stream.schema_name, stream.table_name, tuple(stream.cursor), tuple(stream.primary_key)
+            )
+            problems += _target_name_problems(catalog, name, plan.shape.column_names)
+            dry_run(url, plan)
         except psycopg2.OperationalError as exc:
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            return [*problems, f"{where} ({source.connection.describe()}): cannot connect: {first_line}"]
+            return [*problems, f"{where} ({source.connection.describe()}): cannot connect: {_first_line(exc)}"]
+        except psycopg2.Error as exc:
+            problems.append(f"{name}: its read fails on the server: {_first_line(exc)}")
         except LookupError as exc:
-            problems.append(f"stream {source_name}.{stream_name}: {exc}")
+            problems.append(f"{name}: {exc}")
     return problems
+
+
+def _target_name_problems(catalog: Catalog, stream: str, columns: list[str]) -> list[str]:
+    try:
+        target_names(catalog.destination).check(stream, columns)
+    except NameCollision as exc:
+        return [str(exc)]
+    return []
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _check_rest(settings: Settings, catalog: Catalog, source_name: str, source: RestSource) -> list[str]:

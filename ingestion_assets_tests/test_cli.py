@@ -74,6 +74,26 @@ def test_check_reports_what_would_fail_mid_sync(
     assert "cannot connect" in out and "file:" in out and "s3cret-pass" not in out
 
 
+def test_check_runs_the_real_read_and_the_target_names(
+    cli_env: StreamHarness, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The catalog and the columns are fine, but the server refuses the read itself, or two columns would land
+    under one target name: `ingest check` says so before any sync."""
+    role = f"r_{cli_env.source_name}"
+    cli_env.source.execute(
+        f'CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA "{cli_env.source.schema}" TO {role};'
+        'ALTER TABLE items ADD COLUMN "Name" text'
+    )
+    try:
+        (tmp_path / "source_url").write_text(cli_env.source.url.replace("postgres@", f"{role}@"))
+        assert main(["check"]) == 1
+        out = capsys.readouterr().out
+        assert f"stream {cli_env.source_name}.items: its read fails on the server: permission denied" in out
+        assert "source columns 'name' and 'Name' both land as column 'name'" in out
+    finally:
+        cli_env.source.execute(f'REVOKE ALL ON SCHEMA "{cli_env.source.schema}" FROM {role}; DROP ROLE {role}')
+
+
 def test_up_env_down_on_a_fresh_home(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -50,6 +50,11 @@ class Destination(_Model):
     path: str | None = Field(None, description="DuckDB file; default INGEST_HOME/warehouse.duckdb")
     memory_limit: str = Field("512MB", description="DuckDB memory_limit while loading (bounded memory)")
     credentials: Reference | None = Field(None, description="connection URL reference for postgres")
+    naming: Literal["snake_case", "direct"] = Field(
+        "snake_case",
+        description="target column names: snake_case (dlt's default: `Order ID` -> `order_id`) or direct (the "
+        "source's names kept exactly: case, spaces, unicode)",
+    )
 
     @model_validator(mode="after")
     def _credentials_for_postgres(self) -> Destination:

@@ -18,6 +18,7 @@ from dlt.destinations.impl.duckdb.configuration import DuckDbCredentials
 from dlt.destinations.impl.postgres.configuration import PostgresCredentials
 
 from ingestion_assets.catalog import Destination
+from ingestion_assets.loading.naming import TargetNames
 from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
 
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 
 DUCKDB_BUSY_SECONDS = 300.0
+POSTGRES_IDENTIFIER_LENGTH = 63  # NAMEDATALEN - 1: dlt shortens longer names with a hash suffix
 
 
 def duckdb_path(settings: Settings, destination: Destination) -> Path:
@@ -42,10 +44,17 @@ def make_destination(settings: Settings, destination: Destination) -> Any:
         path.parent.mkdir(parents=True, exist_ok=True)
         # DuckDB caches up to 80% of RAM by default: a loader's memory would then grow with the table.
         duckdb_credentials = DuckDbCredentials(str(path), global_config={"memory_limit": destination.memory_limit})
-        return dlt.destinations.duckdb(duckdb_credentials)
+        return dlt.destinations.duckdb(duckdb_credentials, naming_convention=destination.naming)
     credentials = PostgresCredentials(destination_url(settings, destination))
     credentials.password = credentials.password or ""  # trust or peer auth: dlt insists on a password field
-    return dlt.destinations.postgres(credentials=credentials)
+    return dlt.destinations.postgres(credentials=credentials, naming_convention=destination.naming)
+
+
+def target_names(destination: Destination) -> TargetNames:
+    """How source column names land in this destination (see loading/naming.py)."""
+    if destination.type == "postgres":
+        return TargetNames(destination.naming, POSTGRES_IDENTIFIER_LENGTH, case_sensitive=True)
+    return TargetNames(destination.naming, None, case_sensitive=False)
 
 
 @contextlib.contextmanager

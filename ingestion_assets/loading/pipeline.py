@@ -6,7 +6,7 @@ import contextlib
 import gc
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
@@ -18,9 +18,10 @@ from dlt.destinations.exceptions import DatabaseUndefinedRelation
 
 from ingestion_assets.catalog import Destination
 from ingestion_assets.loading.dead_letters import record_keys
-from ingestion_assets.loading.destinations import make_destination, writer_lock
+from ingestion_assets.loading.destinations import make_destination, target_names, writer_lock
 from ingestion_assets.loading.metadata_columns import DLT_HINTS, GENERATION
 from ingestion_assets.loading.migrate import migration_statements
+from ingestion_assets.loading.naming import TargetNames
 from ingestion_assets.loading.parked import dead_letter_resource, delete_parked, parked_keys
 from ingestion_assets.loading.versions import check_keys
 from ingestion_assets.schema.changes import SchemaChange
@@ -48,10 +49,11 @@ class TargetTable:
     primary_key: tuple[str, ...]
     write_disposition: str  # merge | append | replace
     type_hints: tuple[tuple[str, dict[str, Any]], ...] = ()  # (column, dlt hint) the Arrow type cannot carry
+    source_columns: tuple[str, ...] = ()  # every column the source sends (checked for name collisions)
 
-    def column_hints(self) -> dict[str, dict[str, Any]]:
-        hints: dict[str, dict[str, Any]] = {name: dict(hint) for name, hint in self.type_hints}
-        for name in self.primary_key:
+    def column_hints(self, names: TargetNames) -> dict[str, dict[str, Any]]:
+        hints: dict[str, dict[str, Any]] = {names.column(name): dict(hint) for name, hint in self.type_hints}
+        for name in names.columns(self.primary_key):
             hints[name] = {**hints.get(name, {}), "nullable": False, "primary_key": True}
         hints.update(DLT_HINTS)
         return hints
@@ -68,12 +70,18 @@ class Loader:
     guard_versions: bool = False  # several writers (partitions, live tail): keep the newest version
     stream_table: str | None = None  # the stream's table when `target` is a refresh's shadow of it
     max_table_nesting: int = 0  # API records: nested objects and lists become child tables up to this depth
+    names: TargetNames = field(init=False)
+    key: tuple[str, ...] = field(init=False)  # the primary key as the target names it
     _parked_keys: set[str] | None = field(default=None, init=False)
     _pipeline: Any = field(default=None, init=False, repr=False)
     _loads: int = field(default=0, init=False)
     _append_only: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
+        self.names = target_names(self.destination)
+        where = f"target {self.target.dataset}.{self.stream_table or self.target.table}"
+        self.names.check(where, self.target.source_columns)
+        self.key = self.names.columns(self.target.primary_key)
         logging.getLogger("dlt").addFilter(_HINT_NOTICE)  # a set: adding it again changes nothing
         # Loaded packages are not kept (a slice is re-read from the source, never from local files), and
         # the staging copy of a merged slice is emptied: neither disk grows with the number of runs.
@@ -130,13 +138,13 @@ class Loader:
             disposition = "append"  # one run replaces once, then adds its later slices
         if self._append_only:
             disposition = "append"
-        table = table if table is not None and table.num_columns else None
+        table = self._with_target_names(table) if table is not None and table.num_columns else None
         with self._lock():
             if self.guard_versions and table is not None:
                 with self._pipeline.sql_client() as client:
-                    check = check_keys(client, self.destination.type, self.target.table, self.target.primary_key, table)
+                    check = check_keys(client, self.destination.type, self.target.table, self.key, table)
                 table = check.rows
-                if check.existing == 0 and disposition == "merge" and _keys_unique(table, self.target.primary_key):
+                if check.existing == 0 and disposition == "merge" and _keys_unique(table, self.key):
                     disposition = "append"  # none of its keys is there yet and no one else writes now
             resources = []
             if table is not None and table.num_rows:
@@ -144,8 +152,8 @@ class Loader:
                     "name": self.target.table,
                     "table_name": self.target.table,
                     "write_disposition": disposition,
-                    "primary_key": list(self.target.primary_key),
-                    "columns": self.target.column_hints(),
+                    "primary_key": list(self.key),
+                    "columns": self.target.column_hints(self.names),
                 }
                 resources.append(dlt.resource([table], **hints))
             if dead_letters is not None and dead_letters.num_rows:
@@ -182,7 +190,7 @@ class Loader:
             statement = f"UPDATE {{table}} SET _ingest_deleted_at = CURRENT_TIMESTAMP WHERE {where}"
         else:
             statement = f"DELETE FROM {{table}} WHERE {where}"
-        self._execute_if_exists(statement, column=within[0] if within else None)
+        self._execute_if_exists(statement, column=self.names.column(within[0]) if within else None)
 
     def _execute_if_exists(self, statement: str, column: str | None = None) -> None:
         with self._lock(), self._pipeline.sql_client() as client:
@@ -201,8 +209,8 @@ class Loader:
                     "name": self.target.table,
                     "table_name": self.target.table,
                     "write_disposition": disposition,
-                    "primary_key": list(self.target.primary_key),
-                    "columns": self.target.column_hints(),
+                    "primary_key": list(self.key),
+                    "columns": self.target.column_hints(self.names),
                     "max_table_nesting": self.max_table_nesting,
                 }
                 resources.append(dlt.resource(records, **hints))
@@ -222,7 +230,7 @@ class Loader:
             self._parked_keys = parked_keys(self._pipeline, self.stream_name)
         if not self._parked_keys:
             return
-        keys = record_keys(loaded, self.target.primary_key)
+        keys = record_keys(loaded, self.key)
         self._release_parked_keys(keys.filter(pc.is_in(keys, pa.array(sorted(self._parked_keys)))).to_pylist())
 
     def _release_parked_keys(self, keys: list[str]) -> None:
@@ -250,6 +258,7 @@ class Loader:
 
         dlt never alters a column type, and it merges through a staging table it creates from its own
         schema: the tables change here, and dlt's schema learns the new type for the tables it creates."""
+        changes = [(replace(change, column=self.names.column(change.column)), t, a) for change, t, a in changes]
         self._retype_in_dlt_schema([(change.column, arrow) for change, _, arrow in changes])
         done: list[str] = []
         with self._lock(), self._pipeline.sql_client() as client:
@@ -295,6 +304,11 @@ class Loader:
         # The shadow had a pipeline (and dlt schema) of its own, named after it; its table is gone now, so
         # its local working folder goes too. Each generation's shadow has a new name: no schema expects it.
         self._pipeline.drop()
+
+    def _with_target_names(self, table: pa.Table) -> pa.Table:
+        """The slice's columns renamed as dlt will name them, so our own SQL on the target sees the same."""
+        renamed = list(self.names.columns(table.column_names))
+        return table if renamed == table.column_names else table.rename_columns(renamed)
 
     @property
     def pipeline(self) -> Any:

@@ -58,8 +58,8 @@ def existing_keys(
 
 
 def _existing_sql(qualified: str, primary_key: tuple[str, ...]) -> str:
-    using = ", ".join(f'"{k}"' for k in primary_key)
-    columns = ", ".join(f'i."{k}"' for k in primary_key)
+    using = ", ".join(_quote(k) for k in primary_key)
+    columns = ", ".join(f"i.{_quote(k)}" for k in primary_key)
     return (
         f"SELECT {columns}, t.{POSITION} > i.{POSITION} AS {STALE} "
         f"FROM {_INCOMING} i JOIN {qualified} t USING ({using})"
@@ -78,7 +78,7 @@ def _query_duckdb(con: Any, statement: str, keys: pa.Table) -> pa.Table:
 def _query_postgres(
     conn: Any, statement: str, qualified: str, primary_key: tuple[str, ...], keys: pa.Table
 ) -> pa.Table:
-    columns = ", ".join(f'"{k}"' for k in primary_key)
+    columns = ", ".join(_quote(k) for k in primary_key)
     buffer = io.BytesIO()
     pacsv.write_csv(keys, buffer, write_options=pacsv.WriteOptions(include_header=False))
     buffer.seek(0)
@@ -94,6 +94,11 @@ def _query_postgres(
     arrays = [pa.array([row[i] for row in found]) for i in range(len(names))]
     schema = pa.schema([*keys.select(list(primary_key)).schema, pa.field(STALE, pa.bool_())])
     return pa.table(arrays, names=names).cast(schema)
+
+
+def _quote(name: str) -> str:
+    """A double-quoted identifier, as both DuckDB and PostgreSQL read it."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _table_exists(client: Any, table: str) -> bool:

@@ -92,6 +92,7 @@ class PostgresTableStream:
                 primary_key=tuple(self.spec.primary_key),
                 write_disposition="merge" if target.stream_table else self.spec.write_disposition,
                 type_hints=tuple((c.name, h) for c in plan.shape.columns if (h := c.dlt_hint()) is not None),
+                source_columns=tuple(c.name for c in plan.shape.columns),
             ),
             pipeline_name=pipeline_name(self.source_name, target.table, partition),
             guard_versions=guard or self.spec.partitions is not None,

@@ -49,7 +49,8 @@ def reconcile(
     source = _source_keys(url, plan, window, None if scope == "full" else start, end)
     if source.num_rows == 0:
         return Reconciliation(scope)
-    primary_key = tuple(plan.primary_key)
+    primary_key = loader.key  # compared under the target's names
+    source = source.rename_columns(list(loader.names.columns(source.column_names)))
     with loader.client() as client:
         found = existing_keys(client, loader.destination.type, loader.target.table, primary_key, source)
     present = found if found is not None else source.slice(0, 0).append_column(STALE, pa.array([], pa.bool_()))

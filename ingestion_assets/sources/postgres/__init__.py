@@ -46,6 +46,16 @@ def plan_table_read(
     )
 
 
+def dry_run(url: str, plan: ReadPlan) -> None:
+    """Run the stream's real read with `LIMIT 0`: a query the server cannot run fails here, before a sync."""
+    conn = connect(url, "ingest-check")
+    try:
+        with conn.cursor() as cur:
+            cur.execute(plan.dry_run_statement(conn))
+    finally:
+        conn.close()
+
+
 def table_slices(
     url: str,
     plan: ReadPlan,

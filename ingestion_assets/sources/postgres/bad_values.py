@@ -50,7 +50,7 @@ def raw_when_unfit(checks: Sequence[tuple[Column, sql.Composable]]) -> sql.Compo
     unfit = [
         sql.SQL("NOT ({c} IS NULL OR {ok})").format(c=sql.SQL("t.") + sql.Identifier(c.name), ok=ok) for c, ok in checks
     ]
-    return sql.SQL("CASE WHEN {} THEN row_to_json(t)::text END").format(sql.SQL(" OR ").join(unfit))
+    return sql.SQL("CASE WHEN {} THEN row_to_json(t.*)::text END").format(sql.SQL(" OR ").join(unfit))
 
 
 def mark_problems(table: pa.Table, checked: Sequence[str], max_value_bytes: int) -> pa.Table:

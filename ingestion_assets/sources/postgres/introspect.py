@@ -83,6 +83,10 @@ class TableShape:
         raise KeyError(name)
 
     @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    @property
     def arrow_schema(self) -> pa.Schema:
         return pa.schema([pa.field(c.name, c.arrow_type, nullable=c.nullable) for c in self.columns])
 

@@ -67,6 +67,16 @@ class ReadPlan:
 
         COPY takes no bind parameters, so literals are quoted by psycopg2 and cast to the column type.
         """
+        query = self._select(after, window, keys_in)
+        copy = sql.SQL("COPY ({query}) TO STDOUT WITH (FORMAT csv)").format(query=query)
+        return copy.as_string(conn)
+
+    def dry_run_statement(self, conn: PgConnection) -> str:
+        """The very read a run starts with, returning no row: `ingest check` proves the server can run it."""
+        lowest: Position = {c.name: None for c in self.ordering}  # every position literal and its cast, evaluated once
+        return (self._select(lowest, None, None) + sql.SQL(" LIMIT 0")).as_string(conn)
+
+    def _select(self, after: Position | None, window: Window | None, keys_in: list[list[str]] | None) -> sql.Composed:
         keys = [_order_expr(c) for c in self.ordering]
         query = sql.SQL("SELECT {cols}, {raw} FROM {table} t").format(
             cols=sql.SQL(", ").join(self._output(c) for c in self.shape.columns),
@@ -86,8 +96,7 @@ class ReadPlan:
         if conditions:
             query += sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions)
         query += sql.SQL(" ORDER BY {keys}").format(keys=sql.SQL(", ").join(keys))
-        copy = sql.SQL("COPY ({query}) TO STDOUT WITH (FORMAT csv)").format(query=query)
-        return copy.as_string(conn)
+        return query
 
     @property
     def key_shape(self) -> TableShape:

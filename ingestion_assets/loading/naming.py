@@ -1,0 +1,72 @@
+"""Target column names: the destination's naming convention applied to source names, collisions refused.
+
+dlt renames every column it loads (snake_case by default: `Order ID` becomes `order_id`). Our own SQL on
+the target (version guard, reconciliation, deletions, migrations) must use the same names, and two source
+columns that land under one name, or a source column named like one of ours, must stop the stream with
+a message instead of silently merging two columns into one.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ingestion_assets.loading.metadata_columns import DELETED_AT, EXTRACTED_AT, GENERATION, META, POSITION
+
+CONVENTIONS = ("snake_case", "direct")
+# Columns the product or dlt writes itself: a source column of that name would be overwritten.
+RESERVED = frozenset(
+    {EXTRACTED_AT, POSITION, GENERATION, DELETED_AT, META, "_ingest_raw", "_ingest_problems"}
+    | {"_dlt_id", "_dlt_load_id", "_dlt_parent_id", "_dlt_root_id", "_dlt_list_idx"}
+)
+
+
+class NameCollision(ValueError):
+    """Source columns that cannot land under distinct target names; the message says what to rename."""
+
+
+@functools.lru_cache(maxsize=8)
+def _convention(name: str, max_length: int | None) -> Any:
+    module = importlib.import_module(f"dlt.common.normalizers.naming.{name}")
+    return module.NamingConvention(max_length=max_length)
+
+
+@dataclass(frozen=True)
+class TargetNames:
+    convention: str = "snake_case"
+    max_length: int | None = None  # the destination's identifier limit (PostgreSQL: 63)
+    case_sensitive: bool = True  # DuckDB folds case: `Order` and `order` are one column there
+
+    def column(self, name: str) -> str:
+        """The name dlt gives this source column in the target."""
+        return str(_convention(self.convention, self.max_length).normalize_identifier(name))
+
+    def columns(self, names: Iterable[str]) -> tuple[str, ...]:
+        return tuple(self.column(name) for name in names)
+
+    def check(self, where: str, source_columns: Iterable[str]) -> None:
+        """Refuse columns that would land under one name, or under a name the product writes itself."""
+        seen: dict[str, str] = {}
+        for name in source_columns:
+            target = self.column(name)
+            folded = target if self.case_sensitive else target.lower()
+            if target in RESERVED or name in RESERVED:
+                raise NameCollision(
+                    f"{where}: source column {name!r} lands as {target!r}, a column the product writes itself "
+                    "(metadata or dlt's): rename the source column or leave it out of the stream"
+                )
+            if folded in seen:
+                fix = (
+                    "set `destination.naming: direct` in the catalog to keep source names exactly"
+                    if self.convention != "direct"
+                    else "the destination does not tell names apart by case"
+                )
+                raise NameCollision(
+                    f"{where}: source columns {seen[folded]!r} and {name!r} both land as column {target!r} under "
+                    f"the destination's naming convention {self.convention!r}; rename one of them in the source, "
+                    f"or leave one out of the stream ({fix})"
+                )
+            seen[folded] = name

@@ -1,0 +1,161 @@
+"""Any identifier works: keywords, the aliases our SQL uses, mixed case, spaces, quotes and unicode, in table,
+key, cursor and ordinary column names. Generated SQL must never bind a user name to something of its own."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg2 import sql
+
+from ingestion_assets.sources.postgres import plan_table_read, table_slices
+from ingestion_assets_tests.helpers import SourceDb, StreamHarness
+
+HOSTILE = ["t", "select", "Order", "row", "Mixed Case", "with space", 'quo"te', "ümlaut_é", "i", "t.x", "_dlt_id2"]
+
+
+def _create(harness: StreamHarness, table: str, key: str, cursor: str, others: list[str]) -> None:
+    columns = [
+        sql.SQL("{} bigint PRIMARY KEY").format(sql.Identifier(key)),
+        sql.SQL("{} timestamptz NOT NULL").format(sql.Identifier(cursor)),
+        *(sql.SQL("{} text").format(sql.Identifier(c)) for c in others),
+        sql.SQL("amount numeric(12,2)"),
+    ]
+    with harness.source.connect() as conn, conn.cursor() as cur:
+        cur.execute(
+            sql.SQL("CREATE TABLE {} ({})").format(sql.Identifier(harness.source.schema, table), sql.SQL(", ").join(columns))
+        )
+        names = sql.SQL(", ").join(sql.Identifier(c) for c in [key, cursor, *others, "amount"])
+        values = sql.SQL(", ").join(
+            [
+                sql.SQL("g"),
+                sql.SQL("timestamptz '2024-01-01+00' + g * interval '1 minute'"),
+                *(sql.SQL("{} || g").format(sql.Literal(c + ":")) for c in others),
+                sql.SQL("g * 1.25"),
+            ]
+        )
+        cur.execute(
+            sql.SQL("INSERT INTO {} ({}) SELECT {} FROM generate_series(1, 500) g").format(
+                sql.Identifier(harness.source.schema, table), names, values
+            )
+        )
+        conn.commit()
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "cursor"),
+    [("t", "t", "select"), ("Order Lines", "Order ID", "Updated At"), ("row", "i", "t")],
+)
+def test_hostile_names_load_exactly_and_incrementally(harness: StreamHarness, table: str, key: str, cursor: str) -> None:
+    others = [c for c in HOSTILE if c not in (key, cursor)]
+    _create(harness, table, key, cursor, others)
+    harness.write_catalog(
+        {"s": {"table": table, "primary_key": key, "cursor": cursor, "slice_rows": 120}}
+    )
+    harness.materialize()
+    assert harness.target_count("s") == 500
+    with harness.source.connect() as conn, conn.cursor() as cur:
+        cur.execute(
+            sql.SQL("UPDATE {} SET amount = -1, {} = {} + interval '1 day' WHERE {} % 7 = 0").format(
+                sql.Identifier(harness.source.schema, table), sql.Identifier(cursor), sql.Identifier(cursor), sql.Identifier(key)
+            )
+        )
+        conn.commit()
+    harness.materialize()
+    assert harness.target_count("s") == 500
+    changed = harness.query_target(f'SELECT count(*) FROM "{harness.source_name}".s WHERE amount = -1')
+    assert changed == [(71,)]
+
+
+def test_hostile_key_names_under_partitions_and_reconciliation(harness: StreamHarness) -> None:
+    others = [c for c in HOSTILE if c not in ("Order ID", "t")]
+    _create(harness, "Order Lines", "Order ID", "t", others)
+    harness.write_catalog(
+        {
+            "s": {
+                "table": "Order Lines",
+                "primary_key": "Order ID",
+                "cursor": "t",
+                "slice_rows": 120,
+                "partitions": {"by": "key", "chunk": 200},
+                "reconcile": "full",
+                "retries": {"max_attempts": 1},
+            }
+        }
+    )
+    partitions = harness.plan_partitions("s")
+    for partition in partitions:
+        result = harness.materialize("s", partition=partition)
+        assert result.success
+    assert harness.target_count("s") == 500
+
+
+def test_columns_landing_under_one_name_are_refused_and_direct_naming_keeps_them(harness: StreamHarness) -> None:
+    harness.source.execute(
+        'CREATE TABLE clash (id int PRIMARY KEY, "Order ID" text, "order_id" text, updated_at timestamptz NOT NULL);'
+        "INSERT INTO clash VALUES (1, 'upper', 'lower', now())"
+    )
+    harness.write_catalog(
+        {"clash": {"table": "clash", "primary_key": "id", "cursor": "updated_at", "retries": {"max_attempts": 1}}}
+    )
+    result = harness.materialize(raise_on_error=False)
+    assert not result.success
+    message = str(result.all_events)
+    assert "'Order ID' and 'order_id' both land as column 'order_id'" in message
+    assert "destination.naming: direct" in message
+    assert not harness.warehouse.exists() or harness.query_target_if_exists(f'SELECT * FROM "{harness.source_name}".clash') == []
+
+    catalog = yaml.safe_load(harness.catalog_path.read_text())  # type: ignore[union-attr]
+    catalog["destination"]["naming"] = "direct"
+    harness.catalog_path.write_text(yaml.safe_dump(catalog))  # type: ignore[union-attr]
+    harness.materialize()
+    assert harness.query_target(f'SELECT "Order ID", "order_id" FROM "{harness.source_name}".clash') == [("upper", "lower")]
+
+
+def test_a_source_column_named_like_a_metadata_column_is_refused(harness: StreamHarness) -> None:
+    harness.source.execute("CREATE TABLE meta (id int PRIMARY KEY, _ingest_position text); INSERT INTO meta VALUES (1, 'x')")
+    harness.write_catalog({"meta": {"table": "meta", "primary_key": "id", "retries": {"max_attempts": 1}}})
+    result = harness.materialize(raise_on_error=False)
+    assert not result.success
+    assert "a column the product writes itself" in str(result.all_events)
+
+
+_NAME_PARTS = st.sampled_from(["t", "i", "select", "row", "from", "Order", "a b", 'q"t', "ü", "é", "x.y", "_", "1", "Z"])
+_names = st.lists(_NAME_PARTS, min_size=1, max_size=3).map("".join)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(names=st.lists(_names, min_size=2, max_size=6, unique_by=str.lower))
+def test_generated_names_read_and_load_exactly(source_db: SourceDb, tmp_path: Path, names: list[str]) -> None:
+    """Any column names (our aliases, keywords, quotes, unicode): the keyset read and the load see each value
+    under its own column; the first name is the key, the second the cursor."""
+    table = f"g{uuid.uuid4().hex[:8]}"
+    key, cursor, *others = names
+    columns = [
+        sql.SQL("{} int PRIMARY KEY").format(sql.Identifier(key)),
+        sql.SQL("{} timestamptz").format(sql.Identifier(cursor)),
+        *(sql.SQL("{} text").format(sql.Identifier(c)) for c in others),
+    ]
+    with source_db.connect() as conn, conn.cursor() as cur:
+        cur.execute(sql.SQL("CREATE TABLE {} ({})").format(sql.Identifier(source_db.schema, table), sql.SQL(", ").join(columns)))
+        for row in range(1, 6):
+            cur.execute(
+                sql.SQL("INSERT INTO {} VALUES (%s, %s{})").format(
+                    sql.Identifier(source_db.schema, table), sql.SQL("".join(", %s" for _ in others))
+                ),
+                [row, None if row == 3 else f"2024-01-0{row}T00:00:00+00:00", *(f"{c}={row}" for c in others)],
+            )
+        conn.commit()
+    plan = plan_table_read(source_db.url, source_db.schema, table, (cursor,), (key,))
+    first = list(table_slices(source_db.url, plan, None, 2, table))
+    read = pa.concat_tables(s.table for s in first)
+    assert sorted(read.column(key).to_pylist()) == [1, 2, 3, 4, 5]
+    for name in others:
+        assert sorted(read.column(name).to_pylist()) == sorted(f"{name}={r}" for r in range(1, 6))
+    again = list(table_slices(source_db.url, plan, first[0].position, 2, table))  # resume after the first slice
+    assert sum(s.rows for s in again) == 3
