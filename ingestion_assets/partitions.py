@@ -16,6 +16,8 @@ _RANGE = re.compile(r"^(-?\d+)-(-?\d+)$")
 class UnknownPartition(ValueError):
     """A partition key that does not belong to the stream's partitioning."""
 
+    transient = False
+
 
 def window_for(spec: PostgresStream, partition: str | None) -> Window | None:
     """The rows a partition reads; None reads the whole table (unpartitioned, or the live tail)."""

@@ -12,6 +12,8 @@ from ingestion_assets.settings import Settings
 class UnresolvedReference(LookupError):
     """A reference points nowhere; the message names the reference and never a value."""
 
+    transient = False
+
 
 def resolve(ref: Reference, settings: Settings, where: str) -> str:
     """Return the referenced value; `where` names the catalog key for the error message."""

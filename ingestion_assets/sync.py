@@ -41,7 +41,9 @@ class CheckpointSink(Protocol):
 
 
 class InjectedFault(RuntimeError):
-    """Raised at a fault point chosen by INGEST_FAULT (tests and chaos runs only)."""
+    """Raised at a fault point chosen by INGEST_FAULT (tests and chaos runs only); it stands for a crash."""
+
+    transient = True
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 
@@ -121,7 +122,7 @@ def test_failure_after_the_first_load_of_an_initial_read_takes_the_merge_path(
     assert not harness.materialize(raise_on_error=False).success
     failed = harness.checkpoint("events")
     assert failed is not None and failed.position is None  # the failure is noted; no position was reached
-    assert failed.details["no_progress_attempts"] == 1 and "after_load of slice 0" in failed.details["last_error"]
+    assert failed.details["no_progress"]["attempts"] == 1 and "after_load of slice 0" in failed.details["last_error"]
     assert harness.target_count("events") == SLICE
     monkeypatch.delenv(FAULT_ENV)
     result = harness.materialize()
@@ -140,11 +141,25 @@ def test_failure_between_load_and_checkpoint(
     checkpoint = harness.checkpoint("events")
     assert checkpoint is not None  # slice 1 never checkpointed: the position is the end of slice 0
     assert checkpoint.position == {"updated_at": "2024-03-01T00:00:00.333000+00:00", "id": "1000"}
-    assert checkpoint.details["no_progress_attempts"] == 0  # slice 0 did commit: the attempt made progress
+    assert checkpoint.details["no_progress"]["attempts"] == 0  # slice 0 did commit: the attempt made progress
     # after_load: slice 1 is in the target although not checkpointed; before_load: it is not
     assert harness.target_count("events") == (2 * SLICE if point == "after_load" else SLICE)
 
     monkeypatch.delenv(FAULT_ENV)
     result = harness.materialize()
     assert _rows_read(harness, result) == ROWS - SLICE  # slice 1 is read again
+    harness.assert_target_equals_source("events", "events", "id")
+
+
+def test_a_damaged_dlt_working_folder_never_blocks_the_stream(harness: StreamHarness) -> None:
+    """A SIGKILL during dlt's set-up once left a folder without load/new and load/normalized: every later run
+    failed. dlt's folder is disposable: the next process starts it afresh."""
+    _prepare(harness, slice_rows=4000)
+    harness.wait_ok(harness.materialize_cli("events"))
+    folder = harness.settings.dlt_dir / f"ingest__{harness.source_name}__events"
+    for part in ("load/new", "load/normalized", "load/loaded"):
+        shutil.rmtree(folder / part, ignore_errors=True)
+    (folder / "state.json").write_text("{ half written")
+    harness.source.execute("UPDATE events SET body = 'after damage', updated_at = now() WHERE id % 1000 = 0")
+    harness.wait_ok(harness.materialize_cli("events"))
     harness.assert_target_equals_source("events", "events", "id")

@@ -127,3 +127,66 @@ def test_attempts_that_make_progress_keep_retrying_from_their_checkpoint(
     restarts = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_RESTARTED]
     assert len(restarts) == 3
     harness.assert_target_equals_source("items", "items", "id")
+
+
+@pytest.mark.parametrize("how", ["replace", "refresh"])
+def test_a_refresh_of_an_emptied_table_empties_the_target_and_runs_on(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    harness.source.execute(ITEMS)
+    _catalog(harness, "replace" if how == "replace" else "merge")
+    harness.materialize()
+    assert harness.target_count("items") == 3000
+    harness.source.execute("TRUNCATE items")
+    if how == "refresh":
+        for key, value in harness.cli_env().items():
+            monkeypatch.setenv(key, value)
+        assert main(["refresh", f"{harness.source_name}.items", "--later"]) == 0
+    harness.materialize()
+    assert harness.target_count("items") == 0  # the refresh read nothing: the target holds nothing
+    checkpoint = harness.checkpoint("items")
+    assert checkpoint is not None and "refresh" not in checkpoint.details and checkpoint.details["generation"] == 2
+    harness.source.execute("INSERT INTO items VALUES (7, 'back', 1, now())")
+    harness.materialize()
+    harness.assert_target_equals_source("items", "items", "id")
+
+
+def test_a_replace_stream_of_a_table_that_was_always_empty_creates_an_empty_target(harness: StreamHarness) -> None:
+    harness.source.execute("CREATE TABLE items (id int PRIMARY KEY, name text NOT NULL, price numeric(10,2), updated_at timestamptz NOT NULL)")
+    _catalog(harness, "replace")
+    harness.materialize()
+    harness.materialize()
+    assert harness.target_count("items") == 0
+
+
+def test_a_permanent_source_error_fails_at_once_with_the_servers_words(harness: StreamHarness) -> None:
+    """A refused privilege will fail the same way every time: no backoff, no 'lower slice_rows'."""
+    harness.source.execute(ITEMS)
+    role = f"r_{harness.source_name}"
+    harness.source.execute(f'CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA "{harness.source.schema}" TO {role}')
+    try:
+        _catalog(harness, max_attempts=4)
+        (harness.tmp_path / "source_url").write_text(harness.source.url.replace("postgres@", f"{role}@"))
+        result = harness.materialize(raise_on_error=False)
+        assert not result.success
+        restarts = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_RESTARTED]
+        assert restarts == []
+        failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
+        message = str(failure.step_failure_data.error.message)
+        assert "permission denied for table items" in message and "a permanent error, not retried" in message
+        assert "grant the connecting user" in message and "slice_rows" not in message
+    finally:
+        harness.source.execute(f'REVOKE ALL ON SCHEMA "{harness.source.schema}" FROM {role}; DROP ROLE {role}')
+
+
+def test_no_progress_counts_one_retry_sequence_not_every_run(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    harness.source.execute(ITEMS)
+    _catalog(harness, max_attempts=1, max_no_progress=2)
+    monkeypatch.setenv(FAULT_ENV, "before_load:0")
+    for _ in range(3):  # three unrelated runs, each failing once without progress
+        result = harness.materialize(raise_on_error=False)
+        failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
+        assert "injected fault" in str(failure.step_failure_data.error)
+        assert "made no progress" not in str(failure.step_failure_data.error)

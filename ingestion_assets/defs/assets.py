@@ -12,6 +12,7 @@ from ingestion_assets.catalog import Catalog, PostgresSource, PostgresStream, Re
 from ingestion_assets.defs.checks import DEAD_LETTERS, SCHEMA, check_results, check_specs, failed_check
 from ingestion_assets.defs.partitions import partitions_def
 from ingestion_assets.drain import Drain
+from ingestion_assets.errors import classify, describe_permanent
 from ingestion_assets.loading.dead_letters import DeadLetterThreshold
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import InstanceStateStore, checkpoint_metadata
@@ -90,6 +91,12 @@ def stream_asset(stream: Stream) -> dg.AssetsDefinition:
                     raise dg.Failure(description=str(exc), allow_retries=False) from exc
                 except (NoProgress, StreamBusy) as exc:
                     raise dg.Failure(description=str(exc), allow_retries=False) from exc
+                except Exception as exc:  # sorted: permanent fails now, transient is retried
+                    verdict = classify(exc)
+                    if verdict.transient:
+                        raise
+                    where = f"stream {stream.qualified_name}" + (f" partition {partition}" if partition else "")
+                    raise dg.Failure(description=describe_permanent(where, exc, verdict), allow_retries=False) from exc
             if drain.requested:
                 done = ", ".join(str(o.partition or stream.name) for o in outcomes) or "nothing"
                 raise dg.Failure(
@@ -155,6 +162,9 @@ def _run_metadata(stream: Stream, outcomes: list[PartitionOutcome]) -> dict[str,
         "mode": ", ".join(sorted({o.mode for o in outcomes})),
         "dagster/table_name": f"{stream.source_name}.{stream.name}",
     }
+    started_over = [f"{o.partition or stream.name}: {o.started_over}" for o in outcomes if o.started_over]
+    if started_over:  # the target did not hold what the checkpoint described: this run read from the start
+        metadata["started over"] = "; ".join(started_over)
     if len(outcomes) == 1:  # one partition (or none): the materialization carries its final checkpoint
         only = outcomes[0]
         metadata.update(checkpoint_metadata(only.result.position, **only.checkpoint))

@@ -11,6 +11,7 @@ from dagster import AssetExecutionContext
 
 from ingestion_assets.catalog import Catalog, PostgresSource
 from ingestion_assets.drain import Drain
+from ingestion_assets.errors import classify, describe_permanent
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres.cdc import CdcError as SlotError
@@ -139,6 +140,12 @@ def _cdc_asset(
                 raise dg.Failure(description=str(exc), allow_retries=True) from exc
             except (CdcError, SlotError) as exc:
                 raise dg.Failure(description=str(exc), allow_retries=False) from exc
+            except Exception as exc:  # sorted: permanent fails now, transient is retried
+                verdict = classify(exc)
+                if verdict.transient:
+                    raise
+                where = f"source {source_name} (cdc)" + (f" partition {partition}" if partition else "")
+                raise dg.Failure(description=describe_permanent(where, exc, verdict), allow_retries=False) from exc
         yield from _results(source, keys, streams, outcome)
 
     return _asset

@@ -110,6 +110,8 @@ DEAD_LETTER_SCHEMA = pa.schema(
 class DeadLetterThreshold(RuntimeError):
     """So many rows could not load that the mapping, not the data, is likely wrong."""
 
+    transient = False
+
 
 def dead_letter_limit(stream: str, limits: DeadLetters, result: Any) -> None:
     """Stop the stream (after its slice is safe) when too many rows could not load."""

@@ -27,6 +27,8 @@ RESERVED = frozenset(
 class NameCollision(ValueError):
     """Source columns that cannot land under distinct target names; the message says what to rename."""
 
+    transient = False
+
 
 @functools.lru_cache(maxsize=8)
 def _convention(name: str, max_length: int | None) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
@@ -17,8 +18,9 @@ from dlt.common.libs.pyarrow import get_column_type_from_py_arrow
 from dlt.destinations.exceptions import DatabaseUndefinedRelation
 
 from ingestion_assets.catalog import Destination
+from ingestion_assets.loading.bindings import Marker, read_marker, set_generation, write_marker
 from ingestion_assets.loading.dead_letters import record_keys
-from ingestion_assets.loading.destinations import make_destination, target_names, writer_lock
+from ingestion_assets.loading.destinations import duckdb_path, make_destination, target_names, writer_lock
 from ingestion_assets.loading.metadata_columns import DLT_HINTS, GENERATION
 from ingestion_assets.loading.migrate import migration_statements
 from ingestion_assets.loading.naming import TargetNames
@@ -28,6 +30,9 @@ from ingestion_assets.schema.changes import SchemaChange
 from ingestion_assets.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+_FRESH_IN_THIS_PROCESS: set[str] = set()  # dlt working folders this process started afresh
 
 
 class _ExpectedHintNotice(logging.Filter):
@@ -71,6 +76,8 @@ class Loader:
     stream_table: str | None = None  # the stream's table when `target` is a refresh's shadow of it
     max_table_nesting: int = 0  # API records: nested objects and lists become child tables up to this depth
     names: TargetNames = field(init=False)
+    bound: Marker | None = field(default=None, init=False)  # what the target holds for this run's partition
+    _bound_partition: str | None = field(default=None, init=False)
     key: tuple[str, ...] = field(init=False)  # the primary key as the target names it
     _parked_keys: set[str] | None = field(default=None, init=False)
     _pipeline: Any = field(default=None, init=False, repr=False)
@@ -87,6 +94,14 @@ class Loader:
         # the staging copy of a merged slice is emptied: neither disk grows with the number of runs.
         dlt.config["load.delete_completed_jobs"] = True
         dlt.config["load.truncate_staging_dataset"] = True
+        # dlt's working folder is disposable: the checkpoint in Dagster is the truth and dlt's schema lives in the
+        # destination too. A fresh folder in each process means no leftover of a killed run (a half-made folder,
+        # stale packages) can block the stream; the schema is then restored from the destination.
+        folder = self.settings.dlt_dir / self.pipeline_name
+        fresh = str(folder) not in _FRESH_IN_THIS_PROCESS
+        if fresh:
+            shutil.rmtree(folder, ignore_errors=True)
+            _FRESH_IN_THIS_PROCESS.add(str(folder))
         self._pipeline = dlt.pipeline(
             pipeline_name=self.pipeline_name,
             pipelines_dir=str(self.settings.dlt_dir),
@@ -96,8 +111,10 @@ class Loader:
         # SIGTERM/SIGINT belong to the drain (finish the slice in flight, then stop); dlt's own interception
         # would take them during a load and abort that very slice (seen in CI as a flaky drain test).
         self._pipeline.config.runtime.intercept_signals = False
-        # The checkpoint in Dagster is the truth: packages a killed run left behind are stale re-reads.
-        self._pipeline.abort_packages()
+        if fresh:
+            self._pipeline.sync_destination()
+        else:
+            self._pipeline.abort_packages()  # packages an earlier failed load of this process left: stale re-reads
 
     def use_initial_load_path(self) -> bool:
         """Merge as a plain append when no row of this run can already be in the target.
@@ -148,19 +165,13 @@ class Loader:
                     disposition = "append"  # none of its keys is there yet and no one else writes now
             resources = []
             if table is not None and table.num_rows:
-                hints: dict[str, Any] = {
-                    "name": self.target.table,
-                    "table_name": self.target.table,
-                    "write_disposition": disposition,
-                    "primary_key": list(self.key),
-                    "columns": self.target.column_hints(self.names),
-                }
-                resources.append(dlt.resource([table], **hints))
+                resources.append(dlt.resource([table], **self._resource_hints(disposition)))
             if dead_letters is not None and dead_letters.num_rows:
                 resources.append(dead_letter_resource(dead_letters))
                 self._parked_keys = None  # re-read: the table now holds new entries
             if resources:
                 self._pipeline.run(resources, loader_file_format="parquet")
+            self._advance_marker()
             if table is not None and table.num_rows:
                 self._release_parked(table)
         self._loads += 1
@@ -168,6 +179,45 @@ class Loader:
         # the slice; without a collection per slice, several slices stay alive and memory climbs.
         gc.collect()
         return 0 if table is None else int(table.num_rows)
+
+    def bind(self, marker: Marker, partition: str | None, record_now: bool = False) -> None:
+        """From now on every committed load records in the target that it holds `marker` plus one slice.
+        `record_now`: say so at once (a new binding of a target that already holds the stream's table)."""
+        self.bound, self._bound_partition = marker, partition
+        if record_now and self.target_exists():
+            with self.client() as client:
+                write_marker(client, self.stream_name, partition, marker)
+
+    def marker(self, partition: str | None) -> Marker | None:
+        """What the target says it holds for the stream partition (None: nothing, e.g. a new destination)."""
+        with self._lock(), self._pipeline.sql_client() as client:
+            return read_marker(client, self.stream_name, partition)
+
+    def where(self) -> str:
+        """The destination, for messages and checkpoints (never a secret)."""
+        if self.destination.type == "duckdb":
+            return f"duckdb:{duckdb_path(self.settings, self.destination)}"
+        assert self.destination.credentials is not None
+        return f"postgres:{self.destination.credentials.describe()}"
+
+    def _advance_marker(self) -> None:
+        """After the data committed and before the checkpoint: the target holds one more slice."""
+        if self.bound is None:
+            return
+        self.bound = Marker(self.bound.binding, self.bound.seq + 1, self.bound.generation)
+        with self._pipeline.sql_client() as client:
+            write_marker(client, self.stream_name, self._bound_partition, self.bound)
+
+    def create_if_missing(self, empty: pa.Table) -> None:
+        """A stream of an empty table still gets its (empty) target table, with every column and type."""
+        if not self.target_exists():
+            with self._lock():
+                resource = dlt.resource([self._with_target_names(empty)], **self._resource_hints("append"))
+                self._pipeline.run([resource], loader_file_format="parquet")
+
+    def target_exists(self) -> bool:
+        with self._lock(), self._pipeline.sql_client() as client:
+            return _exists(client, client.make_qualified_table_name(self.target.table))
 
     def delete_all(self) -> None:
         """A TRUNCATE in the source, applied: the target table empties, in one statement."""
@@ -219,6 +269,7 @@ class Loader:
                 self._parked_keys = None
             if resources:
                 self._pipeline.run(resources)
+            self._advance_marker()
             keys = ["|".join(str(r.get(k)) for k in self.target.primary_key) for r in records]
             self._release_parked_keys(keys)
         gc.collect()
@@ -293,17 +344,33 @@ class Loader:
                     column.pop(hint, None)
                 column.update(get_column_type_from_py_arrow(arrow_type))
 
-    def swap_in(self, shadow: str, table: str) -> None:
+    def swap_in(self, shadow: str, table: str, generation: int | None = None) -> None:
         """Replace `table` by `shadow` in one transaction: readers see the old or the new generation."""
         with self._lock(), self._pipeline.sql_client() as client:
             target = client.make_qualified_table_name(table)
             source = client.make_qualified_table_name(shadow)
-            with client.begin_transaction():
-                client.execute_sql(f"DROP TABLE IF EXISTS {target}")
-                client.execute_sql(f"ALTER TABLE {source} RENAME TO {client.escape_column_name(table)}")
+            shadow_exists, target_exists = _exists(client, source), _exists(client, target)  # outside: a failed
+            with client.begin_transaction():  # statement would abort a PostgreSQL transaction
+                if not shadow_exists:  # the refresh read no row: the stream's table holds none
+                    if target_exists:
+                        client.execute_sql(f"DELETE FROM {target}")
+                else:
+                    client.execute_sql(f"DROP TABLE IF EXISTS {target}")
+                    client.execute_sql(f"ALTER TABLE {source} RENAME TO {client.escape_column_name(table)}")
+                if generation is not None:
+                    set_generation(client, table, generation)
         # The shadow had a pipeline (and dlt schema) of its own, named after it; its table is gone now, so
         # its local working folder goes too. Each generation's shadow has a new name: no schema expects it.
         self._pipeline.drop()
+
+    def _resource_hints(self, disposition: str) -> dict[str, Any]:
+        return {
+            "name": self.target.table,
+            "table_name": self.target.table,
+            "write_disposition": disposition,
+            "primary_key": list(self.key),
+            "columns": self.target.column_hints(self.names),
+        }
 
     def _with_target_names(self, table: pa.Table) -> pa.Table:
         """The slice's columns renamed as dlt will name them, so our own SQL on the target sees the same."""

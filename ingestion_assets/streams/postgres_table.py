@@ -26,6 +26,8 @@ from ingestion_assets.sync import CheckpointSink, Faults, SliceOutcome, SyncResu
 class StreamError(RuntimeError):
     """A stream cannot run; the message starts with the stream's name."""
 
+    transient = False
+
 
 @dataclass(frozen=True)
 class Target:
@@ -154,7 +156,7 @@ class PostgresTableStream:
             return SliceOutcome(loaded=loaded, dead_letters=split.dead_count, nulled=split.nulled)
 
         slices = table_slices(self.source_url(), plan, after, self.spec.slice_rows, self.qualified_name, window)
-        return run_slices(
+        result = run_slices(
             slices,
             load,
             sink,
@@ -165,6 +167,10 @@ class PostgresTableStream:
             after_commit=lambda result: dead_letter_limit(self.qualified_name, self.spec.dead_letters, result),
             read_ahead=options.read_ahead,
         )
+        if result.slices == 0:
+            empty = with_metadata(plan.shape.arrow_schema.empty_table(), self.spec.cursor, dt.datetime.now(dt.UTC), 0)
+            loader.create_if_missing(empty)
+        return result
 
 
 def _looked_back(position: dict[str, Any], cursor: str, seconds: float) -> dict[str, Any]:

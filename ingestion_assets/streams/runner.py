@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ingestion_assets.errors import classify
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.partitions import window_for
 from ingestion_assets.state.model import Checkpoint
@@ -23,10 +24,11 @@ from ingestion_assets.streams.postgres_table import PostgresTableStream, RunOpti
 from ingestion_assets.streams.reconcile import Reconciliation, reconcile
 from ingestion_assets.streams.rest_api import RestApiStream
 from ingestion_assets.streams.schema_step import SchemaStep, apply_to_target, settle_schema
+from ingestion_assets.streams.target_binding import TARGET, binding_details, settle_target
 from ingestion_assets.sync import Faults, SyncResult
 
 ERROR_CHARS = 400
-CARRIED = ("generation", "refresh", "refresh_requested", "complete", "schema", "schema_accepted")
+CARRIED = ("generation", "refresh", "refresh_requested", "complete", "schema", "schema_accepted", TARGET)
 
 
 class StateStore(Protocol):
@@ -38,9 +40,13 @@ class StateStore(Protocol):
 class NoProgress(RuntimeError):
     """Attempts in a row committed no slice: retrying again will not help."""
 
+    transient = False
+
 
 class StreamBusy(RuntimeError):
     """Another run is syncing the same stream partition right now."""
+
+    transient = False
 
 
 @dataclass
@@ -53,6 +59,7 @@ class PartitionOutcome:
     schema_changes: list[str] = field(default_factory=list)
     reconciliation: Reconciliation | None = None
     checkpoint: dict[str, Any] = field(default_factory=dict)  # the final checkpoint's details, as stored
+    started_over: str | None = None  # why the run re-read from the start although it had a checkpoint
 
 
 @dataclass
@@ -64,11 +71,16 @@ class _Sink:
     details: dict[str, Any]
     position: dict[str, Any] | None
     commits: int = 0
+    loader: Loader | None = None  # its binding to the target rides along with every checkpoint
 
     def commit(self, position: dict[str, Any], slice_index: int, rows: int) -> None:
-        self.store.commit(self.partition, position, complete=False, slice=slice_index, rows=rows, **self.details)
+        details = {**self.details, **self.binding()}
+        self.store.commit(self.partition, position, complete=False, slice=slice_index, rows=rows, **details)
         self.position = position
         self.commits += 1
+
+    def binding(self) -> dict[str, Any]:
+        return binding_details(self.loader) if self.loader is not None else {}
 
 
 Stream = PostgresTableStream | RestApiStream
@@ -112,7 +124,7 @@ class PartitionJob:
             if mode is not None:
                 refresh, position = {"mode": mode, "generation": generation + 1}, None
         if refresh is not None and refresh["mode"] == "remove":
-            return self._refresh_by_swap(schema, int(refresh["generation"]), generation, position, sink)
+            return self._refresh_by_swap(schema, int(refresh["generation"]), generation, position, sink, details)
         new_generation = int(refresh["generation"]) if refresh is not None else max(generation, 1)
         after = (
             position
@@ -124,16 +136,40 @@ class PartitionJob:
             sink.details["refresh"] = {"mode": "retain", "generation": new_generation}
         target = Target(self.stream.name, new_generation)
         loader = self.stream.loader(target, self.partition, schema.plan)
+        after, started_over = self._settle_target(loader, details, after, new_generation)
+        sink.loader = loader
         faults = self.faults or Faults.from_env()
         faults.hit("before_migration", 0)
         apply_to_target(schema, loader)
         faults.hit("after_migration", 0)
         result = self._read(after, target, sink, loader, schema)
         mode = "refresh-retain" if refresh is not None else "incremental"
-        return self._finish(result, new_generation, mode, schema, loader)
+        outcome = self._finish(result, new_generation, mode, schema, loader, binding=binding_details(loader))
+        outcome.started_over = started_over
+        return outcome
+
+    def _settle_target(
+        self, loader: Loader, details: dict[str, Any], after: dict[str, Any] | None, generation: int
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        """Continue from `after` only if the target holds what the checkpoint describes; else start over."""
+        settled = settle_target(loader, self.partition, details, after, generation)
+        if settled.reason is not None and self.log is not None:
+            self.log.warning(
+                "%s%s: re-reading from the start: %s",
+                self.stream.qualified_name,
+                _partition_text(self.partition),
+                settled.reason,
+            )
+        return settled.position, settled.reason
 
     def _refresh_by_swap(
-        self, schema: SchemaStep, new_generation: int, live_generation: int, after: dict[str, Any] | None, sink: _Sink
+        self,
+        schema: SchemaStep,
+        new_generation: int,
+        live_generation: int,
+        after: dict[str, Any] | None,
+        sink: _Sink,
+        stored: dict[str, Any],
     ) -> PartitionOutcome:
         """Load everything into a shadow table; swap it in only once the read completed."""
         shadow = f"{self.stream.name}_refresh_g{new_generation}"
@@ -153,16 +189,23 @@ class PartitionJob:
             # this run is for from there (a `replace` stream refreshes again, a one-off refresh goes on
             # incrementally), so the run reflects the source as of now, not as of the crashed run.
             done = {"generation": new_generation, "complete": True, "schema": schema.stored}
+            done.update({TARGET: stored[TARGET]} if TARGET in stored else {})
             self.store.commit(self.partition, after, **done)
             return self._attempt(done, after, _Sink(self.store, self.partition, {}, after))
+        after, started_over = self._settle_target(loader, stored, after, new_generation)
+        sink.loader = loader
         result = self._read(after, target, sink, loader, schema)
         if self.stop():
             return PartitionOutcome(self.partition, result, live_generation, "refresh", drained=True)
         (self.faults or Faults.from_env()).hit("before_swap", 0)
-        loader.swap_in(shadow, self.stream.name)
+        loader.swap_in(shadow, self.stream.name, generation=new_generation)
         (self.faults or Faults.from_env()).hit("after_swap", 0)
         live = self.stream.loader(Target(self.stream.name, new_generation), self.partition, schema.plan)
-        return self._finish(result, new_generation, "refresh", schema, live, full=True)
+        outcome = self._finish(
+            result, new_generation, "refresh", schema, live, full=True, binding=binding_details(loader)
+        )
+        outcome.started_over = started_over
+        return outcome
 
     def _read(
         self, after: dict[str, Any] | None, target: Target, sink: _Sink, loader: Loader, schema: SchemaStep
@@ -181,7 +224,14 @@ class PartitionJob:
         return self.stream.run(after, sink, options)
 
     def _finish(
-        self, result: SyncResult, generation: int, mode: str, schema: SchemaStep, loader: Loader, full: bool = False
+        self,
+        result: SyncResult,
+        generation: int,
+        mode: str,
+        schema: SchemaStep,
+        loader: Loader,
+        full: bool = False,
+        binding: dict[str, Any] | None = None,
     ) -> PartitionOutcome:
         drained = self.stop()
         outcome = PartitionOutcome(self.partition, result, generation, mode, drained, schema.describe())
@@ -193,6 +243,7 @@ class PartitionJob:
             "slices": result.slices,
             "generation": generation,
             "schema": schema.stored,
+            **(binding or {}),
         }
         self.store.commit(self.partition, result.position, **outcome.checkpoint)
         scope = "full" if full else self.stream.spec.reconcile
@@ -208,22 +259,24 @@ class PartitionJob:
         """Keep the checkpoint, note the failure; several failed attempts without a commit in a row stop."""
         carried = {k: v for k, v in details.items() if k in CARRIED}
         carried.update(sink.details)
-        failures = 0 if sink.commits else int(details.get("no_progress_attempts", 0)) + 1
+        carried.update(sink.binding())
+        failures = 0 if sink.commits else _attempts_of_this_run(details, self.run_id) + 1
         error = f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
         self.store.commit(
             self.partition,
             sink.position,
             **{**carried, "complete": False},
-            no_progress_attempts=failures,
+            no_progress={"run": self.run_id, "attempts": failures},
             last_error=error,
         )
         limit = self.stream.spec.retries.max_no_progress
-        if failures >= limit:
+        if failures >= limit and classify(exc).transient:  # a permanent error fails at once anyway
+            knob = "slice_rows" if isinstance(self.stream, PostgresTableStream) else "pages_per_slice"
             raise NoProgress(
                 f"stream {self.stream.qualified_name}{_partition_text(self.partition)} made no progress in "
-                f"{failures} attempts in a row: not one slice of {self.stream.spec.slice_rows:,} rows committed. "
-                "Either the slice is too large to read and load before the failure hits (lower `slice_rows`), "
-                f"or the source is not answering (check it with `ingest check`). Last error: {error}"
+                f"{failures} attempts in a row (no slice committed); last error: {error}. If every attempt "
+                f"fails the same way, the slice may be too large to read and load before the failure hits "
+                f"(lower `{knob}`), or the source is not answering (check it with `ingest check`)"
             ) from exc
 
     @contextlib.contextmanager
@@ -251,6 +304,14 @@ class PartitionJob:
                 yield
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _attempts_of_this_run(details: dict[str, Any], run_id: str) -> int:
+    """Attempts without progress of this run's retry sequence; another run's failures do not count."""
+    earlier = details.get("no_progress")
+    if isinstance(earlier, dict) and earlier.get("run") == run_id:
+        return int(earlier.get("attempts", 0))
+    return 0
 
 
 def _partition_text(partition: str | None) -> str:

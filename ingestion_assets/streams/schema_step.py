@@ -19,6 +19,8 @@ from ingestion_assets.streams.postgres_table import PostgresTableStream
 class SchemaPaused(RuntimeError):
     """The source changed in a way the stream's policy does not apply by itself."""
 
+    transient = False
+
     def __init__(self, message: str, changes: list[SchemaChange]) -> None:
         super().__init__(message)
         self.changes = changes

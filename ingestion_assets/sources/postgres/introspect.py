@@ -43,6 +43,8 @@ _LOWEST: dict[str, str] = {
 class TableNotReadable(LookupError):
     """The table or a named column is missing; the message names the stream and what to fix."""
 
+    transient = False
+
 
 @dataclass(frozen=True)
 class Column:

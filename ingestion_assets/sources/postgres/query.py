@@ -29,6 +29,8 @@ class Window:
 class PositionMismatch(ValueError):
     """A stored position does not fit the stream's ordering columns (the catalog changed)."""
 
+    transient = False
+
 
 @dataclass(frozen=True)
 class ReadPlan:

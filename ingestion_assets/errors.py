@@ -1,0 +1,103 @@
+"""Which failures are worth a retry: transient ones (the same call may succeed later) or permanent ones.
+
+Retrying a missing table, a refused privilege, a syntax error or an HTTP 404 only delays the message the
+user needs by minutes of backoff. Every stream kind asks `classify` before retrying; a permanent failure
+fails at once with the source's own words and what to do. Unknown errors count as permanent: a retry is
+for what is known to heal (lost connections, timeouts, serialization failures, 408/429/5xx).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import duckdb
+import httpx
+import psycopg2
+
+from ingestion_assets.sources.rest.errors import ApiError, AuthError, NotFound, PaginationLoop
+
+# SQLSTATE classes (https://www.postgresql.org/docs/current/errcodes-appendix.html) that heal by themselves.
+_TRANSIENT_CLASSES = {"08", "40", "53", "58"}  # connection, rollback (serialization, deadlock), resources, I/O
+_TRANSIENT_CODES = {"57014", "57P01", "57P02", "57P03", "55P03", "55006", "XX000"}  # canceled, shutdown, lock
+_ADVICE = {
+    "42501": "grant the connecting user the privilege the message names (e.g. SELECT on the table)",
+    "42P01": "check the stream's `table` in the catalog, or create the table",
+    "42703": "check the catalog's column names against the table (`ingest check` lists what it finds)",
+    "3D000": "check the database name in the source's connection",
+    "28P01": "check the credentials the connection reference holds",
+    "28000": "check the credentials the connection reference holds",
+    "42601": "the generated query did not parse: report it with the message",
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    transient: bool
+    advice: str  # what the user can do, for a permanent failure
+
+
+def describe_permanent(where: str, exc: BaseException, verdict: Verdict) -> str:
+    """`where: <the source's own words> (permanent: ...) <what to do>`."""
+    text = " ".join(line.strip() for line in str(exc).strip().splitlines()[:2]) or type(exc).__name__
+    return f"{where}: {text} — a permanent error, not retried; {verdict.advice}"
+
+
+def classify(exc: BaseException) -> Verdict:
+    """The verdict of the most specific error in the chain that says anything."""
+    for error in _chain(exc):
+        verdict = _judge(error)
+        if verdict is not None:
+            return verdict
+    return Verdict(False, "retrying will not change this error: fix its cause, then run again")
+
+
+def _judge(error: BaseException) -> Verdict | None:
+    said = getattr(error, "transient", None)  # our own errors say it themselves (sources, CDC, the governor)
+    if isinstance(said, bool):
+        return Verdict(said, getattr(error, "advice", "") or "fix its cause, then run again")
+    if isinstance(error, ApiError):
+        return _judge_http(error)
+    if isinstance(error, psycopg2.Error):
+        return _judge_postgres(error)
+    if isinstance(error, httpx.TransportError | TimeoutError | ConnectionError):
+        return Verdict(True, "")
+    if isinstance(error, duckdb.IOException | duckdb.TransactionException):
+        return Verdict(True, "")  # a file lock or a write conflict: another writer goes away
+    if isinstance(error, MemoryError):
+        return Verdict(False, "the slice does not fit in memory: lower `slice_rows` (or `pages_per_slice`)")
+    if type(error).__module__.startswith("dlt.") and "Transient" in type(error).__name__:
+        return Verdict(True, "")
+    return None
+
+
+def _judge_http(error: ApiError) -> Verdict:
+    if isinstance(error, AuthError | NotFound | PaginationLoop):
+        return Verdict(False, "the message says what to fix (credentials, scope, path or the API's paging)")
+    status = error.status
+    healing = status is None or status in (408, 425, 429) or status >= 500  # no answer, timeout, rate limit, 5xx
+    return Verdict(healing, "fix the request the message names (parameters, path), then run again")
+
+
+def _judge_postgres(error: psycopg2.Error) -> Verdict:
+    code = error.pgcode
+    if code is None:  # no answer from the server: the connection failed or was lost
+        return Verdict(isinstance(error, psycopg2.OperationalError | psycopg2.InterfaceError), "")
+    if code in _TRANSIENT_CODES or code[:2] in _TRANSIENT_CLASSES:
+        return Verdict(True, "")
+    return Verdict(False, _ADVICE.get(code, "fix what the server's message names, then run again"))
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """The error, then its causes (dlt wraps a load's error in PipelineStepFailed.exception)."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [exc]
+    while pending:
+        error = pending.pop(0)
+        if id(error) in seen:
+            continue
+        seen.add(id(error))
+        yield error
+        for nested in (getattr(error, "exception", None), error.__cause__, error.__context__):
+            if isinstance(nested, BaseException):
+                pending.append(nested)

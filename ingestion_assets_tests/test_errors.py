@@ -1,0 +1,74 @@
+"""Permanent errors fail at once, transient ones are retried: the verdicts, and an HTTP 404 end to end."""
+
+from __future__ import annotations
+
+import dagster as dg
+import duckdb
+import httpx
+import psycopg2
+import pytest
+
+from ingestion_assets.demo.api_server import DemoApi
+from ingestion_assets.errors import classify
+from ingestion_assets.sources.rest.errors import ApiError, AuthError, NotFound, PaginationLoop, RetriesExhausted
+from ingestion_assets.streams.postgres_table import StreamError
+from ingestion_assets.sync import InjectedFault
+from ingestion_assets_tests.helpers import SourceDb, StreamHarness
+from ingestion_assets_tests.test_api_streams import _catalog, api
+
+__all__ = ["api"]
+
+
+def _postgres_error(source_db: SourceDb, statement: str) -> psycopg2.Error:
+    with source_db.connect() as conn, conn.cursor() as cur:
+        try:
+            cur.execute(statement)
+        except psycopg2.Error as exc:
+            return exc
+    raise AssertionError(f"{statement} did not fail")
+
+
+@pytest.mark.parametrize(
+    ("statement", "transient"),
+    [
+        ("SELECT * FROM no_such_table", False),
+        ("SELECT no_such_column FROM pg_class", False),
+        ("SELEC 1", False),
+        ("SELECT 1/0", False),
+        ("SET statement_timeout = 1; SELECT pg_sleep(1)", True),
+        ("SELECT pg_terminate_backend(pg_backend_pid())", True),
+    ],
+)
+def test_postgres_errors_by_sqlstate(source_db: SourceDb, statement: str, transient: bool) -> None:
+    assert classify(_postgres_error(source_db, statement)).transient is transient
+
+
+def test_errors_of_our_own_and_of_the_network() -> None:
+    request = httpx.Request("GET", "http://127.0.0.1/x")
+    wrapped = RuntimeError("load failed")
+    wrapped.__cause__ = duckdb.IOException("Could not set lock on file")
+    cases: list[tuple[BaseException, bool]] = [
+        (NotFound("404", 404), False),
+        (AuthError("401", 401), False),
+        (PaginationLoop("loop"), False),
+        (ApiError("400", 400), False),
+        (ApiError("503", 503), True),
+        (ApiError("no answer", None), True),
+        (RetriesExhausted("gave up", 503), True),
+        (httpx.ConnectError("refused", request=request), True),
+        (StreamError("stream x: bad"), False),
+        (InjectedFault("crash"), True),
+        (wrapped, True),
+        (KeyError("bug"), False),
+    ]
+    for error, transient in cases:
+        assert classify(error).transient is transient, error
+
+
+def test_an_http_404_fails_in_one_attempt_although_retries_are_allowed(harness: StreamHarness, api: DemoApi) -> None:
+    _catalog(harness, api, path="/v1/nope", retries={"max_attempts": 4, "delay_seconds": 5})
+    result = harness.materialize(raise_on_error=False)
+    assert not result.success
+    assert [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_RESTARTED] == []
+    failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
+    assert "404" in failure.step_failure_data.error.message and "not retried" in failure.step_failure_data.error.message
