@@ -37,7 +37,7 @@ def checkpoint_first() -> bool:
 
 
 class CheckpointSink(Protocol):
-    def commit(self, position: dict[str, Any], slice_index: int, rows: int) -> None: ...
+    def commit(self, position: dict[str, Any] | None, slice_index: int, rows: int) -> None: ...
 
 
 class InjectedFault(RuntimeError):
@@ -98,6 +98,8 @@ class SyncResult:
     loaded: int = 0  # rows written (read minus dead letters minus versions the target already had newer)
     dead_letters: int = 0
     nulled: int = 0
+    details: dict[str, Any] = field(default_factory=dict)  # what the stream keeps in its final checkpoint
+    note: str | None = None  # what the run should tell the user (log and metadata)
 
     @property
     def rows_per_second(self) -> float:

@@ -28,6 +28,20 @@ class KeyPartitions(_Model):
     live: bool = Field(True, description="add the `live` partition: incremental by cursor over the whole table")
 
 
+class LateCommits(_Model):
+    """How a polled stream keeps its checkpoint behind transactions that may still commit older rows."""
+
+    enabled: bool = Field(True, description="false: checkpoint at the last row read (writers never commit late)")
+    wait_seconds: Annotated[float, Field(ge=0)] = Field(
+        5.0, description="before reading, wait this long at most for transactions open at the run's start to end"
+    )
+    max_reader_seconds: Annotated[float, Field(gt=0)] | None = Field(
+        3600.0,
+        description="a transaction open this long without writing anything is taken for a reader (report, "
+        "pg_dump) and no longer holds the checkpoint back (a warning names it); null: never",
+    )
+
+
 SchemaPolicy = Literal["evolve", "propagate", "columns_only", "pause", "ignore"]
 
 
@@ -42,6 +56,7 @@ class PostgresStream(_Model):
         description="re-read this far behind the checkpoint's cursor (a timestamp): catches rows written late "
         "with a cursor at or before it (clock resolution, long transactions); the merge absorbs the re-read",
     )
+    late_commits: LateCommits = Field(default_factory=lambda: LateCommits())
     partitions: Annotated[TimePartitions | KeyPartitions, Field(discriminator="by")] | None = None
     max_partitions_per_run: Annotated[int, Field(gt=0)] | Literal["all"] = Field(
         "all",

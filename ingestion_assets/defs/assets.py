@@ -162,6 +162,9 @@ def _run_metadata(stream: Stream, outcomes: list[PartitionOutcome]) -> dict[str,
         "mode": ", ".join(sorted({o.mode for o in outcomes})),
         "dagster/table_name": f"{stream.source_name}.{stream.name}",
     }
+    notes = [o.result.note for o in outcomes if o.result.note]
+    if notes:
+        metadata["late commits"] = "; ".join(notes)
     started_over = [f"{o.partition or stream.name}: {o.started_over}" for o in outcomes if o.started_over]
     if started_over:  # the target did not hold what the checkpoint described: this run read from the start
         metadata["started over"] = "; ".join(started_over)

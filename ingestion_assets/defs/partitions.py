@@ -8,8 +8,9 @@ import dagster as dg
 
 from ingestion_assets.catalog import KeyPartitions, PostgresStream, TimePartitions
 from ingestion_assets.partitions import KEY_FORMATS, LIVE, key_range, key_range_keys, key_ranges_below
-from ingestion_assets.sources.postgres import current_position, key_bounds
+from ingestion_assets.sources.postgres import key_bounds
 from ingestion_assets.state.checkpoints import InstanceStateStore, latest_checkpoint
+from ingestion_assets.streams.late_commits import PROBES, settled_now
 from ingestion_assets.streams.postgres_table import PostgresTableStream
 
 _TIME_DEFS = {
@@ -48,8 +49,9 @@ def newest_partition(stream: PostgresTableStream, partitions: dg.PartitionsDefin
 def plan_key_partitions(stream: PostgresTableStream, instance: dg.DagsterInstance) -> list[str]:
     """Add the key ranges the source's table now needs (and `live`); returns the keys added.
 
-    The first time, the live tail's checkpoint is set to the newest cursor value now: every change
-    after this moment reaches `live`, every row before it belongs to a range, so none falls between.
+    The first time, the live tail's checkpoint is set to the table's newest position once it is settled
+    (no transaction open now can still commit behind it): every change after it reaches `live`, every row
+    before it belongs to a range, so none falls between.
     """
     spec = stream.spec
     assert isinstance(spec.partitions, KeyPartitions)
@@ -71,8 +73,9 @@ def plan_key_partitions(stream: PostgresTableStream, instance: dg.DagsterInstanc
     if spec.partitions.live and LIVE not in existing:
         key = dg.AssetKey([stream.source_name, stream.name])
         if latest_checkpoint(instance, key, LIVE) is None:
+            start, probes = settled_now(stream.source_url(), plan, spec)
             InstanceStateStore(instance, key).commit(
-                LIVE, current_position(stream.source_url(), plan), complete=True, planned=True, generation=1
+                LIVE, start, complete=True, planned=True, generation=1, **{PROBES: probes}
             )
         added.append(LIVE)
     if added:

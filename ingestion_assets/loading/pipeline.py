@@ -112,7 +112,8 @@ class Loader:
         # would take them during a load and abort that very slice (seen in CI as a flaky drain test).
         self._pipeline.config.runtime.intercept_signals = False
         if fresh:
-            self._pipeline.sync_destination()
+            with self._lock():  # it opens the destination: DuckDB admits one process at a time
+                self._pipeline.sync_destination()
         else:
             self._pipeline.abort_packages()  # packages an earlier failed load of this process left: stale re-reads
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 @dataclass(frozen=True)
 class Slice:
     table: Any  # an Arrow table (database sources) or a list of records (API sources)
-    position: dict[str, Any]  # the checkpoint once this slice and every slice before it is committed
+    position: dict[str, Any] | None  # the checkpoint once this slice and all before it are committed (None: start)
     index: int  # 0-based within the run
 
     @property

@@ -20,6 +20,7 @@ from ingestion_assets.sources.postgres.introspect import TableShape, discover_ta
 from ingestion_assets.sources.postgres.query import ReadPlan
 from ingestion_assets.sources.postgres.reader import connect
 from ingestion_assets.sources.slices import Slice
+from ingestion_assets.streams.late_commits import PROBES, guard_read
 from ingestion_assets.sync import CheckpointSink, Faults, SliceOutcome, SyncResult, run_slices
 
 
@@ -52,6 +53,7 @@ class RunOptions:
     loader: Loader | None = None
     plan: ReadPlan | None = field(default=None, repr=False)
     read_ahead: int = 1  # slices read ahead in a thread; 0 keeps everything in one thread (the simulation)
+    stored: dict[str, Any] = field(default_factory=dict)  # the checkpoint's details the run started from
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,15 @@ class PostgresTableStream:
             loaded = loader.load(rows, dead_letters=split.dead)
             return SliceOutcome(loaded=loaded, dead_letters=split.dead_count, nulled=split.nulled)
 
-        slices = table_slices(self.source_url(), plan, after, self.spec.slice_rows, self.qualified_name, window)
+        guard = None
+        if self.spec.cursor and self.spec.late_commits.enabled:
+            guard = guard_read(self.source_url(), plan, self.spec, options.stored, after, self.qualified_name)
+            if guard.note is not None and options.log is not None:
+                options.log.warning(guard.note)
+        settled = guard.settled if guard is not None else None
+        slices = table_slices(
+            self.source_url(), plan, after, self.spec.slice_rows, self.qualified_name, window, settled=settled
+        )
         result = run_slices(
             slices,
             load,
@@ -167,6 +177,8 @@ class PostgresTableStream:
             after_commit=lambda result: dead_letter_limit(self.qualified_name, self.spec.dead_letters, result),
             read_ahead=options.read_ahead,
         )
+        if guard is not None:
+            result.details[PROBES], result.note = guard.probes, guard.note
         if result.slices == 0:
             empty = with_metadata(plan.shape.arrow_schema.empty_table(), self.spec.cursor, dt.datetime.now(dt.UTC), 0)
             loader.create_if_missing(empty)

@@ -20,6 +20,7 @@ from ingestion_assets.errors import classify
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.partitions import window_for
 from ingestion_assets.state.model import Checkpoint
+from ingestion_assets.streams.late_commits import PROBES
 from ingestion_assets.streams.postgres_table import PostgresTableStream, RunOptions, Target
 from ingestion_assets.streams.reconcile import Reconciliation, reconcile
 from ingestion_assets.streams.rest_api import RestApiStream
@@ -28,7 +29,7 @@ from ingestion_assets.streams.target_binding import TARGET, binding_details, set
 from ingestion_assets.sync import Faults, SyncResult
 
 ERROR_CHARS = 400
-CARRIED = ("generation", "refresh", "refresh_requested", "complete", "schema", "schema_accepted", TARGET)
+CARRIED = ("generation", "refresh", "refresh_requested", "complete", "schema", "schema_accepted", TARGET, PROBES)
 
 
 class StateStore(Protocol):
@@ -73,7 +74,7 @@ class _Sink:
     commits: int = 0
     loader: Loader | None = None  # its binding to the target rides along with every checkpoint
 
-    def commit(self, position: dict[str, Any], slice_index: int, rows: int) -> None:
+    def commit(self, position: dict[str, Any] | None, slice_index: int, rows: int) -> None:
         details = {**self.details, **self.binding()}
         self.store.commit(self.partition, position, complete=False, slice=slice_index, rows=rows, **details)
         self.position = position
@@ -142,7 +143,7 @@ class PartitionJob:
         faults.hit("before_migration", 0)
         apply_to_target(schema, loader)
         faults.hit("after_migration", 0)
-        result = self._read(after, target, sink, loader, schema)
+        result = self._read(after, target, sink, loader, schema, details)
         mode = "refresh-retain" if refresh is not None else "incremental"
         outcome = self._finish(result, new_generation, mode, schema, loader, binding=binding_details(loader))
         outcome.started_over = started_over
@@ -194,7 +195,7 @@ class PartitionJob:
             return self._attempt(done, after, _Sink(self.store, self.partition, {}, after))
         after, started_over = self._settle_target(loader, stored, after, new_generation)
         sink.loader = loader
-        result = self._read(after, target, sink, loader, schema)
+        result = self._read(after, target, sink, loader, schema, stored)
         if self.stop():
             return PartitionOutcome(self.partition, result, live_generation, "refresh", drained=True)
         (self.faults or Faults.from_env()).hit("before_swap", 0)
@@ -208,7 +209,13 @@ class PartitionJob:
         return outcome
 
     def _read(
-        self, after: dict[str, Any] | None, target: Target, sink: _Sink, loader: Loader, schema: SchemaStep
+        self,
+        after: dict[str, Any] | None,
+        target: Target,
+        sink: _Sink,
+        loader: Loader,
+        schema: SchemaStep,
+        stored: dict[str, Any],
     ) -> SyncResult:
         options = RunOptions(
             target=target,
@@ -220,6 +227,7 @@ class PartitionJob:
             loader=loader,
             plan=schema.plan,
             read_ahead=self.read_ahead,
+            stored=stored,
         )
         return self.stream.run(after, sink, options)
 
@@ -244,6 +252,7 @@ class PartitionJob:
             "generation": generation,
             "schema": schema.stored,
             **(binding or {}),
+            **result.details,
         }
         self.store.commit(self.partition, result.position, **outcome.checkpoint)
         scope = "full" if full else self.stream.spec.reconcile

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import dlt
+import pyarrow.compute as pc
 from psycopg2 import sql
 
 from ingestion_assets.sources.postgres.bad_values import mark_problems
 from ingestion_assets.sources.postgres.introspect import TableShape, discover_table
-from ingestion_assets.sources.postgres.query import Position, ReadPlan, Window, exact_text
+from ingestion_assets.sources.postgres.query import SETTLED, Position, ReadPlan, Settled, Window
 from ingestion_assets.sources.postgres.reader import connect, copy_batches
 from ingestion_assets.sources.slices import Slice, rechunk
 
@@ -65,18 +66,31 @@ def table_slices(
     window: Window | None = None,
     keys: list[list[str]] | None = None,
     snapshot: str | None = None,
+    settled: Settled | None = None,
 ) -> Iterator[Slice]:
-    """Every row of `window` after `after` (or with one of `keys`), in (cursor, primary key) order, as slices."""
+    """Every row of `window` after `after` (or with one of `keys`), in (cursor, primary key) order, as slices.
+
+    With `settled`, a slice's position is its last settled row's (or the one before it, if none is): rows
+    past it are loaded now and read again next time, when no open transaction can still commit before them."""
     conn = connect(url, f"ingest:{name}")
     try:
-        statement = plan.copy_statement(conn, after, window, keys_in=keys)
+        statement = plan.copy_statement(conn, after, window, keys_in=keys, settled=settled)
     finally:
         conn.close()
-    batches = copy_batches(url, statement, plan.wire_shape, f"ingest:{name}", snapshot=snapshot)
+    shape = plan.wire_shape if settled is None else plan.settled_wire_shape
+    batches = copy_batches(url, statement, shape, f"ingest:{name}", snapshot=snapshot)
     checked = [column.name for column, _ in plan.checks]
+    position = after
     for index, table in enumerate(rechunk(batches, slice_rows)):
+        if settled is not None:
+            flags = table.column(SETTLED)
+            table = table.drop_columns([SETTLED])
         marked = mark_problems(table, checked, plan.max_value_bytes)
-        yield Slice(table=marked, position=plan.position_of_last_row(marked), index=index)
+        if settled is None:
+            position = plan.position_of_last_row(marked)
+        elif (count := int(pc.sum(flags).as_py() or 0)) > 0:  # settled rows come first: they sort lower
+            position = plan.position_of_last_row(marked, count - 1)
+        yield Slice(table=marked, position=position, index=index)
 
 
 def key_bounds(url: str, plan: ReadPlan, column: str) -> tuple[int, int] | None:
@@ -113,32 +127,6 @@ def occupied_buckets(url: str, schema: str, table: str, column: str, chunk: int)
             return {int(row[0]) for row in cur.fetchall()}
     finally:
         conn.close()
-
-
-def current_position(url: str, plan: ReadPlan) -> Position | None:
-    """A position just before the newest cursor value: a live tail started here misses nothing newer."""
-    if not plan.cursor:
-        return None
-    conn = connect(url, "ingest-plan")
-    try:
-        with conn.cursor() as cur:
-            cur.execute(
-                sql.SQL("SELECT {cols} FROM {t} ORDER BY {order} LIMIT 1").format(
-                    cols=sql.SQL(", ").join(sql.Identifier(c) for c in plan.cursor),
-                    t=sql.Identifier(plan.shape.schema, plan.shape.table),
-                    order=sql.SQL(", ").join(
-                        sql.SQL("{} DESC NULLS LAST").format(sql.Identifier(c)) for c in plan.cursor
-                    ),
-                )
-            )
-            row = cur.fetchone()
-    finally:
-        conn.close()
-    if row is None:
-        return None
-    position: Position = {name: exact_text(value) for name, value in zip(plan.cursor, row, strict=True)}
-    position.update({c.name: None for c in plan.ordering if c.name not in plan.cursor})
-    return position
 
 
 @dlt.resource(standalone=True)

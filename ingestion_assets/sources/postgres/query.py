@@ -26,6 +26,16 @@ class Window:
     upper: str | None = None
 
 
+SETTLED = "_ingest_settled"
+
+
+@dataclass(frozen=True)
+class Settled:
+    """Rows up to `position` are settled: no open transaction can still commit a row at or below it."""
+
+    position: Position | None  # None: nothing is settled yet
+
+
 class PositionMismatch(ValueError):
     """A stored position does not fit the stream's ordering columns (the catalog changed)."""
 
@@ -54,6 +64,16 @@ class ReadPlan:
         return TableShape(self.shape.schema, self.shape.table, self.shape.columns + extra)
 
     @property
+    def settled_wire_shape(self) -> TableShape:
+        """The wire shape plus, per row, whether it is at or below the settled position (see horizon.py)."""
+        extra = (Column(SETTLED, "bool", "boolean", False, pa.bool_()),)
+        return TableShape(self.shape.schema, self.shape.table, self.wire_shape.columns + extra)
+
+    def order_expressions(self) -> list[sql.Composable]:
+        """The keyset's sort keys, as the read orders and compares them (NULL as the type's lowest value)."""
+        return [_order_expr(c) for c in self.ordering]
+
+    @property
     def ordering(self) -> tuple[Column, ...]:
         names = list(self.cursor) + [k for k in self.primary_key if k not in self.cursor]
         return tuple(self.shape.column(name) for name in names)
@@ -64,12 +84,14 @@ class ReadPlan:
         after: Position | None,
         window: Window | None = None,
         keys_in: list[list[str]] | None = None,
+        settled: Settled | None = None,
     ) -> str:
         """COPY of every row of `window` strictly after `after` in (cursor, primary key) order.
 
         COPY takes no bind parameters, so literals are quoted by psycopg2 and cast to the column type.
+        `settled`: each row also says whether it is at or below that position, compared as the keyset is.
         """
-        query = self._select(after, window, keys_in)
+        query = self._select(after, window, keys_in, settled)
         copy = sql.SQL("COPY ({query}) TO STDOUT WITH (FORMAT csv)").format(query=query)
         return copy.as_string(conn)
 
@@ -78,11 +100,18 @@ class ReadPlan:
         lowest: Position = {c.name: None for c in self.ordering}  # every position literal and its cast, evaluated once
         return (self._select(lowest, None, None) + sql.SQL(" LIMIT 0")).as_string(conn)
 
-    def _select(self, after: Position | None, window: Window | None, keys_in: list[list[str]] | None) -> sql.Composed:
+    def _select(
+        self,
+        after: Position | None,
+        window: Window | None,
+        keys_in: list[list[str]] | None,
+        settled: Settled | None = None,
+    ) -> sql.Composed:
         keys = [_order_expr(c) for c in self.ordering]
-        query = sql.SQL("SELECT {cols}, {raw} FROM {table} t").format(
+        query = sql.SQL("SELECT {cols}, {raw}{settled} FROM {table} t").format(
             cols=sql.SQL(", ").join(self._output(c) for c in self.shape.columns),
             raw=raw_when_unfit(self.checks),
+            settled=sql.SQL("") if settled is None else sql.SQL(", ") + self._settled_flag(settled.position),
             table=sql.Identifier(self.shape.schema, self.shape.table),
         )
         conditions = self._window_conditions(window) if window is not None else []
@@ -122,6 +151,13 @@ class ReadPlan:
         )
         return sql.SQL("COPY ({}) TO STDOUT WITH (FORMAT csv)").format(query).as_string(conn)
 
+    def _settled_flag(self, upto: Position | None) -> sql.Composable:
+        if upto is None:
+            return sql.SQL("false")
+        values = [_literal(c, self._value(upto, c)) for c in self.ordering]
+        keys = [_order_expr(c) for c in self.ordering]
+        return sql.SQL("({}) <= ({})").format(sql.SQL(", ").join(keys), sql.SQL(", ").join(values))
+
     def _key_condition(self, keys: list[list[str]]) -> sql.Composable:
         """Rows whose primary key is one of `keys` (each the key's values as text)."""
         columns = [self.shape.column(name) for name in self.primary_key]
@@ -149,9 +185,9 @@ class ReadPlan:
             conditions.append(sql.SQL("{} < {}").format(ident, _literal(column, window.upper)))
         return conditions
 
-    def position_of_last_row(self, table: pa.Table) -> Position:
+    def position_of_last_row(self, table: pa.Table, last: int | None = None) -> Position:
         """Exact text of the last row's ordering values; a value nulled as unloadable comes from its raw JSON."""
-        last = table.num_rows - 1
+        last = table.num_rows - 1 if last is None else last
         position = {c.name: exact_text(table.column(c.name)[last].as_py()) for c in self.ordering}
         raw = table.column(RAW)[last].as_py() if RAW in table.column_names else None
         if raw is not None:
