@@ -30,8 +30,9 @@ class Guard:
 
 
 def guard_read(
-    url: str, plan: ReadPlan, spec: PostgresStream, stored: dict[str, Any], after: Position | None, name: str
+    url: str, plan: ReadPlan, spec: PostgresStream, stored: dict[str, Any], floor: Position | None, name: str
 ) -> Guard:
+    """`floor`: the stored checkpoint, where the run's checkpoints stay if nothing newer is settled."""
     conn = connect(url, "ingest-guard")
     try:
         probe = take_probe(conn, plan)
@@ -43,7 +44,7 @@ def guard_read(
     best = settled[-1] if settled else None
     kept = probes[probes.index(best) :] if best is not None else probes
     return Guard(
-        settled=Settled(best.position if best is not None else after),
+        settled=Settled(best.position if best is not None else None, floor),
         probes=[_stored(p) for p in ([kept[0], *kept[1:][-(KEEP - 1) :]] if kept else [])],
         note=_note(horizon, probe, name),
     )

@@ -54,6 +54,7 @@ class RunOptions:
     plan: ReadPlan | None = field(default=None, repr=False)
     read_ahead: int = 1  # slices read ahead in a thread; 0 keeps everything in one thread (the simulation)
     stored: dict[str, Any] = field(default_factory=dict)  # the checkpoint's details the run started from
+    floor: dict[str, Any] | None = None  # the stored checkpoint: the run's checkpoints never fall below it
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ class PostgresTableStream:
 
         guard = None
         if self.spec.cursor and self.spec.late_commits.enabled:
-            guard = guard_read(self.source_url(), plan, self.spec, options.stored, after, self.qualified_name)
+            guard = guard_read(self.source_url(), plan, self.spec, options.stored, options.floor, self.qualified_name)
             if guard.note is not None and options.log is not None:
                 options.log.warning(guard.note)
         settled = guard.settled if guard is not None else None

@@ -143,7 +143,8 @@ class PartitionJob:
         faults.hit("before_migration", 0)
         apply_to_target(schema, loader)
         faults.hit("after_migration", 0)
-        result = self._read(after, target, sink, loader, schema, details)
+        floor = None if started_over or after is None else position  # the checkpoint holds here at least
+        result = self._read(after, target, sink, loader, schema, details, floor)
         mode = "refresh-retain" if refresh is not None else "incremental"
         outcome = self._finish(result, new_generation, mode, schema, loader, binding=binding_details(loader))
         outcome.started_over = started_over
@@ -195,7 +196,7 @@ class PartitionJob:
             return self._attempt(done, after, _Sink(self.store, self.partition, {}, after))
         after, started_over = self._settle_target(loader, stored, after, new_generation)
         sink.loader = loader
-        result = self._read(after, target, sink, loader, schema, stored)
+        result = self._read(after, target, sink, loader, schema, stored, after)
         if self.stop():
             return PartitionOutcome(self.partition, result, live_generation, "refresh", drained=True)
         (self.faults or Faults.from_env()).hit("before_swap", 0)
@@ -216,6 +217,7 @@ class PartitionJob:
         loader: Loader,
         schema: SchemaStep,
         stored: dict[str, Any],
+        floor: dict[str, Any] | None,
     ) -> SyncResult:
         options = RunOptions(
             target=target,
@@ -228,6 +230,7 @@ class PartitionJob:
             plan=schema.plan,
             read_ahead=self.read_ahead,
             stored=stored,
+            floor=floor,
         )
         return self.stream.run(after, sink, options)
 

@@ -14,6 +14,7 @@ import contextlib
 import datetime as dt
 import os
 import random
+import shutil
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,6 +35,9 @@ from ingestion_assets.sync import UNSAFE_ORDER_ENV
 
 EPOCH = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 DEFAULT_ROUNDS = 6
+# A lost target restarts the read from zero, and a held transaction keeps the checkpoint back: at a high
+# crash rate a run then needs many attempts, each of which still makes progress.
+ATTEMPTS = 200
 
 
 class Crash(BaseException):
@@ -113,7 +117,14 @@ class Simulation:
                 self._mutate(self.rng.randint(1, 25), deletes=self.mode == "replace")
                 if self.rng.random() < 0.15:
                     self._add_column(round_index)
-                self._sync_until_done(fault_rate=self.rng.choice([0.0, 0.05, 0.15, 0.3]))
+                lost = self.rng.random() < 0.15
+                if lost:  # the read starts over from zero: not also at the highest crash rate
+                    self._lose_target()
+                rate = self.rng.choice([0.0, 0.05, 0.15] if lost else [0.0, 0.05, 0.15, 0.3])
+                with self._late_transaction(self.rng.random() < 0.3) as release:
+                    self._sync_until_done(fault_rate=rate, between=release)
+                if self.rng.random() < 0.3:
+                    self._keep_backup()
             self._sync_until_done(fault_rate=0.0, quiet=True)  # the source at rest: the target must equal it
             self._check_final()
         finally:
@@ -145,6 +156,7 @@ class Simulation:
                             "write_disposition": self.mode,
                             "slice_rows": self.rng.randint(3, 40),
                             "lookback_seconds": 1,  # the clock's resolution: ties written late are re-read
+                            "late_commits": {"wait_seconds": 0},  # a held transaction never ends during a run
                             "reconcile": "off",
                         }
                     },
@@ -183,6 +195,62 @@ class Simulation:
                 )
                 self.model.rows[key] = (self.clock, value)
 
+    @contextlib.contextmanager
+    def _late_transaction(self, enabled: bool) -> Iterator[Any]:
+        """A writer whose transaction stays open across sync attempts: it inserts a row stamped with the clock
+        at its start and commits after one to three attempts, behind rows they read (a late commit)."""
+        if not enabled:
+            yield lambda: None
+            return
+        conn = psycopg2.connect(self.url, application_name="sim-writer")
+        key, value, stamp = self.model.next_id, self.rng.randint(0, 10**6), self.clock
+        attempts_left = self.rng.randint(1, 3)
+
+        def release() -> None:
+            nonlocal attempts_left
+            attempts_left -= 1
+            if attempts_left == 0 and not conn.closed:
+                conn.commit()
+                conn.close()
+                self.model.rows[key] = (stamp, value)
+                self.events.append(f"late: row {key} committed")
+
+        try:
+            self.model.next_id += 1
+            with conn.cursor() as cur:
+                cur.execute(
+                    f'INSERT INTO "{self.schema}".items (id, value, updated_at) VALUES (%s, %s, %s)',
+                    (key, value, self._stamp()),
+                )
+            self.events.append(f"late: row {key} at {stamp} held open")
+            self.clock += 3  # beyond the lookback: only the late-commit guard keeps this row from being skipped
+            self._mutate(self.rng.randint(1, 5), deletes=False)
+            yield release
+            attempts_left = 1
+            release()  # the sync completed first: the writer commits now
+        finally:
+            conn.close()
+
+    def _lose_target(self) -> None:
+        """The target stops holding what the checkpoint says: a new file, a dropped table, an older copy."""
+        choices = ["new file", "dropped table"] + (["older copy"] if self._backup().exists() else [])
+        what = self.rng.choice(choices)
+        self.events.append(f"target: {what}")
+        if what == "new file":
+            self.warehouse.unlink(missing_ok=True)
+        elif what == "older copy":
+            shutil.copy(self._backup(), self.warehouse)
+        elif self.warehouse.exists():
+            with duckdb.connect(str(self.warehouse)) as con:
+                con.execute("DROP TABLE IF EXISTS sim.items")
+
+    def _keep_backup(self) -> None:
+        if self.warehouse.exists():
+            shutil.copy(self.warehouse, self._backup())
+
+    def _backup(self) -> Path:
+        return self.home / f"{self.schema}.backup.duckdb"
+
     def _add_column(self, round_index: int) -> None:
         self._sql(f'ALTER TABLE "{self.schema}".items ADD COLUMN extra_{round_index} text')
         self.events.append(f"schema: added extra_{round_index}")
@@ -196,9 +264,10 @@ class Simulation:
             conn.commit()
 
     # --- syncing ---------------------------------------------------------------------------------
-    def _sync_until_done(self, fault_rate: float, quiet: bool = False) -> None:
-        """Runs until one completes; each crash is a dead process, the next run a fresh one."""
-        for _ in range(60):
+    def _sync_until_done(self, fault_rate: float, quiet: bool = False, between: Any = None) -> None:
+        """Runs until one completes; each crash is a dead process, the next run a fresh one. `between` is
+        called after each crashed attempt (a writer may commit meanwhile)."""
+        for _ in range(ATTEMPTS):
             faults = SimFaults(self.rng, fault_rate)
             try:
                 with self._simulated_network(fault_rate, quiet), unsafe_order(self.unsafe):
@@ -206,7 +275,9 @@ class Simulation:
                 return
             except Crash as crash:
                 self.events.append(f"crash: {crash}")
-        raise SimulationFailure(f"seed {self.seed}: no run completed in 60 attempts")
+                if between is not None:
+                    between()
+        raise SimulationFailure(f"seed {self.seed}: no run completed in {ATTEMPTS} attempts")
 
     def _job(self, faults: SimFaults) -> PartitionJob:
         settings = Settings(home=self.home, catalog_path=self.home / f"{self.schema}.yaml")

@@ -80,16 +80,16 @@ def table_slices(
     shape = plan.wire_shape if settled is None else plan.settled_wire_shape
     batches = copy_batches(url, statement, shape, f"ingest:{name}", snapshot=snapshot)
     checked = [column.name for column, _ in plan.checks]
-    position = after
+    position = after if settled is None else settled.floor
     for index, table in enumerate(rechunk(batches, slice_rows)):
         if settled is not None:
-            flags = table.column(SETTLED)
+            eligible = pc.indices_nonzero(table.column(SETTLED))
             table = table.drop_columns([SETTLED])
         marked = mark_problems(table, checked, plan.max_value_bytes)
         if settled is None:
             position = plan.position_of_last_row(marked)
-        elif (count := int(pc.sum(flags).as_py() or 0)) > 0:  # settled rows come first: they sort lower
-            position = plan.position_of_last_row(marked, count - 1)
+        elif len(eligible):
+            position = plan.position_of_last_row(marked, int(eligible[-1].as_py()))
         yield Slice(table=marked, position=position, index=index)
 
 

@@ -34,6 +34,7 @@ class Settled:
     """Rows up to `position` are settled: no open transaction can still commit a row at or below it."""
 
     position: Position | None  # None: nothing is settled yet
+    floor: Position | None = None  # the checkpoint the run started from: a slice's position never falls below
 
 
 class PositionMismatch(ValueError):
@@ -111,7 +112,7 @@ class ReadPlan:
         query = sql.SQL("SELECT {cols}, {raw}{settled} FROM {table} t").format(
             cols=sql.SQL(", ").join(self._output(c) for c in self.shape.columns),
             raw=raw_when_unfit(self.checks),
-            settled=sql.SQL("") if settled is None else sql.SQL(", ") + self._settled_flag(settled.position),
+            settled=sql.SQL("") if settled is None else sql.SQL(", ") + self._settled_flag(settled),
             table=sql.Identifier(self.shape.schema, self.shape.table),
         )
         conditions = self._window_conditions(window) if window is not None else []
@@ -151,12 +152,18 @@ class ReadPlan:
         )
         return sql.SQL("COPY ({}) TO STDOUT WITH (FORMAT csv)").format(query).as_string(conn)
 
-    def _settled_flag(self, upto: Position | None) -> sql.Composable:
-        if upto is None:
+    def _settled_flag(self, settled: Settled) -> sql.Composable:
+        """True for a row a checkpoint may end at: settled, and past the floor (compared as the keyset is)."""
+        if settled.position is None:
             return sql.SQL("false")
-        values = [_literal(c, self._value(upto, c)) for c in self.ordering]
-        keys = [_order_expr(c) for c in self.ordering]
-        return sql.SQL("({}) <= ({})").format(sql.SQL(", ").join(keys), sql.SQL(", ").join(values))
+        keys = sql.SQL(", ").join(_order_expr(c) for c in self.ordering)
+        flag = sql.SQL("({}) <= ({})").format(keys, self._literals(settled.position))
+        if settled.floor is not None:
+            flag = sql.SQL("{} AND ({}) > ({})").format(flag, keys, self._literals(settled.floor))
+        return flag
+
+    def _literals(self, position: Position) -> sql.Composable:
+        return sql.SQL(", ").join(_literal(c, self._value(position, c)) for c in self.ordering)
 
     def _key_condition(self, keys: list[list[str]]) -> sql.Composable:
         """Rows whose primary key is one of `keys` (each the key's values as text)."""
