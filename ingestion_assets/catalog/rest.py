@@ -20,13 +20,19 @@ class RestAuth(_Model):
     client_secret: Reference | None = None
     refresh_token: Reference | None = Field(None, description="oauth2_refresh_token: a `file` reference")
     scope: str | None = None
+    token_endpoint_auth_method: Literal["client_secret_basic", "client_secret_post", "none"] | None = Field(
+        None,
+        description="oauth2: how the client authenticates to the token endpoint (RFC 6749 §2.3.1): HTTP Basic, "
+        "id and secret in the form body, or a public client (id only); default Basic with a secret, else none",
+    )
 
     @model_validator(mode="after")
     def _complete(self) -> RestAuth:
         needs = {
             "api_key": ["token"],
             "bearer": ["token"],
-            "oauth2_client_credentials": ["token_url", "client_id", "client_secret"],
+            "oauth2_client_credentials": ["token_url", "client_id"]
+            + ([] if self.token_endpoint_auth_method == "none" else ["client_secret"]),
             "oauth2_refresh_token": ["token_url", "client_id", "refresh_token"],
         }.get(self.type, [])
         missing = [name for name in needs if getattr(self, name) is None]
@@ -34,6 +40,11 @@ class RestAuth(_Model):
             raise ValueError(f"auth type {self.type} needs {', '.join(missing)}")
         if self.type == "oauth2_refresh_token" and self.refresh_token and not self.refresh_token.file:
             raise ValueError("a rotating refresh token must be a `file` reference: the new token is written back")
+        method = self.token_endpoint_auth_method
+        if method == "none" and self.client_secret is not None:
+            raise ValueError("token_endpoint_auth_method none (a public client) sends no secret: drop client_secret")
+        if method in ("client_secret_basic", "client_secret_post") and self.client_secret is None:
+            raise ValueError(f"token_endpoint_auth_method {method} needs client_secret")
         return self
 
 

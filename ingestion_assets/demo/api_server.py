@@ -11,7 +11,6 @@ import json
 import logging
 import math
 import random
-import secrets
 import socket
 import struct
 import threading
@@ -24,6 +23,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import parse_qs, urlencode, urlsplit
+
+from ingestion_assets.demo.token_endpoint import TokenEndpoint, TokenPolicy, TokenRefused
 
 logger = logging.getLogger(__name__)
 SCOPES = {"orders": "orders:read", "customers": "customers:read"}  # resource -> the scope reading it needs
@@ -39,6 +40,7 @@ class DemoConfig:
     api_key: str = "demo-api-key"  # X-API-Key, accepted on /v1/customers only
     admin_token: str = "demo-admin-token"  # bearer token of /admin/*
     token_ttl: float = 30.0  # access token lifetime, seconds
+    client_auth: str = "any"  # the token endpoint's client authentication: any | client_secret_basic | ... | none
     rate: float = 200.0  # requests per second per client (server-side token bucket)
     burst: int = 100
     retry_after: str = "seconds"  # how 429s say when to come back: seconds | date | alternate
@@ -139,9 +141,16 @@ class DemoApi:
         self._log: list[dict[str, Any]] = []
         self._file = data_dir / "demo_api.json" if data_dir else None
         self._rows = self._load() if self._file and self._file.exists() else self._seed()
-        self._access: dict[str, tuple[float, frozenset[str], str]] = {}  # token -> (expires, scopes, client)
-        self._refresh = {config.refresh_token}  # the refresh tokens still valid
-        self._issued: list[str] = []  # every token handed out, for tests that look for leaks
+        self._tokens = TokenEndpoint(
+            TokenPolicy(
+                config.client_id,
+                config.client_secret,
+                config.scopes,
+                config.refresh_token,
+                config.token_ttl,
+                config.client_auth,
+            )
+        )
         self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, when)
         self._faults = dict.fromkeys(FAULTS, 0)
         self._dated = False  # the last 429 gave an HTTP-date (for retry_after="alternate")
@@ -192,12 +201,14 @@ class DemoApi:
 
     def issued_tokens(self) -> list[str]:
         """Every access and refresh token issued so far (a test looks for them where they must not be)."""
-        with self._lock:
-            return list(self._issued)
+        return list(self._tokens.issued)
+
+    def client_auth_seen(self) -> list[str]:
+        """How each token request authenticated its client: client_secret_basic, client_secret_post or none."""
+        return list(self._tokens.methods_seen)
 
     def revoke_access_tokens(self) -> None:
-        with self._lock:
-            self._access.clear()
+        self._tokens.revoke_access_tokens()
 
     def stop(self) -> None:
         if self._server is not None:
@@ -220,33 +231,10 @@ class DemoApi:
         return self._listing(path, resource, query)
 
     def _token(self, headers: Message, form: dict[str, str]) -> _Reply:
-        scheme, _, encoded = (headers.get("Authorization") or "").partition(" ")
-        basic = base64.b64decode(encoded).decode() if scheme.lower() == "basic" else None
-        client, _, secret = (
-            basic.partition(":") if basic else (form.get("client_id", ""), "", form.get("client_secret", ""))
-        )
-        if client != self.config.client_id or not hmac.compare_digest(secret, self.config.client_secret):
-            raise _error(401, "invalid_client", "unknown client or wrong client secret")
-        grant, scopes = (
-            form.get("grant_type"),
-            frozenset(form.get("scope", "").split()) or frozenset(self.config.scopes),
-        )
-        if grant not in ("client_credentials", "refresh_token"):
-            raise _error(400, "unsupported_grant_type", "use client_credentials or refresh_token")
-        if not scopes <= set(self.config.scopes):
-            raise _error(400, "invalid_scope", f"this client may have {' '.join(self.config.scopes)}")
-        token, extra = secrets.token_urlsafe(24), {}
-        with self._lock:
-            if grant == "refresh_token":
-                if form.get("refresh_token") not in self._refresh:
-                    raise _error(400, "invalid_grant", "the refresh token is unknown, revoked or already used")
-                self._refresh.remove(form["refresh_token"])
-                extra["refresh_token"] = secrets.token_urlsafe(24)
-                self._refresh.add(extra["refresh_token"])
-            self._access[token] = (time.monotonic() + self.config.token_ttl, scopes, client)
-            self._issued += [token, *extra.values()]
-        body = {"access_token": token, "token_type": "Bearer", "expires_in": self.config.token_ttl, **extra}
-        return _Reply(200, {**body, "scope": " ".join(sorted(scopes))})
+        try:
+            return _Reply(200, self._tokens.handle(headers, form))
+        except TokenRefused as refused:
+            raise _error(refused.status, refused.code, refused.description) from refused
 
     def _admin(self, method: str, path: str, headers: Message, body: bytes) -> _Reply:
         if not hmac.compare_digest(headers.get("Authorization") or "", f"Bearer {self.config.admin_token}"):
@@ -269,8 +257,7 @@ class DemoApi:
                 return "api-key"
             raise _error(401, "invalid_api_key", "the X-API-Key header holds no valid key")
         scheme, _, token = (headers.get("Authorization") or "").partition(" ")
-        with self._lock:
-            expires, scopes, client = self._access.get(token, (0.0, frozenset(), ""))
+        expires, scopes, client = self._tokens.lookup(token)
         if scheme.lower() != "bearer" or expires < time.monotonic():
             raise _error(
                 401, "invalid_token", "missing, unknown or expired access token", {"WWW-Authenticate": "Bearer"}

@@ -222,12 +222,13 @@ def build_auth(auth: RestAuth, base_url: str, settings: Settings, where: str) ->
     assert auth.token_url is not None and auth.client_id is not None
     token_url = auth.token_url if "://" in auth.token_url else base_url.rstrip("/") + "/" + auth.token_url.lstrip("/")
     client_id = resolve(auth.client_id, settings, f"{where}.client_id")
+    options: dict[str, Any] = {"scope": auth.scope, "client_auth": auth.token_endpoint_auth_method}
     if auth.type == "oauth2_client_credentials":
-        return OAuth2ClientCredentials(token_url, client_id, secret("client_secret"), scope=auth.scope)
+        return OAuth2ClientCredentials(token_url, client_id, secret("client_secret"), **options)
     assert auth.refresh_token is not None
     path = reference_path(auth.refresh_token, settings)
     refresh = FileSecretStore(path.parent).ref(path.name)
-    return OAuth2RefreshToken(token_url, client_id, secret("client_secret"), refresh, scope=auth.scope)
+    return OAuth2RefreshToken(token_url, client_id, secret("client_secret"), refresh, **options)
 
 
 def _required(value: Secret | None) -> Secret:
