@@ -28,7 +28,7 @@ from ingestion_assets.demo.token_endpoint import TokenEndpoint, TokenPolicy, Tok
 
 logger = logging.getLogger(__name__)
 SCOPES = {"orders": "orders:read", "customers": "customers:read"}  # resource -> the scope reading it needs
-FAULTS = ("429", "5xx", "reset")
+FAULTS = ("429", "5xx", "reset", "cut")  # cut: a 200 whose JSON body stops halfway, as a dropped proxy leaves it
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,10 @@ class _Reply(Exception):
 
 class _Reset(Exception):
     """Close the connection without answering."""
+
+
+class _Cut(Exception):
+    """Answer 200 with the first half of the JSON body (its Content-Length says so: the framing is intact)."""
 
 
 def _error(status: int, code: str, description: str, headers: dict[str, str] | None = None) -> _Reply:
@@ -282,6 +286,8 @@ class DemoApi:
         if kind == "reset":
             raise _Reset
         self._throttle(client)
+        if kind == "cut":
+            raise _Cut
 
     def _throttle(self, client: str) -> None:
         with self._lock:
@@ -329,9 +335,13 @@ class DemoApi:
         entry: dict[str, Any] = {"at": time.time(), "method": method, "path": url.path, "status": 0, "client": None}
         with self._lock:
             self._log.append(entry)
+        cut = False
         try:
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-            reply = self._respond(method, url.path, query, handler.headers, body, entry)
+            try:
+                reply = self._respond(method, url.path, query, handler.headers, body, entry)
+            except _Cut:
+                cut, reply = True, self._listing(url.path, url.path.removeprefix("/v1/"), query)
         except _Reply as raised:
             reply = raised
         except _Reset:
@@ -339,6 +349,7 @@ class DemoApi:
             handler.close_connection = True
             return
         entry["status"], data = reply.status, json.dumps(reply.body).encode()
+        data = data[: len(data) // 2] if cut else data
         handler.send_response(reply.status)
         for name, value in {
             **reply.headers,

@@ -9,6 +9,7 @@ import random
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from types import TracebackType
+from typing import Any
 
 import httpx
 
@@ -22,6 +23,7 @@ from ingestion_assets.sources.rest.governor import (
     SystemClock,
     retry_after_seconds,
 )
+from ingestion_assets.sources.rest.payload import CutOff, parse_json
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +109,18 @@ class RestClient:
         Raises AuthError (401 after one renewal, 403), NotFound, ApiError (other 4xx) at once;
         RateLimited or RetriesExhausted when the budget is spent.
         """
+        return self._request(method, url, params, parse=False)[0]
+
+    def request_json(
+        self, method: str, url: str, params: Mapping[str, str | int] | None = None
+    ) -> tuple[httpx.Response, Any]:
+        """Like `request`, and the parsed JSON body. A body cut off in transit (declared JSON, ending
+        mid-document) is retried like a 5xx; a complete body that is not JSON raises BadPayload at once."""
+        return self._request(method, url, params, parse=True)
+
+    def _request(
+        self, method: str, url: str, params: Mapping[str, str | int] | None, parse: bool
+    ) -> tuple[httpx.Response, Any]:
         where = f"{method} {self._http.build_request(method, url).url.copy_with(query=None, fragment=None)}"
         attempts, renewed = _Attempts(self.retry, self._clock, self._rng, where), False
         while True:
@@ -121,7 +135,13 @@ class RestClient:
                 continue
             status = response.status_code
             if status < 400:
-                return response
+                if not parse:
+                    return response, None
+                try:
+                    return response, parse_json(response, where)
+                except CutOff as cut:
+                    attempts.failed(str(cut), None)
+                    continue
             if status == 401 and not renewed and self.auth.refresh():
                 renewed = True
                 continue
