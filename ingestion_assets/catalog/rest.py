@@ -70,6 +70,40 @@ class Pagination(_Model):
     offset_param: str = "offset"
 
 
+class DeletionMarker(_Model):
+    """A record whose `field` holds one of `values` says the record was deleted (a tombstone in the feed)."""
+
+    field: str
+    values: list[bool | int | str] = Field(default=[True], min_length=1)
+
+
+class KeyListing(_Model):
+    """Every key the API still serves, read on a cadence: target keys it no longer lists were deleted."""
+
+    path: str | None = Field(None, description="a keys endpoint; default: the stream's own path, read in full")
+    records_path: str | None = Field(None, description="default: the stream's")
+    page_size: Annotated[int, Field(gt=0)] | None = Field(None, description="default: the stream's")
+    params: dict[str, str | int] = Field(default_factory=dict)
+    every_hours: Annotated[float, Field(ge=0)] = Field(24.0, description="0: after every run")
+    max_retire_share: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.5, description="a listing that would retire more of the target than this is refused (a broken listing)"
+    )
+
+
+class RestDeletes(_Model):
+    """How deletions reach the target: a marker in the records, a periodic key listing, or both."""
+
+    mode: Literal["hard", "soft"] = Field("soft", description="soft: keep the last values, set _ingest_deleted_at")
+    marker: DeletionMarker | None = None
+    key_listing: KeyListing | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> RestDeletes:
+        if self.marker is None and self.key_listing is None:
+            raise ValueError("deletes needs a `marker`, a `key_listing` or both (else no deletion is ever seen)")
+        return self
+
+
 class RestStream(_Model):
     path: str = Field(description="e.g. /v1/orders")
     records_path: str = Field("data", description="dotted path to the records in the JSON body; '' for a list")
@@ -86,6 +120,7 @@ class RestStream(_Model):
     retries: Retries = Field(default_factory=lambda: Retries())
     dead_letters: DeadLetters = Field(default_factory=lambda: DeadLetters())
     drain_seconds: Annotated[float, Field(gt=0)] = 60.0
+    deletes: RestDeletes | None = None
 
     _listify = field_validator("primary_key", mode="before")(as_list)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import bisect
 import copy
 import hmac
 import json
@@ -45,6 +46,7 @@ class DemoConfig:
     burst: int = 100
     retry_after: str = "seconds"  # how 429s say when to come back: seconds | date | alternate
     storm_retry_after: int = 1  # Retry-After of an injected 429
+    latency: float = 0.0  # seconds every resource request takes on the server before it answers
     error_rate: float = 0.0  # probability of a 503 per resource request
     reset_rate: float = 0.0  # probability of closing the connection without a response
     repeat_cursor: bool = False  # a broken server: hands back the cursor it was given
@@ -188,11 +190,30 @@ class DemoApi:
                 self._file.write_text(json.dumps(self._rows))
         return stamp
 
+    def delete(self, resource: str, count: int, mark: bool) -> list[int]:
+        """Delete `count` random records; returns their ids. `mark`: they stay as tombstones `{id, deleted: true,
+        updated_at}` with a new timestamp (an API with a deletion flag); else they vanish from every listing."""
+        with self._lock:
+            rows = self._rows[resource]
+            live = sorted(rid for rid, r in rows.items() if not r.get("deleted"))
+            gone = self._rng.sample(live, min(count, len(live)))
+            stamp = max([_stamp(datetime.now(UTC)), *(r["updated_at"] for r in rows.values())])
+            for rid in gone:
+                if mark:
+                    rows[rid] = {"id": rid, "deleted": True, "updated_at": stamp}
+                else:
+                    del rows[rid]
+        return sorted(gone)
+
     def records(self, resource: str, since: str | None = None) -> list[dict[str, Any]]:
         """The resource's records in (updated_at, id) order, from `since` (inclusive) on."""
         with self._lock:
-            rows = [r for r in self._rows[resource].values() if since is None or r["updated_at"] >= since]
-            return copy.deepcopy(sorted(rows, key=lambda r: (r["updated_at"], r["id"])))
+            return copy.deepcopy(self._ordered(resource, since))
+
+    def _ordered(self, resource: str, since: str | None) -> list[dict[str, Any]]:
+        """Under the lock; not copied: the caller copies what it hands out."""
+        rows = [r for r in self._rows[resource].values() if since is None or r["updated_at"] >= since]
+        return sorted(rows, key=lambda r: (r["updated_at"], r["id"]))
 
     def request_log(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -228,10 +249,12 @@ class DemoApi:
         if path.startswith("/admin/"):
             return self._admin(method, path, headers, body)
         resource = path.removeprefix("/v1/")
-        if method != "GET" or resource not in SCOPES:
+        if method != "GET" or resource.removesuffix("/ids") not in SCOPES:
             raise _error(404, "not_found", f"no endpoint {method} {path}; there are GET /v1/orders and /v1/customers")
-        entry["client"] = client = self._authorize(resource, headers)
+        entry["client"] = client = self._authorize(resource.removesuffix("/ids"), headers)
         self._inject_faults(client)
+        if self.config.latency:
+            time.sleep(self.config.latency)
         return self._listing(path, resource, query)
 
     def _token(self, headers: Message, form: dict[str, str]) -> _Reply:
@@ -306,21 +329,27 @@ class DemoApi:
         return _error(429, "rate_limited", "too many requests; slow down", {"Retry-After": when})
 
     def _listing(self, path: str, resource: str, query: dict[str, str]) -> _Reply:
-        rows = self.records(resource, _since(query.get("updated_since")))
-        size = _number(query, "per_page" if "page" in query else "limit", 50, 1, 500)
+        keys_only = resource.endswith("/ids")  # GET /v1/<resource>/ids: a key listing, larger pages
+        resource = resource.removesuffix("/ids")
+        size = _number(query, "per_page" if "page" in query else "limit", 50, 1, 5000 if keys_only else 500)
+        since, after = _since(query.get("updated_since")), _cursor_key(query.get("cursor"))
+        with self._lock:
+            ordered = self._ordered(resource, since)
+            if "page" in query:
+                start = (_number(query, "page", 1, 1, 1_000_000) - 1) * size
+            elif "offset" in query:
+                start = _number(query, "offset", 0, 0, 1_000_000_000)
+            else:
+                start = bisect.bisect_right([(r["updated_at"], r["id"]) for r in ordered], after) if after else 0
+            rows = copy.deepcopy(ordered[start : start + size + 1])
+        last = rows[size - 1] if len(rows) > size else None
+        if keys_only:
+            rows = [{"id": r["id"]} | ({"deleted": True} if r.get("deleted") else {}) for r in rows]
         if "page" in query:
             page = _number(query, "page", 1, 1, 1_000_000)
-            return _Reply(
-                200, {"data": rows[(page - 1) * size : page * size], "page": page, "per_page": size, "total": len(rows)}
-            )
+            return _Reply(200, {"data": rows[:size], "page": page, "per_page": size, "total": len(ordered)})
         if "offset" in query:
-            offset = _number(query, "offset", 0, 0, 1_000_000_000)
-            return _Reply(
-                200, {"data": rows[offset : offset + size], "offset": offset, "limit": size, "total": len(rows)}
-            )
-        after = _cursor_key(query.get("cursor"))
-        rows = [r for r in rows if after is None or (r["updated_at"], r["id"]) > after]
-        last = rows[size - 1] if len(rows) > size else None
+            return _Reply(200, {"data": rows[:size], "offset": start, "limit": size, "total": len(ordered)})
         token = (
             base64.urlsafe_b64encode(json.dumps([last["updated_at"], last["id"]]).encode()).decode() if last else None
         )

@@ -37,6 +37,7 @@ from ingestion_assets.sources.rest import (
 )
 from ingestion_assets.sources.slices import Slice
 from ingestion_assets.streams.postgres_table import RunOptions, Target
+from ingestion_assets.streams.rest_deletes import KeyListingResult, load_slice, retire_unlisted
 from ingestion_assets.sync import CheckpointSink, Faults, SliceOutcome, SyncResult, run_slices
 
 
@@ -125,7 +126,7 @@ class RestApiStream:
 
         def load(piece: Slice) -> SliceOutcome:
             good, dead = self._split(piece.table, options)  # this source's slices hold records, not Arrow
-            loaded = loader.load_records(good, dead_letters=dead)
+            loaded = load_slice(loader, good, dead, self.spec.deletes)
             return SliceOutcome(loaded=loaded, dead_letters=0 if dead is None else dead.num_rows)
 
         try:
@@ -142,6 +143,13 @@ class RestApiStream:
             )
         finally:
             client.close()
+
+    def retire_unlisted(self, loader: Loader) -> KeyListingResult | None:
+        """After a completed read: the periodic key listing, if the stream has one and it is due."""
+        if self.spec.deletes is None or self.spec.deletes.key_listing is None:
+            return None
+        with self.client() as client:
+            return retire_unlisted(client, self.endpoint(), loader, self.spec.deletes, self.qualified_name)
 
     def _slices(self, client: RestClient, after: dict[str, Any] | None) -> Iterator[Slice]:
         """Groups of `pages_per_slice` pages; a slice's position is its last page's."""

@@ -22,6 +22,7 @@ from ingestion_assets.state.model import Checkpoint
 from ingestion_assets.streams.postgres_table import PostgresTableStream, RunOptions, Target
 from ingestion_assets.streams.reconcile import Reconciliation, reconcile
 from ingestion_assets.streams.rest_api import RestApiStream
+from ingestion_assets.streams.rest_deletes import KeyListingResult
 from ingestion_assets.streams.schema_step import SchemaStep, apply_to_target, settle_schema
 from ingestion_assets.sync import Faults, SyncResult
 
@@ -52,6 +53,7 @@ class PartitionOutcome:
     drained: bool = False
     schema_changes: list[str] = field(default_factory=list)
     reconciliation: Reconciliation | None = None
+    key_listing: KeyListingResult | None = None  # API streams: the periodic key listing, when one ran
     checkpoint: dict[str, Any] = field(default_factory=dict)  # the final checkpoint's details, as stored
 
 
@@ -195,6 +197,8 @@ class PartitionJob:
             "schema": schema.stored,
         }
         self.store.commit(self.partition, result.position, **outcome.checkpoint)
+        if isinstance(self.stream, RestApiStream):  # behind the checkpoint: every key in the target was read
+            outcome.key_listing = self.stream.retire_unlisted(loader)
         scope = "full" if full else self.stream.spec.reconcile
         if scope != "off" and isinstance(self.stream, PostgresTableStream) and schema.plan is not None:
             window = window_for(self.stream.spec, self.partition)
