@@ -114,6 +114,12 @@ class RestStream(_Model):
     pagination: Pagination = Field(default_factory=lambda: Pagination())
     page_size: Annotated[int, Field(gt=0)] = 100
     pages_per_slice: Annotated[int, Field(gt=0)] = 10
+    read_ahead_pages: Annotated[int, Field(gt=0)] = Field(
+        100, description="pages fetched ahead while slices load (memory: this many pages at most)"
+    )
+    max_pages_per_slice: Annotated[int, Field(gt=0)] = Field(
+        40, description="a slice also takes pages already waiting, up to this many: a slow loader catches up"
+    )
     params: dict[str, str | int] = Field(default_factory=dict)
     write_disposition: Literal["merge", "append"] = "merge"
     max_table_nesting: Annotated[int, Field(ge=0)] = 1

@@ -159,6 +159,8 @@ class DemoApi:
         )
         self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, when)
         self._faults = dict.fromkeys(FAULTS, 0)
+        self._version = 0  # bumped by every change: the cached order below is then stale
+        self._order: dict[str, tuple[Any, list[dict[str, Any]]]] = {}
         self._dated = False  # the last 429 gave an HTTP-date (for retry_after="alternate")
         self._server: ThreadingHTTPServer | None = None
 
@@ -186,6 +188,7 @@ class DemoApi:
             changed = self._rng.sample(sorted(rows), min(updates, len(rows)))
             changed += range(max(rows, default=0) + 1, max(rows, default=0) + 1 + inserts)
             rows.update({rid: _record(resource, self._rng, rid, stamp) for rid in changed})
+            self._version += 1
             if self._file:
                 self._file.write_text(json.dumps(self._rows))
         return stamp
@@ -198,6 +201,7 @@ class DemoApi:
             live = sorted(rid for rid, r in rows.items() if not r.get("deleted"))
             gone = self._rng.sample(live, min(count, len(live)))
             stamp = max([_stamp(datetime.now(UTC)), *(r["updated_at"] for r in rows.values())])
+            self._version += 1
             for rid in gone:
                 if mark:
                     rows[rid] = {"id": rid, "deleted": True, "updated_at": stamp}
@@ -211,9 +215,16 @@ class DemoApi:
             return copy.deepcopy(self._ordered(resource, since))
 
     def _ordered(self, resource: str, since: str | None) -> list[dict[str, Any]]:
-        """Under the lock; not copied: the caller copies what it hands out."""
-        rows = [r for r in self._rows[resource].values() if since is None or r["updated_at"] >= since]
-        return sorted(rows, key=lambda r: (r["updated_at"], r["id"]))
+        """Under the lock; not copied: the caller copies what it hands out. The order is kept until the next
+        change, so a page costs a bisection rather than a sort (a benchmark's server must not be the limit)."""
+        key = (resource, len(self._rows[resource]), self._version)
+        if self._order.get(resource, (None, []))[0] != key:
+            rows = sorted(self._rows[resource].values(), key=lambda r: (r["updated_at"], r["id"]))
+            self._order[resource] = (key, rows)
+        rows = self._order[resource][1]
+        if since is None:
+            return rows
+        return rows[bisect.bisect_left(rows, since, key=lambda r: r["updated_at"]) :]
 
     def request_log(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -253,9 +264,10 @@ class DemoApi:
             raise _error(404, "not_found", f"no endpoint {method} {path}; there are GET /v1/orders and /v1/customers")
         entry["client"] = client = self._authorize(resource.removesuffix("/ids"), headers)
         self._inject_faults(client)
-        if self.config.latency:
-            time.sleep(self.config.latency)
-        return self._listing(path, resource, query)
+        reply = self._listing(path, resource, query)
+        if self.config.latency:  # the answer leaves `latency` after the request came, whatever the work took
+            time.sleep(max(0.0, entry["received"] + self.config.latency - time.monotonic()))
+        return reply
 
     def _token(self, headers: Message, form: dict[str, str]) -> _Reply:
         try:
@@ -340,7 +352,7 @@ class DemoApi:
             elif "offset" in query:
                 start = _number(query, "offset", 0, 0, 1_000_000_000)
             else:
-                start = bisect.bisect_right([(r["updated_at"], r["id"]) for r in ordered], after) if after else 0
+                start = bisect.bisect_right(ordered, after, key=lambda r: (r["updated_at"], r["id"])) if after else 0
             rows = copy.deepcopy(ordered[start : start + size + 1])
         last = rows[size - 1] if len(rows) > size else None
         if keys_only:
@@ -362,6 +374,7 @@ class DemoApi:
         url = urlsplit(handler.path)
         body = handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
         entry: dict[str, Any] = {"at": time.time(), "method": method, "path": url.path, "status": 0, "client": None}
+        entry["received"] = time.monotonic()
         with self._lock:
             self._log.append(entry)
         cut = False
@@ -427,9 +440,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--data-dir", type=Path, default=None, help="keep the records in DIR/demo_api.json")
     parser.add_argument("--token-ttl", type=float, default=DemoConfig.token_ttl)
+    parser.add_argument("--orders", type=int, default=DemoConfig.orders)
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds each resource request takes")
+    parser.add_argument("--rate", type=float, default=DemoConfig.rate, help="requests/s the API allows a client")
+    parser.add_argument("--burst", type=int, default=DemoConfig.burst)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    api = start_demo_api(args.port, args.data_dir, token_ttl=args.token_ttl)
+    limits = {"orders": args.orders, "latency": args.latency, "rate": args.rate, "burst": args.burst}
+    api = start_demo_api(args.port, args.data_dir, token_ttl=args.token_ttl, **limits)
     logger.info("demo API on %s (OAuth client %s; secrets are the DemoConfig defaults)", api.url, api.config.client_id)
     try:
         threading.Event().wait()

@@ -95,6 +95,7 @@ class RestClient:
         self._clock = clock or SystemClock()
         self._rng = random.Random(seed)
         self._bucket = (buckets or SHARED_BUCKETS).bucket(self.auth.key, rate, burst, self._clock)
+        self._wheres: dict[str, str] = {}
         self._http = httpx.Client(
             base_url=base_url,
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
@@ -121,7 +122,7 @@ class RestClient:
     def _request(
         self, method: str, url: str, params: Mapping[str, str | int] | None, parse: bool
     ) -> tuple[httpx.Response, Any]:
-        where = f"{method} {self._http.build_request(method, url).url.copy_with(query=None, fragment=None)}"
+        where = f"{method} {self._where(url)}"
         attempts, renewed = _Attempts(self.retry, self._clock, self._rng, where), False
         while True:
             headers = self.auth.headers()  # a token renewal happens here, not between the slot and the send
@@ -152,6 +153,15 @@ class RestClient:
                 attempts.failed(f"HTTP {status}", asked)
             else:
                 raise error_for(response, where, self.auth.describe())
+
+    def _where(self, url: str) -> str:
+        """The endpoint's URL without its query, for messages; worked out once per URL (it costs a parse)."""
+        found = self._wheres.get(url)
+        if found is None:
+            found = self._wheres[url] = str(
+                self._http.build_request("GET", url).url.copy_with(query=None, fragment=None)
+            )
+        return found
 
     def server_time(self, response: httpx.Response) -> datetime:
         """When the server answered, by its own clock (the `Date` header, whole seconds, rounded down), or by
