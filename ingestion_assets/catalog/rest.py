@@ -117,8 +117,10 @@ class RestStream(_Model):
     read_ahead_pages: Annotated[int, Field(gt=0)] = Field(
         100, description="pages fetched ahead while slices load (memory: this many pages at most)"
     )
-    max_pages_per_slice: Annotated[int, Field(gt=0)] = Field(
-        40, description="a slice also takes pages already waiting, up to this many: a slow loader catches up"
+    max_pages_per_slice: Annotated[int, Field(gt=0)] | None = Field(
+        None,
+        description="a slice also takes pages already waiting, up to this many: a loader slower than the API "
+        "catches up with fewer loads, at the cost of larger re-reads after a crash (default: pages_per_slice)",
     )
     params: dict[str, str | int] = Field(default_factory=dict)
     write_disposition: Literal["merge", "append"] = "merge"
@@ -134,11 +136,11 @@ class RestStream(_Model):
     def slice_rows(self) -> int:
         return self.page_size * self.pages_per_slice
 
-    # what the shared runner asks of every stream
+    # what the shared runner asks of every stream (schema_policy: the tables' policies, on the records' fields)
     partitions: None = None
     partition_column: None = None
     reconcile: Literal["off"] = "off"
-    schema_policy: Literal["evolve"] = "evolve"
+    schema_policy: Literal["evolve", "propagate", "columns_only", "pause", "ignore"] = "evolve"
 
 
 class RestSource(_Model):

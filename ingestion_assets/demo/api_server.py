@@ -209,6 +209,18 @@ class DemoApi:
                     del rows[rid]
         return sorted(gone)
 
+    def patch(self, resource: str, count: int, fields: dict[str, Any]) -> list[int]:
+        """Set `fields` on `count` random live records (a new field, another type), as a changed API would;
+        they get a new `updated_at`. Returns their ids."""
+        with self._lock:
+            rows = self._rows[resource]
+            chosen = self._rng.sample(sorted(k for k, r in rows.items() if not r.get("deleted")), count)
+            stamp = max([_stamp(datetime.now(UTC)), *(r["updated_at"] for r in rows.values())])
+            for rid in chosen:
+                rows[rid] = {**rows[rid], **copy.deepcopy(fields), "updated_at": stamp}
+            self._version += 1
+        return sorted(chosen)
+
     def records(self, resource: str, since: str | None = None) -> list[dict[str, Any]]:
         """The resource's records in (updated_at, id) order, from `since` (inclusive) on."""
         with self._lock:

@@ -50,6 +50,7 @@ class RunOptions:
     loader: Loader | None = None
     plan: ReadPlan | None = field(default=None, repr=False)
     read_ahead: int = 1  # slices read ahead in a thread; 0 keeps everything in one thread (the simulation)
+    schema: Any = None  # API streams: the run's schema step (streams/rest_schema.py), checked slice by slice
 
 
 @dataclass(frozen=True)

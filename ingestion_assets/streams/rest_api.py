@@ -33,6 +33,7 @@ from ingestion_assets.sources.slices import Slice
 from ingestion_assets.streams.postgres_table import RunOptions, Target
 from ingestion_assets.streams.rest_credentials import build_auth
 from ingestion_assets.streams.rest_deletes import KeyListingResult, load_slice, retire_unlisted
+from ingestion_assets.streams.rest_schema import ApiSchemaStep, api_schema_step
 from ingestion_assets.sync import CheckpointSink, Faults, SliceOutcome, SyncResult, run_slices
 
 
@@ -119,9 +120,11 @@ class RestApiStream:
             options.log.info("%s: empty target, first full read: loading slices by append", self.qualified_name)
         client = self.client()
         slices = self._slices(client, after, read_ahead=options.read_ahead > 0)
+        schema = options.schema if isinstance(options.schema, ApiSchemaStep) else api_schema_step(self, {})
 
         def load(piece: Slice) -> SliceOutcome:
             good, dead = self._split(piece.table, options)  # this source's slices hold records, not Arrow
+            good = schema.settle(good, loader)  # a change the policy pauses on stops before this slice loads
             loaded = load_slice(loader, good, dead, self.spec.deletes)
             return SliceOutcome(loaded=loaded, dead_letters=0 if dead is None else dead.num_rows)
 
@@ -153,8 +156,8 @@ class RestApiStream:
     ) -> Generator[Slice, None, None]:
         """Slices of `pages_per_slice` pages, a slice's position its last page's. With `read_ahead`, pages are
         fetched into a bounded queue in a thread while the loader works, and a slice also takes the pages
-        already waiting (up to `max_pages_per_slice`): reading does not wait on loading, and a loader that
-        falls behind catches up with fewer, larger loads. Without it (the simulation) all runs in one thread."""
+        already waiting (up to `max_pages_per_slice`, if set): reading does not wait on loading, and a loader
+        that falls behind may catch up with fewer, larger loads. Without it (the simulation) all runs in one thread."""
         pages = read_pages(client, self.endpoint(), after)
         spec = self.spec
         if not read_ahead:
@@ -163,7 +166,8 @@ class RestApiStream:
         ahead = ReadAhead(pages, spec.read_ahead_pages)
         try:
             index = 0
-            while batch := ahead.take(spec.pages_per_slice, max(spec.pages_per_slice, spec.max_pages_per_slice)):
+            most = max(spec.pages_per_slice, spec.max_pages_per_slice or 0)
+            while batch := ahead.take(spec.pages_per_slice, most):
                 yield Slice([r for page in batch for r in page.records], dict(batch[-1].position), index)
                 index += 1
         finally:

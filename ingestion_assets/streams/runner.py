@@ -23,6 +23,7 @@ from ingestion_assets.streams.postgres_table import PostgresTableStream, RunOpti
 from ingestion_assets.streams.reconcile import Reconciliation, reconcile
 from ingestion_assets.streams.rest_api import RestApiStream
 from ingestion_assets.streams.rest_deletes import KeyListingResult
+from ingestion_assets.streams.rest_schema import api_schema_step
 from ingestion_assets.streams.schema_step import SchemaStep, apply_to_target, settle_schema
 from ingestion_assets.sync import Faults, SyncResult
 
@@ -103,7 +104,7 @@ class PartitionJob:
         schema = (
             settle_schema(self.stream, details)
             if isinstance(self.stream, PostgresTableStream)
-            else SchemaStep(None, {})
+            else api_schema_step(self.stream, details)  # learnt from the records, slice by slice
         )
         generation = int(details.get("generation", 0))  # 0: nothing loaded yet; the first load is generation 1
         refresh = details.get("refresh")  # a refresh in progress: {"mode", "generation"}
@@ -179,6 +180,7 @@ class PartitionJob:
             loader=loader,
             plan=schema.plan,
             read_ahead=self.read_ahead,
+            schema=schema,
         )
         return self.stream.run(after, sink, options)
 
