@@ -15,13 +15,15 @@ class ApiError(Exception):
     stream stops at once instead of spending its retries on it.
     """
 
-    transient = False
+    transient: bool = False  # subclasses that know set it; a plain ApiError judges by its status
 
     def __init__(self, message: str, status: int | None = None, *, transient: bool | None = None) -> None:
         super().__init__(message)
         self.status = status
         if transient is not None:
             self.transient = transient
+        elif type(self) is ApiError and status is not None:
+            self.transient = status in (408, 425, 429) or status >= 500
 
 
 class AuthError(ApiError):
