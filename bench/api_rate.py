@@ -6,6 +6,7 @@ latency the benchmark runs, one after another in the same run:
 
 - **asset**: the product's stream (`PartitionJob`: read, load into DuckDB by merge, checkpoint per slice)
   with the catalog's rate limit set to the server's;
+- **coalesce**: the same with `max_pages_per_slice: 40`: a slice also takes the pages already waiting;
 - **dlt**: stock dlt `rest_api_source` (cursor paginator, OAuth 2 client credentials, merge into DuckDB);
   it has no rate limiter of its own and relies on retrying 429s.
 
@@ -80,7 +81,7 @@ def _requests(url: str) -> list[dict[str, Any]]:
     return [e for e in log if e["path"] == "/v1/orders" and e["client"]]
 
 
-def _run_asset(url: str, rate: float, burst: int, page_size: int, warehouse: Path) -> int:
+def _run_asset(url: str, rate: float, burst: int, page_size: int, warehouse: Path, coalesce: bool = False) -> int:
     import yaml
 
     from ingestion_assets.catalog import load_catalog
@@ -95,6 +96,8 @@ def _run_asset(url: str, rate: float, burst: int, page_size: int, warehouse: Pat
     auth = {"type": "oauth2_client_credentials", "token_url": "/oauth/token"}
     auth |= {"client_id": {"file": str(secrets / "id")}, "client_secret": {"file": str(secrets / "secret")}}
     stream = {"path": "/v1/orders", "primary_key": "id", "page_size": page_size, "pages_per_slice": 10}
+    if coalesce:  # a slice also takes the pages waiting: fewer, larger loads
+        stream["max_pages_per_slice"] = 40
     source = {"type": "rest", "base_url": url, "auth": auth, "streams": {"orders": stream}}
     source["rate_limit"] = {"requests_per_second": rate, "burst": burst}
     catalog = {"destination": {"type": "duckdb", "path": str(warehouse)}, "sources": {"bench": source}}
@@ -142,9 +145,9 @@ def _measure(path: str, latency: float, rate: float, burst: int, orders: int, pa
     try:
         began = time.monotonic()
         rows = (
-            _run_asset(url, client_rate, burst or 1000, page_size, warehouse)
-            if path == "asset"
-            else _run_dlt(url, page_size, warehouse)
+            _run_dlt(url, page_size, warehouse)
+            if path == "dlt"
+            else _run_asset(url, client_rate, burst or 1000, page_size, warehouse, coalesce=path == "coalesce")
         )
         seconds = time.monotonic() - began
         log = _requests(url)
@@ -180,7 +183,7 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=5)
     parser.add_argument("--orders", type=int, default=4000)
     parser.add_argument("--page-size", type=int, default=50)
-    parser.add_argument("--paths", default="asset,dlt")
+    parser.add_argument("--paths", default="asset,coalesce,dlt")
     parser.add_argument("--unlimited", action="store_true", default=True)
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
@@ -202,7 +205,7 @@ def main() -> None:
 def _print(line: dict[str, Any]) -> None:
     allowed = f"{line['allowed']:.0f} req/s allowed" if line["allowed"] else "no limit"
     print(
-        f"{line['path']:<6} latency {line['latency_ms']:>4.0f} ms, {allowed:<18} {line['requests']:>4} requests "
+        f"{line['path']:<8} latency {line['latency_ms']:>4.0f} ms, {allowed:<18} {line['requests']:>4} requests "
         f"{line['requests_per_s']:>7.1f} req/s = {line['share']:>6.1%} of min(allowed, 1/latency), "
         f"{line['429s']:>3} x 429, {line['records']:>5} records in {line['seconds']:>6.2f} s "
         f"= {line['records_per_s']:>7,.0f} records/s; gaps p50/p90/max {line['gap_ms_p50']:.0f}/"
