@@ -120,3 +120,20 @@ def test_a_4000_record_sync_at_the_apis_own_limit_gets_no_429(
         ).fetchall()
     expected = {(r["id"], r["updated_at"], r["status"], r["number"]) for r in api.records("orders")}
     assert len(rows) == len({r[0] for r in rows}) and set(rows) == expected
+
+
+def test_favouring_the_reader_is_undone_when_the_last_overlapping_read_ends() -> None:
+    import gc
+    import sys
+
+    from ingestion_assets.sources.rest.read_ahead import favour_the_reader
+
+    before = sys.getswitchinterval()
+    first, second = favour_the_reader(), favour_the_reader()
+    first.__enter__()
+    second.__enter__()  # two streams reading at once in one process
+    assert sys.getswitchinterval() <= 0.001 and gc.get_freeze_count() > 0
+    first.__exit__(None, None, None)
+    assert sys.getswitchinterval() <= 0.001  # the other read still runs
+    second.__exit__(None, None, None)
+    assert sys.getswitchinterval() == before and gc.get_freeze_count() == 0

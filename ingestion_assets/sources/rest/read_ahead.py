@@ -91,6 +91,33 @@ class ReadAhead(Generic[T]):
         return False
 
 
+class _ReaderFavour:
+    """Process-wide settings held while at least one read runs (reads may overlap in threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reads = 0
+        self._interval = 0.005
+
+    def enter(self, switch_interval: float) -> None:
+        with self._lock:
+            if self._reads == 0:
+                self._interval = sys.getswitchinterval()
+                gc.freeze()
+                sys.setswitchinterval(min(self._interval, switch_interval))
+            self._reads += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._reads -= 1
+            if self._reads == 0:
+                sys.setswitchinterval(self._interval)
+                gc.unfreeze()
+
+
+_FAVOUR = _ReaderFavour()
+
+
 @contextlib.contextmanager
 def favour_the_reader(switch_interval: float = 0.001) -> Iterator[None]:
     """While a read runs, keep the loader's Python work from stalling the page reader thread.
@@ -102,12 +129,9 @@ def favour_the_reader(switch_interval: float = 0.001) -> Iterator[None]:
     - The interpreter's switch interval drops from 5 ms to 1 ms: a response that arrives while the loader
       normalizes waits that long for the GIL before the next request can go out.
 
-    Both are process-wide and restored afterwards."""
-    interval = sys.getswitchinterval()
-    gc.freeze()
-    sys.setswitchinterval(min(interval, switch_interval))
+    Both are process-wide, held while any read runs and restored when the last one ends."""
+    _FAVOUR.enter(switch_interval)
     try:
         yield
     finally:
-        sys.setswitchinterval(interval)
-        gc.unfreeze()
+        _FAVOUR.leave()
