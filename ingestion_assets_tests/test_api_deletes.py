@@ -4,6 +4,7 @@ data; every check compares the target with the server's own records, record by r
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -43,7 +44,9 @@ def _target(harness: StreamHarness, deleted: bool = False) -> dict[int, tuple[An
         f'WHERE i._dlt_parent_id = o._dlt_id) FROM "{harness.source_name}".orders o '
         f"WHERE o._ingest_deleted_at IS {'NOT ' if deleted else ''}NULL"
     )
-    found = {int(r[0]): (r[1].isoformat().replace("+00:00", "Z") if r[1] else None, *r[2:]) for r in rows}
+    found = {
+        int(r[0]): (r[1].astimezone(dt.UTC).isoformat().replace("+00:00", "Z") if r[1] else None, *r[2:]) for r in rows
+    }
     assert len(found) == len(rows), "duplicate primary keys in the target"
     return found
 
@@ -63,8 +66,9 @@ def _listing(result: dg.ExecuteInProcessResult, harness: StreamHarness) -> dict[
     return metadata["key listing"].value if "key listing" in metadata else None  # type: ignore[return-value]
 
 
-def test_a_deletion_marker_deletes_hard(harness: StreamHarness, api: DemoApi) -> None:
-    write_api_catalog(harness, api, deletes={"mode": "hard", "marker": MARKER})
+@pytest.mark.parametrize("destination", ["duckdb", pytest.param("postgres", marks=pytest.mark.slow)])
+def test_a_deletion_marker_deletes_hard(harness: StreamHarness, api: DemoApi, destination: str) -> None:
+    write_api_catalog(harness, api, destination, deletes={"mode": "hard", "marker": MARKER})
     harness.materialize()
     gone = api.delete("orders", 17, mark=True)
     api.mutate("orders", inserts=5, updates=10)
@@ -90,12 +94,19 @@ def test_a_deletion_marker_deletes_soft_keeping_the_last_values(harness: StreamH
         assert soft[key][1:] == before[key][1:]
 
 
-@pytest.mark.parametrize("mode", ["hard", pytest.param("soft", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    ("mode", "destination"),
+    [
+        ("hard", "duckdb"),
+        pytest.param("soft", "duckdb", marks=pytest.mark.slow),
+        pytest.param("soft", "postgres", marks=pytest.mark.slow),
+    ],
+)
 def test_the_key_listing_retires_vanished_records_while_a_writer_changes_data(
-    harness: StreamHarness, api: DemoApi, mode: str
+    harness: StreamHarness, api: DemoApi, mode: str, destination: str
 ) -> None:
     listing = {"path": "/v1/orders/ids", "page_size": 40, "every_hours": 0}
-    write_api_catalog(harness, api, deletes={"mode": mode, "key_listing": listing})
+    write_api_catalog(harness, api, destination, deletes={"mode": mode, "key_listing": listing})
     harness.materialize()
     stop = threading.Event()
     vanished: list[int] = []

@@ -71,7 +71,11 @@ def test_an_incompatible_type_pauses_until_accepted(
     assert not result.success and _failed_checks(harness, result) == ["schema"]
     failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
     message = str(failure.step_failure_data.error)
-    assert "'number'" in message and "text -> bigint (incompatible)" in message and f"ingest schema accept {harness.source_name}.orders" in message
+    assert (
+        "'number'" in message
+        and "text -> bigint (incompatible)" in message
+        and f"ingest schema accept {harness.source_name}.orders" in message
+    )
     after = harness.checkpoint("orders")
     assert before is not None and after is not None and after.position == before.position  # nothing loaded
     capsys.readouterr()

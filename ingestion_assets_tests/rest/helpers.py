@@ -87,16 +87,22 @@ def assert_rate_respected(entries: list[dict[str, Any]], rate: float, burst: int
             assert last - first + 1 <= allowed, f"{last - first + 1} requests in {times[last] - times[first]:.3f} s"
 
 
-def write_api_catalog(harness: StreamHarness, api: DemoApi, **stream: Any) -> None:
-    """A catalog with one stream `orders` on the demo API (OAuth client credentials from secret files)."""
+def write_api_catalog(harness: StreamHarness, api: DemoApi, destination: str = "duckdb", **stream: Any) -> None:
+    """A catalog with one stream `orders` on the demo API (OAuth client credentials from secret files);
+    `destination` postgres: the target is the test's source database, schema = the source name."""
     from ingestion_assets.state.summary import size_pools
 
     secrets = harness.tmp_path / "secrets"
     secrets.mkdir(exist_ok=True)
     (secrets / "client_id").write_text(api.config.client_id)
     (secrets / "client_secret").write_text(api.config.client_secret)
+    url_file = harness.tmp_path / "target_url"
+    url_file.write_text(harness.source.url)
+    harness.destination = destination
     catalog = {
-        "destination": {"type": "duckdb", "path": str(harness.warehouse)},
+        "destination": {"type": "duckdb", "path": str(harness.warehouse)}
+        if destination == "duckdb"
+        else {"type": "postgres", "credentials": {"file": str(url_file)}},
         "sources": {
             harness.source_name: {
                 "type": "rest",
