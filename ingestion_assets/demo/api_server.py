@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import base64
-import binascii
-import bisect
 import copy
 import hmac
 import json
@@ -17,14 +14,14 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
 from email.message import Message
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, cast
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, urlsplit
 
+from ingestion_assets.demo.resources import Reply, Resources, error_reply
 from ingestion_assets.demo.token_endpoint import TokenEndpoint, TokenPolicy, TokenRefused
 
 logger = logging.getLogger(__name__)
@@ -56,84 +53,12 @@ class DemoConfig:
     tie_group: int = 7  # consecutive seeded records sharing one updated_at
 
 
-class _Reply(Exception):
-    def __init__(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-        super().__init__(status)
-        self.status, self.body, self.headers = status, body, headers or {}
-
-
 class _Reset(Exception):
     """Close the connection without answering."""
 
 
 class _Cut(Exception):
     """Answer 200 with the first half of the JSON body (its Content-Length says so: the framing is intact)."""
-
-
-def _error(status: int, code: str, description: str, headers: dict[str, str] | None = None) -> _Reply:
-    return _Reply(status, {"error": code, "error_description": description}, headers)
-
-
-def _stamp(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _record(resource: str, rng: random.Random, rid: int, stamp: str) -> dict[str, Any]:
-    if resource == "customers":
-        address = {"city": rng.choice(["Berlin", "Lyon", "Boston"]), "zip": f"{rng.randrange(100000):05d}"}
-        return {
-            "id": rid,
-            "name": f"Customer {rid}",
-            "email": None if rid % 5 == 0 else f"c{rid}@example.com",
-            "tags": rng.sample(["vip", "b2b", "new", "eu"], rng.randint(0, 2)),
-            "address": address,
-            "updated_at": stamp,
-        }
-    items = [
-        {
-            "sku": f"SKU-{rng.randrange(1000):04d}",
-            "qty": rng.randint(1, 5),
-            "price": f"{rng.randrange(100, 9999) / 100:.2f}",
-        }
-        for _ in range(rng.randint(1, 3))
-    ]
-    customer = rng.randint(1, 50)
-    return {
-        "id": rid,
-        "number": f"{rid:08d}",
-        "status": rng.choice(["new", "paid", "shipped"]),
-        "items": items,
-        "customer": {"id": customer, "name": f"Customer {customer}"},
-        "note": None if rid % 3 else "ring twice",
-        "updated_at": stamp,
-    }
-
-
-def _cursor_key(text: str | None) -> tuple[str, int] | None:
-    if not text:
-        return None
-    try:
-        stamp, rid = json.loads(base64.urlsafe_b64decode(text.encode()))
-        return str(stamp), int(rid)
-    except (ValueError, TypeError, binascii.Error) as exc:
-        raise _error(400, "invalid_cursor", "the cursor is not one this API issued") from exc
-
-
-def _since(text: str | None) -> str | None:
-    try:
-        moment = datetime.fromisoformat(text) if text else None
-    except ValueError as exc:
-        raise _error(400, "invalid_request", "updated_since must be an ISO 8601 timestamp") from exc
-    if moment is not None and moment.tzinfo is None:
-        raise _error(400, "invalid_request", "updated_since needs a time zone")
-    return None if moment is None else _stamp(moment)
-
-
-def _number(query: dict[str, str], name: str, default: int, low: int, high: int) -> int:
-    try:
-        return max(low, min(high, int(query.get(name, default))))
-    except ValueError as exc:
-        raise _error(400, "invalid_request", f"{name} must be an integer") from exc
 
 
 class DemoApi:
@@ -145,8 +70,7 @@ class DemoApi:
         self._lock = threading.Lock()
         self._rng = random.Random(config.seed + 1)  # mutations and random faults, reproducible
         self._log: list[dict[str, Any]] = []
-        self._file = data_dir / "demo_api.json" if data_dir else None
-        self._rows = self._load() if self._file and self._file.exists() else self._seed()
+        self.resources = Resources(config, data_dir, self._rng)
         self._tokens = TokenEndpoint(
             TokenPolicy(
                 config.client_id,
@@ -159,84 +83,27 @@ class DemoApi:
         )
         self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, when)
         self._faults = dict.fromkeys(FAULTS, 0)
-        self._version = 0  # bumped by every change: the cached order below is then stale
-        self._order: dict[str, tuple[Any, list[dict[str, Any]]]] = {}
         self._dated = False  # the last 429 gave an HTTP-date (for retry_after="alternate")
         self._server: ThreadingHTTPServer | None = None
-
-    def _seed(self) -> dict[str, dict[int, dict[str, Any]]]:
-        rng, base = random.Random(self.config.seed), datetime(2024, 1, 1, 0, 0, 0, 123456, tzinfo=UTC)
-        rows: dict[str, dict[int, dict[str, Any]]] = {}
-        for name, count in (("customers", self.config.customers), ("orders", self.config.orders)):
-            stamps = [_stamp(base + timedelta(seconds=i // self.config.tie_group)) for i in range(count)]
-            rows[name] = {i + 1: _record(name, rng, i + 1, stamp) for i, stamp in enumerate(stamps)}
-        return rows
-
-    def _load(self) -> dict[str, dict[int, dict[str, Any]]]:
-        assert self._file is not None
-        return {name: {int(k): v for k, v in rows.items()} for name, rows in json.loads(self._file.read_text()).items()}
 
     def configure(self, **changes: Any) -> None:
         with self._lock:
             self.config = replace(self.config, **changes)
 
     def mutate(self, resource: str, inserts: int = 0, updates: int = 0) -> str:
-        """Insert and update records, all stamped with one new `updated_at` (ties on purpose); returns it."""
-        with self._lock:
-            rows = self._rows[resource]
-            stamp = max([_stamp(datetime.now(UTC)), *(r["updated_at"] for r in rows.values())])
-            changed = self._rng.sample(sorted(rows), min(updates, len(rows)))
-            changed += range(max(rows, default=0) + 1, max(rows, default=0) + 1 + inserts)
-            rows.update({rid: _record(resource, self._rng, rid, stamp) for rid in changed})
-            self._version += 1
-            if self._file:
-                self._file.write_text(json.dumps(self._rows))
-        return stamp
+        return self.resources.mutate(resource, inserts, updates)
 
     def delete(self, resource: str, count: int, mark: bool) -> list[int]:
-        """Delete `count` random records; returns their ids. `mark`: they stay as tombstones `{id, deleted: true,
-        updated_at}` with a new timestamp (an API with a deletion flag); else they vanish from every listing."""
-        with self._lock:
-            rows = self._rows[resource]
-            live = sorted(rid for rid, r in rows.items() if not r.get("deleted"))
-            gone = self._rng.sample(live, min(count, len(live)))
-            stamp = max([_stamp(datetime.now(UTC)), *(r["updated_at"] for r in rows.values())])
-            self._version += 1
-            for rid in gone:
-                if mark:
-                    rows[rid] = {"id": rid, "deleted": True, "updated_at": stamp}
-                else:
-                    del rows[rid]
-        return sorted(gone)
+        return self.resources.delete(resource, count, mark)
 
     def patch(self, resource: str, count: int, fields: dict[str, Any]) -> list[int]:
-        """Set `fields` on `count` random live records (a new field, another type), as a changed API would;
-        they get a new `updated_at`. Returns their ids."""
-        with self._lock:
-            rows = self._rows[resource]
-            chosen = self._rng.sample(sorted(k for k, r in rows.items() if not r.get("deleted")), count)
-            stamp = max([_stamp(datetime.now(UTC)), *(r["updated_at"] for r in rows.values())])
-            for rid in chosen:
-                rows[rid] = {**rows[rid], **copy.deepcopy(fields), "updated_at": stamp}
-            self._version += 1
-        return sorted(chosen)
+        return self.resources.patch(resource, count, fields)
 
     def records(self, resource: str, since: str | None = None) -> list[dict[str, Any]]:
-        """The resource's records in (updated_at, id) order, from `since` (inclusive) on."""
-        with self._lock:
-            return copy.deepcopy(self._ordered(resource, since))
+        return self.resources.records(resource, since)
 
-    def _ordered(self, resource: str, since: str | None) -> list[dict[str, Any]]:
-        """Under the lock; not copied: the caller copies what it hands out. The order is kept until the next
-        change, so a page costs a bisection rather than a sort (a benchmark's server must not be the limit)."""
-        key = (resource, len(self._rows[resource]), self._version)
-        if self._order.get(resource, (None, []))[0] != key:
-            rows = sorted(self._rows[resource].values(), key=lambda r: (r["updated_at"], r["id"]))
-            self._order[resource] = (key, rows)
-        rows = self._order[resource][1]
-        if since is None:
-            return rows
-        return rows[bisect.bisect_left(rows, since, key=lambda r: r["updated_at"]) :]
+    def _listing(self, path: str, resource: str, query: dict[str, str]) -> Reply:
+        return self.resources.listing(path, resource, query, self.url, self.config.repeat_cursor)
 
     def request_log(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -266,14 +133,16 @@ class DemoApi:
 
     def _respond(
         self, method: str, path: str, query: dict[str, str], headers: Message, body: bytes, entry: dict[str, Any]
-    ) -> _Reply:
+    ) -> Reply:
         if (method, path) == ("POST", "/oauth/token"):
             return self._token(headers, {k: v[-1] for k, v in parse_qs(body.decode()).items()})
         if path.startswith("/admin/"):
             return self._admin(method, path, headers, body)
         resource = path.removeprefix("/v1/")
         if method != "GET" or resource.removesuffix("/ids") not in SCOPES:
-            raise _error(404, "not_found", f"no endpoint {method} {path}; there are GET /v1/orders and /v1/customers")
+            raise error_reply(
+                404, "not_found", f"no endpoint {method} {path}; there are GET /v1/orders and /v1/customers"
+            )
         entry["client"] = client = self._authorize(resource.removesuffix("/ids"), headers)
         self._inject_faults(client)
         reply = self._listing(path, resource, query)
@@ -281,40 +150,40 @@ class DemoApi:
             time.sleep(max(0.0, entry["received"] + self.config.latency - time.monotonic()))
         return reply
 
-    def _token(self, headers: Message, form: dict[str, str]) -> _Reply:
+    def _token(self, headers: Message, form: dict[str, str]) -> Reply:
         try:
-            return _Reply(200, self._tokens.handle(headers, form))
+            return Reply(200, self._tokens.handle(headers, form))
         except TokenRefused as refused:
-            raise _error(refused.status, refused.code, refused.description) from refused
+            raise error_reply(refused.status, refused.code, refused.description) from refused
 
-    def _admin(self, method: str, path: str, headers: Message, body: bytes) -> _Reply:
+    def _admin(self, method: str, path: str, headers: Message, body: bytes) -> Reply:
         if not hmac.compare_digest(headers.get("Authorization") or "", f"Bearer {self.config.admin_token}"):
-            raise _error(401, "invalid_token", "the admin endpoints need the admin bearer token")
+            raise error_reply(401, "invalid_token", "the admin endpoints need the admin bearer token")
         args = json.loads(body or b"{}")
         if (method, path) == ("GET", "/admin/requests"):
-            return _Reply(200, {"data": self.request_log()})
+            return Reply(200, {"data": self.request_log()})
         if (method, path) == ("POST", "/admin/mutate"):
             stamp = self.mutate(str(args["resource"]), int(args.get("inserts", 0)), int(args.get("updates", 0)))
-            return _Reply(200, {"updated_at": stamp})
+            return Reply(200, {"updated_at": stamp})
         if (method, path) == ("POST", "/admin/faults") and str(args.get("kind")) in FAULTS:
             self.fail_next(str(args["kind"]), int(args.get("count", 1)))
-            return _Reply(200, {})
-        raise _error(404, "not_found", f"no admin endpoint {method} {path} (or a bad fault kind)")
+            return Reply(200, {})
+        raise error_reply(404, "not_found", f"no admin endpoint {method} {path} (or a bad fault kind)")
 
     def _authorize(self, resource: str, headers: Message) -> str:
         key = headers.get("X-API-Key")
         if key is not None and resource == "customers":
             if hmac.compare_digest(key, self.config.api_key):
                 return "api-key"
-            raise _error(401, "invalid_api_key", "the X-API-Key header holds no valid key")
+            raise error_reply(401, "invalid_api_key", "the X-API-Key header holds no valid key")
         scheme, _, token = (headers.get("Authorization") or "").partition(" ")
         expires, scopes, client = self._tokens.lookup(token)
         if scheme.lower() != "bearer" or expires < time.monotonic():
-            raise _error(
+            raise error_reply(
                 401, "invalid_token", "missing, unknown or expired access token", {"WWW-Authenticate": "Bearer"}
             )
         if SCOPES[resource] not in scopes:
-            raise _error(403, "insufficient_scope", f"reading {resource} needs the scope {SCOPES[resource]}")
+            raise error_reply(403, "insufficient_scope", f"reading {resource} needs the scope {SCOPES[resource]}")
         return client
 
     def _inject_faults(self, client: str) -> None:
@@ -329,7 +198,7 @@ class DemoApi:
         if kind == "429":
             raise self._too_many(self.config.storm_retry_after)
         if kind == "5xx":
-            raise _error(503, "unavailable", "the service is briefly unavailable; retry")
+            raise error_reply(503, "unavailable", "the service is briefly unavailable; retry")
         if kind == "reset":
             raise _Reset
         self._throttle(client)
@@ -345,42 +214,12 @@ class DemoApi:
         if tokens < 1:
             raise self._too_many(math.ceil((1 - tokens) / rate))
 
-    def _too_many(self, seconds: int) -> _Reply:
+    def _too_many(self, seconds: int) -> Reply:
         with self._lock:
             style = self.config.retry_after
             self._dated = dated = style == "date" or (style == "alternate" and not self._dated)
         when = formatdate(math.ceil(time.time()) + seconds, usegmt=True) if dated else str(seconds)
-        return _error(429, "rate_limited", "too many requests; slow down", {"Retry-After": when})
-
-    def _listing(self, path: str, resource: str, query: dict[str, str]) -> _Reply:
-        keys_only = resource.endswith("/ids")  # GET /v1/<resource>/ids: a key listing, larger pages
-        resource = resource.removesuffix("/ids")
-        size = _number(query, "per_page" if "page" in query else "limit", 50, 1, 5000 if keys_only else 500)
-        since, after = _since(query.get("updated_since")), _cursor_key(query.get("cursor"))
-        with self._lock:
-            ordered = self._ordered(resource, since)
-            if "page" in query:
-                start = (_number(query, "page", 1, 1, 1_000_000) - 1) * size
-            elif "offset" in query:
-                start = _number(query, "offset", 0, 0, 1_000_000_000)
-            else:
-                start = bisect.bisect_right(ordered, after, key=lambda r: (r["updated_at"], r["id"])) if after else 0
-            rows = copy.deepcopy(ordered[start : start + size + 1])
-        last = rows[size - 1] if len(rows) > size else None
-        if keys_only:
-            rows = [{"id": r["id"]} | ({"deleted": True} if r.get("deleted") else {}) for r in rows]
-        if "page" in query:
-            page = _number(query, "page", 1, 1, 1_000_000)
-            return _Reply(200, {"data": rows[:size], "page": page, "per_page": size, "total": len(ordered)})
-        if "offset" in query:
-            return _Reply(200, {"data": rows[:size], "offset": start, "limit": size, "total": len(ordered)})
-        token = (
-            base64.urlsafe_b64encode(json.dumps([last["updated_at"], last["id"]]).encode()).decode() if last else None
-        )
-        if token and self.config.repeat_cursor and query.get("cursor"):
-            token = query["cursor"]
-        link = {"Link": f'<{self.url}{path}?{urlencode({**query, "cursor": token})}>; rel="next"'} if token else {}
-        return _Reply(200, {"data": rows[:size], "next_cursor": token}, link)
+        return error_reply(429, "rate_limited", "too many requests; slow down", {"Retry-After": when})
 
     def _handle(self, handler: BaseHTTPRequestHandler, method: str) -> None:
         url = urlsplit(handler.path)
@@ -396,7 +235,7 @@ class DemoApi:
                 reply = self._respond(method, url.path, query, handler.headers, body, entry)
             except _Cut:
                 cut, reply = True, self._listing(url.path, url.path.removeprefix("/v1/"), query)
-        except _Reply as raised:
+        except Reply as raised:
             reply = raised
         except _Reset:
             handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
