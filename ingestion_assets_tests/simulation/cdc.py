@@ -203,11 +203,7 @@ class CdcSimulation:
     @contextlib.contextmanager
     def _changes_between_reads(self, changing: bool) -> Iterator[None]:
         """The source keeps changing between snapshot slices and between batches of changes."""
-        real_slices, real_changes, real_snapshot = (
-            copy_module.table_slices,
-            cdc_module.read_changes,
-            cdc_module.chunk_snapshot,
-        )
+        real_slices, real_changes, real_snapshot = copy_module.table_slices, cdc_module.read_changes, cdc_module.chunk_snapshot
         simulation = self
 
         def table_slices(*args: Any, **kwargs: Any) -> Iterator[Any]:
