@@ -15,8 +15,6 @@ import duckdb
 import httpx
 import psycopg2
 
-from ingestion_assets.sources.rest.errors import ApiError, AuthError, NotFound, PaginationLoop
-
 # SQLSTATE classes (https://www.postgresql.org/docs/current/errcodes-appendix.html) that heal by themselves.
 _TRANSIENT_CLASSES = {"08", "40", "53", "58"}  # connection, rollback (serialization, deadlock), resources, I/O
 _TRANSIENT_CODES = {"57014", "57P01", "57P02", "57P03", "55P03", "55006", "XX000"}  # canceled, shutdown, lock
@@ -53,11 +51,9 @@ def classify(exc: BaseException) -> Verdict:
 
 
 def _judge(error: BaseException) -> Verdict | None:
-    said = getattr(error, "transient", None)  # our own errors say it themselves (sources, CDC, the governor)
+    said = getattr(error, "transient", None)  # our own errors say it themselves (HTTP by status, CDC, ...)
     if isinstance(said, bool):
         return Verdict(said, getattr(error, "advice", "") or "fix its cause, then run again")
-    if isinstance(error, ApiError):
-        return _judge_http(error)
     if isinstance(error, psycopg2.Error):
         return _judge_postgres(error)
     if isinstance(error, httpx.TransportError | TimeoutError | ConnectionError):
@@ -69,14 +65,6 @@ def _judge(error: BaseException) -> Verdict | None:
     if type(error).__module__.startswith("dlt.") and "Transient" in type(error).__name__:
         return Verdict(True, "")
     return None
-
-
-def _judge_http(error: ApiError) -> Verdict:
-    if isinstance(error, AuthError | NotFound | PaginationLoop):
-        return Verdict(False, "the message says what to fix (credentials, scope, path or the API's paging)")
-    status = error.status
-    healing = status is None or status in (408, 425, 429) or status >= 500  # no answer, timeout, rate limit, 5xx
-    return Verdict(healing, "fix the request the message names (parameters, path), then run again")
 
 
 def _judge_postgres(error: psycopg2.Error) -> Verdict:

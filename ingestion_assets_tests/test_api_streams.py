@@ -7,14 +7,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
-from ingestion_assets.catalog import load_catalog
 from ingestion_assets.demo.api_server import DemoApi, start_demo_api
 from ingestion_assets.sources.rest.incremental import REREAD_FROM
-from ingestion_assets.state.summary import size_pools
 from ingestion_assets.sync import FAULT_ENV
 from ingestion_assets_tests.helpers import StreamHarness
+from ingestion_assets_tests.rest.helpers import write_api_catalog as _catalog
 
 
 @pytest.fixture
@@ -24,44 +22,6 @@ def api() -> Iterator[DemoApi]:
         yield server
     finally:
         server.stop()
-
-
-def _catalog(harness: StreamHarness, api: DemoApi, **stream: Any) -> None:
-    secrets = harness.tmp_path / "secrets"
-    secrets.mkdir(exist_ok=True)
-    (secrets / "client_id").write_text(api.config.client_id)
-    (secrets / "client_secret").write_text(api.config.client_secret)
-    catalog = {
-        "destination": {"type": "duckdb", "path": str(harness.warehouse)},
-        "sources": {
-            harness.source_name: {
-                "type": "rest",
-                "base_url": api.url,
-                "auth": {
-                    "type": "oauth2_client_credentials",
-                    "token_url": "/oauth/token",
-                    "client_id": {"file": str(secrets / "client_id")},
-                    "client_secret": {"file": str(secrets / "client_secret")},
-                    "scope": "orders:read",
-                },
-                "rate_limit": {"requests_per_second": 50, "burst": 10},
-                "http_retries": {"max_attempts": 8, "max_elapsed_seconds": 60},
-                "streams": {
-                    "orders": {
-                        "path": "/v1/orders",
-                        "primary_key": "id",
-                        "page_size": 20,
-                        "pages_per_slice": 3,
-                        "retries": {"max_attempts": 1},
-                        **stream,
-                    }
-                },
-            }
-        },
-    }
-    harness.catalog_path = harness.tmp_path / "catalog.yaml"
-    harness.catalog_path.write_text(yaml.safe_dump(catalog))
-    size_pools(harness.settings, load_catalog(harness.catalog_path))
 
 
 def _assert_target_equals_server(harness: StreamHarness, api: DemoApi) -> None:

@@ -53,7 +53,6 @@ def test_errors_of_our_own_and_of_the_network() -> None:
         (PaginationLoop("loop"), False),
         (ApiError("400", 400), False),
         (ApiError("503", 503), True),
-        (ApiError("no answer", None), True),
         (RetriesExhausted("gave up", 503), True),
         (httpx.ConnectError("refused", request=request), True),
         (StreamError("stream x: bad"), False),

@@ -20,13 +20,19 @@ class RestAuth(_Model):
     client_secret: Reference | None = None
     refresh_token: Reference | None = Field(None, description="oauth2_refresh_token: a `file` reference")
     scope: str | None = None
+    token_endpoint_auth_method: Literal["client_secret_basic", "client_secret_post", "none"] | None = Field(
+        None,
+        description="oauth2: how the client authenticates to the token endpoint (RFC 6749 §2.3.1): HTTP Basic, "
+        "id and secret in the form body, or a public client (id only); default Basic with a secret, else none",
+    )
 
     @model_validator(mode="after")
     def _complete(self) -> RestAuth:
         needs = {
             "api_key": ["token"],
             "bearer": ["token"],
-            "oauth2_client_credentials": ["token_url", "client_id", "client_secret"],
+            "oauth2_client_credentials": ["token_url", "client_id"]
+            + ([] if self.token_endpoint_auth_method == "none" else ["client_secret"]),
             "oauth2_refresh_token": ["token_url", "client_id", "refresh_token"],
         }.get(self.type, [])
         missing = [name for name in needs if getattr(self, name) is None]
@@ -34,6 +40,11 @@ class RestAuth(_Model):
             raise ValueError(f"auth type {self.type} needs {', '.join(missing)}")
         if self.type == "oauth2_refresh_token" and self.refresh_token and not self.refresh_token.file:
             raise ValueError("a rotating refresh token must be a `file` reference: the new token is written back")
+        method = self.token_endpoint_auth_method
+        if method == "none" and self.client_secret is not None:
+            raise ValueError("token_endpoint_auth_method none (a public client) sends no secret: drop client_secret")
+        if method in ("client_secret_basic", "client_secret_post") and self.client_secret is None:
+            raise ValueError(f"token_endpoint_auth_method {method} needs client_secret")
         return self
 
 
@@ -59,6 +70,40 @@ class Pagination(_Model):
     offset_param: str = "offset"
 
 
+class DeletionMarker(_Model):
+    """A record whose `field` holds one of `values` says the record was deleted (a tombstone in the feed)."""
+
+    field: str
+    values: list[bool | int | str] = Field(default=[True], min_length=1)
+
+
+class KeyListing(_Model):
+    """Every key the API still serves, read on a cadence: target keys it no longer lists were deleted."""
+
+    path: str | None = Field(None, description="a keys endpoint; default: the stream's own path, read in full")
+    records_path: str | None = Field(None, description="default: the stream's")
+    page_size: Annotated[int, Field(gt=0)] | None = Field(None, description="default: the stream's")
+    params: dict[str, str | int] = Field(default_factory=dict)
+    every_hours: Annotated[float, Field(ge=0)] = Field(24.0, description="0: after every run")
+    max_retire_share: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.5, description="a listing that would retire more of the target than this is refused (a broken listing)"
+    )
+
+
+class RestDeletes(_Model):
+    """How deletions reach the target: a marker in the records, a periodic key listing, or both."""
+
+    mode: Literal["hard", "soft"] = Field("soft", description="soft: keep the last values, set _ingest_deleted_at")
+    marker: DeletionMarker | None = None
+    key_listing: KeyListing | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> RestDeletes:
+        if self.marker is None and self.key_listing is None:
+            raise ValueError("deletes needs a `marker`, a `key_listing` or both (else no deletion is ever seen)")
+        return self
+
+
 class RestStream(_Model):
     path: str = Field(description="e.g. /v1/orders")
     records_path: str = Field("data", description="dotted path to the records in the JSON body; '' for a list")
@@ -69,12 +114,21 @@ class RestStream(_Model):
     pagination: Pagination = Field(default_factory=lambda: Pagination())
     page_size: Annotated[int, Field(gt=0)] = 100
     pages_per_slice: Annotated[int, Field(gt=0)] = 10
+    read_ahead_pages: Annotated[int, Field(gt=0)] = Field(
+        100, description="pages fetched ahead while slices load (memory: this many pages at most)"
+    )
+    max_pages_per_slice: Annotated[int, Field(gt=0)] | None = Field(
+        None,
+        description="a slice also takes pages already waiting, up to this many: a loader slower than the API "
+        "catches up with fewer loads, at the cost of larger re-reads after a crash (default: pages_per_slice)",
+    )
     params: dict[str, str | int] = Field(default_factory=dict)
     write_disposition: Literal["merge", "append"] = "merge"
     max_table_nesting: Annotated[int, Field(ge=0)] = 1
     retries: Retries = Field(default_factory=lambda: Retries())
     dead_letters: DeadLetters = Field(default_factory=lambda: DeadLetters())
     drain_seconds: Annotated[float, Field(gt=0)] = 60.0
+    deletes: RestDeletes | None = None
 
     _listify = field_validator("primary_key", mode="before")(as_list)
 
@@ -82,11 +136,11 @@ class RestStream(_Model):
     def slice_rows(self) -> int:
         return self.page_size * self.pages_per_slice
 
-    # what the shared runner asks of every stream
+    # what the shared runner asks of every stream (schema_policy: the tables' policies, on the records' fields)
     partitions: None = None
     partition_column: None = None
     reconcile: Literal["off"] = "off"
-    schema_policy: Literal["evolve"] = "evolve"
+    schema_policy: Literal["evolve", "propagate", "columns_only", "pause", "ignore"] = "evolve"
 
 
 class RestSource(_Model):

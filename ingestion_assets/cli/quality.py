@@ -25,10 +25,13 @@ def check(settings: Settings, _args: argparse.Namespace) -> int:
 def schema_show(settings: Settings, args: argparse.Namespace) -> int:
     from ingestion_assets.schema.changes import ColumnType, diff, parse_stored
     from ingestion_assets.schema.policy import decide
+    from ingestion_assets.streams.rest_api import RestApiStream
 
     stream, store = _stream_and_store(settings, args.stream)
     latest = store.latest(None)
     stored = parse_stored(latest.details.get("schema") if latest else None)
+    if isinstance(stream, RestApiStream):
+        return _api_schema_show(stream, stored, latest)
     plan = stream.plan()
     discovered = {c.name: ColumnType(c.type_name, c.sql_type) for c in plan.shape.columns}
     print(f"{stream.qualified_name} (policy {stream.spec.schema_policy})")
@@ -44,6 +47,21 @@ def schema_show(settings: Settings, args: argparse.Namespace) -> int:
             print(f"next run {label}: {change.describe()}")
     if not changes:
         print("no change in the source since the last run")
+    return 0
+
+
+def _api_schema_show(stream: Any, stored: dict[str, Any] | None, latest: Any) -> int:
+    """An API has nothing to discover up front: its fields are learnt from the records as slices load."""
+    print(f"{stream.qualified_name} (policy {stream.spec.schema_policy}; fields learnt from the API's records)")
+    for name, column in (stored or {}).items():
+        print(f"  {name:<30}{column.sql_type}")
+    if stored is None:
+        print("no schema stored yet: the first run learns it from the records it reads")
+    error = str(latest.details.get("last_error") or "") if latest else ""
+    if "SchemaPaused" in error:
+        print(f"paused: {error.removeprefix('SchemaPaused: ')}")
+    else:
+        print("changes are checked slice by slice as records arrive; none is pending")
     return 0
 
 

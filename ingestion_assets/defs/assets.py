@@ -53,7 +53,9 @@ def stream_asset(stream: Stream) -> dg.AssetsDefinition:
     spec = stream.spec
     retries = spec.retries
     partitions = partitions_def(stream.source_name, stream.name, spec) if isinstance(spec, PostgresStream) else None
-    database = isinstance(stream, PostgresTableStream)
+    reconciles = isinstance(stream, PostgresTableStream) or (
+        isinstance(spec, RestStream) and spec.deletes is not None and spec.deletes.key_listing is not None
+    )
 
     @dg.asset(
         key=dg.AssetKey([stream.source_name, stream.name]),
@@ -64,7 +66,7 @@ def stream_asset(stream: Stream) -> dg.AssetsDefinition:
         metadata=_static_metadata(stream),
         partitions_def=partitions,
         backfill_policy=_backfill_policy(stream),
-        check_specs=check_specs(dg.AssetKey([stream.source_name, stream.name]), database),
+        check_specs=check_specs(dg.AssetKey([stream.source_name, stream.name]), reconciles),
         retry_policy=dg.RetryPolicy(
             max_retries=retries.max_attempts - 1,
             delay=retries.delay_seconds,
@@ -105,7 +107,7 @@ def stream_asset(stream: Stream) -> dg.AssetsDefinition:
                     allow_retries=False,
                 )
         return dg.MaterializeResult(
-            metadata=_run_metadata(stream, outcomes), check_results=check_results(outcomes, database)
+            metadata=_run_metadata(stream, outcomes), check_results=check_results(outcomes, reconciles)
         )
 
     return _asset
@@ -168,6 +170,9 @@ def _run_metadata(stream: Stream, outcomes: list[PartitionOutcome]) -> dict[str,
     started_over = [f"{o.partition or stream.name}: {o.started_over}" for o in outcomes if o.started_over]
     if started_over:  # the target did not hold what the checkpoint described: this run read from the start
         metadata["started over"] = "; ".join(started_over)
+    listings = [o.key_listing.as_metadata() for o in outcomes if o.key_listing is not None]
+    if listings:
+        metadata["key listing"] = dg.MetadataValue.json(listings[0] if len(listings) == 1 else listings)
     if len(outcomes) == 1:  # one partition (or none): the materialization carries its final checkpoint
         only = outcomes[0]
         metadata.update(checkpoint_metadata(only.result.position, **only.checkpoint))

@@ -1,4 +1,5 @@
-"""Asset checks every stream carries: dead letters; database streams also schema and reconciliation."""
+"""Asset checks every stream carries: schema and dead letters; reconciliation where the stream can compare
+its source's keys with the target (database streams, API streams with a key listing)."""
 
 from __future__ import annotations
 
@@ -16,18 +17,18 @@ DESCRIPTIONS = {
 }
 
 
-def check_names(database: bool) -> tuple[str, ...]:
-    return (SCHEMA, DEAD_LETTERS, RECONCILIATION) if database else (DEAD_LETTERS,)
+def check_names(reconciles: bool) -> tuple[str, ...]:
+    return (SCHEMA, DEAD_LETTERS, RECONCILIATION) if reconciles else (SCHEMA, DEAD_LETTERS)
 
 
-def check_specs(key: dg.AssetKey, database: bool) -> list[dg.AssetCheckSpec]:
-    return [dg.AssetCheckSpec(name, asset=key, description=DESCRIPTIONS[name]) for name in check_names(database)]
+def check_specs(key: dg.AssetKey, reconciles: bool) -> list[dg.AssetCheckSpec]:
+    return [dg.AssetCheckSpec(name, asset=key, description=DESCRIPTIONS[name]) for name in check_names(reconciles)]
 
 
-def check_results(outcomes: list[PartitionOutcome], database: bool) -> list[dg.AssetCheckResult]:
+def check_results(outcomes: list[PartitionOutcome], reconciles: bool) -> list[dg.AssetCheckResult]:
     """One result per declared check, always: Dagster expects every check a MaterializeResult can carry."""
     builders = {SCHEMA: _schema, DEAD_LETTERS: _dead_letters, RECONCILIATION: _reconciliation}
-    return [builders[name](outcomes) for name in check_names(database)]
+    return [builders[name](outcomes) for name in check_names(reconciles)]
 
 
 def _schema(outcomes: list[PartitionOutcome]) -> dg.AssetCheckResult:
@@ -48,6 +49,22 @@ def _dead_letters(outcomes: list[PartitionOutcome]) -> dg.AssetCheckResult:
 
 
 def _reconciliation(outcomes: list[PartitionOutcome]) -> dg.AssetCheckResult:
+    listings = [o.key_listing for o in outcomes if o.key_listing is not None]
+    if listings:  # an API stream's key listing: the same figures, no versions to compare
+        return dg.AssetCheckResult(
+            check_name=RECONCILIATION,
+            passed=all(listing.passed for listing in listings),
+            metadata={
+                "scope": "key listing",
+                "keys checked": sum(listing.compared for listing in listings),
+                "missing in target": sum(listing.missing for listing in listings),
+                "older in target than in source": sum(listing.stale for listing in listings),
+                "deleted at the source (target only)": sum(listing.target_only for listing in listings),
+                "deletions applied": sum(listing.deletions_applied for listing in listings),
+                "refused": dg.MetadataValue.text("; ".join(str(x.refused) for x in listings if x.refused) or "-"),
+                "sample of deleted keys": dg.MetadataValue.json([k for x in listings for k in x.sample][:10]),
+            },
+        )
     reconciled = [o.reconciliation for o in outcomes if o.reconciliation is not None]
     if not reconciled:
         return dg.AssetCheckResult(check_name=RECONCILIATION, passed=True, metadata={"scope": "not checked this run"})

@@ -3,31 +3,30 @@
 from __future__ import annotations
 
 import argparse
-import base64
-import binascii
 import copy
 import hmac
 import json
 import logging
 import math
 import random
-import secrets
 import socket
 import struct
 import threading
 import time
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
 from email.message import Message
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, cast
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, urlsplit
+
+from ingestion_assets.demo.resources import Reply, Resources, error_reply
+from ingestion_assets.demo.token_endpoint import TokenEndpoint, TokenPolicy, TokenRefused
 
 logger = logging.getLogger(__name__)
 SCOPES = {"orders": "orders:read", "customers": "customers:read"}  # resource -> the scope reading it needs
-FAULTS = ("429", "5xx", "reset")
+FAULTS = ("429", "5xx", "reset", "cut")  # cut: a 200 whose JSON body stops halfway, as a dropped proxy leaves it
 
 
 @dataclass(frozen=True)
@@ -39,10 +38,12 @@ class DemoConfig:
     api_key: str = "demo-api-key"  # X-API-Key, accepted on /v1/customers only
     admin_token: str = "demo-admin-token"  # bearer token of /admin/*
     token_ttl: float = 30.0  # access token lifetime, seconds
+    client_auth: str = "any"  # the token endpoint's client authentication: any | client_secret_basic | ... | none
     rate: float = 200.0  # requests per second per client (server-side token bucket)
     burst: int = 100
     retry_after: str = "seconds"  # how 429s say when to come back: seconds | date | alternate
     storm_retry_after: int = 1  # Retry-After of an injected 429
+    latency: float = 0.0  # seconds every resource request takes on the server before it answers
     error_rate: float = 0.0  # probability of a 503 per resource request
     reset_rate: float = 0.0  # probability of closing the connection without a response
     repeat_cursor: bool = False  # a broken server: hands back the cursor it was given
@@ -52,80 +53,12 @@ class DemoConfig:
     tie_group: int = 7  # consecutive seeded records sharing one updated_at
 
 
-class _Reply(Exception):
-    def __init__(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-        super().__init__(status)
-        self.status, self.body, self.headers = status, body, headers or {}
-
-
 class _Reset(Exception):
     """Close the connection without answering."""
 
 
-def _error(status: int, code: str, description: str, headers: dict[str, str] | None = None) -> _Reply:
-    return _Reply(status, {"error": code, "error_description": description}, headers)
-
-
-def _stamp(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _record(resource: str, rng: random.Random, rid: int, stamp: str) -> dict[str, Any]:
-    if resource == "customers":
-        address = {"city": rng.choice(["Berlin", "Lyon", "Boston"]), "zip": f"{rng.randrange(100000):05d}"}
-        return {
-            "id": rid,
-            "name": f"Customer {rid}",
-            "email": None if rid % 5 == 0 else f"c{rid}@example.com",
-            "tags": rng.sample(["vip", "b2b", "new", "eu"], rng.randint(0, 2)),
-            "address": address,
-            "updated_at": stamp,
-        }
-    items = [
-        {
-            "sku": f"SKU-{rng.randrange(1000):04d}",
-            "qty": rng.randint(1, 5),
-            "price": f"{rng.randrange(100, 9999) / 100:.2f}",
-        }
-        for _ in range(rng.randint(1, 3))
-    ]
-    customer = rng.randint(1, 50)
-    return {
-        "id": rid,
-        "number": f"{rid:08d}",
-        "status": rng.choice(["new", "paid", "shipped"]),
-        "items": items,
-        "customer": {"id": customer, "name": f"Customer {customer}"},
-        "note": None if rid % 3 else "ring twice",
-        "updated_at": stamp,
-    }
-
-
-def _cursor_key(text: str | None) -> tuple[str, int] | None:
-    if not text:
-        return None
-    try:
-        stamp, rid = json.loads(base64.urlsafe_b64decode(text.encode()))
-        return str(stamp), int(rid)
-    except (ValueError, TypeError, binascii.Error) as exc:
-        raise _error(400, "invalid_cursor", "the cursor is not one this API issued") from exc
-
-
-def _since(text: str | None) -> str | None:
-    try:
-        moment = datetime.fromisoformat(text) if text else None
-    except ValueError as exc:
-        raise _error(400, "invalid_request", "updated_since must be an ISO 8601 timestamp") from exc
-    if moment is not None and moment.tzinfo is None:
-        raise _error(400, "invalid_request", "updated_since needs a time zone")
-    return None if moment is None else _stamp(moment)
-
-
-def _number(query: dict[str, str], name: str, default: int, low: int, high: int) -> int:
-    try:
-        return max(low, min(high, int(query.get(name, default))))
-    except ValueError as exc:
-        raise _error(400, "invalid_request", f"{name} must be an integer") from exc
+class _Cut(Exception):
+    """Answer 200 with the first half of the JSON body (its Content-Length says so: the framing is intact)."""
 
 
 class DemoApi:
@@ -137,49 +70,40 @@ class DemoApi:
         self._lock = threading.Lock()
         self._rng = random.Random(config.seed + 1)  # mutations and random faults, reproducible
         self._log: list[dict[str, Any]] = []
-        self._file = data_dir / "demo_api.json" if data_dir else None
-        self._rows = self._load() if self._file and self._file.exists() else self._seed()
-        self._access: dict[str, tuple[float, frozenset[str], str]] = {}  # token -> (expires, scopes, client)
-        self._refresh = {config.refresh_token}  # the refresh tokens still valid
-        self._issued: list[str] = []  # every token handed out, for tests that look for leaks
+        self.resources = Resources(config, data_dir, self._rng)
+        self._tokens = TokenEndpoint(
+            TokenPolicy(
+                config.client_id,
+                config.client_secret,
+                config.scopes,
+                config.refresh_token,
+                config.token_ttl,
+                config.client_auth,
+            )
+        )
         self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, when)
         self._faults = dict.fromkeys(FAULTS, 0)
         self._dated = False  # the last 429 gave an HTTP-date (for retry_after="alternate")
         self._server: ThreadingHTTPServer | None = None
-
-    def _seed(self) -> dict[str, dict[int, dict[str, Any]]]:
-        rng, base = random.Random(self.config.seed), datetime(2024, 1, 1, 0, 0, 0, 123456, tzinfo=UTC)
-        rows: dict[str, dict[int, dict[str, Any]]] = {}
-        for name, count in (("customers", self.config.customers), ("orders", self.config.orders)):
-            stamps = [_stamp(base + timedelta(seconds=i // self.config.tie_group)) for i in range(count)]
-            rows[name] = {i + 1: _record(name, rng, i + 1, stamp) for i, stamp in enumerate(stamps)}
-        return rows
-
-    def _load(self) -> dict[str, dict[int, dict[str, Any]]]:
-        assert self._file is not None
-        return {name: {int(k): v for k, v in rows.items()} for name, rows in json.loads(self._file.read_text()).items()}
 
     def configure(self, **changes: Any) -> None:
         with self._lock:
             self.config = replace(self.config, **changes)
 
     def mutate(self, resource: str, inserts: int = 0, updates: int = 0) -> str:
-        """Insert and update records, all stamped with one new `updated_at` (ties on purpose); returns it."""
-        with self._lock:
-            rows = self._rows[resource]
-            stamp = max([_stamp(datetime.now(UTC)), *(r["updated_at"] for r in rows.values())])
-            changed = self._rng.sample(sorted(rows), min(updates, len(rows)))
-            changed += range(max(rows, default=0) + 1, max(rows, default=0) + 1 + inserts)
-            rows.update({rid: _record(resource, self._rng, rid, stamp) for rid in changed})
-            if self._file:
-                self._file.write_text(json.dumps(self._rows))
-        return stamp
+        return self.resources.mutate(resource, inserts, updates)
+
+    def delete(self, resource: str, count: int, mark: bool) -> list[int]:
+        return self.resources.delete(resource, count, mark)
+
+    def patch(self, resource: str, count: int, fields: dict[str, Any]) -> list[int]:
+        return self.resources.patch(resource, count, fields)
 
     def records(self, resource: str, since: str | None = None) -> list[dict[str, Any]]:
-        """The resource's records in (updated_at, id) order, from `since` (inclusive) on."""
-        with self._lock:
-            rows = [r for r in self._rows[resource].values() if since is None or r["updated_at"] >= since]
-            return copy.deepcopy(sorted(rows, key=lambda r: (r["updated_at"], r["id"])))
+        return self.resources.records(resource, since)
+
+    def _listing(self, path: str, resource: str, query: dict[str, str]) -> Reply:
+        return self.resources.listing(path, resource, query, self.url, self.config.repeat_cursor)
 
     def request_log(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -192,12 +116,14 @@ class DemoApi:
 
     def issued_tokens(self) -> list[str]:
         """Every access and refresh token issued so far (a test looks for them where they must not be)."""
-        with self._lock:
-            return list(self._issued)
+        return list(self._tokens.issued)
+
+    def client_auth_seen(self) -> list[str]:
+        """How each token request authenticated its client: client_secret_basic, client_secret_post or none."""
+        return list(self._tokens.methods_seen)
 
     def revoke_access_tokens(self) -> None:
-        with self._lock:
-            self._access.clear()
+        self._tokens.revoke_access_tokens()
 
     def stop(self) -> None:
         if self._server is not None:
@@ -207,76 +133,57 @@ class DemoApi:
 
     def _respond(
         self, method: str, path: str, query: dict[str, str], headers: Message, body: bytes, entry: dict[str, Any]
-    ) -> _Reply:
+    ) -> Reply:
         if (method, path) == ("POST", "/oauth/token"):
             return self._token(headers, {k: v[-1] for k, v in parse_qs(body.decode()).items()})
         if path.startswith("/admin/"):
             return self._admin(method, path, headers, body)
         resource = path.removeprefix("/v1/")
-        if method != "GET" or resource not in SCOPES:
-            raise _error(404, "not_found", f"no endpoint {method} {path}; there are GET /v1/orders and /v1/customers")
-        entry["client"] = client = self._authorize(resource, headers)
+        if method != "GET" or resource.removesuffix("/ids") not in SCOPES:
+            raise error_reply(
+                404, "not_found", f"no endpoint {method} {path}; there are GET /v1/orders and /v1/customers"
+            )
+        entry["client"] = client = self._authorize(resource.removesuffix("/ids"), headers)
         self._inject_faults(client)
-        return self._listing(path, resource, query)
+        reply = self._listing(path, resource, query)
+        if self.config.latency:  # the answer leaves `latency` after the request came, whatever the work took
+            time.sleep(max(0.0, entry["received"] + self.config.latency - time.monotonic()))
+        return reply
 
-    def _token(self, headers: Message, form: dict[str, str]) -> _Reply:
-        scheme, _, encoded = (headers.get("Authorization") or "").partition(" ")
-        basic = base64.b64decode(encoded).decode() if scheme.lower() == "basic" else None
-        client, _, secret = (
-            basic.partition(":") if basic else (form.get("client_id", ""), "", form.get("client_secret", ""))
-        )
-        if client != self.config.client_id or not hmac.compare_digest(secret, self.config.client_secret):
-            raise _error(401, "invalid_client", "unknown client or wrong client secret")
-        grant, scopes = (
-            form.get("grant_type"),
-            frozenset(form.get("scope", "").split()) or frozenset(self.config.scopes),
-        )
-        if grant not in ("client_credentials", "refresh_token"):
-            raise _error(400, "unsupported_grant_type", "use client_credentials or refresh_token")
-        if not scopes <= set(self.config.scopes):
-            raise _error(400, "invalid_scope", f"this client may have {' '.join(self.config.scopes)}")
-        token, extra = secrets.token_urlsafe(24), {}
-        with self._lock:
-            if grant == "refresh_token":
-                if form.get("refresh_token") not in self._refresh:
-                    raise _error(400, "invalid_grant", "the refresh token is unknown, revoked or already used")
-                self._refresh.remove(form["refresh_token"])
-                extra["refresh_token"] = secrets.token_urlsafe(24)
-                self._refresh.add(extra["refresh_token"])
-            self._access[token] = (time.monotonic() + self.config.token_ttl, scopes, client)
-            self._issued += [token, *extra.values()]
-        body = {"access_token": token, "token_type": "Bearer", "expires_in": self.config.token_ttl, **extra}
-        return _Reply(200, {**body, "scope": " ".join(sorted(scopes))})
+    def _token(self, headers: Message, form: dict[str, str]) -> Reply:
+        try:
+            return Reply(200, self._tokens.handle(headers, form))
+        except TokenRefused as refused:
+            raise error_reply(refused.status, refused.code, refused.description) from refused
 
-    def _admin(self, method: str, path: str, headers: Message, body: bytes) -> _Reply:
+    def _admin(self, method: str, path: str, headers: Message, body: bytes) -> Reply:
         if not hmac.compare_digest(headers.get("Authorization") or "", f"Bearer {self.config.admin_token}"):
-            raise _error(401, "invalid_token", "the admin endpoints need the admin bearer token")
+            raise error_reply(401, "invalid_token", "the admin endpoints need the admin bearer token")
         args = json.loads(body or b"{}")
         if (method, path) == ("GET", "/admin/requests"):
-            return _Reply(200, {"data": self.request_log()})
+            return Reply(200, {"data": self.request_log()})
         if (method, path) == ("POST", "/admin/mutate"):
             stamp = self.mutate(str(args["resource"]), int(args.get("inserts", 0)), int(args.get("updates", 0)))
-            return _Reply(200, {"updated_at": stamp})
+            return Reply(200, {"updated_at": stamp})
         if (method, path) == ("POST", "/admin/faults") and str(args.get("kind")) in FAULTS:
             self.fail_next(str(args["kind"]), int(args.get("count", 1)))
-            return _Reply(200, {})
-        raise _error(404, "not_found", f"no admin endpoint {method} {path} (or a bad fault kind)")
+            return Reply(200, {})
+        raise error_reply(404, "not_found", f"no admin endpoint {method} {path} (or a bad fault kind)")
 
     def _authorize(self, resource: str, headers: Message) -> str:
         key = headers.get("X-API-Key")
         if key is not None and resource == "customers":
             if hmac.compare_digest(key, self.config.api_key):
                 return "api-key"
-            raise _error(401, "invalid_api_key", "the X-API-Key header holds no valid key")
+            raise error_reply(401, "invalid_api_key", "the X-API-Key header holds no valid key")
         scheme, _, token = (headers.get("Authorization") or "").partition(" ")
-        with self._lock:
-            expires, scopes, client = self._access.get(token, (0.0, frozenset(), ""))
+        expires, scopes, client = self._tokens.lookup(token)
         if scheme.lower() != "bearer" or expires < time.monotonic():
-            raise _error(
+            raise error_reply(
                 401, "invalid_token", "missing, unknown or expired access token", {"WWW-Authenticate": "Bearer"}
             )
         if SCOPES[resource] not in scopes:
-            raise _error(403, "insufficient_scope", f"reading {resource} needs the scope {SCOPES[resource]}")
+            raise error_reply(403, "insufficient_scope", f"reading {resource} needs the scope {SCOPES[resource]}")
         return client
 
     def _inject_faults(self, client: str) -> None:
@@ -291,10 +198,12 @@ class DemoApi:
         if kind == "429":
             raise self._too_many(self.config.storm_retry_after)
         if kind == "5xx":
-            raise _error(503, "unavailable", "the service is briefly unavailable; retry")
+            raise error_reply(503, "unavailable", "the service is briefly unavailable; retry")
         if kind == "reset":
             raise _Reset
         self._throttle(client)
+        if kind == "cut":
+            raise _Cut
 
     def _throttle(self, client: str) -> None:
         with self._lock:
@@ -305,53 +214,35 @@ class DemoApi:
         if tokens < 1:
             raise self._too_many(math.ceil((1 - tokens) / rate))
 
-    def _too_many(self, seconds: int) -> _Reply:
+    def _too_many(self, seconds: int) -> Reply:
         with self._lock:
             style = self.config.retry_after
             self._dated = dated = style == "date" or (style == "alternate" and not self._dated)
         when = formatdate(math.ceil(time.time()) + seconds, usegmt=True) if dated else str(seconds)
-        return _error(429, "rate_limited", "too many requests; slow down", {"Retry-After": when})
-
-    def _listing(self, path: str, resource: str, query: dict[str, str]) -> _Reply:
-        rows = self.records(resource, _since(query.get("updated_since")))
-        size = _number(query, "per_page" if "page" in query else "limit", 50, 1, 500)
-        if "page" in query:
-            page = _number(query, "page", 1, 1, 1_000_000)
-            return _Reply(
-                200, {"data": rows[(page - 1) * size : page * size], "page": page, "per_page": size, "total": len(rows)}
-            )
-        if "offset" in query:
-            offset = _number(query, "offset", 0, 0, 1_000_000_000)
-            return _Reply(
-                200, {"data": rows[offset : offset + size], "offset": offset, "limit": size, "total": len(rows)}
-            )
-        after = _cursor_key(query.get("cursor"))
-        rows = [r for r in rows if after is None or (r["updated_at"], r["id"]) > after]
-        last = rows[size - 1] if len(rows) > size else None
-        token = (
-            base64.urlsafe_b64encode(json.dumps([last["updated_at"], last["id"]]).encode()).decode() if last else None
-        )
-        if token and self.config.repeat_cursor and query.get("cursor"):
-            token = query["cursor"]
-        link = {"Link": f'<{self.url}{path}?{urlencode({**query, "cursor": token})}>; rel="next"'} if token else {}
-        return _Reply(200, {"data": rows[:size], "next_cursor": token}, link)
+        return error_reply(429, "rate_limited", "too many requests; slow down", {"Retry-After": when})
 
     def _handle(self, handler: BaseHTTPRequestHandler, method: str) -> None:
         url = urlsplit(handler.path)
         body = handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
         entry: dict[str, Any] = {"at": time.time(), "method": method, "path": url.path, "status": 0, "client": None}
+        entry["received"] = time.monotonic()
         with self._lock:
             self._log.append(entry)
+        cut = False
         try:
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-            reply = self._respond(method, url.path, query, handler.headers, body, entry)
-        except _Reply as raised:
+            try:
+                reply = self._respond(method, url.path, query, handler.headers, body, entry)
+            except _Cut:
+                cut, reply = True, self._listing(url.path, url.path.removeprefix("/v1/"), query)
+        except Reply as raised:
             reply = raised
         except _Reset:
             handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             handler.close_connection = True
             return
         entry["status"], data = reply.status, json.dumps(reply.body).encode()
+        data = data[: len(data) // 2] if cut else data
         handler.send_response(reply.status)
         for name, value in {
             **reply.headers,
@@ -400,9 +291,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--data-dir", type=Path, default=None, help="keep the records in DIR/demo_api.json")
     parser.add_argument("--token-ttl", type=float, default=DemoConfig.token_ttl)
+    parser.add_argument("--orders", type=int, default=DemoConfig.orders)
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds each resource request takes")
+    parser.add_argument("--rate", type=float, default=DemoConfig.rate, help="requests/s the API allows a client")
+    parser.add_argument("--burst", type=int, default=DemoConfig.burst)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    api = start_demo_api(args.port, args.data_dir, token_ttl=args.token_ttl)
+    limits = {"orders": args.orders, "latency": args.latency, "rate": args.rate, "burst": args.burst}
+    api = start_demo_api(args.port, args.data_dir, token_ttl=args.token_ttl, **limits)
     logger.info("demo API on %s (OAuth client %s; secrets are the DemoConfig defaults)", api.url, api.config.client_id)
     try:
         threading.Event().wait()

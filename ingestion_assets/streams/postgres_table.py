@@ -55,6 +55,7 @@ class RunOptions:
     read_ahead: int = 1  # slices read ahead in a thread; 0 keeps everything in one thread (the simulation)
     stored: dict[str, Any] = field(default_factory=dict)  # the checkpoint's details the run started from
     floor: dict[str, Any] | None = None  # the stored checkpoint: the run's checkpoints never fall below it
+    schema: Any = None  # API streams: the run's schema step (streams/rest_schema.py), checked slice by slice
 
 
 @dataclass(frozen=True)

@@ -6,37 +6,34 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import pyarrow as pa
 
-from ingestion_assets.catalog import Destination, RestAuth, RestSource, RestStream
+from ingestion_assets.catalog import Destination, RestSource, RestStream
 from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA, dead_letter_limit
 from ingestion_assets.loading.metadata_columns import DELETED_AT, EXTRACTED_AT, GENERATION, META, POSITION
 from ingestion_assets.loading.pipeline import Loader, TargetTable, pipeline_name
-from ingestion_assets.references import reference_path, resolve
+from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.rest import (
-    ApiKeyAuth,
-    Auth,
-    BearerAuth,
     Clock,
     EndpointSpec,
-    FileSecretStore,
-    NoAuth,
-    OAuth2ClientCredentials,
-    OAuth2RefreshToken,
+    Page,
     PaginationSpec,
     RestClient,
     RetryPolicy,
-    Secret,
     read_pages,
 )
+from ingestion_assets.sources.rest.read_ahead import ReadAhead, favour_the_reader
 from ingestion_assets.sources.slices import Slice
 from ingestion_assets.streams.postgres_table import RunOptions, Target
+from ingestion_assets.streams.rest_credentials import build_auth
+from ingestion_assets.streams.rest_deletes import KeyListingResult, load_slice, retire_unlisted
+from ingestion_assets.streams.rest_schema import ApiSchemaStep, api_schema_step
 from ingestion_assets.sync import CheckpointSink, Faults, SliceOutcome, SyncResult, run_slices
 
 
@@ -122,41 +119,73 @@ class RestApiStream:
         if after is None and loader.use_initial_load_path() and options.log is not None:
             options.log.info("%s: empty target, first full read: loading slices by append", self.qualified_name)
         client = self.client()
+        slices = self._slices(client, after, read_ahead=options.read_ahead > 0)
+        schema = options.schema if isinstance(options.schema, ApiSchemaStep) else api_schema_step(self, {})
 
         def load(piece: Slice) -> SliceOutcome:
             good, dead = self._split(piece.table, options)  # this source's slices hold records, not Arrow
-            loaded = loader.load_records(good, dead_letters=dead)
+            good = schema.settle(good, loader)  # a change the policy pauses on stops before this slice loads
+            loaded = load_slice(loader, good, dead, self.spec.deletes)
             return SliceOutcome(loaded=loaded, dead_letters=0 if dead is None else dead.num_rows)
 
         try:
-            return run_slices(
-                self._slices(client, after),
-                load,
-                sink,
-                started_from=after,
-                faults=options.faults or Faults.from_env(),
-                log=options.log,
-                stop=options.stop,
-                after_commit=lambda result: dead_letter_limit(self.qualified_name, self.spec.dead_letters, result),
-                read_ahead=options.read_ahead,
-            )
+            with favour_the_reader():  # the loader's Python work must not stall the page reader
+                return run_slices(
+                    slices,
+                    load,
+                    sink,
+                    started_from=after,
+                    faults=options.faults or Faults.from_env(),
+                    log=options.log,
+                    stop=options.stop,
+                    after_commit=lambda result: dead_letter_limit(self.qualified_name, self.spec.dead_letters, result),
+                    read_ahead=0,  # pages are read ahead instead (below): a slice forms when the loader is free
+                )
         finally:
+            slices.close()  # stops the page reader before its client closes
             client.close()
 
-    def _slices(self, client: RestClient, after: dict[str, Any] | None) -> Iterator[Slice]:
-        """Groups of `pages_per_slice` pages; a slice's position is its last page's."""
+    def retire_unlisted(self, loader: Loader) -> KeyListingResult | None:
+        """After a completed read: the periodic key listing, if the stream has one and it is due."""
+        if self.spec.deletes is None or self.spec.deletes.key_listing is None:
+            return None
+        with self.client() as client:
+            return retire_unlisted(client, self.endpoint(), loader, self.spec.deletes, self.qualified_name)
+
+    def _slices(
+        self, client: RestClient, after: dict[str, Any] | None, read_ahead: bool
+    ) -> Generator[Slice, None, None]:
+        """Slices of `pages_per_slice` pages, a slice's position its last page's. With `read_ahead`, pages are
+        fetched into a bounded queue in a thread while the loader works, and a slice also takes the pages
+        already waiting (up to `max_pages_per_slice`, if set): reading does not wait on loading, and a loader
+        that falls behind may catch up with fewer, larger loads. Without it (the simulation) all runs in one thread."""
+        pages = read_pages(client, self.endpoint(), after)
+        spec = self.spec
+        if not read_ahead:
+            yield from self._fixed_slices(pages)
+            return
+        ahead = ReadAhead(pages, spec.read_ahead_pages)
+        try:
+            index = 0
+            most = max(spec.pages_per_slice, spec.max_pages_per_slice or 0)
+            while batch := ahead.take(spec.pages_per_slice, most):
+                yield Slice([r for page in batch for r in page.records], dict(batch[-1].position), index)
+                index += 1
+        finally:
+            ahead.close()
+
+    def _fixed_slices(self, pages: Iterator[Page]) -> Iterator[Slice]:
         pending: list[dict[str, Any]] = []
-        pages = 0
-        index = 0
-        position = after
-        for page in read_pages(client, self.endpoint(), after):
+        count, index = 0, 0
+        position: dict[str, Any] = {}
+        for page in pages:
             pending.extend(page.records)
-            position, pages = page.position, pages + 1
-            if pages == self.spec.pages_per_slice:
+            position, count = page.position, count + 1
+            if count == self.spec.pages_per_slice:
                 yield Slice(pending, dict(position), index)
-                pending, pages, index = [], 0, index + 1
-        if pages:
-            yield Slice(pending, dict(position or {}), index)
+                pending, count, index = [], 0, index + 1
+        if count:
+            yield Slice(pending, dict(position), index)
 
     def _split(self, records: list[Any], options: RunOptions) -> tuple[list[dict[str, Any]], pa.Table | None]:
         """Records without their primary key, or not objects at all, are parked; the rest get metadata."""
@@ -204,35 +233,6 @@ class RestApiStream:
             "raw_record": json.dumps(record, default=str),
             "dead_lettered_at": now,
         }
-
-
-def build_auth(auth: RestAuth, base_url: str, settings: Settings, where: str) -> Auth:
-    """Credentials from their references; none of them ever reaches a log line or an error message."""
-
-    def secret(name: str) -> Secret | None:
-        ref = getattr(auth, name)
-        return None if ref is None else Secret(resolve(ref, settings, f"{where}.{name}"), source=ref.describe())
-
-    if auth.type == "none":
-        return NoAuth()
-    if auth.type == "api_key":
-        return ApiKeyAuth(_required(secret("token")), header=auth.header)
-    if auth.type == "bearer":
-        return BearerAuth(_required(secret("token")))
-    assert auth.token_url is not None and auth.client_id is not None
-    token_url = auth.token_url if "://" in auth.token_url else base_url.rstrip("/") + "/" + auth.token_url.lstrip("/")
-    client_id = resolve(auth.client_id, settings, f"{where}.client_id")
-    if auth.type == "oauth2_client_credentials":
-        return OAuth2ClientCredentials(token_url, client_id, secret("client_secret"), scope=auth.scope)
-    assert auth.refresh_token is not None
-    path = reference_path(auth.refresh_token, settings)
-    refresh = FileSecretStore(path.parent).ref(path.name)
-    return OAuth2RefreshToken(token_url, client_id, secret("client_secret"), refresh, scope=auth.scope)
-
-
-def _required(value: Secret | None) -> Secret:
-    assert value is not None  # the catalog validated that it is given
-    return value
 
 
 def _fingerprint(record: Any) -> str:

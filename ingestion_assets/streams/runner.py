@@ -24,6 +24,8 @@ from ingestion_assets.streams.late_commits import PROBES
 from ingestion_assets.streams.postgres_table import PostgresTableStream, RunOptions, Target
 from ingestion_assets.streams.reconcile import Reconciliation, reconcile
 from ingestion_assets.streams.rest_api import RestApiStream
+from ingestion_assets.streams.rest_deletes import KeyListingResult
+from ingestion_assets.streams.rest_schema import api_schema_step
 from ingestion_assets.streams.schema_step import SchemaStep, apply_to_target, settle_schema
 from ingestion_assets.streams.target_binding import TARGET, binding_details, settle_target
 from ingestion_assets.sync import Faults, SyncResult
@@ -59,6 +61,7 @@ class PartitionOutcome:
     drained: bool = False
     schema_changes: list[str] = field(default_factory=list)
     reconciliation: Reconciliation | None = None
+    key_listing: KeyListingResult | None = None  # API streams: the periodic key listing, when one ran
     checkpoint: dict[str, Any] = field(default_factory=dict)  # the final checkpoint's details, as stored
     started_over: str | None = None  # why the run re-read from the start although it had a checkpoint
 
@@ -114,7 +117,7 @@ class PartitionJob:
         schema = (
             settle_schema(self.stream, details)
             if isinstance(self.stream, PostgresTableStream)
-            else SchemaStep(None, {})
+            else api_schema_step(self.stream, details)  # learnt from the records, slice by slice
         )
         generation = int(details.get("generation", 0))  # 0: nothing loaded yet; the first load is generation 1
         refresh = details.get("refresh")  # a refresh in progress: {"mode", "generation"}
@@ -231,6 +234,7 @@ class PartitionJob:
             read_ahead=self.read_ahead,
             stored=stored,
             floor=floor,
+            schema=schema,
         )
         return self.stream.run(after, sink, options)
 
@@ -258,6 +262,8 @@ class PartitionJob:
             **result.details,
         }
         self.store.commit(self.partition, result.position, **outcome.checkpoint)
+        if isinstance(self.stream, RestApiStream):  # behind the checkpoint: every key in the target was read
+            outcome.key_listing = self.stream.retire_unlisted(loader)
         scope = "full" if full else self.stream.spec.reconcile
         if scope != "off" and isinstance(self.stream, PostgresTableStream) and schema.plan is not None:
             window = window_for(self.stream.spec, self.partition)

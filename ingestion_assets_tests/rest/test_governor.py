@@ -42,16 +42,30 @@ class FakeClock:
 
 def test_token_bucket_allows_a_burst_then_spaces_requests_evenly() -> None:
     clock = FakeClock()
-    bucket = TokenBucket(rate=4.0, burst=3, clock=clock)
+    bucket = TokenBucket(rate=4.0, burst=4, clock=clock)
     waits = [bucket.acquire() for _ in range(6)]
-    assert waits == [0.0, 0.0, 0.0, 0.25, 0.25, 0.25]
+    assert waits == [0.0, 0.0, 0.0, 0.25, 0.25, 0.25]  # a burst of 4 less the token kept for jitter
     clock.time += 10  # idle: the bucket fills up to the burst again, not beyond
     assert [bucket.acquire() for _ in range(4)] == [0.0, 0.0, 0.0, 0.25]
+    assert [TokenBucket(rate=4.0, burst=1, clock=clock).acquire() for _ in range(1)] == [0.0]
+
+
+def test_a_late_caller_catches_up_within_the_burst_and_the_long_run_rate_is_the_limit() -> None:
+    clock = FakeClock()
+    bucket = TokenBucket(rate=10.0, burst=5, clock=clock)
+    start, sent = clock.time, 0
+    for index in range(200):
+        bucket.acquire()
+        sent += 1
+        clock.time += 0.25 if index % 10 == 0 else 0.02  # a slow response now and then, fast ones between
+    elapsed = clock.time - start
+    assert sent <= 10.0 * elapsed + 5  # never above the rate, plus the burst
+    assert sent / elapsed > 9.8  # the time the slow responses lost is made up
 
 
 def test_a_pause_holds_the_bucket_then_resumes_one_at_a_time() -> None:
     clock = FakeClock()
-    bucket = TokenBucket(rate=10.0, burst=5, clock=clock)
+    bucket = TokenBucket(rate=10.0, burst=2, clock=clock)
     bucket.pause(2.0)
     assert [round(bucket.acquire(), 6) for _ in range(3)] == [2.0, 0.1, 0.1]
 

@@ -20,6 +20,7 @@ from ingestion_assets.sources.rest.client import RestClient
 from ingestion_assets.sources.rest.errors import (
     ApiError,
     AuthError,
+    BadPayload,
     NotFound,
     PaginationLoop,
     RateLimited,
@@ -37,6 +38,7 @@ __all__ = [
     "ApiKeyAuth",
     "Auth",
     "AuthError",
+    "BadPayload",
     "BearerAuth",
     "BucketRegistry",
     "Clock",

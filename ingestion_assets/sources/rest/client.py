@@ -9,6 +9,7 @@ import random
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from types import TracebackType
+from typing import Any
 
 import httpx
 
@@ -22,6 +23,7 @@ from ingestion_assets.sources.rest.governor import (
     SystemClock,
     retry_after_seconds,
 )
+from ingestion_assets.sources.rest.payload import CutOff, parse_json
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +95,7 @@ class RestClient:
         self._clock = clock or SystemClock()
         self._rng = random.Random(seed)
         self._bucket = (buckets or SHARED_BUCKETS).bucket(self.auth.key, rate, burst, self._clock)
+        self._wheres: dict[str, str] = {}
         self._http = httpx.Client(
             base_url=base_url,
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
@@ -107,7 +110,19 @@ class RestClient:
         Raises AuthError (401 after one renewal, 403), NotFound, ApiError (other 4xx) at once;
         RateLimited or RetriesExhausted when the budget is spent.
         """
-        where = f"{method} {self._http.build_request(method, url).url.copy_with(query=None, fragment=None)}"
+        return self._request(method, url, params, parse=False)[0]
+
+    def request_json(
+        self, method: str, url: str, params: Mapping[str, str | int] | None = None
+    ) -> tuple[httpx.Response, Any]:
+        """Like `request`, and the parsed JSON body. A body cut off in transit (declared JSON, ending
+        mid-document) is retried like a 5xx; a complete body that is not JSON raises BadPayload at once."""
+        return self._request(method, url, params, parse=True)
+
+    def _request(
+        self, method: str, url: str, params: Mapping[str, str | int] | None, parse: bool
+    ) -> tuple[httpx.Response, Any]:
+        where = f"{method} {self._where(url)}"
         attempts, renewed = _Attempts(self.retry, self._clock, self._rng, where), False
         while True:
             headers = self.auth.headers()  # a token renewal happens here, not between the slot and the send
@@ -121,7 +136,13 @@ class RestClient:
                 continue
             status = response.status_code
             if status < 400:
-                return response
+                if not parse:
+                    return response, None
+                try:
+                    return response, parse_json(response, where)
+                except CutOff as cut:
+                    attempts.failed(str(cut), None)
+                    continue
             if status == 401 and not renewed and self.auth.refresh():
                 renewed = True
                 continue
@@ -132,6 +153,15 @@ class RestClient:
                 attempts.failed(f"HTTP {status}", asked)
             else:
                 raise error_for(response, where, self.auth.describe())
+
+    def _where(self, url: str) -> str:
+        """The endpoint's URL without its query, for messages; worked out once per URL (it costs a parse)."""
+        found = self._wheres.get(url)
+        if found is None:
+            found = self._wheres[url] = str(
+                self._http.build_request("GET", url).url.copy_with(query=None, fragment=None)
+            )
+        return found
 
     def server_time(self, response: httpx.Response) -> datetime:
         """When the server answered, by its own clock (the `Date` header, whole seconds, rounded down), or by

@@ -8,11 +8,22 @@ _MAX_DETAIL = 200  # characters of the server's own explanation kept in a messag
 
 
 class ApiError(Exception):
-    """A request to an HTTP API failed; `status` is the HTTP status (None: no response)."""
+    """A request to an HTTP API failed; `status` is the HTTP status (None: no response).
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    `transient`: whether trying again later may succeed (an outage, a rate limit, a cut-off body). A
+    permanent error (credentials, path, spec, a server bug) fails the same way on every retry, so a
+    stream stops at once instead of spending its retries on it.
+    """
+
+    transient: bool = False  # subclasses that know set it; a plain ApiError judges by its status
+
+    def __init__(self, message: str, status: int | None = None, *, transient: bool | None = None) -> None:
         super().__init__(message)
         self.status = status
+        if transient is not None:
+            self.transient = transient
+        elif type(self) is ApiError and status is not None:
+            self.transient = status in (408, 425, 429) or status >= 500
 
 
 class AuthError(ApiError):
@@ -26,13 +37,23 @@ class NotFound(ApiError):
 class RateLimited(ApiError):
     """The API kept answering 429 for longer than the source is willing to pause."""
 
+    transient = True
+
 
 class RetriesExhausted(ApiError):
-    """Transient failures (5xx, timeouts, dropped connections) went on past the retry budget."""
+    """Transient failures (5xx, timeouts, dropped connections, cut-off bodies) went on past the retry budget."""
+
+    transient = True
 
 
 class PaginationLoop(ApiError):
-    """The API handed back a page token (or a page) it had already given: reading on would never end."""
+    """The API handed back a page token (or a page) it had already given: reading on would never end, and
+    reading again would loop again (a server bug): permanent."""
+
+
+class BadPayload(ApiError):
+    """A complete answer that does not hold what the endpoint's spec says (not JSON, no records where the
+    spec looks for them): permanent until the spec or the server changes."""
 
 
 def server_detail(response: httpx.Response) -> str:

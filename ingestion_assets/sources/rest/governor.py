@@ -40,7 +40,13 @@ class TokenBucket:
 
     Kept as the time the next request is due (the generic cell rate algorithm, a token bucket
     by another name): each caller reserves its slot under the lock and waits outside it, so
-    concurrent callers queue up `1 / rate` apart instead of waking together.
+    concurrent callers queue up `1 / rate` apart instead of waking together. A caller that came late
+    (a slow response) may catch up on the time it lost, as far as the burst allows: the long-run rate
+    stays at `rate` whatever the latency's jitter.
+
+    One token of a burst of two or more is kept in reserve: paced exactly at the API's own limit, our
+    requests would empty its bucket too, and then one arriving a millisecond early (network jitter) gets a
+    429 and a whole second's pause. The reserve absorbs `1 / rate` of jitter for one request less of burst.
     """
 
     def __init__(self, rate: float, burst: int, clock: Clock) -> None:
@@ -50,12 +56,17 @@ class TokenBucket:
         self._due = clock.monotonic()  # when the bucket is full again, less one token per queued request
         self._lock = threading.Lock()
 
+    @property
+    def _tolerance(self) -> float:
+        """How far ahead of the even pace a request may go: the burst, less the reserve token."""
+        return (self.burst - (2 if self.burst > 1 else 1)) / self.rate
+
     def acquire(self) -> float:
         """Wait for the next slot; returns the seconds waited."""
         with self._lock:
             now = self._clock.monotonic()
             self._due = max(self._due, now)
-            wait = max(0.0, self._due - (self.burst - 1) / self.rate - now)
+            wait = max(0.0, self._due - self._tolerance - now)
             self._due += 1 / self.rate
         if wait > 0:
             self._clock.sleep(wait)
@@ -64,7 +75,7 @@ class TokenBucket:
     def pause(self, seconds: float) -> None:
         """Hold every caller for `seconds` (the API said 429), then resume one request at a time."""
         with self._lock:
-            resume = self._clock.monotonic() + seconds + (self.burst - 1) / self.rate
+            resume = self._clock.monotonic() + seconds + self._tolerance
             self._due = max(self._due, resume)
 
     def tighten(self, rate: float, burst: int) -> None:

@@ -8,10 +8,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import httpx
-
 from ingestion_assets.sources.rest.client import RestClient
-from ingestion_assets.sources.rest.errors import ApiError
+from ingestion_assets.sources.rest.errors import BadPayload
 from ingestion_assets.sources.rest.paginators import PaginationSpec, Paginator, json_path
 
 Position = dict[str, str | None]  # field -> exact text of its value, as in the postgres source
@@ -70,9 +68,8 @@ def read_pages(
     began: datetime | None = None  # the server's time at the first answer: a lower bound for late changes
     while paginator.has_more:
         url, query = paginator.request(endpoint.path, params)
-        response = client.request("GET", url, query)
+        response, body = client.request_json("GET", url, query)
         began = began or client.server_time(response)
-        body = _json(response, endpoint)
         records = page_records(body, endpoint)
         paginator.advance(response, body, records)
         position = next_position(endpoint, position, records, paginator, began)
@@ -95,16 +92,33 @@ def page_records(body: Any, endpoint: EndpointSpec) -> list[dict[str, Any]]:
     where = f"GET {endpoint.path}"
     records = json_path(body, endpoint.records_path)
     if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
-        raise ApiError(f"{where}: no list of objects at records_path {endpoint.records_path!r}; check the spec")
+        raise BadPayload(
+            f"{where}: no list of objects at records_path {endpoint.records_path!r}; {describe_body(body)}"
+        )
     needed = (*endpoint.primary_key, *((endpoint.cursor_field,) if endpoint.cursor_field else ()))
     for record in records:
         missing = [name for name in needed if record.get(name) is None]
         if missing:
-            raise ApiError(
+            raise BadPayload(
                 f"{where}: a record has no value for {missing} (it has {sorted(record)[:20]}); "
                 "check the endpoint's primary_key and cursor_field"
             )
     return records
+
+
+def describe_body(body: Any, limit: int = 20) -> str:
+    """What the body holds, to find the right records_path: its keys, and which of them hold lists."""
+    if isinstance(body, list):
+        return "the body itself is a list: set records_path to '' (empty)"
+    if not isinstance(body, dict):
+        return f"the body is a JSON {type(body).__name__}, not an object holding a list"
+    keys = sorted(str(k) for k in body)
+    lists = sorted(str(k) for k, v in body.items() if isinstance(v, list))
+    nested = sorted(
+        f"{k}.{n}" for k, v in body.items() if isinstance(v, dict) for n, w in v.items() if isinstance(w, list)
+    )
+    found = f"; lists are at {', '.join(lists + nested)[:300]}" if lists or nested else "; none of them holds a list"
+    return f"the body's keys are {keys[:limit]}{' ...' if len(keys) > limit else ''}{found}: set records_path to one"
 
 
 def next_position(
@@ -137,14 +151,6 @@ def exact_text(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
     return json.dumps(value, sort_keys=True)
-
-
-def _json(response: httpx.Response, endpoint: EndpointSpec) -> Any:
-    try:
-        return response.json()
-    except ValueError as exc:
-        kind = response.headers.get("Content-Type")
-        raise ApiError(f"GET {endpoint.path}: the response is not JSON ({kind}); check the path") from exc
 
 
 def _moment(text: str | None) -> datetime | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -44,7 +43,7 @@ class Paginator(ABC):
         return (path, {**params, **self.first_params()}) if self.token is None else self.next_request(path, params)
 
     def advance(self, response: httpx.Response, body: Any, records: list[Any]) -> None:
-        page = hashlib.sha256(json.dumps(records, sort_keys=True, default=str).encode()).hexdigest()
+        page = hashlib.sha256(repr(records).encode()).hexdigest()  # the same records in the same order
         if records and page == self._last_page:
             raise PaginationLoop(f"{_where(response)}: the API returned the same page twice; stopping the read")
         self._last_page = page

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,6 +81,21 @@ class FileSecretStore:
         finally:
             os.close(directory)
 
+    @contextlib.contextmanager
+    def locked(self, name: str) -> Iterator[None]:
+        """Hold the secret's lock file (shared by every process and thread that opens it) while in use."""
+        path = self.path(name)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            handle = os.open(self.directory / f".{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise SecretStoreError(f"cannot lock secret file {path}: {exc.strerror}") from exc
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(handle)  # closing releases the lock
+
     def ref(self, name: str) -> SecretRef:
         self.path(name)  # a bad name fails here, where the reference is made
         return SecretRef(self, name)
@@ -95,6 +113,9 @@ class SecretRef:
 
     def write(self, value: str | Secret) -> None:
         self.store.write(self.name, value)
+
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        return self.store.locked(self.name)
 
     def __str__(self) -> str:
         return f"secret file {self.store.path(self.name)}"

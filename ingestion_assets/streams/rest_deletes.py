@@ -1,0 +1,143 @@
+"""Deletes for API streams: deletion markers applied with the slice that carries them, and the periodic key
+listing that retires the keys an API no longer serves (with the figures a reconciliation reports)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from ingestion_assets.catalog.rest import DeletionMarker, KeyListing, RestDeletes
+from ingestion_assets.loading.metadata_columns import DELETED_AT
+from ingestion_assets.loading.pipeline import Loader
+from ingestion_assets.loading.target_keys import Key, TargetKeys, key_text, last_listing, record_listing
+from ingestion_assets.sources.rest import EndpointSpec, RestClient, read_pages
+
+logger = logging.getLogger(__name__)
+SAMPLE = 10
+
+
+def is_deletion(record: dict[str, Any], marker: DeletionMarker) -> bool:
+    """Whether the record is a tombstone; types must match too (`1` is not `true`)."""
+    value = record.get(marker.field)
+    return any(type(value) is type(wanted) and value == wanted for wanted in marker.values)
+
+
+def load_slice(
+    loader: Loader,
+    records: list[dict[str, Any]],
+    dead_letters: pa.Table | None,
+    deletes: RestDeletes | None,
+) -> int:
+    """Load a slice's records and apply its deletions; returns the rows loaded.
+
+    Only each key's newest record in the slice counts (pages come in cursor order), so a record deleted
+    and created again within one slice ends live, and one updated then deleted ends deleted. Deletions
+    are applied after the load and before the checkpoint: a crash in between re-reads the slice and
+    applies them again, which changes nothing the second time.
+    """
+    marker = deletes.marker if deletes is not None else None
+    if marker is None:
+        return loader.load_records(records, dead_letters=dead_letters)
+    assert deletes is not None
+    newest = {tuple(r[k] for k in loader.target.primary_key): r for r in records}
+    live = [r for r in newest.values() if not is_deletion(r, marker)]
+    deleted = {key: r for key, r in newest.items() if is_deletion(r, marker)}
+    keys = TargetKeys(loader)
+    present = keys.existing(deleted) if deleted and deletes.mode == "soft" else set()
+    if deletes.mode == "soft":  # a key deleted before we ever saw it: its tombstone is its last known state
+        now = dt.datetime.now(dt.UTC)
+        live += [{**r, DELETED_AT: now} for key, r in deleted.items() if key not in present]
+    loaded = loader.load_records(live, dead_letters=dead_letters)
+    if deletes.mode == "hard":
+        keys.delete(deleted)
+    else:
+        keys.mark_deleted(present)
+    return loaded
+
+
+@dataclass(frozen=True)
+class KeyListingResult:
+    """One key listing compared with the target; the fields a table's reconciliation reports."""
+
+    compared: int  # live keys in the target compared with the listing
+    listed: int  # keys the API serves
+    missing: int  # served but not in the target: changed after the read, the next read brings them
+    stale: int  # older in the target than on the server: a key listing carries no versions, so 0
+    target_only: int  # live in the target, no longer served: deleted at the source
+    deletions_applied: int
+    refused: str | None = None  # why nothing was retired (a listing that would empty the target, say)
+    sample: list[str] = field(default_factory=list)  # some retired (or refused) keys
+
+    @property
+    def passed(self) -> bool:
+        return self.refused is None
+
+    def as_metadata(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def listing_endpoint(endpoint: EndpointSpec, listing: KeyListing) -> EndpointSpec:
+    """The stream's endpoint read in full (no cursor filter), or the configured keys endpoint."""
+    return EndpointSpec(
+        path=listing.path or endpoint.path,
+        primary_key=endpoint.primary_key,
+        records_path=endpoint.records_path if listing.records_path is None else listing.records_path,
+        cursor_field=None,
+        cursor_param=None,
+        pagination=endpoint.pagination,
+        page_size=listing.page_size or endpoint.page_size,
+        params={**(endpoint.params if listing.path is None else {}), **listing.params},
+    )
+
+
+def retire_unlisted(
+    client: RestClient, endpoint: EndpointSpec, loader: Loader, deletes: RestDeletes, stream: str
+) -> KeyListingResult | None:
+    """If the stream's listing is due: list every key the API serves, and retire the target's live keys it
+    no longer lists (hard or soft). Runs after the read's final checkpoint, so every key in the target was
+    read before the listing began: one the listing misses was deleted since, not created since."""
+    listing = deletes.key_listing
+    if listing is None or not _due(loader, stream, listing):
+        return None
+    began = dt.datetime.now(dt.UTC)
+    served: set[Key] = set()
+    for page in read_pages(client, listing_endpoint(endpoint, listing), None):
+        served |= {
+            tuple(r[k] for k in endpoint.primary_key)
+            for r in page.records
+            if deletes.marker is None or not is_deletion(r, deletes.marker)
+        }
+    keys = TargetKeys(loader)
+    live = keys.live()
+    gone = sorted(live - served, key=repr)
+    sample = [key_text(k) for k in gone[:SAMPLE]]
+    figures: dict[str, Any] = {
+        "compared": len(live),
+        "listed": len(served),
+        "missing": len(served - live),
+        "stale": 0,
+        "target_only": len(gone),
+    }
+    if live and len(gone) > listing.max_retire_share * len(live):
+        refused = (
+            f"the key listing of {stream} would retire {len(gone):,} of {len(live):,} live keys, over "
+            f"max_retire_share {listing.max_retire_share}: nothing retired. Check the listing's path and "
+            "records_path (a listing that finds too few keys would empty the target), then raise the share "
+            "if that many deletions are real"
+        )
+        result = KeyListingResult(**figures, deletions_applied=0, refused=refused, sample=sample)
+    else:
+        applied = keys.delete(gone) if deletes.mode == "hard" else keys.mark_deleted(gone)
+        result = KeyListingResult(**figures, deletions_applied=applied, sample=sample)
+    record_listing(loader, stream, began, result.as_metadata())
+    logger.info("%s: key listing %s", stream, result.as_metadata())
+    return result
+
+
+def _due(loader: Loader, stream: str, listing: KeyListing) -> bool:
+    last = last_listing(loader, stream)
+    return last is None or dt.datetime.now(dt.UTC) - last >= dt.timedelta(hours=listing.every_hours)
