@@ -120,3 +120,22 @@ def test_an_api_stream_pointed_at_a_new_file_reads_everything_again(harness: Str
     harness.tmp_path.joinpath("warehouse.duckdb").unlink()
     shutil.copy(second, harness.warehouse)
     _assert_target_equals_server(harness, api)
+
+
+def test_a_postgres_target_records_its_binding_and_a_dropped_table_is_read_again(harness: StreamHarness) -> None:
+    harness.source.execute(ITEMS)
+    harness.write_catalog(
+        {"items": {"table": "items", "primary_key": "id", "cursor": "updated_at", "slice_rows": 1000}},
+        destination="postgres",
+    )
+    harness.materialize()
+    state = harness.checkpoint("items")
+    assert state is not None
+    marker = harness.query_target(
+        f'SELECT binding, seq FROM "{harness.source_name}"._ingest_bindings WHERE stream = \'items\''
+    )
+    assert marker == [(state.details["target"]["binding"], state.details["target"]["seq"])]
+    harness.source.execute(f'DROP TABLE "{harness.source_name}".items')
+    result = harness.materialize()
+    assert _rows_read(harness, result) == 5000 and "missing or empty" in _started_over(harness, result)
+    harness.assert_target_equals_source("items", "items", "id")

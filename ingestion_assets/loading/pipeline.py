@@ -216,6 +216,18 @@ class Loader:
                 resource = dlt.resource([self._with_target_names(empty)], **self._resource_hints("append"))
                 self._pipeline.run([resource], loader_file_format="parquet")
 
+    def forget_stored_schema(self) -> None:
+        """The table was dropped behind dlt's back: dlt skips its migration while the destination still holds
+        its schema's version, so it would load into a table that is gone. Without that record, dlt compares
+        its schema with the tables really there at the next load and creates what is missing."""
+        name = self._pipeline.default_schema_name
+        if name is None:
+            return
+        with self._lock(), self._pipeline.sql_client() as client:
+            versions = client.make_qualified_table_name(self._pipeline.default_schema.version_table_name)
+            with contextlib.suppress(DatabaseUndefinedRelation):
+                client.execute_sql(f"DELETE FROM {versions} WHERE schema_name = %s", name)
+
     def target_exists(self) -> bool:
         with self._lock(), self._pipeline.sql_client() as client:
             return _exists(client, client.make_qualified_table_name(self.target.table))

@@ -29,6 +29,8 @@ def settle_target(
 ) -> Settled:
     """Bind the loader to the target and decide where the read starts."""
     stored = details.get(TARGET)
+    if not loader.target_exists():
+        loader.forget_stored_schema()  # dropped behind dlt's back (or never made): dlt must create it again
     if position is None:
         loader.bind(Marker(_new_binding(), 0, generation), partition, record_now=True)
         return Settled(None, None)
