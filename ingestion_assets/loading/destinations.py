@@ -18,6 +18,7 @@ from dlt.destinations.impl.duckdb.configuration import DuckDbCredentials
 from dlt.destinations.impl.postgres.configuration import PostgresCredentials
 
 from ingestion_assets.catalog import Destination
+from ingestion_assets.loading.native_types import DuckDbNativeTypes, PostgresNativeTypes
 from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
 
@@ -42,10 +43,10 @@ def make_destination(settings: Settings, destination: Destination) -> Any:
         path.parent.mkdir(parents=True, exist_ok=True)
         # DuckDB caches up to 80% of RAM by default: a loader's memory would then grow with the table.
         duckdb_credentials = DuckDbCredentials(str(path), global_config={"memory_limit": destination.memory_limit})
-        return dlt.destinations.duckdb(duckdb_credentials)
+        return dlt.destinations.duckdb(duckdb_credentials, type_mapper=DuckDbNativeTypes)
     credentials = PostgresCredentials(destination_url(settings, destination))
     credentials.password = credentials.password or ""  # trust or peer auth: dlt insists on a password field
-    return dlt.destinations.postgres(credentials=credentials)
+    return dlt.destinations.postgres(credentials=credentials, type_mapper=PostgresNativeTypes)
 
 
 @contextlib.contextmanager

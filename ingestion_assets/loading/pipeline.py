@@ -21,6 +21,7 @@ from ingestion_assets.loading.dead_letters import record_keys
 from ingestion_assets.loading.destinations import make_destination, writer_lock
 from ingestion_assets.loading.metadata_columns import DLT_HINTS, GENERATION
 from ingestion_assets.loading.migrate import migration_statements
+from ingestion_assets.loading.native_types import for_postgres
 from ingestion_assets.loading.parked import dead_letter_resource, delete_parked, parked_keys
 from ingestion_assets.loading.versions import check_keys
 from ingestion_assets.schema.changes import SchemaChange
@@ -131,6 +132,8 @@ class Loader:
         if self._append_only:
             disposition = "append"
         table = table if table is not None and table.num_columns else None
+        if table is not None and self.destination.type == "postgres":
+            table = for_postgres(table)
         with self._lock():
             if self.guard_versions and table is not None:
                 with self._pipeline.sql_client() as client:

@@ -16,6 +16,7 @@ import pyarrow.csv as pacsv
 from dlt.destinations.exceptions import DatabaseUndefinedRelation
 
 from ingestion_assets.loading.metadata_columns import POSITION
+from ingestion_assets.loading.native_types import for_postgres
 
 _INCOMING = "_ingest_incoming"
 STALE = "_ingest_stale"
@@ -80,7 +81,7 @@ def _query_postgres(
 ) -> pa.Table:
     columns = ", ".join(f'"{k}"' for k in primary_key)
     buffer = io.BytesIO()
-    pacsv.write_csv(keys, buffer, write_options=pacsv.WriteOptions(include_header=False))
+    pacsv.write_csv(for_postgres(keys), buffer, write_options=pacsv.WriteOptions(include_header=False))
     buffer.seek(0)
     with conn.cursor() as cur:
         cur.execute(f"CREATE TEMP TABLE {_INCOMING} AS SELECT {columns}, {POSITION} FROM {qualified} LIMIT 0")

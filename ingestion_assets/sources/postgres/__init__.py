@@ -22,11 +22,13 @@ def plan_table_read(
     primary_key: tuple[str, ...],
     max_value_bytes: int = 16 << 20,
     skip_columns: frozenset[str] = frozenset(),
+    destination: str = "duckdb",
 ) -> ReadPlan:
-    """Discover the table and check the named columns exist, so a typo fails before any read."""
+    """Discover the table and check the named columns exist, so a typo fails before any read. The columns land
+    as `destination` (duckdb or postgres) holds them."""
     conn = connect(url, "ingest-discover")
     try:
-        shape = discover_table(conn, schema, table)
+        shape = discover_table(conn, schema, table, destination)
         server_version = int(conn.server_version)
     finally:
         conn.close()
@@ -65,7 +67,7 @@ def table_slices(
     batches = copy_batches(url, statement, plan.wire_shape, f"ingest:{name}", snapshot=snapshot)
     checked = [column.name for column, _ in plan.checks]
     for index, table in enumerate(rechunk(batches, slice_rows)):
-        marked = mark_problems(table, checked, plan.max_value_bytes)
+        marked = mark_problems(table, plan.shape, checked, plan.max_value_bytes)
         yield Slice(table=marked, position=plan.position_of_last_row(marked), index=index)
 
 
