@@ -99,6 +99,8 @@ def normalize(value: Any) -> Any:
         return "NaN"
     if isinstance(value, dt.datetime) and value.tzinfo is not None:
         return value.astimezone(dt.UTC)  # psycopg2 and DuckDB name UTC differently
+    if isinstance(value, uuid.UUID):
+        return str(value)  # DuckDB's UUID; psycopg2 gives uuid's text
     return value
 
 
