@@ -5,7 +5,6 @@ exact text where DuckDB has no type, which PostgreSQL reads back to the identica
 from __future__ import annotations
 
 import datetime as dt
-import re
 from typing import Any
 
 import pyarrow as pa
@@ -15,9 +14,7 @@ from ingestion_assets.catalog import Destination, Reference
 from ingestion_assets.loading.metadata_columns import with_metadata
 from ingestion_assets.loading.pipeline import Loader, TargetTable
 from ingestion_assets.sources.postgres import temporal
-from ingestion_assets_tests.helpers import StreamHarness
-
-_DUCK_BC = re.compile(r"(\S+) \(BC\)(.*)")
+from ingestion_assets_tests.helpers import StreamHarness, postgres_text
 
 
 def _load(harness: StreamHarness, table: str, ddl: str, **stream: Any) -> None:
@@ -36,7 +33,7 @@ def _target_types(harness: StreamHarness, table: str) -> dict[str, str]:
 
 def _target_texts(harness: StreamHarness, table: str, column: str) -> dict[int, str | None]:
     rows = harness.query_target(f'SELECT id, "{column}"::VARCHAR FROM "{harness.source_name}"."{table}"')
-    return {int(key): _DUCK_BC.sub(r"\1\2 BC", text) if text else text for key, text in rows}
+    return {int(key): postgres_text(text) for key, text in rows}
 
 
 def _reads_back(harness: StreamHarness, table: str, column: str, sql_type: str) -> None:
@@ -176,7 +173,7 @@ def _elements_read_back(harness: StreamHarness, column: str, element: str) -> No
     """Each element of each target LIST reads back in PostgreSQL as the source array's element, in order, with
     NULL elements kept; an empty array stays empty and a NULL array NULL."""
     target = {
-        int(key): None if items is None else [_DUCK_BC.sub(r"\1\2 BC", i) if i else i for i in items]
+        int(key): None if items is None else [postgres_text(item) for item in items]
         for key, items in harness.query_target(
             f'SELECT id, list_transform("{column}", lambda x: x::VARCHAR) FROM "{harness.source_name}".lists'
         )
