@@ -149,7 +149,10 @@ LIST_TYPES = {
 }
 
 
-def test_arrays_land_as_lists_of_their_element_type_and_uuid_and_json_as_themselves(harness: StreamHarness) -> None:
+def test_arrays_land_as_lists_of_their_element_type_and_uuid_and_json_as_themselves(
+    harness_on_any: StreamHarness,
+) -> None:
+    harness = harness_on_any
     _load(harness, "lists", LISTS, cursor="updated_at")
     types = _target_types(harness, "lists")
     assert {name: types[name] for name in LIST_TYPES} == {name: kind for name, (kind, _) in LIST_TYPES.items()}
@@ -203,7 +206,8 @@ INSERT INTO unfit (id, at, ints, amounts) VALUES (1, '294247-01-10 04:00:54.7758
 """
 
 
-def test_values_no_duckdb_type_holds_are_parked_with_their_reason(harness: StreamHarness) -> None:
+def test_values_no_duckdb_type_holds_are_parked_with_their_reason(harness_on_any: StreamHarness) -> None:
+    harness = harness_on_any
     harness.source.execute(UNFIT)
     infinite_interval = harness.query_source("SHOW server_version_num")[0][0] >= "170000"
     if infinite_interval:  # PostgreSQL 17 added infinite intervals; DuckDB has none

@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import io
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -149,12 +149,12 @@ def _index_mask(length: int, indexes: Sequence[int]) -> pa.Array:
     return pa.array(flags, pa.bool_())
 
 
-def _per_value(texts: pa.Array, convert: object, target: pa.DataType) -> tuple[pa.Array, Problems]:
+def _per_value(texts: pa.Array, convert: Callable[[str], object], target: pa.DataType) -> tuple[pa.Array, Problems]:
     values: list[object] = []
     problems: Problems = {}
     for index, text in enumerate(texts.to_pylist()):
         try:
-            values.append(None if text is None else convert(text))  # type: ignore[operator]
+            values.append(None if text is None else convert(text))
         except Unfit as exc:
             values.append(None)
             problems[index] = f"{text} {exc}"
@@ -192,8 +192,10 @@ def plain(scalar: pa.Scalar) -> Any:
     try:
         return scalar.as_py()
     except (OverflowError, ValueError):
-        kind = _TEMPORAL_OF_ARROW.get(str(scalar.type), "timestamptz")
+        kind = _TEMPORAL_OF_ARROW.get(str(scalar.type))
+        if kind is None:
+            raise
         return temporal.format_value(scalar.cast(_storage(scalar.type)).as_py(), kind)
 
 
-_TEMPORAL_OF_ARROW = {"date32[day]": "date", "time64[us]": "time", "timestamp[us]": "timestamp"}
+_TEMPORAL_OF_ARROW = {"date32[day]": "date", "timestamp[us]": "timestamp", "timestamp[us, tz=UTC]": "timestamptz"}
