@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -99,7 +100,18 @@ def normalize(value: Any) -> Any:
         return "NaN"
     if isinstance(value, dt.datetime) and value.tzinfo is not None:
         return value.astimezone(dt.UTC)  # psycopg2 and DuckDB name UTC differently
+    if isinstance(value, uuid.UUID):
+        return str(value)  # DuckDB's UUID; psycopg2 gives uuid's text
     return value
+
+
+def postgres_text(duckdb_text: str | None) -> str | None:
+    """DuckDB's text of a date or timestamp as PostgreSQL writes it: `0044-03-15 (BC) 10:00:00` is PostgreSQL's
+    `0044-03-15 10:00:00 BC`; everything else (infinity, +00 offsets, microseconds) is already the same."""
+    return None if duckdb_text is None else _DUCKDB_BC.sub(r"\1\2 BC", duckdb_text)
+
+
+_DUCKDB_BC = re.compile(r"(\S+) \(BC\)(.*)")
 
 
 @dataclass

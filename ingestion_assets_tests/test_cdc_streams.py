@@ -249,3 +249,39 @@ def test_slot_health_is_measured_and_checked(cdc: StreamHarness) -> None:
     result = _materialize(harness)
     check = next(r for r in result.get_asset_check_evaluations() if r.check_name == "slot_health")
     assert check.passed and "retained_wal_bytes" in check.metadata
+
+
+TYPED = r"""
+CREATE TABLE typed (id int PRIMARY KEY, r real, at timestamptz, day date, clock time, span interval, ints int[],
+                    texts text[], uid uuid, nr numrange, amount numeric(10,2), blob bytea);
+INSERT INTO typed VALUES
+ (1, 3.4e38, 'infinity', '0044-03-15 BC', '24:00:00', '1 mon -2 days 00:00:01.5', '{1,NULL}',
+  array['a b', 'x"y', NULL, 'NULL', 'back\slash'], 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '(1.5,2]', 1.25, '\x00ff'),
+ (2, '-0', '-infinity', '12345-01-01', '00:00:00', '-1 years', '{}', '{}', NULL, 'empty', NULL, '\x');
+"""
+
+
+def test_the_log_lands_values_exactly_as_the_snapshot_does(cdc: StreamHarness) -> None:
+    harness = cdc
+    harness.source.execute(TYPED)
+    harness.write_catalog(
+        {"typed": {"table": "typed", "primary_key": "id"}},
+        mode="cdc",
+        cdc={"max_changes": 400, "max_seconds": 2, "max_batches_per_run": 50, "retries": {"max_attempts": 1}},
+    )
+    _materialize(harness)  # rows 1 and 2 from the snapshot (COPY)
+    harness.source.execute(
+        "INSERT INTO typed SELECT id + 100, r, at, day, clock, span, ints, texts, uid, nr, amount, blob FROM typed;"
+        "INSERT INTO typed (id, ints, amount) VALUES (103, '{{1},{2}}', 1), (104, '{5}', 'NaN')"
+    )
+    _materialize(harness)  # rows 101 to 104 from the log (pgoutput)
+    columns = [c for c in harness.source.columns("typed") if c != "id"]
+    listed = ", ".join(f'"{c}"::VARCHAR' for c in columns)
+    rows = harness.query_target(f'SELECT id, {listed} FROM "{harness.source_name}".typed ORDER BY id')
+    by_id = {row[0]: row[1:] for row in rows}
+    assert sorted(by_id) == [1, 2, 101, 102]
+    assert by_id[101] == by_id[1] and by_id[102] == by_id[2]
+    assert by_id[1][:3] == ("3.4e+38", "infinity", "0044-03-15 (BC)")
+    parked = dict(harness.query_target(f'SELECT record_key, error FROM "{harness.source_name}"._ingest_dead_letter'))
+    assert sorted(parked) == ["103", "104"]
+    assert "multi-dimensional" in parked["103"] and parked["104"].startswith("amount: NaN does not fit")

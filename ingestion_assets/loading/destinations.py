@@ -19,6 +19,7 @@ from dlt.destinations.impl.postgres.configuration import PostgresCredentials
 
 from ingestion_assets.catalog import Destination
 from ingestion_assets.loading.naming import TargetNames
+from ingestion_assets.loading.native_types import DuckDbNativeTypes, PostgresNativeTypes
 from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
 
@@ -44,10 +45,14 @@ def make_destination(settings: Settings, destination: Destination) -> Any:
         path.parent.mkdir(parents=True, exist_ok=True)
         # DuckDB caches up to 80% of RAM by default: a loader's memory would then grow with the table.
         duckdb_credentials = DuckDbCredentials(str(path), global_config={"memory_limit": destination.memory_limit})
-        return dlt.destinations.duckdb(duckdb_credentials, naming_convention=destination.naming)
+        return dlt.destinations.duckdb(
+            duckdb_credentials, type_mapper=DuckDbNativeTypes, naming_convention=destination.naming
+        )
     credentials = PostgresCredentials(destination_url(settings, destination))
     credentials.password = credentials.password or ""  # trust or peer auth: dlt insists on a password field
-    return dlt.destinations.postgres(credentials=credentials, naming_convention=destination.naming)
+    return dlt.destinations.postgres(
+        credentials=credentials, type_mapper=PostgresNativeTypes, naming_convention=destination.naming
+    )
 
 
 def target_names(destination: Destination) -> TargetNames:

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingestion_assets.sources.postgres import temporal
+
 EXTRACTED_AT = "_ingest_extracted_at"
 POSITION = "_ingest_position"
 GENERATION = "_ingest_generation_id"
@@ -56,7 +58,8 @@ def sortable_text(columns: Sequence[pa.ChunkedArray | pa.Array]) -> pa.ChunkedAr
     """Text whose string order equals the value order, so the newest version compares highest.
 
     Timestamps and dates print fixed-width ISO (UTC), integers are offset to non-negative and padded,
-    NULL prints empty (lowest). Several columns join with `|`.
+    NULL prints empty (lowest). Several columns join with `|`. Dates strftime cannot print keep their order
+    around the four-digit years: BC after `!` (below digits), years past 9999 and infinity after `~` (above).
     """
     parts = [_sortable(column) for column in columns]
     if len(parts) == 1:
@@ -67,12 +70,28 @@ def sortable_text(columns: Sequence[pa.ChunkedArray | pa.Array]) -> pa.ChunkedAr
 def _sortable(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
     kind = column.type
     if pa.types.is_timestamp(kind):
-        text = pc.strftime(pc.cast(column, pa.timestamp("us", tz=kind.tz)), format="%Y-%m-%dT%H:%M:%S")
+        column = pc.cast(column, pa.timestamp("us", tz=kind.tz))
+        text = _far_dates(column, pc.strftime(column, format="%Y-%m-%dT%H:%M:%S"), temporal.US_PER_DAY)
     elif pa.types.is_date(kind):
-        text = pc.strftime(column, format="%Y-%m-%d")
+        text = _far_dates(column, pc.strftime(column, format="%Y-%m-%d"), 1)
     elif pa.types.is_integer(kind):
         shifted = pc.add(pc.cast(column, pa.decimal128(20, 0)), pa.scalar(2**63, pa.decimal128(20, 0)))
         text = pc.utf8_lpad(pc.cast(shifted, pa.string()), width=20, padding="0")
     else:
         text = pc.cast(column, pa.string())
     return pc.fill_null(text, "")
+
+
+_YEARS_1_TO_9999 = (temporal.days_from_civil(1, 1, 1), temporal.days_from_civil(10000, 1, 1))
+
+
+def _far_dates(column: pa.ChunkedArray | pa.Array, text: pa.ChunkedArray | pa.Array, unit: int) -> pa.Array:
+    values = pc.cast(column, pa.int32() if unit == 1 else pa.int64())
+    low, high = (days * unit for days in _YEARS_1_TO_9999)
+    far = pc.fill_null(pc.or_(pc.less(values, low), pc.greater_equal(values, high)), False)
+    if not pc.any(far).as_py():
+        return text
+    integers, texts = values.to_pylist(), text.to_pylist()
+    for index in pc.indices_nonzero(far).to_pylist():
+        texts[index] = temporal.sortable(integers[index], unit)
+    return pa.array(texts, pa.string())

@@ -5,48 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import pyarrow as pa
-
 from ingestion_assets.schema.changes import SchemaChange
-
-_DUCKDB = {
-    "int16": "SMALLINT",
-    "int32": "INTEGER",
-    "int64": "BIGINT",
-    "float": "REAL",
-    "double": "DOUBLE",
-    "string": "VARCHAR",
-    "bool": "BOOLEAN",
-    "date32[day]": "DATE",
-    "time64[us]": "TIME",
-    "timestamp[us]": "TIMESTAMP",
-    "timestamp[us, tz=UTC]": "TIMESTAMP WITH TIME ZONE",
-    "binary": "BLOB",
-}
-_POSTGRES = {
-    "int16": "SMALLINT",
-    "int32": "INTEGER",
-    "int64": "BIGINT",
-    "float": "REAL",
-    "double": "DOUBLE PRECISION",
-    "string": "VARCHAR",
-    "bool": "BOOLEAN",
-    "date32[day]": "DATE",
-    "time64[us]": "TIME",
-    "timestamp[us]": "TIMESTAMP",
-    "timestamp[us, tz=UTC]": "TIMESTAMPTZ",
-    "binary": "BYTEA",
-}
+from ingestion_assets.sources.postgres.introspect import Column
+from ingestion_assets.sources.postgres.landing import sql_type_of_arrow
 
 
-def sql_type(destination_type: str, arrow_type: pa.DataType, is_json: bool) -> str:
-    if is_json:
-        return "JSON" if destination_type == "duckdb" else "JSONB"
-    if pa.types.is_decimal(arrow_type):
-        name = "DECIMAL" if destination_type == "duckdb" else "NUMERIC"
-        return f"{name}({arrow_type.precision},{arrow_type.scale})"
-    names = _DUCKDB if destination_type == "duckdb" else _POSTGRES
-    return names[str(arrow_type)]
+def sql_type(destination_type: str, column: Column) -> str:
+    """The column's SQL type in the destination: its native type, or the one of its Arrow type."""
+    native = column.duckdb_type if destination_type == "duckdb" else column.postgres_type
+    return native or sql_type_of_arrow(column.arrow_type, destination_type, column.is_json)
 
 
 def migration_statements(

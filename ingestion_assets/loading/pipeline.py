@@ -24,6 +24,7 @@ from ingestion_assets.loading.destinations import duckdb_path, make_destination,
 from ingestion_assets.loading.metadata_columns import DLT_HINTS, GENERATION
 from ingestion_assets.loading.migrate import migration_statements
 from ingestion_assets.loading.naming import TargetNames
+from ingestion_assets.loading.native_types import for_postgres
 from ingestion_assets.loading.parked import dead_letter_resource, delete_parked, parked_keys
 from ingestion_assets.loading.versions import check_keys
 from ingestion_assets.schema.changes import SchemaChange
@@ -157,6 +158,8 @@ class Loader:
         if self._append_only:
             disposition = "append"
         table = self._with_target_names(table) if table is not None and table.num_columns else None
+        if table is not None and self.destination.type == "postgres":
+            table = for_postgres(table)
         with self._lock():
             if self.guard_versions and table is not None:
                 with self._pipeline.sql_client() as client:

@@ -16,8 +16,10 @@ import pyarrow.csv as pacsv
 from dlt.destinations.exceptions import DatabaseUndefinedRelation
 
 from ingestion_assets.loading.metadata_columns import POSITION
+from ingestion_assets.loading.native_types import for_postgres
 
 _INCOMING = "_ingest_incoming"
+_ROW = "_ingest_row"
 STALE = "_ingest_stale"
 
 
@@ -38,8 +40,10 @@ def check_keys(
         return KeyCheck(rows, found.num_rows)
     if len(primary_key) == 1:
         kept = rows.filter(pc.invert(pc.is_in(rows[primary_key[0]], value_set=stale[primary_key[0]])))
-    else:
-        kept = rows.join(stale, keys=list(primary_key), join_type="left anti")
+    else:  # joined on the keys alone: Arrow's join carries no list columns
+        keys = rows.select(list(primary_key)).append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
+        fresh = keys.join(stale, keys=list(primary_key), join_type="left anti").column(_ROW)
+        kept = rows.take(pc.take(fresh, pc.sort_indices(fresh)))  # in their order
     return KeyCheck(kept, found.num_rows)
 
 
@@ -80,7 +84,7 @@ def _query_postgres(
 ) -> pa.Table:
     columns = ", ".join(_quote(k) for k in primary_key)
     buffer = io.BytesIO()
-    pacsv.write_csv(keys, buffer, write_options=pacsv.WriteOptions(include_header=False))
+    pacsv.write_csv(for_postgres(keys), buffer, write_options=pacsv.WriteOptions(include_header=False))
     buffer.seek(0)
     with conn.cursor() as cur:
         cur.execute(f"CREATE TEMP TABLE {_INCOMING} AS SELECT {columns}, {POSITION} FROM {qualified} LIMIT 0")

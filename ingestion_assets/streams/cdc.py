@@ -35,6 +35,7 @@ from ingestion_assets.streams.cdc_copy import CopyRules, copy_as_of
 from ingestion_assets.streams.cdc_history import HISTORY, Fences, fences_for, history_keys, plan_history
 from ingestion_assets.streams.cdc_rows import TableChanges, dead_letter_table, toast_lookup, version_of
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
+from ingestion_assets.streams.target_types import fit_shape
 from ingestion_assets.sync import Faults, checkpoint_first
 
 log = logging.getLogger(__name__)
@@ -270,6 +271,7 @@ class CdcSync:
 
     def _load(self, stream: PostgresTableStream, changes: TableChanges, outcome: CdcOutcome) -> None:
         loader = stream.loader(Target(stream.name, 1), None, guard=self.history)
+        changes.shape = fit_shape(changes.shape, loader)
         if changes.truncated_at is not None:
             loader.delete_all()
         rows = changes.to_arrow(generation=1)

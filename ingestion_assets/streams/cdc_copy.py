@@ -15,6 +15,7 @@ from ingestion_assets.sources.postgres.query import Window
 from ingestion_assets.streams.cdc_history import Fences
 from ingestion_assets.streams.cdc_rows import VERSION_TYPE
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
+from ingestion_assets.streams.target_types import fit_plan
 from ingestion_assets.sync import Faults
 
 
@@ -38,8 +39,12 @@ def copy_as_of(
 ) -> int:
     """The table (or its `keys` range, less the fenced keys) as of `snapshot`, every row at `version`; then
     rows left below `floor` (the whole copy's `version` by default) were deleted in the source."""
-    plan = plan_table_read(url, stream.spec.schema_name, stream.spec.table_name, (), tuple(stream.spec.primary_key))
+    spec = stream.spec
+    plan = plan_table_read(
+        url, spec.schema_name, spec.table_name, (), tuple(spec.primary_key), destination=stream.destination.type
+    )
     loader = stream.loader(Target(stream.name, 1), None, plan, guard=rules.guard)
+    plan = fit_plan(plan, loader)
     column = stream.spec.primary_key[0]
     window = Window(column, str(keys[0]), str(keys[1] + 1)) if keys is not None else None
     table_name = (stream.spec.schema_name, stream.spec.table_name)

@@ -1,7 +1,8 @@
 """Row changes from the log as Arrow rows for one target table: upserts, delete tombstones, truncates.
 
 Values arrive as PostgreSQL's text output, the same text a COPY reads; they go through the same Arrow CSV
-parser with the table's types, so a value means the same whether it came from the snapshot or the log.
+parser with the table's types and the same decoding after it (values.py), so a value lands the same whether
+it came from the snapshot or the log.
 A row's version is its change's log position: commit LSN * 10^9 + order within the transaction.
 """
 
@@ -30,13 +31,15 @@ from ingestion_assets.loading.metadata_columns import (
 )
 from ingestion_assets.sources.postgres.cdc import UNCHANGED_TOAST, Op, RowChange
 from ingestion_assets.sources.postgres.introspect import TableShape
-from ingestion_assets.sources.postgres.reader import connect, csv_options
+from ingestion_assets.sources.postgres.reader import connect, csv_options, decode_binary
+from ingestion_assets.sources.postgres.temporal import TEMPORAL
+from ingestion_assets.sources.postgres.temporal import needs_parse as temporal_needs_parse
+from ingestion_assets.sources.postgres.values import decode_texts
 
 if TYPE_CHECKING:
     from ingestion_assets.streams.postgres_table import PostgresTableStream
 
 VERSION_TYPE = pa.decimal128(38, 0)
-_UNFIT_TEMPORAL = ("infinity", "-infinity")
 _UNFIT_DECIMAL = ("NaN", "Infinity", "-Infinity")
 
 
@@ -91,29 +94,21 @@ class TableChanges:
         return {**new, **{name: current.get(name) for name in missing}}
 
     def _unfit(self, row: dict[str, Any]) -> str | None:
+        """NaN and infinity have no decimal value (and would stop the CSV parse); the rest is found in to_arrow."""
         for column in self.shape.columns:
             value = row.get(column.name)
-            if not isinstance(value, str):
-                continue
-            if column.type_name in ("timestamptz", "timestamp", "date") and (
-                value in _UNFIT_TEMPORAL or value.endswith(" BC")
-            ):
-                return f"{column.name}: {value} does not fit the target type"
-            if pa.types.is_decimal(column.arrow_type) and value in _UNFIT_DECIMAL:
+            if isinstance(value, str) and pa.types.is_decimal(column.arrow_type) and value in _UNFIT_DECIMAL:
                 return f"{column.name}: {value} does not fit the target type"
         return None
 
     def to_arrow(self, generation: int) -> pa.Table | None:
-        """The rows as typed Arrow with the metadata columns; the parse is the snapshot's CSV parse."""
+        """The rows as typed Arrow with the metadata columns; the parse is the snapshot's CSV parse and decoding.
+        A change with a value that does not fit (an array LIST cannot hold ...) moves from `rows` to `bad`."""
         if not self.rows:
             return None
-        nullable = TableShape(self.shape.schema, self.shape.table, self.shape.columns)
-        text = io.StringIO()
-        writer = csv.writer(text, quoting=csv.QUOTE_NONNUMERIC, lineterminator="\n")
-        for row in self.rows:
-            writer.writerow([_csv_cell(row.get(c.name)) for c in self.shape.columns])
-        data = pacsv.read_csv(io.BytesIO(text.getvalue().encode()), **csv_options(nullable))
-        data = _decode_hex_binary(data, self.shape)
+        data = self._parsed()
+        if not self.rows:
+            return None
         now = dt.datetime.now(dt.UTC)
         count = data.num_rows
         return (
@@ -123,6 +118,27 @@ class TableChanges:
             .append_column(DELETED_AT, pa.array([r[DELETED_AT] for r in self.rows], TIMESTAMP_UTC))
             .append_column(META, pa.nulls(count, pa.string()))
         )
+
+    def _parsed(self) -> pa.Table:
+        rare: dict[str, dict[int, str]] = {}  # temporal texts Arrow's CSV reader cannot parse (±infinity, BC ...)
+        text = io.StringIO()
+        writer = csv.writer(text, quoting=csv.QUOTE_NONNUMERIC, lineterminator="\n")
+        for index, row in enumerate(self.rows):
+            cells = []
+            for column in self.shape.columns:
+                value = row.get(column.name)
+                if isinstance(value, str) and column.kind in TEMPORAL and temporal_needs_parse(value, column.kind):
+                    rare.setdefault(column.name, {})[index] = value
+                    value = None
+                cells.append(_csv_cell(value))
+            writer.writerow(cells)
+        data = pacsv.read_csv(io.BytesIO(text.getvalue().encode()), **csv_options(self.shape))
+        data, unfitting = decode_texts(decode_binary(data, self.shape), self.shape, rare)
+        if unfitting:
+            self.bad += [(self.rows[i], "; ".join(str(item) for item in items)) for i, items in unfitting.items()]
+            self.rows = [row for i, row in enumerate(self.rows) if i not in unfitting]
+            data = data.filter(pa.array([i not in unfitting for i in range(data.num_rows)]))
+        return data
 
     def dead_letter_rows(self) -> list[tuple[str, str, str]]:
         """(record key, error, raw JSON) of the changes whose values cannot load."""
@@ -147,15 +163,6 @@ _NULL_CELL = _Null()
 
 def _csv_cell(value: Any) -> Any:
     return _NULL_CELL if value is None else str(value)
-
-
-def _decode_hex_binary(table: pa.Table, shape: TableShape) -> pa.Table:
-    for index, column in enumerate(shape.columns):
-        if pa.types.is_binary(column.arrow_type):
-            texts = table.column(index).to_pylist()
-            values = [None if t is None else bytes.fromhex(t[2:]) for t in texts]
-            table = table.set_column(index, column.name, pa.array(values, pa.binary()))
-    return table
 
 
 def keys_text(rows: Sequence[dict[str, Any]], primary_key: Sequence[str]) -> list[str]:

@@ -16,7 +16,7 @@ from ingestion_assets.partitions import UnknownPartition, window_for
 from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres import plan_table_read, table_slices
-from ingestion_assets.sources.postgres.introspect import TableShape, discover_table
+from ingestion_assets.sources.postgres.introspect import TableShape, discover_table, type_hints
 from ingestion_assets.sources.postgres.query import ReadPlan
 from ingestion_assets.sources.postgres.reader import connect
 from ingestion_assets.sources.slices import Slice
@@ -97,7 +97,7 @@ class PostgresTableStream:
                 table=target.table,
                 primary_key=tuple(self.spec.primary_key),
                 write_disposition="merge" if target.stream_table else self.spec.write_disposition,
-                type_hints=tuple((c.name, h) for c in plan.shape.columns if (h := c.dlt_hint()) is not None),
+                type_hints=type_hints(plan.shape),
                 source_columns=tuple(c.name for c in plan.shape.columns),
             ),
             pipeline_name=pipeline_name(self.source_name, target.table, partition),
@@ -112,7 +112,7 @@ class PostgresTableStream:
         """The table's columns as they are now, without checking the catalog's names against them."""
         conn = connect(self.source_url(), "ingest-discover")
         try:
-            return discover_table(conn, self.spec.schema_name, self.spec.table_name)
+            return discover_table(conn, self.spec.schema_name, self.spec.table_name, self.destination.type)
         except LookupError as exc:
             raise StreamError(f"stream {self.qualified_name}: {exc}") from exc
         finally:
@@ -128,6 +128,7 @@ class PostgresTableStream:
                 tuple(self.spec.primary_key),
                 max_value_bytes=self.spec.dead_letters.max_value_bytes,
                 skip_columns=skip_columns,
+                destination=self.destination.type,
             )
         except LookupError as exc:
             raise StreamError(f"stream {self.qualified_name}: {exc}") from exc

@@ -10,6 +10,7 @@ from ingestion_assets.loading.metadata_columns import with_metadata
 from ingestion_assets.loading.parked import parked_rows
 from ingestion_assets.sources.postgres import table_slices
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
+from ingestion_assets.streams.target_types import fit_plan
 
 KEYS_PER_READ = 1000
 
@@ -26,6 +27,7 @@ def replay_dead_letters(stream: PostgresTableStream, generation: int, run_id: st
     """Rows leave the dead-letter table only once loaded; the still-bad ones are parked again, updated."""
     plan = stream.plan()
     loader = stream.loader(Target(stream.name, generation), None, plan)
+    plan = fit_plan(plan, loader)
     parked = [row["record_key"] for row in parked_rows(loader.pipeline, stream.name)]
     loaded = still_bad = 0
     seen: set[str] = set()

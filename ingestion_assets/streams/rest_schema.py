@@ -14,10 +14,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from ingestion_assets.loading.migrate import sql_type
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.schema.changes import ColumnType, SchemaChange, classify, parse_stored
 from ingestion_assets.schema.policy import decide
+from ingestion_assets.sources.postgres.landing import sql_type_of_arrow
 from ingestion_assets.streams.schema_step import SchemaPaused, SchemaStep
 
 _TYPES = {  # JSON value kind -> (type name as `classify` knows it, SQL spelling, Arrow type)
@@ -88,7 +88,8 @@ class ApiSchemaStep(SchemaStep):
             raise SchemaPaused(self._paused(decision.pause), decision.pause)
         retyped = [c for c in decision.apply if c.old is not None and c.new is not None and _columns(c)]
         if retyped:
-            loader.migrate([(c, sql_type(loader.destination.type, _arrow(c), False), _arrow(c)) for c in retyped])
+            kind = loader.destination.type
+            loader.migrate([(c, sql_type_of_arrow(_arrow(c), kind), _arrow(c)) for c in retyped])
         for change in decision.apply:
             assert change.new is not None
             self.stored[change.column] = [change.new.type_name, change.new.sql_type]

@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
-
 from ingestion_assets.loading.migrate import sql_type
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.schema.changes import ColumnType, SchemaChange, StoredSchema, diff, parse_stored, to_stored
 from ingestion_assets.schema.policy import decide
-from ingestion_assets.sources.postgres.introspect import arrow_type_for
+from ingestion_assets.sources.postgres.introspect import Column, column_of
+from ingestion_assets.sources.postgres.landing import PgType
 from ingestion_assets.sources.postgres.query import ReadPlan
 from ingestion_assets.streams.postgres_table import PostgresTableStream
+from ingestion_assets.streams.target_types import fit_plan
 
 
 class SchemaPaused(RuntimeError):
@@ -53,33 +53,38 @@ def settle_schema(stream: PostgresTableStream, details: dict[str, Any]) -> Schem
 
 
 def apply_to_target(step: SchemaStep, loader: Loader) -> list[str]:
-    """Widen or re-type target columns whose Arrow type changed; added and dropped ones need nothing."""
+    """Widen or re-type target columns whose type there changed; added and dropped ones need nothing. Then the
+    step's plan lands each column as the target holds it (a table an older version made keeps its text)."""
     plan = step.plan
     if plan is None:
         return []
-    changes = [c for c in step.applied if c.old is not None and c.new is not None and _arrow_changed(c, plan)]
-    if not changes:
-        return []
     kind = loader.destination.type
     typed = []
-    for change in changes:
+    for change in step.applied:
+        if change.old is None or change.new is None:
+            continue
         column = plan.shape.column(change.column)
-        typed.append((change, sql_type(kind, column.arrow_type, column.is_json), column.arrow_type))
-    return loader.migrate(typed)
+        new_type = sql_type(kind, column)
+        if sql_type(kind, _stored_column(change.column, change.old, kind)) != new_type:
+            typed.append((change, new_type, column.arrow_type))
+    done = loader.migrate(typed) if typed else []
+    step.plan = fit_plan(plan, loader)
+    return done
 
 
-def _arrow_changed(change: SchemaChange, plan: ReadPlan) -> bool:
-    assert change.old is not None
-    return _arrow_of(change.old) != plan.shape.column(change.column).arrow_type
+def _stored_column(name: str, column: ColumnType, destination: str) -> Column:
+    """How a column of a stored schema landed (the stored schema keeps type names only: a domain lands as text,
+    an array's element is its name without the leading underscore)."""
+    typmod = -1
+    if column.type_name in _NUMERIC and "(" in column.sql_type:
+        digits = [int(part) for part in column.sql_type.split("(")[-1].rstrip(")[]").split(",")]
+        typmod = ((digits[0] << 16) | ((digits[1] if len(digits) > 1 else 0) & 0x7FF)) + 4
+    element = PgType(column.type_name[1:], typmod) if column.type_name.startswith("_") else None
+    pg = PgType(column.type_name, -1 if element else typmod, element=element)
+    return column_of(name, column.type_name, column.sql_type, True, pg, destination)
 
 
-def _arrow_of(column: ColumnType) -> pa.DataType:
-    digits = (
-        [int(part) for part in column.sql_type.split("(")[-1].rstrip(")").split(",")] if "(" in column.sql_type else []
-    )
-    precision = digits[0] if digits else None
-    scale = digits[1] if len(digits) > 1 else (0 if digits else None)
-    return arrow_type_for(column.type_name, column.sql_type, precision, scale)
+_NUMERIC = ("numeric", "_numeric")
 
 
 def _paused_message(stream: PostgresTableStream, changes: list[SchemaChange]) -> str:

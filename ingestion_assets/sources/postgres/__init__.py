@@ -23,11 +23,13 @@ def plan_table_read(
     primary_key: tuple[str, ...],
     max_value_bytes: int = 16 << 20,
     skip_columns: frozenset[str] = frozenset(),
+    destination: str = "duckdb",
 ) -> ReadPlan:
-    """Discover the table and check the named columns exist, so a typo fails before any read."""
+    """Discover the table and check the named columns exist, so a typo fails before any read. The columns land
+    as `destination` (duckdb or postgres) holds them."""
     conn = connect(url, "ingest-discover")
     try:
-        shape = discover_table(conn, schema, table)
+        shape = discover_table(conn, schema, table, destination)
         server_version = int(conn.server_version)
     finally:
         conn.close()
@@ -85,7 +87,7 @@ def table_slices(
         if settled is not None:
             eligible = pc.indices_nonzero(table.column(SETTLED))
             table = table.drop_columns([SETTLED])
-        marked = mark_problems(table, checked, plan.max_value_bytes)
+        marked = mark_problems(table, plan.shape, checked, plan.max_value_bytes)
         if settled is None:
             position = plan.position_of_last_row(marked)
         elif len(eligible):

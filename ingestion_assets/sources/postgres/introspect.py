@@ -3,26 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import pyarrow as pa
 from psycopg2.extensions import connection as PgConnection
 
-MAX_DECIMAL_PRECISION = 38  # what Arrow decimal128, DuckDB and most warehouses hold exactly
+from ingestion_assets.sources.postgres.landing import DUCKDB_TYPE, POSTGRES_TYPE, PgType, land
 
-_FIXED_TYPES: dict[str, pa.DataType] = {
-    "int2": pa.int16(),
-    "int4": pa.int32(),
-    "int8": pa.int64(),
-    "oid": pa.int64(),
-    "float4": pa.float32(),
-    "float8": pa.float64(),
-    "bool": pa.bool_(),
-    "date": pa.date32(),
-    "time": pa.time64("us"),
-    "timestamp": pa.timestamp("us"),
-    "timestamptz": pa.timestamp("us", tz="UTC"),
-    "bytea": pa.binary(),
-}
 JSON_TYPES = frozenset({"json", "jsonb"})
 
 # The lowest value of a type: a NULL cursor sorts and compares as this, so NULL rows are neither skipped
@@ -49,27 +36,80 @@ class TableNotReadable(LookupError):
 @dataclass(frozen=True)
 class Column:
     name: str
-    type_name: str  # pg_type.typname, e.g. int8, timestamptz, _text for arrays
+    type_name: str  # pg_type.typname as declared (a domain's own name), e.g. int8, _text: what schema diffs compare
     sql_type: str  # format_type(): what a literal is cast to, e.g. numeric(38,9)
     nullable: bool
-    arrow_type: pa.DataType
+    arrow_type: pa.DataType  # the column's type in a slice
+    base_type: str = ""  # typname with domains resolved, when it differs from type_name
+    decode: str = ""  # how a slice value is made from COPY's text: "" Arrow's CSV reader; else values.py
+    duckdb_type: str | None = None  # the destination's own type where dlt has none (REAL, UUID, INTEGER[] ...)
+    postgres_type: str | None = None
+    element: Column | None = None  # an array's elements, for decoding
+
+    @property
+    def kind(self) -> str:
+        """What the values are: the type name with domains resolved."""
+        return self.base_type or self.type_name
 
     @property
     def is_json(self) -> bool:
-        return self.type_name in JSON_TYPES
+        return self.kind in JSON_TYPES
+
+    @property
+    def wire_type(self) -> pa.DataType:
+        """What Arrow's CSV reader parses COPY's text into."""
+        return pa.string() if self.decode else self.arrow_type
 
     def dlt_hint(self) -> dict[str, object] | None:
-        """What dlt cannot infer from the Arrow type: JSON stays JSON, a local timestamp stays local."""
+        """What dlt cannot infer from the Arrow type: JSON stays JSON, a local timestamp stays local, and the
+        destination's own type for what dlt has no name for."""
+        hint: dict[str, object] = {}
         if self.is_json:
-            return {"data_type": "json"}
-        if self.type_name == "timestamp":
-            return {"data_type": "timestamp", "timezone": False, "precision": 6}
-        return None
+            hint = {"data_type": "json"}
+        elif self.kind == "timestamp":
+            hint = {"data_type": "timestamp", "timezone": False, "precision": 6}
+        if self.duckdb_type or self.postgres_type:
+            hint.setdefault("data_type", _DLT_TYPE.get(str(self.arrow_type), "json"))
+            hint.update({DUCKDB_TYPE: self.duckdb_type, POSTGRES_TYPE: self.postgres_type})
+        return hint or None
+
+    def as_text(self) -> Column:
+        """This column landing as PostgreSQL's exact text, as versions before native types landed it (they knew
+        no domains either)."""
+        return Column(self.name, self.type_name, self.sql_type, self.nullable, pa.string())
 
     @property
     def lowest_literal(self) -> str:
         """The value a NULL of this column orders as (text types: the empty string)."""
-        return _LOWEST.get(self.type_name, "")
+        return _LOWEST.get(self.kind, "")
+
+
+def column_of(name: str, type_name: str, sql_type: str, nullable: bool, pg: PgType, destination: str) -> Column:
+    """A column as it lands in `destination` (duckdb or postgres)."""
+    landing = land(pg, sql_type, destination)
+    element = None
+    if landing.element is not None and pg.element is not None:
+        element = column_of("", pg.element.name, "", True, pg.element, destination)
+    return Column(
+        name,
+        type_name,
+        sql_type,
+        nullable,
+        landing.arrow_type,
+        pg.name if pg.name != type_name else "",
+        landing.decode,
+        landing.duckdb_type,
+        landing.postgres_type,
+        element,
+    )
+
+
+def type_hints(shape: TableShape) -> tuple[tuple[str, dict[str, object]], ...]:
+    """(column, dlt hint) for the columns whose hint says more than their Arrow type."""
+    return tuple((c.name, hint) for c in shape.columns if (hint := c.dlt_hint()) is not None)
+
+
+_DLT_TYPE = {"float": "double", "string": "text"}
 
 
 @dataclass(frozen=True)
@@ -93,22 +133,9 @@ class TableShape:
         return pa.schema([pa.field(c.name, c.arrow_type, nullable=c.nullable) for c in self.columns])
 
 
-def arrow_type_for(type_name: str, sql_type: str, precision: int | None, scale: int | None) -> pa.DataType:
-    """Exact where Arrow can be exact; everything else travels as text, never as a lossy float."""
-    if type_name in _FIXED_TYPES:
-        return _FIXED_TYPES[type_name]
-    if type_name == "numeric" and precision is not None and precision <= MAX_DECIMAL_PRECISION:
-        return pa.decimal128(precision, scale or 0)
-    return pa.string()  # text, varchar, uuid, json, unconstrained numeric, arrays, intervals, enums ...
-
-
 _COLUMNS_SQL = """
-SELECT a.attname,
-       t.typname,
-       format_type(a.atttypid, a.atttypmod),
-       NOT a.attnotnull,
-       CASE WHEN t.typname = 'numeric' AND a.atttypmod > 0 THEN ((a.atttypmod - 4) >> 16) & 65535 END,
-       CASE WHEN t.typname = 'numeric' AND a.atttypmod > 0 THEN (a.atttypmod - 4) & 65535 END
+SELECT a.attname, t.typname, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull, a.atttypid, a.atttypmod,
+       a.attndims
 FROM pg_attribute a
 JOIN pg_class c ON c.oid = a.attrelid
 JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -116,22 +143,51 @@ JOIN pg_type t ON t.oid = a.atttypid
 WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
 """
+# Every type a column's type leads to: a domain's base type, an array's element type, recursively.
+_TYPES_SQL = """
+WITH RECURSIVE reached(oid) AS (
+    SELECT unnest(%s::oid[])
+  UNION
+    SELECT next.oid FROM reached JOIN pg_type t ON t.oid = reached.oid,
+           LATERAL (VALUES (t.typbasetype), (CASE WHEN t.typcategory = 'A' THEN t.typelem ELSE 0 END)) next(oid)
+    WHERE next.oid <> 0
+)
+SELECT t.oid, t.typname, t.typtype = 'd', t.typbasetype, t.typtypmod,
+       CASE WHEN t.typcategory = 'A' THEN t.typelem END, t.typdelim, t.typnamespace = 'pg_catalog'::regnamespace
+FROM reached JOIN pg_type t ON t.oid = reached.oid
+"""
 
 
-def discover_table(conn: PgConnection, schema: str, table: str) -> TableShape:
+def discover_table(conn: PgConnection, schema: str, table: str, destination: str = "duckdb") -> TableShape:
+    """The table's columns as they land in `destination` (duckdb, or postgres: PostgreSQL's own types)."""
     with conn.cursor() as cur:
         cur.execute(_COLUMNS_SQL, (schema, table))
         rows = cur.fetchall()
-    if not rows:
-        raise TableNotReadable(f"table {schema}.{table} does not exist or has no columns visible to this user")
+        if not rows:
+            raise TableNotReadable(f"table {schema}.{table} does not exist or has no columns visible to this user")
+        cur.execute(_TYPES_SQL, ([row[4] for row in rows],))
+        types = {row[0]: _TypeRow(*row[1:]) for row in cur.fetchall()}
     columns = tuple(
-        Column(
-            name=name,
-            type_name=type_name,
-            sql_type=sql_type,
-            nullable=nullable,
-            arrow_type=arrow_type_for(type_name, sql_type, precision, scale),
-        )
-        for name, type_name, sql_type, nullable, precision, scale in rows
+        column_of(name, type_name, sql_type, nullable, _resolve(types, oid, typmod, dims), destination)
+        for name, type_name, sql_type, nullable, oid, typmod, dims in rows
     )
     return TableShape(schema=schema, table=table, columns=columns)
+
+
+class _TypeRow(NamedTuple):
+    name: str
+    is_domain: bool
+    base: int
+    base_typmod: int
+    element: int | None
+    delimiter: str
+    in_catalog: bool
+
+
+def _resolve(types: dict[int, _TypeRow], oid: int, typmod: int, dims: int, builtin: bool = True) -> PgType:
+    """Domains resolve to their base type (and its typmod); a domain is not a type the destination has."""
+    row = types[oid]
+    if row.is_domain:
+        return _resolve(types, row.base, row.base_typmod, dims, builtin=False)
+    element = None if row.element is None else _resolve(types, row.element, typmod, 0, builtin)
+    return PgType(row.name, typmod, builtin and row.in_catalog, element, row.delimiter, dims)

@@ -13,6 +13,7 @@ from psycopg2.extensions import connection as PgConnection
 
 from ingestion_assets.sources.postgres.bad_values import RAW, fits, raw_when_unfit
 from ingestion_assets.sources.postgres.introspect import Column, TableShape
+from ingestion_assets.sources.postgres.values import plain
 
 Position = dict[str, str | None]  # ordering column -> exact text of its value (None: NULL)
 
@@ -195,7 +196,7 @@ class ReadPlan:
     def position_of_last_row(self, table: pa.Table, last: int | None = None) -> Position:
         """Exact text of the last row's ordering values; a value nulled as unloadable comes from its raw JSON."""
         last = table.num_rows - 1 if last is None else last
-        position = {c.name: exact_text(table.column(c.name)[last].as_py()) for c in self.ordering}
+        position = {c.name: exact_text(plain(table.column(c.name)[last])) for c in self.ordering}
         raw = table.column(RAW)[last].as_py() if RAW in table.column_names else None
         if raw is not None:
             record = json.loads(raw)

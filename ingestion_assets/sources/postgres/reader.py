@@ -70,7 +70,7 @@ def copy_batches(
     try:
         if source.peek(1):  # Arrow rejects an empty stream; no rows is a normal incremental run
             for batch in pacsv.open_csv(source, **csv_options(shape)):
-                yield _decode_binary(batch, shape)
+                yield decode_binary(batch, shape)
         finished = True
     except pa.ArrowInvalid as exc:
         producer.join()
@@ -93,7 +93,7 @@ def csv_options(shape: TableShape) -> dict[str, object]:
         "read_options": pacsv.ReadOptions(column_names=[c.name for c in shape.columns], block_size=BLOCK_BYTES),
         "parse_options": pacsv.ParseOptions(newlines_in_values=True),
         "convert_options": pacsv.ConvertOptions(
-            column_types={c.name: _wire_type(c.arrow_type) for c in shape.columns},
+            column_types={c.name: c.wire_type for c in shape.columns},
             null_values=[""],
             strings_can_be_null=True,
             quoted_strings_can_be_null=False,  # COPY quotes an empty string, never a NULL
@@ -103,17 +103,20 @@ def csv_options(shape: TableShape) -> dict[str, object]:
     }
 
 
-def _wire_type(arrow_type: pa.DataType) -> pa.DataType:
-    """bytea arrives as hex text (\\x...) and is decoded after parsing."""
-    return pa.string() if pa.types.is_binary(arrow_type) else arrow_type
-
-
-def _decode_binary(batch: pa.RecordBatch, shape: TableShape) -> pa.RecordBatch:
-    binary = [i for i, c in enumerate(shape.columns) if pa.types.is_binary(c.arrow_type)]
+def decode_binary(batch: pa.RecordBatch | pa.Table, shape: TableShape) -> pa.RecordBatch | pa.Table:
+    """bytea arrives as hex text and is decoded here; the other texts Arrow does not parse (intervals, arrays)
+    are decoded per slice, where a value that does not fit can park its row (see values.py)."""
+    binary = [i for i, c in enumerate(shape.columns) if c.decode == "binary"]
     if not binary:
         return batch
     arrays = list(batch.columns)
     for i in binary:
-        texts = pc.utf8_slice_codeunits(arrays[i], start=2).to_pylist()
-        arrays[i] = pa.array([None if t is None else bytes.fromhex(t) for t in texts], pa.binary())
-    return pa.RecordBatch.from_arrays(arrays, schema=shape.arrow_schema)
+        arrays[i] = hex_bytes(arrays[i])
+    fields = [pa.field(f.name, pa.binary() if i in binary else f.type, f.nullable) for i, f in enumerate(batch.schema)]
+    return type(batch).from_arrays(arrays, schema=pa.schema(fields))
+
+
+def hex_bytes(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """bytea_output = hex: `\\x0a1b...`."""
+    hexes = pc.utf8_slice_codeunits(texts, start=2).to_pylist()
+    return pa.array([None if h is None else bytes.fromhex(h) for h in hexes], pa.binary())

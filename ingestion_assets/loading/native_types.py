@@ -1,0 +1,70 @@
+"""The destination's own types where dlt has none (REAL, UUID, INTERVAL, LIST; PostgreSQL's interval, arrays,
+ranges ...), and values in the form a PostgreSQL destination's CSV load reads exactly.
+
+dlt names a column type with its own small set (double, text, json ...). A column hint carries the native
+type (see sources/postgres/landing.py), and these type mappers use it wherever dlt writes a column type:
+CREATE TABLE and ADD COLUMN, for the target and for the staging table a merge goes through.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from dlt.destinations.impl.duckdb.factory import DuckDbTypeMapper
+from dlt.destinations.impl.postgres.factory import PostgresTypeMapper
+
+from ingestion_assets.sources.postgres import temporal
+from ingestion_assets.sources.postgres.landing import DUCKDB_TYPE, POSTGRES_TYPE
+
+
+class DuckDbNativeTypes(DuckDbTypeMapper):
+    def to_destination_type(self, column: Any, table: Any) -> str:
+        native = column.get(DUCKDB_TYPE)
+        return str(native) if native else str(super().to_destination_type(column, table))
+
+
+class PostgresNativeTypes(PostgresTypeMapper):
+    def to_destination_type(self, column: Any, table: Any) -> str:
+        native = column.get(POSTGRES_TYPE)
+        return str(native) if native else str(super().to_destination_type(column, table))
+
+
+_CSV_SAFE = {  # what Arrow's CSV writer prints as PostgreSQL reads it: four-digit years AD, no infinity
+    "date": (temporal.days_from_civil(1, 1, 1), temporal.days_from_civil(10000, 1, 1) - 1),
+    "timestamp": (
+        temporal.days_from_civil(1, 1, 1) * temporal.US_PER_DAY,
+        temporal.days_from_civil(10000, 1, 1) * temporal.US_PER_DAY - 1,
+    ),
+    "time": (0, temporal.US_PER_DAY - 1),
+}
+
+
+def for_postgres(table: pa.Table) -> pa.Table:
+    """dlt loads PostgreSQL through CSV written by Arrow, which prints infinity as a year-294247 timestamp (a
+    different value PostgreSQL would accept) and BC dates in a form it refuses. A temporal column holding such
+    a value travels as PostgreSQL's text instead (rare, so per value); every other column is left alone."""
+    for index, field in enumerate(table.schema):
+        kind = _kind(field.type)
+        if kind is None or table.column(index).null_count == table.num_rows:
+            continue
+        storage = pa.int32() if kind == "date" else pa.int64()
+        integers = pc.cast(table.column(index), storage)
+        low, high = _CSV_SAFE["timestamp" if kind.startswith("timestamp") else kind]
+        bounds = pc.min_max(integers)
+        if bounds["min"].as_py() >= low and bounds["max"].as_py() <= high:
+            continue
+        texts = [None if v is None else temporal.format_value(v, kind) for v in integers.to_pylist()]
+        table = table.set_column(index, field.name, pa.array(texts, pa.string()))
+    return table
+
+
+def _kind(arrow_type: pa.DataType) -> str | None:
+    if pa.types.is_timestamp(arrow_type):
+        return "timestamptz" if arrow_type.tz else "timestamp"
+    if pa.types.is_date32(arrow_type):
+        return "date"
+    if pa.types.is_time64(arrow_type):
+        return "time"
+    return None

@@ -1,0 +1,79 @@
+"""A target table keeps the column types it was created with: an upgrade never changes the form of values
+already loaded.
+
+Versions before native types landed uuid, interval, arrays and domains as PostgreSQL's text. A target table
+created then keeps text for those columns, in exactly the form its rows already hold (a refresh, which builds
+a new table, lands them natively). dlt merges through a staging table it created from its own schema; a
+staging column that differs from the target's is altered to the target's type while it is empty.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pyarrow as pa
+from dlt.common.normalizers.naming.snake_case import NamingConvention
+
+from ingestion_assets.loading.pipeline import Loader
+from ingestion_assets.sources.postgres.introspect import Column, TableShape, type_hints
+from ingestion_assets.sources.postgres.query import ReadPlan
+
+_NAMING = NamingConvention()  # dlt's default, which the pipelines use
+_TEXT = {"duckdb": ("VARCHAR",), "postgres": ("text", "character varying")}  # what text columns are named
+_COLUMNS = {
+    "duckdb": "SELECT column_name, data_type FROM information_schema.columns "
+    "WHERE table_schema = %s AND table_name = %s",
+    "postgres": "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+    "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped",
+}
+
+
+def fit_plan(plan: ReadPlan, loader: Loader) -> ReadPlan:
+    return replace(plan, shape=fit_shape(plan.shape, loader))
+
+
+def fit_shape(shape: TableShape, loader: Loader) -> TableShape:
+    """The shape as the target holds it; the loader's column hints follow."""
+    kind = loader.destination.type
+    with loader.client() as client:
+        target = _column_types(client, kind, loader.target.table)
+        names = {c.name: _NAMING.normalize_identifier(c.name) for c in shape.columns}  # as dlt names columns
+        columns = tuple(c.as_text() if _kept_as_text(c, target.get(names[c.name]), kind) else c for c in shape.columns)
+        fitted = TableShape(shape.schema, shape.table, columns)
+        if target:
+            _align_staging(client, kind, loader.target.table, fitted, target)
+    loader.target = replace(loader.target, type_hints=type_hints(fitted))
+    return fitted
+
+
+def _kept_as_text(column: Column, existing: str | None, kind: str) -> bool:
+    native = column.duckdb_type if kind == "duckdb" else column.postgres_type
+    lands_natively = native is not None or column.arrow_type != pa.string()
+    textual = existing is not None and existing.split("(")[0] in _TEXT[kind]  # VARCHAR, not VARCHAR[]
+    return textual and lands_natively and not column.is_json
+
+
+def _align_staging(client: Any, kind: str, table: str, shape: TableShape, target: dict[str, str]) -> None:
+    with client.with_staging_dataset() as staging:
+        current = _column_types(staging, kind, table)
+        names = [_NAMING.normalize_identifier(c.name) for c in shape.columns]
+        differ = [name for name in names if name in current and current[name] != target.get(name)]
+        if not differ:
+            return
+        qualified = staging.make_qualified_table_name(table)
+        with staging.begin_transaction():
+            staging.execute_sql(f"DELETE FROM {qualified}")  # a slice in flight only; the next load refills it
+            for name in differ:
+                column = staging.escape_column_name(name)
+                using = f" USING {column}::{target[name]}" if kind == "postgres" else ""
+                staging.execute_sql(f"ALTER TABLE {qualified} ALTER COLUMN {column} TYPE {target[name]}{using}")
+
+
+def _column_types(client: Any, kind: str, table: str) -> dict[str, str]:
+    """Column name -> SQL type of the table as it exists now (empty when it does not)."""
+    if kind == "duckdb":
+        rows = client.execute_sql(_COLUMNS[kind], client.dataset_name, table)
+    else:
+        rows = client.execute_sql(_COLUMNS[kind], client.make_qualified_table_name(table))
+    return {str(name): str(sql_type) for name, sql_type in rows or ()}
