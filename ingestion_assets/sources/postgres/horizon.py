@@ -21,7 +21,7 @@ from typing import Any
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
-from ingestion_assets.sources.postgres.query import Position, ReadPlan, exact_text
+from ingestion_assets.sources.postgres.query import Position, ReadPlan
 
 # Sessions of the product itself only read; every other session in the database may write.
 _OPEN_TRANSACTIONS = """
@@ -87,8 +87,9 @@ class Horizon:
 def take_probe(conn: PgConnection, plan: ReadPlan) -> Probe:
     """The newest (cursor, key) position of the table, and the server's clock after the snapshot that saw it."""
     names = [c.name for c in plan.ordering]
+    # As PostgreSQL's own text: it reads it back exactly, infinity, BC and years past 9999 included.
     statement = sql.SQL("SELECT clock_timestamp(), {cols} FROM {table} t ORDER BY {order} LIMIT 1").format(
-        cols=sql.SQL(", ").join(sql.SQL("t.") + sql.Identifier(n) for n in names),
+        cols=sql.SQL(", ").join(sql.SQL("t.") + sql.Identifier(n) + sql.SQL("::text") for n in names),
         table=sql.Identifier(plan.shape.schema, plan.shape.table),
         order=sql.SQL(", ").join(sql.SQL("{} DESC").format(e) for e in plan.order_expressions()),
     )
@@ -98,7 +99,7 @@ def take_probe(conn: PgConnection, plan: ReadPlan) -> Probe:
         if row is None:
             cur.execute("SELECT clock_timestamp()")
             return Probe(_clock(cur), None)
-    return Probe(row[0], {name: exact_text(value) for name, value in zip(names, row[1:], strict=True)})
+    return Probe(row[0], dict(zip(names, row[1:], strict=True)))
 
 
 def read_horizon(conn: PgConnection, max_reader_seconds: float | None) -> Horizon:
