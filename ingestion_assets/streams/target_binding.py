@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ingestion_assets.loading.bindings import Marker
-from ingestion_assets.loading.pipeline import Loader
+from ingestion_assets.loading.pipeline import Loader, TargetState
 
 TARGET = "target"  # the checkpoint detail: {"binding", "seq", "where"}
 
@@ -29,21 +29,22 @@ def settle_target(
 ) -> Settled:
     """Bind the loader to the target and decide where the read starts."""
     stored = details.get(TARGET)
-    if not loader.target_exists():
+    state = loader.inspect(partition)
+    if not state.exists:
         loader.forget_stored_schema()  # dropped behind dlt's back (or never made): dlt must create it again
     if position is None:
-        loader.bind(Marker(_new_binding(), 0, generation), partition, record_now=True)
+        loader.bind(Marker(_new_binding(), 0, generation), partition, record_now=state.exists)
         return Settled(None, None)
-    reason = _mismatch(loader, partition, stored)
+    reason = _mismatch(loader, state, stored)
     if reason is None:
         assert isinstance(stored, dict)
         loader.bind(Marker(str(stored["binding"]), int(stored["seq"]), generation), partition)
         return Settled(position, None)
-    if stored is None and loader.target_exists() and not loader.target_is_empty():
+    if stored is None and state.has_rows:
         # A checkpoint from before target binding, and a target that holds the stream's rows: adopt it.
         loader.bind(Marker(_new_binding(), 0, generation), partition, record_now=True)
         return Settled(position, None)
-    loader.bind(Marker(_new_binding(), 0, generation), partition, record_now=True)
+    loader.bind(Marker(_new_binding(), 0, generation), partition, record_now=state.exists)
     return Settled(None, reason)
 
 
@@ -55,12 +56,12 @@ def binding_details(loader: Loader) -> dict[str, Any]:
     return {TARGET: {"binding": marker.binding, "seq": marker.seq, "where": loader.where()}}
 
 
-def _mismatch(loader: Loader, partition: str | None, stored: Any) -> str | None:
+def _mismatch(loader: Loader, state: TargetState, stored: Any) -> str | None:
     where = loader.where()
     table = f"{loader.target.dataset}.{loader.stream_name}"
     if not isinstance(stored, dict) or "binding" not in stored:
         return f"the checkpoint predates target binding and {where} holds no rows in {table}"
-    marker = loader.marker(partition)
+    marker = state.marker
     if marker is None:
         return (
             f"{where} holds no record of this stream (the checkpoint was taken against {stored.get('where')}): "
@@ -73,7 +74,7 @@ def _mismatch(loader: Loader, partition: str | None, stored: Any) -> str | None:
             f"{where} holds {marker.seq} of the {stored['seq']} slices the checkpoint counts: the target was "
             "restored from an older copy, or lost writes"
         )
-    if not loader.target_exists() or loader.target_is_empty():
+    if not state.has_rows:
         return f"{table} in {where} is missing or empty although the checkpoint says rows were loaded"
     return None
 
