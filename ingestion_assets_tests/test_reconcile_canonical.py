@@ -27,7 +27,22 @@ INSERT INTO kinds VALUES
   '2262-04-11 23:47:16.854775+00', '1677-09-22 00:12:44', '0001-01-01', 123456789.001, 12345678901234567890.5,
   true, '\x5c27', '2024-01-01 00:00:04+00');
 """
-COLUMNS = "id small big label code fixed ref at local day amount exact flag raw".split()
+COLUMNS = [
+    "id",
+    "small",
+    "big",
+    "label",
+    "code",
+    "fixed",
+    "ref",
+    "at",
+    "local",
+    "day",
+    "amount",
+    "exact",
+    "flag",
+    "raw",
+]
 
 
 @pytest.mark.parametrize("destination", ["duckdb", "postgres"])

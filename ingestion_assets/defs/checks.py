@@ -92,6 +92,7 @@ _FIGURES = {
     "deletions_applied": "deletions applied",
     "not_yet_synced": "not yet synced (past the checkpoint)",
     "parked": "parked as dead letters",
+    "seconds": "seconds",
 }
 _SAMPLES = {
     "missing": "sample of missing keys",

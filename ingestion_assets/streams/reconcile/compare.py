@@ -10,7 +10,13 @@ under that lock, does not hold it at any version.
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
+
+import pyarrow as pa
 
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.sources.postgres.query import Position, ReadPlan
@@ -20,6 +26,8 @@ from ingestion_assets.streams.reconcile.relation import Buckets, Scope, key_alia
 from ingestion_assets.streams.reconcile.source_side import SourceSide
 from ingestion_assets.streams.reconcile.target_side import TargetSide
 
+T = TypeVar("T")
+U = TypeVar("U")
 ROWS_PER_BUCKET = 64  # a difference costs the diff about this many rows per side
 MAX_BUCKETS = 1 << 18
 
@@ -50,9 +58,11 @@ class Request:
 def reconcile(request: Request) -> Reconciliation:
     """Under the target's writer lock from before the source is read to after the deletions: the target then
     holds still while both sides are compared (a load of another partition cannot pass for a deleted row)."""
+    began = time.monotonic()
     with request.loader.client() as client, SourceSide.open(request.url, request.plan, request.scope) as source:
         target = TargetSide(request.loader, request.plan, request.scope, source.shape, client)
-        return _compare(request, source, target)
+        found = _compare(request, source, target)
+    return dataclasses.replace(found, seconds=round(time.monotonic() - began, 3))
 
 
 def bucket_count(rows: int) -> int:
@@ -65,8 +75,7 @@ def bucket_count(rows: int) -> int:
 
 def _compare(request: Request, source: SourceSide, target: TargetSide) -> Reconciliation:
     buckets = bucket_count(max(source.estimate(), target.estimate()))
-    theirs = target.aggregate(buckets)
-    ours = source.aggregate(buckets)
+    ours, theirs = _both(lambda: source.aggregate(buckets), lambda: target.aggregate(buckets))
     occupied = ours.keys() | theirs.keys()
     differing = sorted(b for b in occupied if ours.get(b) != theirs.get(b))
     chosen = sorted(occupied) if request.every_key else differing
@@ -81,21 +90,12 @@ def _compare(request: Request, source: SourceSide, target: TargetSide) -> Reconc
     if not chosen:
         return figures
     only = None if 2 * len(chosen) >= len(occupied) else chosen
-    keys, versions = len(request.plan.primary_key), len(request.plan.cursor)
-    diff = Diff(source.rows(buckets, only), target.rows(buckets, only), keys, versions)
-    try:
-        if not request.conclusive:
-            diff.add("tgt", target.lookup(diff.only_in("src")))
-            diff.add("src", source.lookup(diff.only_in("tgt")))
-        classified = diff.classify(*_ordering(request))
-        keys_diffed = diff.rows
-    finally:
-        diff.close()
-    found = summarize(classified, keys, target.parked() if classified.num_rows else set())
+    classified, diffed = _diff(request, source, target, buckets, only)
+    found = summarize(classified, len(request.plan.primary_key), target.parked() if classified.num_rows else set())
     applied = target.retire(found.deleted_keys, soft=request.deletes == "soft") if request.applies_deletes else 0
     return dataclasses.replace(
         figures,
-        keys_diffed=keys_diffed,
+        keys_diffed=diffed,
         missing=found.counts[MISSING],
         stale=found.counts[STALE],
         newer_in_target=found.counts[NEWER],
@@ -105,6 +105,28 @@ def _compare(request: Request, source: SourceSide, target: TargetSide) -> Reconc
         parked=found.parked,
         samples={kind: keys for kind, keys in found.samples.items() if keys},
     )
+
+
+def _diff(
+    request: Request, source: SourceSide, target: TargetSide, buckets: int, only: list[int] | None
+) -> tuple[pa.Table, int]:
+    """The classified differences of the chosen buckets, and how many rows both sides sent for them."""
+    ours, theirs = _both(lambda: source.rows(buckets, only), lambda: target.rows(buckets, only))
+    diff = Diff(ours, theirs, len(request.plan.primary_key), len(request.plan.cursor))
+    try:
+        if not request.conclusive:
+            diff.add("tgt", target.lookup(diff.only_in("src")))
+            diff.add("src", source.lookup(diff.only_in("tgt")))
+        return diff.classify(*_ordering(request)), diff.rows
+    finally:
+        diff.close()
+
+
+def _both(on_source: Callable[[], T], on_target: Callable[[], U]) -> tuple[T, U]:
+    """The source's query runs on its server while the target's runs beside it: the longer one sets the time."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reconcile-target") as pool:
+        theirs = pool.submit(on_target)
+        return on_source(), theirs.result()
 
 
 def _ordering(request: Request) -> tuple[list[str], Position | None, list[str]]:

@@ -32,6 +32,7 @@ class Reconciliation:
     parked: int = 0  # source rows that differ because they wait in the dead-letter table
     samples: dict[str, list[str]] = field(default_factory=dict)
     skipped: str | None = None  # why nothing was compared
+    seconds: float = 0.0
 
     @property
     def passed(self) -> bool:
