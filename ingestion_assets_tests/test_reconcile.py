@@ -212,3 +212,28 @@ def test_rows_parked_as_dead_letters_are_not_missing(harness: StreamHarness, des
     assert _figure(check, "older in target than in source") == 0 and _figure(check, "deletions applied") == 1
     kept = harness.target_rows_where("readings", ["id", "amount"], "id", "id BETWEEN 7 AND 10")
     assert [r[0] for r in kept] == [8, 10]  # 7 never loaded, 8 keeps its last good version, 9 is gone
+
+
+ACCOUNTS = """
+CREATE TABLE accounts (region text, number int, owner uuid NOT NULL, updated_at timestamptz NOT NULL,
+                       PRIMARY KEY (region, number));
+INSERT INTO accounts SELECT r, g, md5(r || g)::uuid, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 s'
+FROM generate_series(1, 150) g, unnest(ARRAY['eu', 'us', 'Ünïcode']) r;
+"""
+
+
+@pytest.mark.parametrize("destination", DESTINATIONS)
+def test_a_composite_text_key_is_bucketed_by_hash(harness: StreamHarness, destination: str) -> None:
+    harness.source.execute(ACCOUNTS)
+    spec = {"table": "accounts", "primary_key": ["region", "number"], "cursor": "updated_at"}
+    harness.write_catalog({"accounts": {**spec, "reconcile": {"scope": "full", "deletes": "hard"}}}, destination)
+    harness.materialize()
+    harness.source.execute("DELETE FROM accounts WHERE number = 7 AND region <> 'eu'")
+    harness.source.execute(  # a late version the checkpoint covers
+        "UPDATE accounts SET owner = gen_random_uuid(), updated_at = updated_at + interval '1 ms' "
+        "WHERE region = 'eu' AND number = 9"
+    )
+    check = _check(harness.materialize())
+    assert _figure(check, "buckets compared") > 1 and _figure(check, "deletions applied") == 2, check.metadata
+    assert _figure(check, "sample of keys deleted at the source") == ["us|7", "Ünïcode|7"]
+    assert _figure(check, "sample of older keys") == ["eu|9"] and not check.passed

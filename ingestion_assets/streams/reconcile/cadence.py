@@ -8,6 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import duckdb
+import psycopg2
+from dlt.destinations.exceptions import DatabaseException
+
 from ingestion_assets.catalog import Reconcile
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.partitions import window_for
@@ -20,6 +24,7 @@ from ingestion_assets.streams.reconcile.relation import Scope
 from ingestion_assets.sync import SyncResult
 
 RECONCILED_AT = "reconciled_full_at"  # checkpoint detail: when the last full comparison completed (UTC)
+ERROR_CHARS = 400
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,10 @@ def reconcile_run(
         figures = reconcile(request)
     except NotComparable as exc:
         return RunCheck(Reconciliation(scope.name, skipped=str(exc)))
+    except (psycopg2.Error, duckdb.Error, DatabaseException) as exc:
+        # The slices are loaded and checkpointed: fail the check, not the run (a retry would read nothing new);
+        # a full comparison that did not finish is not recorded, so the next run owes it again.
+        return RunCheck(Reconciliation(scope.name, error=f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]))
     return RunCheck(figures, {RECONCILED_AT: now.isoformat()} if full else {})
 
 

@@ -19,7 +19,7 @@ from ingestion_assets.sources.postgres.introspect import Column
 
 Dialect = Literal["postgres", "duckdb"]
 NULL_MARK = "'\\N'"  # what a NULL part of a row's text reads as (COPY's own marker)
-HASH_HEX_DIGITS = 15  # 60 bits of the md5: a sum of a bucket's rows stays far inside numeric/hugeint
+HASH_HEX_DIGITS = 15  # 60 bits of the md5: a non-negative bigint on both sides
 
 
 class NotComparable(ValueError):

@@ -32,12 +32,13 @@ class Reconciliation:
     parked: int = 0  # source rows that differ because they wait in the dead-letter table
     samples: dict[str, list[str]] = field(default_factory=dict)
     skipped: str | None = None  # why nothing was compared
+    error: str | None = None  # the comparison could not finish (the run's load is committed all the same)
     seconds: float = 0.0
 
     @property
     def passed(self) -> bool:
         """Nothing unexplained: every row the checkpoint covers is in the target at the source's version."""
-        return self.missing == 0 and self.stale == 0 and self.newer_in_target == 0
+        return self.error is None and self.missing == 0 and self.stale == 0 and self.newer_in_target == 0
 
     @property
     def deletes_pending(self) -> int:

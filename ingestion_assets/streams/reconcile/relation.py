@@ -13,7 +13,7 @@ from ingestion_assets.sources.postgres.query import Position, Window
 from ingestion_assets.streams.reconcile.canonical import Dialect, Expr, row_hash
 from ingestion_assets.streams.reconcile.predicates import compare
 
-Buckets = dict[int, tuple[int, int]]  # bucket -> (rows, checksum)
+Buckets = dict[int, tuple[int, int]]  # bucket -> (rows, checksum: the XOR of the rows' hashes)
 
 
 @dataclass(frozen=True)
@@ -70,20 +70,46 @@ class Relation:
         return " AND ".join(conditions) if conditions else "TRUE"
 
     @property
+    def estimate_sql(self) -> str:
+        """About how many rows the table holds, to size the buckets: DuckDB counts (cheaply), PostgreSQL has
+        its statistics, or counts where the table was never analyzed (reltuples -1)."""
+        if self.dialect == "duckdb":
+            return f"SELECT count(*) FROM {self.table}"
+        return (
+            f"SELECT CASE WHEN reltuples >= 0 THEN reltuples::bigint ELSE (SELECT count(*) FROM {self.table}) END "
+            f"FROM pg_class WHERE oid = {self.quote(self.table)}::regclass"
+        )
+
+    @property
     def hash(self) -> str:
         return row_hash(self.dialect, self.keys, self.versions)
 
+    @property
+    def integer_key(self) -> bool:
+        return len(self.keys) == 1 and self.keys[0].kind.name == "int"
+
+    def bucket(self, buckets: int, hashed: str) -> str:
+        """A row's bucket: its key modulo `buckets` for one integer key column (the diff then finds a bucket's
+        rows by arithmetic, without hashing the table again), else its hash modulo `buckets`."""
+        if self.integer_key:
+            key = self.keys[0].sql
+            return f"((({key}) % {buckets}) + {buckets}) % {buckets}"  # non-negative in both dialects
+        return f"{hashed} % {buckets}"
+
     def aggregate_sql(self, scope: Scope, buckets: int) -> str:
-        """Rows and the sum of their hashes per bucket; OFFSET 0 keeps PostgreSQL from hashing twice."""
-        inner = f"SELECT {self.hash} AS h FROM {self.table} t WHERE {self.where(scope)} OFFSET 0"
-        return f"SELECT h % {buckets} AS b, count(*) AS n, sum(h) AS s FROM ({inner}) q GROUP BY 1"
+        """Rows and the XOR of their hashes per bucket (a bigint state: the hash table stays small, where sum's
+        numeric state spilled to disk); OFFSET 0 keeps PostgreSQL from computing the hash twice."""
+        key_bucket = f", {self.bucket(buckets, '')} AS b" if self.integer_key else ""
+        inner = f"SELECT {self.hash} AS h{key_bucket} FROM {self.table} t WHERE {self.where(scope)} OFFSET 0"
+        bucket = "b" if self.integer_key else self.bucket(buckets, "h")
+        return f"SELECT {bucket} AS b, count(*) AS n, bit_xor(h) AS s FROM ({inner}) q GROUP BY 1"
 
     def rows_sql(self, scope: Scope, buckets: int, only: Sequence[int] | None) -> str:
         """Key and version of every row in scope, or of the rows in the buckets `only` names."""
-        inner = f"SELECT {self.select_list}, {self.hash} AS h FROM {self.table} t WHERE {self.where(scope)} OFFSET 0"
-        aliases = ", ".join(self.aliases)
-        chosen = "" if only is None else f" WHERE h % {buckets} IN ({', '.join(str(b) for b in only)})"
-        return f"SELECT {aliases} FROM ({inner}) q{chosen}"
+        where = self.where(scope)
+        if only is not None:
+            where += f" AND {self.bucket(buckets, self.hash)} IN ({', '.join(str(b) for b in only)})"
+        return f"SELECT {self.select_list} FROM {self.table} t WHERE {where}"
 
     def rows_with_keys_sql(self, keys: str) -> str:
         """Rows whose key is in `keys`, a relation aliased k with columns k0, k1, ..., whatever their version or
@@ -103,6 +129,11 @@ class Relation:
         return [key_alias(i) for i in range(len(self.keys))] + [version_alias(i) for i in range(len(self.versions))]
 
 
+def work_mem(buckets: int) -> str:
+    """PostgreSQL's work_mem for an aggregate of `buckets` groups (about 100 bytes each), at least the default."""
+    return f"'{max(4 << 10, buckets * 128 >> 10)}kB'"
+
+
 def fold(rows: Sequence[Sequence[object]]) -> Buckets:
-    """(bucket, rows, sum) rows from either dialect (numeric, hugeint or int sums) as Python ints."""
+    """(bucket, rows, checksum) rows from either dialect as Python ints."""
     return {int(b): (int(n), int(s)) for b, n, s in rows}  # type: ignore[call-overload]

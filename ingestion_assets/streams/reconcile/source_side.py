@@ -21,7 +21,15 @@ from ingestion_assets.sources.postgres.introspect import Column, TableShape
 from ingestion_assets.sources.postgres.query import ReadPlan, exact_text
 from ingestion_assets.sources.postgres.reader import connect, copy_batches
 from ingestion_assets.streams.reconcile.canonical import Expr, kind_of
-from ingestion_assets.streams.reconcile.relation import Buckets, Relation, Scope, fold, key_alias, version_alias
+from ingestion_assets.streams.reconcile.relation import (
+    Buckets,
+    Relation,
+    Scope,
+    fold,
+    key_alias,
+    version_alias,
+    work_mem,
+)
 
 APPLICATION = "ingest-reconcile"
 KEYS_PER_LOOKUP = 1000
@@ -76,14 +84,16 @@ class SourceSide:
         return dataclasses.replace(self.plan.shape.column(name), name=alias)
 
     def estimate(self) -> int:
-        """The planner's row count (0 when never analyzed): it sizes the buckets, nothing more."""
+        """About how many rows the table holds: it sizes the buckets, nothing more."""
         with self.conn.cursor() as cur:
-            cur.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass", (self.relation.table,))
+            cur.execute(self.relation.estimate_sql)
             row = cur.fetchone()
-        return max(int(row[0]), 0) if row else 0
+        return int(row[0]) if row else 0
 
     def aggregate(self, buckets: int) -> Buckets:
+        """One query; its hash table gets the memory it needs (in this transaction only) instead of spilling."""
         with self.conn.cursor() as cur:
+            cur.execute(f"SET LOCAL work_mem = {work_mem(buckets)}")
             cur.execute(self.relation.aggregate_sql(self.scope, buckets))
             return fold(cur.fetchall())
 

@@ -27,7 +27,14 @@ from ingestion_assets.sources.postgres.introspect import TableShape
 from ingestion_assets.sources.postgres.query import ReadPlan
 from ingestion_assets.sources.postgres.reader import SESSION_SETTINGS, csv_options
 from ingestion_assets.streams.reconcile.canonical import Expr, kind_of
-from ingestion_assets.streams.reconcile.relation import Buckets, Relation, Scope, fold, key_alias
+from ingestion_assets.streams.reconcile.relation import (
+    Buckets,
+    Relation,
+    Scope,
+    fold,
+    key_alias,
+    work_mem,
+)
 
 KEYS_TABLE = "_ingest_reconcile_keys"
 
@@ -82,15 +89,14 @@ class TargetSide:
     def estimate(self) -> int:
         if not self.exists:
             return 0
-        if self.relation.dialect == "duckdb":
-            return int(self.client.execute_sql(f"SELECT count(*) FROM {self.relation.table}")[0][0])
-        statement = "SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass"
-        rows = self.client.execute_sql(statement, self.relation.table)
-        return max(int(rows[0][0]), 0) if rows else 0
+        rows = self.client.execute_sql(self.relation.estimate_sql)
+        return int(rows[0][0]) if rows else 0
 
     def aggregate(self, buckets: int) -> Buckets:
         if not self.exists:
             return {}
+        if self.relation.dialect == "postgres":  # as on the source: the hash table fits in memory
+            self.client.execute_sql(f"SET work_mem = {work_mem(buckets)}")
         return fold(self.client.execute_sql(self.relation.aggregate_sql(self.scope, buckets)) or [])
 
     def rows(self, buckets: int, only: list[int] | None) -> pa.Table:
