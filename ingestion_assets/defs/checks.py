@@ -66,6 +66,9 @@ def _reconciliation(outcomes: list[PartitionOutcome]) -> dg.AssetCheckResult:
     }
     for kind, label in _SAMPLES.items():
         metadata[label] = dg.MetadataValue.json([k for r in compared for k in r.samples.get(kind, [])][:10])
+    errors = [r.error for r in compared if r.error]
+    if errors:
+        metadata["error"] = dg.MetadataValue.text("; ".join(errors))
     if pending:
         metadata["what to do"] = (
             f"{pending} row(s) are gone from the source: set `reconcile: {{full_every_seconds: N, deletes: hard}}` "
