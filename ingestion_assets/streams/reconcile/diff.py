@@ -26,21 +26,23 @@ class Diff:
         self.keys = [key_alias(i) for i in range(keys)]
         self.versions = [version_alias(i) for i in range(versions)]
         self.con = duckdb.connect()
-        self.rows = source.num_rows + target.num_rows
-        for name, table in (("src", source), ("tgt", target)):
-            self.con.register("incoming", table)
-            self.con.execute(f"CREATE TABLE {name} AS SELECT DISTINCT * FROM incoming")
-            self.con.unregister("incoming")
+        self.tables = {"src": source, "tgt": target}
+        for name, table in self.tables.items():
+            self.con.register(name, table)  # scanned in place: no copy into DuckDB
+
+    @property
+    def rows(self) -> int:
+        return sum(table.num_rows for table in self.tables.values())
 
     def close(self) -> None:
         self.con.close()
 
     def add(self, side: str, rows: pa.Table) -> None:
+        """Rows looked up by keys this side did not hold, so they add no duplicate."""
         if rows.num_rows:
-            self.con.register("incoming", rows)
-            self.con.execute(f"INSERT INTO {side} SELECT * FROM incoming EXCEPT SELECT * FROM {side}")
-            self.con.unregister("incoming")
-            self.rows += rows.num_rows
+            self.tables[side] = pa.concat_tables([self.tables[side], rows.cast(self.tables[side].schema)])
+            self.con.unregister(side)
+            self.con.register(side, self.tables[side])
 
     def only_in(self, side: str) -> pa.Table:
         """Keys of `side` (src or tgt) the other side's rows here do not hold."""
