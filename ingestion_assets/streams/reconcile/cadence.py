@@ -71,7 +71,9 @@ def reconcile_run(
         # The slices are loaded and checkpointed: fail the check, not the run (a retry would read nothing new);
         # a full comparison that did not finish is not recorded, so the next run owes it again.
         return RunCheck(Reconciliation(scope.name, error=f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]))
-    return RunCheck(figures, {RECONCILED_AT: now.isoformat()} if full else {})
+    # Remembered only where a cadence asks (a checkpoint more per run otherwise, for nothing).
+    remember = full and bool(settings.full_every_seconds)
+    return RunCheck(figures, {RECONCILED_AT: now.isoformat()} if remember else {})
 
 
 def full_due(settings: Reconcile, last: str | None, now: dt.datetime) -> bool:
