@@ -6,6 +6,7 @@ from ingestion_assets.catalog import Catalog, PostgresSource, PostgresStream, Re
 from ingestion_assets.references import UnresolvedReference, resolve
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres import plan_table_read
+from ingestion_assets.sources.postgres.query import ReadPlan
 
 
 def check_catalog(settings: Settings, catalog: Catalog) -> list[str]:
@@ -31,13 +32,31 @@ def _check_postgres(settings: Settings, source_name: str, source: PostgresSource
     for stream_name, stream in source.streams.items():
         assert isinstance(stream, PostgresStream)
         try:
-            plan_table_read(url, stream.schema_name, stream.table_name, tuple(stream.cursor), tuple(stream.primary_key))
+            plan = plan_table_read(
+                url, stream.schema_name, stream.table_name, tuple(stream.cursor), tuple(stream.primary_key)
+            )
         except psycopg2.OperationalError as exc:
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             return [*problems, f"{where} ({source.connection.describe()}): cannot connect: {first_line}"]
         except LookupError as exc:
             problems.append(f"stream {source_name}.{stream_name}: {exc}")
+            continue
+        if stream.reconcile.applies_deletes:
+            problems += _check_reconcile(f"{source_name}.{stream_name}", stream, plan)
     return problems
+
+
+def _check_reconcile(name: str, stream: PostgresStream, plan: ReadPlan) -> list[str]:
+    """Deletes are detected by checksums of the key and cursor: every such column must have a canonical text."""
+    from ingestion_assets.streams.reconcile import NotComparable
+    from ingestion_assets.streams.reconcile.canonical import kind_of
+
+    try:
+        for column in [*stream.primary_key, *stream.cursor]:
+            kind_of(plan.shape.column(column))
+    except NotComparable as exc:
+        return [f"stream {name}: reconcile.deletes cannot be detected: {exc}; remove `reconcile.deletes`"]
+    return []
 
 
 def _check_rest(settings: Settings, catalog: Catalog, source_name: str, source: RestSource) -> list[str]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from ingestion_assets.catalog import load_catalog
+from ingestion_assets.checks import check_catalog
 from ingestion_assets.sources.postgres.introspect import Column
 from ingestion_assets.streams.reconcile.canonical import Expr, NotComparable, kind_of, row_hash
 from ingestion_assets_tests.helpers import StreamHarness
@@ -84,9 +86,14 @@ def test_each_type_prints_the_same_canonical_text_on_both_sides(
     assert hashes("postgres", "kinds") == hashes(dialect, table)
 
 
-def test_a_float_key_or_cursor_is_refused_with_its_reason() -> None:
+def test_a_float_key_or_cursor_is_refused_with_its_reason(harness: StreamHarness) -> None:
     with pytest.raises(NotComparable, match="'score' \\(double precision\\)"):
         kind_of(Column("score", "float8", "double precision", False, pa.float64()))
+    harness.source.execute("CREATE TABLE scores (id int PRIMARY KEY, score float8 NOT NULL)")
+    detect = {"scope": "full", "deletes": "hard"}
+    harness.write_catalog({"scores": {"table": "scores", "primary_key": "id", "cursor": "score", "reconcile": detect}})
+    (problem,) = check_catalog(harness.settings, load_catalog(harness.settings.catalog_path))
+    assert problem.startswith(f"stream {harness.source_name}.scores: reconcile.deletes cannot be detected")
 
 
 WEIRD = """
