@@ -49,7 +49,7 @@ def test_soft_delete_detection_leaves_the_live_rows_equal_to_the_source(sim_url:
 def test_deletes_left_undetected_are_caught(sim_url: str, tmp_path: Path) -> None:
     """The same seed with detection only reporting: the final check sees the rows the source deleted."""
     with pytest.raises(SimulationFailure, match="not deleted"):
-        Simulation(1000, sim_url, tmp_path, detection_off=True).run(rounds=2)
+        Simulation(1000, sim_url, tmp_path, detection_off=True).run(rounds=3)
 
 
 def test_checkpoint_before_the_load_is_caught(sim_url: str, tmp_path: Path) -> None:
