@@ -8,6 +8,7 @@ from ingestion_assets.loading.naming import NameCollision
 from ingestion_assets.references import UnresolvedReference, resolve
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres import dry_run, plan_table_read
+from ingestion_assets.sources.postgres.query import ReadPlan
 
 
 def check_catalog(settings: Settings, catalog: Catalog) -> list[str]:
@@ -43,8 +44,12 @@ def _check_postgres(settings: Settings, catalog: Catalog, source_name: str, sour
             return [*problems, f"{where} ({source.connection.describe()}): cannot connect: {_first_line(exc)}"]
         except psycopg2.Error as exc:
             problems.append(f"{name}: its read fails on the server: {_first_line(exc)}")
+            continue
         except LookupError as exc:
             problems.append(f"{name}: {exc}")
+            continue
+        if stream.reconcile.applies_deletes:
+            problems += _check_reconcile(f"{source_name}.{stream_name}", stream, plan)
     return problems
 
 
@@ -59,6 +64,19 @@ def _target_name_problems(catalog: Catalog, stream: str, columns: list[str]) -> 
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _check_reconcile(name: str, stream: PostgresStream, plan: ReadPlan) -> list[str]:
+    """Deletes are detected by checksums of the key and cursor: every such column must have a canonical text."""
+    from ingestion_assets.streams.reconcile import NotComparable
+    from ingestion_assets.streams.reconcile.canonical import kind_of
+
+    try:
+        for column in [*stream.primary_key, *stream.cursor]:
+            kind_of(plan.shape.column(column))
+    except NotComparable as exc:
+        return [f"stream {name}: reconcile.deletes cannot be detected: {exc}; remove `reconcile.deletes`"]
+    return []
 
 
 def _check_rest(settings: Settings, catalog: Catalog, source_name: str, source: RestSource) -> list[str]:

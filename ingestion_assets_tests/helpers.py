@@ -275,6 +275,16 @@ class StreamHarness:
             con.execute("SET TimeZone = 'UTC'")
             return [tuple(row) for row in con.execute(statement).fetchall()]
 
+    def execute_target(self, *statements: str) -> None:
+        """Change the target behind the product's back (what reconciliation must notice)."""
+        if self.destination == "postgres":
+            for statement in statements:
+                self.source.execute(statement)
+            return
+        with duckdb.connect(str(self.warehouse)) as con:
+            for statement in statements:
+                con.execute(statement)
+
     def checkpoint(self, stream: str, partition: str | None = None) -> Checkpoint | None:
         return latest_checkpoint(self.instance, self.key(stream), partition)
 

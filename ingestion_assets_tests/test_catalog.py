@@ -45,6 +45,29 @@ def test_a_valid_catalog_normalises_single_columns_to_lists(tmp_path: Path) -> N
     stream = load_catalog(path).sources["shop"].streams["orders"]
     assert stream.primary_key == ["id"] and stream.cursor == ["updated_at"]
     assert (stream.schema_name, stream.table_name, stream.write_disposition) == ("public", "orders", "merge")
+    assert (stream.reconcile.scope, stream.reconcile.full_every_seconds, stream.reconcile.deletes) == (
+        "window",
+        None,
+        "report",
+    )
+
+
+@pytest.mark.parametrize(
+    ("reconcile", "expected"),
+    [
+        ("full", ("full", None, "report")),  # the shape before deletes could be detected stays valid
+        ("off", ("off", None, "report")),
+        ("{full_every_seconds: 3600, deletes: soft}", ("window", 3600.0, "soft")),
+        ("{scope: full, deletes: hard}", ("full", None, "hard")),
+    ],
+)
+def test_reconcile_takes_a_scope_or_a_cadence_with_deletes(
+    tmp_path: Path, reconcile: str, expected: tuple[object, ...]
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(VALID.replace("cursor: updated_at", f"cursor: updated_at, reconcile: {reconcile}"))
+    settings = load_catalog(path).sources["shop"].streams["orders"].reconcile
+    assert (settings.scope, settings.full_every_seconds, settings.deletes) == expected
 
 
 @pytest.mark.parametrize(
@@ -81,6 +104,24 @@ def test_a_valid_catalog_normalises_single_columns_to_lists(tmp_path: Path) -> N
             "destination: {type: duckdb, path: /data/shop.duckdb}\n" + VALID,
             "the DuckDB file is named like the source 'shop'",
         ),
+        (
+            VALID.replace("cursor: updated_at", "cursor: updated_at, reconcile: {deletes: hard}"),
+            "sources.shop.streams.orders.reconcile: deletes are found by a full comparison",
+        ),
+        (
+            VALID.replace(
+                "cursor: updated_at",
+                "cursor: updated_at, write_disposition: append, reconcile: {scope: full, deletes: soft}",
+            ),
+            "reconcile.deletes: soft needs write_disposition merge",
+        ),
+        (
+            VALID.replace("type: postgres", "type: postgres\n    mode: cdc").replace(
+                "cursor: updated_at", "reconcile: {full_every_seconds: 60, deletes: hard}"
+            ),
+            "cdc streams receive deletes from the log",
+        ),
+        (VALID.replace("cursor: updated_at", "cursor: updated_at, reconcile: sometimes"), "reconcile.scope"),
         ("sources: [1, 2]", "sources: Input should be a valid dictionary"),
         ("sources:\n  shop: {type: postgres\n", "not valid YAML"),
         ("- just a list", "the top level must be a mapping"),

@@ -14,6 +14,7 @@ from ingestion_assets_tests.simulation.harness import Simulation, SimulationFail
 
 # 1002 (replace mode) is the regression seed of the refresh swap that crashed before its checkpoint: the
 # next run only recorded the swap and so reflected the source as of the crashed run, not as of now.
+# 1000 (merge) also hard-deletes rows at the source, and its reconciliation detects and applies them each run.
 SEEDS = [1000, 1001, 1002]
 # 1000 (api) is the regression seed of the late tie: a record changed while a read ran, stamped with the
 # timestamp of a page already served but a lower key, was skipped for good once the checkpoint moved on.
@@ -36,6 +37,19 @@ def sim_url(session_settings: Settings) -> str:
 def test_seed_keeps_every_invariant(seed: int, sim_url: str, tmp_path: Path) -> None:
     events = Simulation(seed, sim_url, tmp_path).run()
     assert any(event.startswith("crash") for event in events), "the seed injected no crash: it proves nothing"
+
+
+def test_soft_delete_detection_leaves_the_live_rows_equal_to_the_source(sim_url: str, tmp_path: Path) -> None:
+    simulation = Simulation(1004, sim_url, tmp_path)
+    assert simulation.detect == "soft"
+    events = simulation.run(rounds=2)
+    assert any(event.startswith("source: deleted") for event in events), "no delete: the seed proves nothing"
+
+
+def test_deletes_left_undetected_are_caught(sim_url: str, tmp_path: Path) -> None:
+    """The same seed with detection only reporting: the final check sees the rows the source deleted."""
+    with pytest.raises(SimulationFailure, match="not deleted"):
+        Simulation(1000, sim_url, tmp_path, detection_off=True).run(rounds=3)
 
 
 def test_checkpoint_before_the_load_is_caught(sim_url: str, tmp_path: Path) -> None:

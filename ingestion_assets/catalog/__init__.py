@@ -10,7 +10,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from ingestion_assets.catalog.base import DeadLetters, Reference, Retries, _Model
-from ingestion_assets.catalog.postgres import KeyPartitions, PostgresSource, PostgresStream, TimePartitions
+from ingestion_assets.catalog.postgres import KeyPartitions, PostgresSource, PostgresStream, Reconcile, TimePartitions
 from ingestion_assets.catalog.rest import RestAuth, RestSource, RestStream
 
 Source = Annotated[PostgresSource | RestSource, Field(discriminator="type")]
@@ -24,6 +24,7 @@ __all__ = [
     "KeyPartitions",
     "PostgresSource",
     "PostgresStream",
+    "Reconcile",
     "Reference",
     "RestAuth",
     "RestSource",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -45,6 +45,44 @@ class LateCommits(_Model):
 SchemaPolicy = Literal["evolve", "propagate", "columns_only", "pause", "ignore"]
 
 
+class Reconcile(_Model):
+    """What each run compares with the target, how often the whole table is compared, and what a full
+    comparison does with target rows the source no longer has (polling cannot see hard deletes)."""
+
+    scope: Literal["window", "full", "off"] = Field(
+        "window", description="every run: the rows it read (window), the whole table or partition (full), nothing"
+    )
+    full_every_seconds: Annotated[float, Field(ge=0)] | None = Field(
+        None, description="also compare the whole table (or partition) when the last full comparison is this old"
+    )
+    deletes: Literal["report", "hard", "soft"] = Field(
+        "report",
+        description="rows a full comparison finds only in the target: report them, delete them, or keep them "
+        "with _ingest_deleted_at set",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_scope(cls, value: Any) -> Any:
+        """`reconcile: window` (the shape before deletes could be detected) stays valid; YAML reads a bare
+        `off` as false."""
+        if value is False:
+            return {"scope": "off"}
+        return {"scope": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _deletes_need_full(self) -> Reconcile:
+        if self.deletes != "report" and self.scope != "full" and self.full_every_seconds is None:
+            raise ValueError(
+                "deletes are found by a full comparison: set `full_every_seconds` (or `scope: full`) with `deletes`"
+            )
+        return self
+
+    @property
+    def applies_deletes(self) -> bool:
+        return self.deletes != "report"
+
+
 class PostgresStream(_Model):
     table: str = Field(description="`schema.table` or `table` (schema public)")
     primary_key: list[str] = Field(min_length=1)
@@ -72,8 +110,10 @@ class PostgresStream(_Model):
         "change; ignore: skip added and dropped columns, pause on type changes",
     )
     dead_letters: DeadLetters = Field(default_factory=lambda: DeadLetters())
-    reconcile: Literal["window", "full", "off"] = Field(
-        "window", description="after each run compare source and target keys: the run's window, or everything"
+    reconcile: Reconcile = Field(
+        default_factory=lambda: Reconcile(),
+        description="after each run compare source and target (counts and key checksums): `window`, `full`, "
+        "`off`, or {scope, full_every_seconds, deletes} to find and apply hard deletes on a cadence",
     )
     deletes: Literal["hard", "soft"] = Field(
         "hard", description="cdc: delete the row, or keep it with _ingest_deleted_at"
@@ -93,6 +133,15 @@ class PostgresStream(_Model):
                 raise ValueError("key partitions over a composite primary key need `partitions.column`")
             if self.partitions.live and not self.cursor:
                 raise ValueError("the `live` key partition needs a `cursor` (or set `partitions.live: false`)")
+        return self
+
+    @model_validator(mode="after")
+    def _deletes_fit(self) -> PostgresStream:
+        if self.reconcile.applies_deletes and self.write_disposition != "merge":
+            raise ValueError(
+                f"reconcile.deletes: {self.reconcile.deletes} needs write_disposition merge "
+                "(append keeps every version; replace re-reads the whole table every run)"
+            )
         return self
 
     @property
@@ -155,6 +204,12 @@ class PostgresSource(_Model):
     @model_validator(mode="after")
     def _cdc_streams(self) -> PostgresSource:
         if self.mode == "cdc":
+            detecting = [name for name, s in self.streams.items() if s.reconcile.applies_deletes]
+            if detecting:
+                raise ValueError(
+                    f"cdc streams receive deletes from the log (`deletes: hard|soft`): drop `reconcile.deletes` "
+                    f"of {detecting}"
+                )
             partitioned = [name for name, s in self.streams.items() if s.partitions is not None]
             if partitioned:
                 raise ValueError(

@@ -1,4 +1,4 @@
-"""The `ingest` command: stack (up, down, env, dev, demo), state, refresh, partitions, check, schema, dlq."""
+"""The `ingest` command: stack (up, down, env, dev, demo), state, refresh, partitions, check, schema, dlq, reconcile."""
 
 from __future__ import annotations
 
@@ -85,6 +85,14 @@ def _parser() -> argparse.ArgumentParser:
     dlq_list.add_argument("stream", help="SOURCE.STREAM")
     replay = dlq_action("replay", quality.dlq_replay, "read parked rows again from the source; loaded ones leave")
     replay.add_argument("stream", help="SOURCE.STREAM")
+
+    compare = command("reconcile", quality.reconcile, "compare a table stream's target with its source now, in full")
+    compare.add_argument("stream", help="SOURCE.STREAM")
+    compare.add_argument("--partition", help="the partition to compare (partitioned streams)")
+    compare.add_argument(
+        "--apply-deletes", action="store_true", help="delete rows the source no longer has (soft if the stream says so)"
+    )
+    compare.add_argument("--every-key", action="store_true", help="diff every key, even where the checksums agree")
     return parser
 
 

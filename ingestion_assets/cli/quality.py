@@ -1,4 +1,4 @@
-"""`ingest check`, `schema`, `dlq`: fail fast, schema decisions and parked rows."""
+"""`ingest check`, `schema`, `dlq`, `reconcile`: fail fast, schema decisions, parked rows, source against target."""
 
 from __future__ import annotations
 
@@ -101,6 +101,41 @@ def dlq_replay(settings: Settings, args: argparse.Namespace) -> int:
         f"{replay.still_bad} still bad (parked again with today's error), {len(replay.gone)} gone from the source"
     )
     return 0 if replay.still_bad == 0 else 1
+
+
+def reconcile(settings: Settings, args: argparse.Namespace) -> int:
+    """A full comparison now, with the stream's last checkpoint; deletions only with --apply-deletes."""
+    from ingestion_assets.partitions import window_for
+    from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
+    from ingestion_assets.streams.reconcile import Request, Scope
+    from ingestion_assets.streams.reconcile import reconcile as compare
+
+    stream, store = _stream_and_store(settings, args.stream)
+    if not isinstance(stream, PostgresTableStream) or stream.source.mode == "cdc":
+        raise SystemExit(f"error: {args.stream} is not a polled table stream (cdc streams get deletes from the log)")
+    if stream.spec.partitions is not None and args.partition is None:
+        raise SystemExit(f"error: {args.stream} is partitioned: name the partition to compare with --partition")
+    latest = store.latest(args.partition)
+    plan = stream.plan()
+    loader = stream.loader(Target(stream.name, 1), args.partition, plan)
+    mode = stream.spec.reconcile.deletes if stream.spec.reconcile.applies_deletes else "hard"
+    scope = Scope("full", window_for(stream.spec, args.partition))
+    position = latest.position if latest is not None else None
+    deletes = mode if args.apply_deletes else "report"
+    found = compare(Request(stream.source_url(), plan, loader, scope, position, deletes, every_key=args.every_key))
+    print(
+        f"{stream.qualified_name}{'' if args.partition is None else ' partition ' + args.partition} (full, deletes: "
+        f"{found.deletes}): {found.source_rows} source rows, {found.target_rows} target rows; "
+        f"{found.buckets_differing} of {found.buckets} buckets differ, {found.keys_diffed} rows diffed key by key"
+    )
+    print(
+        f"  {found.missing} missing, {found.stale} older, {found.newer_in_target} newer in the target, "
+        f"{found.deleted_at_source} in the target only (deleted at the source), {found.deletions_applied} deleted, "
+        f"{found.not_yet_synced} not yet synced, {found.parked} parked"
+    )
+    for kind, keys in found.samples.items():
+        print(f"  {kind}: {', '.join(keys)}")
+    return 0 if found.passed and found.deletes_pending == 0 else 1
 
 
 def _stream_and_store(settings: Settings, name: str) -> tuple[Any, Any]:

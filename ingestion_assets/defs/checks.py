@@ -13,7 +13,8 @@ RECONCILIATION = "reconciliation"
 DESCRIPTIONS = {
     SCHEMA: "the source's columns match what the stream loads",
     DEAD_LETTERS: "rows that could not load are parked, not lost",
-    RECONCILIATION: "every source row up to the checkpoint is in the target",
+    RECONCILIATION: "every source row up to the checkpoint is in the target at its version; no row the source deleted "
+    "is left unreported",
 }
 
 
@@ -49,6 +50,8 @@ def _dead_letters(outcomes: list[PartitionOutcome]) -> dg.AssetCheckResult:
 
 
 def _reconciliation(outcomes: list[PartitionOutcome]) -> dg.AssetCheckResult:
+    """Fails (error) when a row the checkpoint covers is missing or at another version in the target; fails as a
+    warning when the target keeps rows the source deleted and the stream is not set to apply them."""
     listings = [o.key_listing for o in outcomes if o.key_listing is not None]
     if listings:  # an API stream's key listing: the same figures, no versions to compare
         return dg.AssetCheckResult(
@@ -65,21 +68,58 @@ def _reconciliation(outcomes: list[PartitionOutcome]) -> dg.AssetCheckResult:
                 "sample of deleted keys": dg.MetadataValue.json([k for x in listings for k in x.sample][:10]),
             },
         )
-    reconciled = [o.reconciliation for o in outcomes if o.reconciliation is not None]
-    if not reconciled:
-        return dg.AssetCheckResult(check_name=RECONCILIATION, passed=True, metadata={"scope": "not checked this run"})
+    found = [o.reconciliation for o in outcomes if o.reconciliation is not None]
+    compared = [r for r in found if r.skipped is None]
+    if not compared:
+        reason = "; ".join(sorted({r.skipped for r in found if r.skipped})) or "not checked this run"
+        return dg.AssetCheckResult(check_name=RECONCILIATION, passed=True, metadata={"scope": reason})
+    passed = all(r.passed for r in compared)
+    pending = sum(r.deletes_pending for r in compared)
+    total = {name: sum(getattr(r, name) for r in compared) for name in _FIGURES}
+    metadata: dict[str, object] = {
+        "scope": ", ".join(sorted({r.scope for r in compared})),
+        "deletes": ", ".join(sorted({r.deletes for r in compared})),
+        **{label: total[name] for name, label in _FIGURES.items()},
+    }
+    for kind, label in _SAMPLES.items():
+        metadata[label] = dg.MetadataValue.json([k for r in compared for k in r.samples.get(kind, [])][:10])
+    errors = [r.error for r in compared if r.error]
+    if errors:
+        metadata["error"] = dg.MetadataValue.text("; ".join(errors))
+    if pending:
+        metadata["what to do"] = (
+            f"{pending} row(s) are gone from the source: set `reconcile: {{full_every_seconds: N, deletes: hard}}` "
+            "(or soft) to apply the deletions found, or run `ingest reconcile STREAM --apply-deletes`"
+        )
     return dg.AssetCheckResult(
         check_name=RECONCILIATION,
-        passed=all(r.passed for r in reconciled),
-        metadata={
-            "scope": reconciled[0].scope,
-            "keys checked": sum(r.checked for r in reconciled),
-            "missing in target": sum(r.missing for r in reconciled),
-            "older in target than in source": sum(r.stale for r in reconciled),
-            "parked as dead letters": sum(r.parked for r in reconciled),
-            "sample of missing keys": dg.MetadataValue.json([k for r in reconciled for k in r.sample][:10]),
-        },
+        passed=passed and pending == 0,
+        severity=dg.AssetCheckSeverity.ERROR if not passed else dg.AssetCheckSeverity.WARN,
+        metadata=metadata,  # type: ignore[arg-type]
     )
+
+
+_FIGURES = {
+    "source_rows": "source rows compared",
+    "target_rows": "target rows compared",
+    "buckets": "buckets compared",
+    "buckets_differing": "buckets differing",
+    "keys_diffed": "rows diffed key by key",
+    "missing": "missing in target",
+    "stale": "older in target than in source",
+    "newer_in_target": "newer in target than in source",
+    "deleted_at_source": "in target only (deleted at the source)",
+    "deletions_applied": "deletions applied",
+    "not_yet_synced": "not yet synced (past the checkpoint)",
+    "parked": "parked as dead letters",
+    "seconds": "seconds",
+}
+_SAMPLES = {
+    "missing": "sample of missing keys",
+    "stale": "sample of older keys",
+    "newer": "sample of newer keys",
+    "deleted": "sample of keys deleted at the source",
+}
 
 
 def failed_check(key: dg.AssetKey, name: str, description: str, **metadata: object) -> dg.AssetCheckEvaluation:

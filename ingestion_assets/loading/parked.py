@@ -24,7 +24,17 @@ def dead_letter_resource(records: pa.Table) -> Any:
 
 
 def parked_keys(pipeline: Any, stream: str) -> set[str]:
-    rows = _query(pipeline, "SELECT record_key FROM {table} WHERE stream = %s", (stream,))
+    with pipeline.sql_client() as client:
+        return parked_keys_in(client, stream)
+
+
+def parked_keys_in(client: Any, stream: str) -> set[str]:
+    """With a client already open (under the writer lock: taking it again from this process would wait)."""
+    table = client.make_qualified_table_name(DEAD_LETTER_TABLE)
+    try:
+        rows = client.execute_sql(f"SELECT record_key FROM {table} WHERE stream = %s", stream) or []
+    except DatabaseUndefinedRelation:
+        return set()
     return {str(row[0]) for row in rows}
 
 

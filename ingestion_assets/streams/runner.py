@@ -18,11 +18,10 @@ from typing import Any, Protocol
 
 from ingestion_assets.errors import classify
 from ingestion_assets.loading.pipeline import Loader
-from ingestion_assets.partitions import window_for
 from ingestion_assets.state.model import Checkpoint
 from ingestion_assets.streams.late_commits import PROBES
 from ingestion_assets.streams.postgres_table import PostgresTableStream, RunOptions, Target
-from ingestion_assets.streams.reconcile import Reconciliation, reconcile
+from ingestion_assets.streams.reconcile import RECONCILED_AT, Reconciliation, carried_details, reconcile_run
 from ingestion_assets.streams.rest_api import RestApiStream
 from ingestion_assets.streams.rest_deletes import KeyListingResult
 from ingestion_assets.streams.rest_schema import api_schema_step
@@ -31,7 +30,9 @@ from ingestion_assets.streams.target_binding import TARGET, binding_details, set
 from ingestion_assets.sync import Faults, SyncResult
 
 ERROR_CHARS = 400
-CARRIED = ("generation", "refresh", "refresh_requested", "complete", "schema", "schema_accepted", TARGET, PROBES)
+CARRIED = (
+    "generation", "refresh", "refresh_requested", "complete", "schema", "schema_accepted", TARGET, PROBES, RECONCILED_AT
+)
 
 
 class StateStore(Protocol):
@@ -100,12 +101,14 @@ class PartitionJob:
     log: logging.Logger | Any | None = None
     run_id: str = ""
     read_ahead: int = 1
+    _carried: dict[str, Any] = field(default_factory=dict, init=False, repr=False)  # kept across its checkpoints
 
     def run(self) -> PartitionOutcome:
         with self._exclusive():
             state = self.store.latest(self.partition)
             details = dict(state.details) if state is not None else {}
             position = state.position if state is not None else None
+            self._carried = carried_details(details)
             sink = _Sink(self.store, self.partition, {}, position)
             try:
                 return self._attempt(details, position, sink)
@@ -260,17 +263,17 @@ class PartitionJob:
             "schema": schema.stored,
             **(binding or {}),
             **result.details,
+            **self._carried,
         }
         self.store.commit(self.partition, result.position, **outcome.checkpoint)
         if isinstance(self.stream, RestApiStream):  # behind the checkpoint: every key in the target was read
             outcome.key_listing = self.stream.retire_unlisted(loader)
-        scope = "full" if full else self.stream.spec.reconcile
-        if scope != "off" and isinstance(self.stream, PostgresTableStream) and schema.plan is not None:
-            window = window_for(self.stream.spec, self.partition)
-            url = self.stream.source_url()
-            outcome.reconciliation = reconcile(
-                url, schema.plan, loader, window, result.started_from, result.position, scope
-            )
+        if isinstance(self.stream, PostgresTableStream) and schema.plan is not None:
+            check = reconcile_run(self.stream, schema.plan, loader, self.partition, result, self._carried, full)
+            outcome.reconciliation = check.figures
+            if check.carried:  # when the last full comparison ran: later runs know when the next one is due
+                outcome.checkpoint.update(check.carried)
+                self.store.commit(self.partition, result.position, **outcome.checkpoint)
         return outcome
 
     def _record_failure(self, details: dict[str, Any], sink: _Sink, exc: Exception) -> None:

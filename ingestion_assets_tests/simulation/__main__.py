@@ -55,7 +55,7 @@ def main() -> int:
                 continue
             crashes += sum(e.startswith("crash") for e in events)
             print(
-                f"ok   seed {seed} ({simulation.mode}): {len(events)} events, "
+                f"ok   seed {seed} ({simulation.mode}{_detection(simulation)}): {len(events)} events, "
                 f"{sum(e.startswith('crash') for e in events)} crashes survived, {time.monotonic() - seed_began:.0f}s"
             )
     finally:
@@ -64,6 +64,11 @@ def main() -> int:
     elapsed = time.monotonic() - began
     print(f"{len(seeds)} seed(s) x {len(kinds)} kind(s): {crashes} crashes survived, {failures} failed, {elapsed:.0f}s")
     return 1 if failures else 0
+
+
+def _detection(simulation: object) -> str:
+    detect = getattr(simulation, "detect", None)
+    return f", deletes detected {detect}" if detect else ""
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ refresh swap. Simulated: the clock the source's rows are stamped with, the netwo
 mid-stream), the fault points (a process death at any protocol step) and the checkpoint store (a write
 that is lost, or that lands just before the process dies). A model of the source, kept beside the real
 table, is what the target is checked against: at every checkpoint (never ahead of the target) and at
-the end (every row at its newest version, no key twice, deletes applied).
+the end (every row at its newest version, no key twice, deletes applied). Half the merge seeds also hard-
+delete rows at the source and detect them (reconcile `deletes: hard|soft` every run): the final run's
+detection must leave the target's live rows equal to the source.
 """
 
 from __future__ import annotations
@@ -96,14 +98,20 @@ class Model:
 
 
 class Simulation:
-    def __init__(self, seed: int, source_url: str, home: Path, unsafe: bool = False) -> None:
+    def __init__(
+        self, seed: int, source_url: str, home: Path, unsafe: bool = False, detection_off: bool = False
+    ) -> None:
         self.seed, self.url, self.home, self.unsafe = seed, source_url, home, unsafe
+        self.detection_off = detection_off  # test-only: deletes happen but are only reported, to prove they are seen
         self.rng = random.Random(seed)
         self.clock = 0  # seconds after EPOCH; advancing by 0 makes ties
         self.model = Model()
         self.read_snapshot: dict[int, tuple[int, int]] = {}
         self.schema = f"sim_{seed}_{uuid.uuid4().hex[:6]}"
         self.mode = self.rng.choice(["merge", "merge", "replace"])
+        # Drawn apart from `rng`, so seeds without delete detection replay exactly as before it existed.
+        detection = random.Random(f"{seed}:deletes")
+        self.detect = detection.choice(["hard", "soft"]) if self.mode == "merge" and detection.random() < 0.5 else None
         self.warehouse = home / f"{self.schema}.duckdb"
         self.events: list[str] = []
         self.rounds = DEFAULT_ROUNDS
@@ -114,7 +122,7 @@ class Simulation:
         self._setup()
         try:
             for round_index in range(rounds):
-                self._mutate(self.rng.randint(1, 25), deletes=self.mode == "replace")
+                self._mutate(self.rng.randint(1, 25), deletes=self.deletes)
                 if self.rng.random() < 0.15:
                     self._add_column(round_index)
                 lost = self.rng.random() < 0.15
@@ -157,13 +165,24 @@ class Simulation:
                             "slice_rows": self.rng.randint(3, 40),
                             "lookback_seconds": 1,  # the clock's resolution: ties written late are re-read
                             "late_commits": {"wait_seconds": 0},  # a held transaction never ends during a run
-                            "reconcile": "off",
+                            "reconcile": {
+                                "scope": "off",
+                                "full_every_seconds": 0,
+                                "deletes": "report" if self.detection_off else self.detect,
+                            }
+                            if self.detect
+                            else "off",
                         }
                     },
                 }
             },
         }
         (self.home / f"{self.schema}.yaml").write_text(yaml.safe_dump(catalog))
+
+    @property
+    def deletes(self) -> bool:
+        """Whether the source hard-deletes rows: a refresh (replace) sees it, a merge stream only by detection."""
+        return self.mode == "replace" or self.detect is not None
 
     def _url_file(self) -> Path:
         path = self.home / f"{self.schema}.url"
@@ -186,6 +205,7 @@ class Simulation:
                 key = self.rng.choice(sorted(self.model.rows))
                 self._sql(f'DELETE FROM "{self.schema}".items WHERE id = %s', (key,))
                 del self.model.rows[key]
+                self.events.append(f"source: deleted row {key}")
             else:
                 key, value = self.model.next_id, self.rng.randint(0, 10**6)
                 self.model.next_id += 1
@@ -307,7 +327,7 @@ class Simulation:
                     simulation.events.append("network: connection reset during the read")
                     raise Crash("connection reset")
                 if not quiet and simulation.rng.random() < 0.3:
-                    simulation._mutate(simulation.rng.randint(1, 4), deletes=simulation.mode == "replace")
+                    simulation._mutate(simulation.rng.randint(1, 4), deletes=simulation.deletes)
 
         postgres_table.table_slices = table_slices  # type: ignore[assignment]
         try:
@@ -321,7 +341,8 @@ class Simulation:
             return {}
         with duckdb.connect(str(self.warehouse), read_only=True) as con:
             try:
-                rows = con.execute("SELECT id, updated_at, value FROM sim.items").fetchall()
+                live = " WHERE _ingest_deleted_at IS NULL" if self.detect == "soft" else ""  # soft: flagged, kept
+                rows = con.execute(f"SELECT id, updated_at, value FROM sim.items{live}").fetchall()
             except duckdb.CatalogException:
                 return {}
         found: dict[int, tuple[int, int]] = {}
@@ -339,6 +360,8 @@ class Simulation:
         cut = (int((dt.datetime.fromisoformat(position["updated_at"]) - EPOCH).total_seconds()), int(position["id"]))
         target = self._target()
         for key, (stamp, _value) in self.read_snapshot.items():
+            if key not in target and self.detect and key not in self.model.rows:
+                continue  # deleted at the source since the read, and the detection applied it
             if (stamp, key) <= cut and (key not in target or target[key][0] < stamp):
                 raise SimulationFailure(
                     f"seed {self.seed}: checkpoint {position} is ahead of the target: row {key} (version {stamp}) "
@@ -350,10 +373,11 @@ class Simulation:
         target, source = self._target(), self.model.rows
         missing = sorted(set(source) - set(target))
         stale = sorted(k for k in source if k in target and target[k] != source[k])
-        extra = sorted(set(target) - set(source))  # merge streams keep deleted rows; this sim deletes only in replace
+        extra = sorted(set(target) - set(source))  # merge streams keep deleted rows unless they detect them
         if missing or stale or extra:
+            kind = self.mode + (f", deletes detected {self.detect}" if self.detect else "")
             raise SimulationFailure(
-                f"seed {self.seed} ({self.mode}): {len(missing)} rows missing {missing[:5]}, {len(stale)} stale "
+                f"seed {self.seed} ({kind}): {len(missing)} rows missing {missing[:5]}, {len(stale)} stale "
                 f"{stale[:5]}, {len(extra)} not deleted {extra[:5]} after {len(self.events)} events "
                 f"(last: {self.events[-5:]}); replay with `{self.replay}`"
             )

@@ -1,0 +1,118 @@
+"""The canonical text of a key or version value, identical in PostgreSQL and DuckDB, and the hash over it.
+
+Source and target compare rows by a checksum computed on each side in its own SQL, so each type gets a
+text both dialects print the same way: integers and exact decimals as their digits, timestamps as epoch
+microseconds, dates as epoch days, text as itself (char(n) with its padding, as COPY sent it), bytes as
+hex. Floats have no such text (PostgreSQL and DuckDB print them differently), so a float key or cursor
+is refused with a reason rather than compared wrongly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import pyarrow as pa
+
+from ingestion_assets.sources.postgres.introspect import Column
+
+Dialect = Literal["postgres", "duckdb"]
+NULL_MARK = "'\\N'"  # what a NULL part of a row's text reads as (COPY's own marker)
+HASH_HEX_DIGITS = 15  # 60 bits of the md5: a non-negative bigint on both sides
+
+
+class NotComparable(ValueError):
+    """A key or cursor column whose values have no text both dialects print alike."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How one column's values are written as canonical text, and cast to on the target."""
+
+    name: str  # int | timestamp | timestamptz | date | decimal | bool | text | bpchar | binary
+    precision: int = 0
+    scale: int = 0
+
+    def text(self, dialect: Dialect, expr: str) -> str:
+        """SQL for the value's canonical text (NULL stays NULL)."""
+        if self.name in ("timestamp", "timestamptz"):
+            if dialect == "duckdb":
+                return f"CAST(epoch_us({expr}) AS VARCHAR)"
+            micros = f"(extract(epoch FROM {expr}) * 1000000)::bigint::text"
+            return f"(CASE WHEN isfinite({expr}) THEN {micros} ELSE ({expr})::text END)"
+        if self.name == "date":
+            if dialect == "duckdb":
+                return f"CAST(({expr} - DATE '1970-01-01') AS VARCHAR)"
+            return f"(CASE WHEN isfinite({expr}) THEN ({expr} - DATE '1970-01-01')::text ELSE ({expr})::text END)"
+        if self.name == "binary":
+            return f"lower(hex({expr}))" if dialect == "duckdb" else f"encode({expr}, 'hex')"
+        if self.name == "bpchar" and dialect == "postgres":
+            # `::text` trims char(n)'s padding; COPY (and so the target) keeps it: concat() prints it as COPY does
+            return f"(CASE WHEN {expr} IS NULL THEN NULL ELSE concat({expr}) END)"
+        return f"CAST({expr} AS VARCHAR)" if dialect == "duckdb" else f"({expr})::text"
+
+    @property
+    def target_type(self) -> str:
+        """The type a literal is cast to on the target (a name DuckDB and PostgreSQL both know)."""
+        names = {
+            "int": "BIGINT",
+            "timestamp": "TIMESTAMP",
+            "timestamptz": "TIMESTAMPTZ",
+            "date": "DATE",
+            "bool": "BOOLEAN",
+        }
+        if self.name == "decimal":
+            return f"DECIMAL({self.precision},{self.scale})"
+        return names.get(self.name, "TEXT")
+
+
+def kind_of(column: Column) -> Kind:
+    """The kind follows the Arrow type the value travels as, which is what the target stores."""
+    arrow = column.arrow_type
+    if pa.types.is_integer(arrow):
+        return Kind("int")
+    if pa.types.is_timestamp(arrow):
+        return Kind("timestamptz" if arrow.tz else "timestamp")
+    if pa.types.is_date(arrow):
+        return Kind("date")
+    if pa.types.is_decimal(arrow):
+        return Kind("decimal", arrow.precision, arrow.scale)
+    if pa.types.is_boolean(arrow):
+        return Kind("bool")
+    if pa.types.is_binary(arrow):
+        return Kind("binary")
+    if pa.types.is_string(arrow):
+        return Kind("bpchar" if column.type_name == "bpchar" else "text")
+    raise NotComparable(
+        f"column {column.name!r} ({column.sql_type}) has no text PostgreSQL and DuckDB print alike: "
+        "a key or cursor of this type cannot be reconciled by checksum"
+    )
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A column of one side as SQL: its quoted expression, kind, nullability and the type literals take."""
+
+    sql: str
+    kind: Kind
+    nullable: bool
+    cast: str  # the type a literal compared with it is cast to on its side
+
+
+def row_text(dialect: Dialect, keys: Sequence[Expr], versions: Sequence[Expr]) -> str:
+    """key parts joined by chr(31), then chr(30), then the version parts: one text per row."""
+
+    def parts(exprs: Sequence[Expr]) -> str:
+        texts = [f"COALESCE({e.kind.text(dialect, e.sql)}, {NULL_MARK})" for e in exprs]
+        return " || chr(31) || ".join(texts) if texts else "''"
+
+    return f"{parts(keys)} || chr(30) || {parts(versions)}"
+
+
+def row_hash(dialect: Dialect, keys: Sequence[Expr], versions: Sequence[Expr]) -> str:
+    """60 bits of md5(row text) as a non-negative bigint: the same number on both sides."""
+    digits = f"substr(md5({row_text(dialect, keys, versions)}), 1, {HASH_HEX_DIGITS})"
+    if dialect == "duckdb":
+        return f"CAST('0x' || {digits} AS BIGINT)"
+    return f"('x' || {digits})::bit({HASH_HEX_DIGITS * 4})::bigint"

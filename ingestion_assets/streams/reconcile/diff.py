@@ -1,0 +1,86 @@
+"""The key-by-key diff of the buckets whose checksums differ, joined in an in-process DuckDB.
+
+Both sides' rows (k0.. key, v0.. version, each typed as its side stores it) are joined on the key; a row
+is then missing, stale (target older), newer in the target, only in the target (deleted at the source)
+or not yet synced (the source's version is past the checkpoint, so the next run reads it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import duckdb
+import pyarrow as pa
+
+from ingestion_assets.sources.postgres.query import Position
+from ingestion_assets.streams.reconcile.predicates import columns_equal, columns_less, compare
+from ingestion_assets.streams.reconcile.relation import key_alias, version_alias
+
+MISSING, STALE, NEWER, DELETED, UNSYNCED = "missing", "stale", "newer", "deleted", "unsynced"
+
+
+class Diff:
+    """Rows of both sides; more can be added (keys looked up outside the scope) before classifying."""
+
+    def __init__(self, source: pa.Table, target: pa.Table, keys: int, versions: int) -> None:
+        self.keys = [key_alias(i) for i in range(keys)]
+        self.versions = [version_alias(i) for i in range(versions)]
+        self.con = duckdb.connect()
+        self.tables = {"src": source, "tgt": target}
+        for name, table in self.tables.items():
+            self.con.register(name, table)  # scanned in place: no copy into DuckDB
+
+    @property
+    def rows(self) -> int:
+        return sum(table.num_rows for table in self.tables.values())
+
+    def close(self) -> None:
+        self.con.close()
+
+    def add(self, side: str, rows: pa.Table) -> None:
+        """Rows looked up by keys this side did not hold, so they add no duplicate."""
+        if rows.num_rows:
+            self.tables[side] = pa.concat_tables([self.tables[side], rows.cast(self.tables[side].schema)])
+            self.con.unregister(side)
+            self.con.register(side, self.tables[side])
+
+    def only_in(self, side: str) -> pa.Table:
+        """Keys of `side` (src or tgt) the other side's rows here do not hold."""
+        other = "tgt" if side == "src" else "src"
+        keys = ", ".join(self.keys)
+        on = " AND ".join(f"a.{k} = b.{k}" for k in self.keys)
+        query = f"SELECT DISTINCT {', '.join('a.' + k for k in self.keys)} FROM {side} a ANTI JOIN {other} b ON {on}"
+        return self.con.sql(f"SELECT {keys} FROM ({query})").to_arrow_table()
+
+    def classify(self, ordering: Sequence[str], checkpoint: Position | None, names: Sequence[str]) -> pa.Table:
+        """One row per difference: `kind` and both sides' keys (s_k0.., t_k0..). `ordering` lists the aliases
+        of the read order (cursor, then key) and `names` the column names the checkpoint holds them under."""
+        source, target = [f"s.{v}" for v in self.versions], [f"t.{v}" for v in self.versions]
+        covered = self._covered(ordering, checkpoint, names)
+        kind = (
+            f"CASE WHEN t._in IS NULL THEN (CASE WHEN {covered} THEN '{MISSING}' ELSE '{UNSYNCED}' END) "
+            f"WHEN s._in IS NULL THEN '{DELETED}' "
+            f"WHEN {columns_less(target, source)} THEN (CASE WHEN {covered} THEN '{STALE}' ELSE '{UNSYNCED}' END) "
+            f"ELSE '{NEWER}' END"
+        )
+        on = " AND ".join(f"s.{k} = t.{k}" for k in self.keys)
+        sides = ", ".join([f"s.{k} AS s_{k}" for k in self.keys] + [f"t.{k} AS t_{k}" for k in self.keys])
+        query = (
+            f"SELECT {kind} AS kind, {sides} "
+            f"FROM (SELECT *, TRUE AS _in FROM src) s FULL OUTER JOIN (SELECT *, TRUE AS _in FROM tgt) t ON {on} "
+            f"WHERE s._in IS NULL OR t._in IS NULL OR NOT {columns_equal(source, target)}"
+        )
+        return self.con.sql(query).to_arrow_table()
+
+    def _covered(self, ordering: Sequence[str], checkpoint: Position | None, names: Sequence[str]) -> str:
+        """Whether a source row's position is at or before the checkpoint: the run should have read it."""
+        if checkpoint is None:
+            return "FALSE"
+        source = self.con.sql("SELECT * FROM src")
+        types = dict(zip(source.columns, source.types, strict=True))
+        values = []
+        for alias, name in zip(ordering, names, strict=True):
+            text = checkpoint.get(name)
+            quoted = "'" + str(text).replace("'", "''") + "'"
+            values.append(None if text is None else f"CAST({quoted} AS {types[alias]})")
+        return compare([(f"s.{alias}", True) for alias in ordering], values, "<=")

@@ -1,0 +1,78 @@
+"""What a reconciliation found: the figures the `reconciliation` asset check shows, and sample keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ingestion_assets.loading.dead_letters import record_keys
+from ingestion_assets.streams.reconcile.diff import DELETED, MISSING, NEWER, STALE, UNSYNCED
+from ingestion_assets.streams.reconcile.relation import key_alias
+
+SAMPLE = 10
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    scope: str  # window | full
+    deletes: str = "report"  # what was done with rows only in the target: report | hard | soft
+    source_rows: int = 0
+    target_rows: int = 0  # live rows
+    buckets: int = 0  # buckets holding rows on either side
+    buckets_differing: int = 0
+    keys_diffed: int = 0  # rows fetched key by key, both sides
+    missing: int = 0  # source rows at or before the checkpoint the target lacks (not parked)
+    stale: int = 0  # the target holds an older version than the source's, at or before the checkpoint
+    newer_in_target: int = 0  # the target holds a newer version: the source's cursor went backwards
+    deleted_at_source: int = 0  # only in the target: hard deletes, primary-key changes, truncates
+    deletions_applied: int = 0
+    not_yet_synced: int = 0  # the source's version is past the checkpoint: the next run reads it
+    parked: int = 0  # source rows that differ because they wait in the dead-letter table
+    samples: dict[str, list[str]] = field(default_factory=dict)
+    skipped: str | None = None  # why nothing was compared
+    error: str | None = None  # the comparison could not finish (the run's load is committed all the same)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        """Nothing unexplained: every row the checkpoint covers is in the target at the source's version."""
+        return self.error is None and self.missing == 0 and self.stale == 0 and self.newer_in_target == 0
+
+    @property
+    def deletes_pending(self) -> int:
+        return self.deleted_at_source - self.deletions_applied
+
+
+@dataclass(frozen=True)
+class Found:
+    """The diff's classified rows, split into counts, samples and the keys to delete."""
+
+    counts: dict[str, int]
+    samples: dict[str, list[str]]
+    parked: int
+    deleted_keys: pa.Table  # target-typed key columns k0.. of the rows only in the target
+
+
+def summarize(classified: pa.Table, keys: int, parked: set[str]) -> Found:
+    counts: dict[str, int] = {}
+    samples: dict[str, list[str]] = {}
+    parked_count = 0
+    deleted = pa.table({})
+    for kind in (MISSING, STALE, NEWER, DELETED, UNSYNCED):
+        side = "t" if kind == DELETED else "s"
+        rows = classified.filter(pc.equal(classified["kind"], kind))
+        rows = rows.select([f"{side}_{key_alias(i)}" for i in range(keys)]).rename_columns(
+            [key_alias(i) for i in range(keys)]
+        )
+        texts = record_keys(rows, [key_alias(i) for i in range(keys)]) if rows.num_rows else pa.array([], pa.string())
+        if kind in (MISSING, STALE) and parked and rows.num_rows:
+            waiting = pc.is_in(texts, value_set=pa.array(sorted(parked), pa.string()))
+            parked_count += int(pc.sum(waiting).as_py() or 0)
+            texts = texts.filter(pc.invert(waiting))
+        if kind == DELETED:
+            deleted = rows
+        counts[kind] = len(texts)
+        samples[kind] = sorted(texts.slice(0, SAMPLE * 10).to_pylist())[:SAMPLE]
+    return Found(counts, samples, parked_count, deleted)
