@@ -10,9 +10,9 @@ from dagster import AssetExecutionContext
 
 from ingestion_assets.catalog import Catalog, PostgresSource, PostgresStream, RestSource, RestStream
 from ingestion_assets.defs.checks import DEAD_LETTERS, SCHEMA, check_results, check_specs, failed_check
+from ingestion_assets.defs.failures import permanent_failure
 from ingestion_assets.defs.partitions import partitions_def
 from ingestion_assets.drain import Drain
-from ingestion_assets.errors import classify, describe_permanent
 from ingestion_assets.loading.dead_letters import DeadLetterThreshold
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import InstanceStateStore, checkpoint_metadata
@@ -93,12 +93,12 @@ def stream_asset(stream: Stream) -> dg.AssetsDefinition:
                     raise dg.Failure(description=str(exc), allow_retries=False) from exc
                 except (NoProgress, StreamBusy) as exc:
                     raise dg.Failure(description=str(exc), allow_retries=False) from exc
-                except Exception as exc:  # sorted: permanent fails now, transient is retried
-                    verdict = classify(exc)
-                    if verdict.transient:
-                        raise
+                except Exception as exc:
                     where = f"stream {stream.qualified_name}" + (f" partition {partition}" if partition else "")
-                    raise dg.Failure(description=describe_permanent(where, exc, verdict), allow_retries=False) from exc
+                    failure = permanent_failure(where, exc)
+                    if failure is None:
+                        raise
+                    raise failure from exc
             if drain.requested:
                 done = ", ".join(str(o.partition or stream.name) for o in outcomes) or "nothing"
                 raise dg.Failure(

@@ -10,8 +10,8 @@ import dagster as dg
 from dagster import AssetExecutionContext
 
 from ingestion_assets.catalog import Catalog, PostgresSource
+from ingestion_assets.defs.failures import permanent_failure
 from ingestion_assets.drain import Drain
-from ingestion_assets.errors import classify, describe_permanent
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres.cdc import CdcError as SlotError
@@ -140,12 +140,12 @@ def _cdc_asset(
                 raise dg.Failure(description=str(exc), allow_retries=True) from exc
             except (CdcError, SlotError) as exc:
                 raise dg.Failure(description=str(exc), allow_retries=False) from exc
-            except Exception as exc:  # sorted: permanent fails now, transient is retried
-                verdict = classify(exc)
-                if verdict.transient:
-                    raise
+            except Exception as exc:
                 where = f"source {source_name} (cdc)" + (f" partition {partition}" if partition else "")
-                raise dg.Failure(description=describe_permanent(where, exc, verdict), allow_retries=False) from exc
+                failure = permanent_failure(where, exc)
+                if failure is None:
+                    raise
+                raise failure from exc
         yield from _results(source, keys, streams, outcome)
 
     return _asset

@@ -26,6 +26,7 @@ from ingestion_assets.loading.migrate import migration_statements
 from ingestion_assets.loading.naming import TargetNames
 from ingestion_assets.loading.native_types import for_postgres
 from ingestion_assets.loading.parked import dead_letter_resource, delete_parked, parked_keys
+from ingestion_assets.loading.relations import table_exists
 from ingestion_assets.loading.versions import check_keys
 from ingestion_assets.schema.changes import SchemaChange
 from ingestion_assets.settings import Settings
@@ -222,7 +223,7 @@ class Loader:
 
     def create_if_missing(self, empty: pa.Table) -> None:
         """A stream of an empty table still gets its (empty) target table, with every column and type."""
-        if not (self._known_to_exist or self.target_exists()):
+        if not (self._known_to_exist or self.targettable_exists()):
             with self._lock():
                 resource = dlt.resource([self._with_target_names(empty)], **self._resource_hints("append"))
                 self._pipeline.run([resource], loader_file_format="parquet")
@@ -239,17 +240,17 @@ class Loader:
             with contextlib.suppress(DatabaseUndefinedRelation):
                 client.execute_sql(f"DELETE FROM {versions} WHERE schema_name = %s", name)
 
-    def target_exists(self) -> bool:
+    def targettable_exists(self) -> bool:
         with self._lock(), self._pipeline.sql_client() as client:
-            return _exists(client, client.make_qualified_table_name(self.target.table))
+            return table_exists(client, client.make_qualified_table_name(self.target.table))
 
     def delete_all(self) -> None:
         """A TRUNCATE in the source, applied: the target table empties, in one statement."""
-        self._execute_if_exists("DELETE FROM {table}")
+        self._execute_iftable_exists("DELETE FROM {table}")
 
     def purge_deleted(self) -> None:
         """Hard deletes: tombstones (rows with `_ingest_deleted_at`) leave the table once merged."""
-        self._execute_if_exists("DELETE FROM {table} WHERE _ingest_deleted_at IS NOT NULL")
+        self._execute_iftable_exists("DELETE FROM {table} WHERE _ingest_deleted_at IS NOT NULL")
 
     def retire_below(self, position: Decimal, soft: bool, within: tuple[str, int, int] | None = None) -> None:
         """After a complete snapshot at `position`: every row that still exists was rewritten at it, so a row
@@ -264,12 +265,12 @@ class Loader:
             statement = f"UPDATE {{table}} SET _ingest_deleted_at = CURRENT_TIMESTAMP WHERE {where}"
         else:
             statement = f"DELETE FROM {{table}} WHERE {where}"
-        self._execute_if_exists(statement, column=self.names.column(within[0]) if within else None)
+        self._execute_iftable_exists(statement, column=self.names.column(within[0]) if within else None)
 
-    def _execute_if_exists(self, statement: str, column: str | None = None) -> None:
+    def _execute_iftable_exists(self, statement: str, column: str | None = None) -> None:
         with self._lock(), self._pipeline.sql_client() as client:
             table = client.make_qualified_table_name(self.target.table)
-            if _exists(client, table):
+            if table_exists(client, table):
                 quoted = client.escape_column_name(column) if column is not None else ""
                 client.execute_sql(statement.format(table=table, column=quoted))
 
@@ -342,7 +343,7 @@ class Loader:
                 context = client.with_staging_dataset() if staging else contextlib.nullcontext(client)
                 with context as scoped:
                     table = scoped.make_qualified_table_name(self.target.table)
-                    if not _exists(scoped, table):
+                    if not table_exists(scoped, table):
                         continue  # created by its first load, already with the new types
                     statements = [
                         statement
@@ -373,8 +374,9 @@ class Loader:
         with self._lock(), self._pipeline.sql_client() as client:
             target = client.make_qualified_table_name(table)
             source = client.make_qualified_table_name(shadow)
-            shadow_exists, target_exists = _exists(client, source), _exists(client, target)  # outside: a failed
-            with client.begin_transaction():  # statement would abort a PostgreSQL transaction
+            # asked before the transaction: a failed statement would abort a PostgreSQL one
+            shadow_exists, target_exists = table_exists(client, source), table_exists(client, target)
+            with client.begin_transaction():
                 if not shadow_exists:  # the refresh read no row: the stream's table holds none
                     if target_exists:
                         client.execute_sql(f"DELETE FROM {target}")
@@ -427,14 +429,6 @@ def _keys_unique(table: pa.Table, primary_key: tuple[str, ...]) -> bool:
     if table.num_rows < 2:
         return True
     return bool(table.group_by(list(primary_key)).aggregate([]).num_rows == table.num_rows)
-
-
-def _exists(client: Any, table: str) -> bool:
-    try:
-        client.execute_sql(f"SELECT 1 FROM {table} LIMIT 0")
-    except DatabaseUndefinedRelation:
-        return False
-    return True
 
 
 def pipeline_name(source: str, stream: str, partition: str | None) -> str:

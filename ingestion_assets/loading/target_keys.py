@@ -15,6 +15,7 @@ from dlt.destinations.exceptions import DatabaseUndefinedRelation
 
 from ingestion_assets.loading.metadata_columns import DELETED_AT
 from ingestion_assets.loading.pipeline import Loader
+from ingestion_assets.loading.relations import table_exists
 
 Key = tuple[Any, ...]
 LISTINGS = "_ingest_key_listings"  # one row per key listing: when, for which stream, what it found and did
@@ -91,7 +92,7 @@ class TargetKeys:
     def _predicates(self, client: Any, keys: Iterable[Key]) -> Iterator[str]:
         """WHERE conditions matching `keys`, a chunk at a time (none if the table does not exist yet)."""
         ordered = sorted(set(keys), key=repr)
-        if not ordered or not _exists(client, client.make_qualified_table_name(self.loader.target.table)):
+        if not ordered or not table_exists(client, client.make_qualified_table_name(self.loader.target.table)):
             return
         names = [client.escape_column_name(k) for k in self.primary_key]
         for start in range(0, len(ordered), _CHUNK):
@@ -114,7 +115,7 @@ class TargetKeys:
                 parent = tables.get(parent, {}).get("parent")
             if parent == root and "_dlt_root_id" in table.get("columns", {}):
                 qualified = client.make_qualified_table_name(name)
-                if _exists(client, qualified):
+                if table_exists(client, qualified):
                     found.append(qualified)
         return found
 
@@ -148,14 +149,6 @@ def record_listing(loader: Loader, stream: str, listed_at: dt.datetime, figures:
             f"INSERT INTO {table} VALUES ({_literal(stream)}, CAST({_literal(stamp)} AS timestamptz), "
             f"{_literal(json.dumps(figures, sort_keys=True))})"
         )
-
-
-def _exists(client: Any, table: str) -> bool:
-    try:
-        client.execute_sql(f"SELECT 1 FROM {table} LIMIT 0")
-    except DatabaseUndefinedRelation:
-        return False
-    return True
 
 
 def key_text(key: Sequence[Any]) -> str:

@@ -13,10 +13,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
-from dlt.destinations.exceptions import DatabaseUndefinedRelation
 
 from ingestion_assets.loading.metadata_columns import POSITION
 from ingestion_assets.loading.native_types import for_postgres
+from ingestion_assets.loading.relations import table_exists
 
 _INCOMING = "_ingest_incoming"
 _ROW = "_ingest_row"
@@ -52,7 +52,7 @@ def existing_keys(
 ) -> pa.Table | None:
     """The keys of `keys` (primary key + `_ingest_position`) the target holds, each with `STALE`: whether the
     target's version is newer. None when the target table does not exist yet."""
-    if not _table_exists(client, table):
+    if not table_exists(client, client.make_qualified_table_name(table)):
         return None
     qualified = client.make_qualified_table_name(table)
     statement = _existing_sql(qualified, primary_key)
@@ -105,9 +105,3 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _table_exists(client: Any, table: str) -> bool:
-    try:
-        client.execute_sql(f"SELECT 1 FROM {client.make_qualified_table_name(table)} LIMIT 0")
-    except DatabaseUndefinedRelation:
-        return False
-    return True
