@@ -20,7 +20,9 @@ from psycopg2.extensions import connection as PgConnection
 from ingestion_assets.sources.postgres.introspect import Column, TableShape
 from ingestion_assets.sources.postgres.query import ReadPlan, exact_text
 from ingestion_assets.sources.postgres.reader import connect, copy_batches
-from ingestion_assets.streams.reconcile.canonical import Expr, kind_of
+from ingestion_assets.sources.postgres.temporal import TEMPORAL
+from ingestion_assets.sources.postgres.values import from_text
+from ingestion_assets.streams.reconcile.canonical import Expr, NotComparable, kind_of
 from ingestion_assets.streams.reconcile.relation import (
     Buckets,
     Relation,
@@ -81,7 +83,10 @@ class SourceSide:
         return TableShape(self.plan.shape.schema, self.plan.shape.table, tuple(keys + versions))
 
     def _renamed(self, name: str, alias: str) -> Column:
-        return dataclasses.replace(self.plan.shape.column(name), name=alias)
+        """Temporal columns travel as text and are parsed as the read parses them, so ±infinity, BC and years
+        past 9999 (which Arrow's CSV reader rejects) compare as the values the target holds."""
+        column = self.plan.shape.column(name)
+        return dataclasses.replace(column, name=alias, decode="temporal" if column.kind in TEMPORAL else column.decode)
 
     def estimate(self) -> int:
         """About how many rows the table holds: it sizes the buckets, nothing more."""
@@ -121,7 +126,19 @@ class SourceSide:
     def _copy(self, query: str) -> pa.Table:
         statement = f"COPY ({query}) TO STDOUT WITH (FORMAT csv)"
         batches = copy_batches(self.url, statement, self.shape, APPLICATION, snapshot=self.snapshot)
-        return fetched(self.shape, list(batches))
+        return _parsed_temporals(fetched(self.shape, list(batches)), self.shape)
+
+
+def _parsed_temporals(table: pa.Table, shape: TableShape) -> pa.Table:
+    for column in shape.columns:
+        if column.decode != "temporal" or not pa.types.is_string(table.schema.field(column.name).type):
+            continue
+        values, problems = from_text(table.column(column.name).combine_chunks(), column)
+        if problems:
+            why = next(iter(problems.values()))
+            raise NotComparable(f"{shape.schema}.{shape.table}: a value cannot be compared: {why}")
+        table = table.set_column(table.schema.get_field_index(column.name), column.name, values)
+    return table
 
 
 def fetched(shape: TableShape, batches: list[pa.RecordBatch]) -> pa.Table:
