@@ -126,10 +126,11 @@ class SourceSide:
     def _copy(self, query: str) -> pa.Table:
         statement = f"COPY ({query}) TO STDOUT WITH (FORMAT csv)"
         batches = copy_batches(self.url, statement, self.shape, APPLICATION, snapshot=self.snapshot)
-        return _parsed_temporals(fetched(self.shape, list(batches)), self.shape)
+        return parsed_temporals(fetched(self.shape, list(batches)), self.shape)
 
 
-def _parsed_temporals(table: pa.Table, shape: TableShape) -> pa.Table:
+def parsed_temporals(table: pa.Table, shape: TableShape) -> pa.Table:
+    """Temporal columns fetched as text (see _renamed) as their values; a text no value holds fails the check."""
     for column in shape.columns:
         if column.decode != "temporal" or not pa.types.is_string(table.schema.field(column.name).type):
             continue

@@ -34,6 +34,7 @@ from ingestion_assets.streams.reconcile.relation import (
     key_alias,
     work_mem,
 )
+from ingestion_assets.streams.reconcile.source_side import parsed_temporals
 
 KEYS_TABLE = "_ingest_reconcile_keys"
 
@@ -175,7 +176,7 @@ def _copy_postgres(conn: Any, query: str, shape: TableShape) -> pa.Table:
         if pa.types.is_binary(column.arrow_type):  # bytea arrives as \x... text
             values = [None if v is None else bytes.fromhex(v[2:]) for v in table.column(index).to_pylist()]
             table = table.set_column(index, column.name, pa.array(values, pa.binary()))
-    return pa.table(table.columns, names=table.column_names)
+    return parsed_temporals(pa.table(table.columns, names=table.column_names), shape)
 
 
 def _empty(shape: TableShape) -> pa.Table:
