@@ -20,6 +20,7 @@ from dlt.destinations.impl.postgres.configuration import PostgresCredentials
 from ingestion_assets.catalog import Destination
 from ingestion_assets.loading.naming import TargetNames
 from ingestion_assets.loading.native_types import DuckDbNativeTypes, PostgresNativeTypes
+from ingestion_assets.loading.postgres_copy import ExactPostgres
 from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
 
@@ -50,9 +51,7 @@ def make_destination(settings: Settings, destination: Destination) -> Any:
         )
     credentials = PostgresCredentials(destination_url(settings, destination))
     credentials.password = credentials.password or ""  # trust or peer auth: dlt insists on a password field
-    return dlt.destinations.postgres(
-        credentials=credentials, type_mapper=PostgresNativeTypes, naming_convention=destination.naming
-    )
+    return ExactPostgres(credentials=credentials, type_mapper=PostgresNativeTypes, naming_convention=destination.naming)
 
 
 def target_names(destination: Destination) -> TargetNames:

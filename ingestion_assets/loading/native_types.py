@@ -44,8 +44,14 @@ _CSV_SAFE = {  # what Arrow's CSV writer prints as PostgreSQL reads it: four-dig
 def for_postgres(table: pa.Table) -> pa.Table:
     """dlt loads PostgreSQL through CSV written by Arrow, which prints infinity as a year-294247 timestamp (a
     different value PostgreSQL would accept) and BC dates in a form it refuses. A temporal column holding such
-    a value travels as PostgreSQL's text instead (rare, so per value); every other column is left alone."""
+    a value travels as PostgreSQL's text instead (rare, so per value). Bytes travel as bytea's hex text: Arrow
+    would write them raw, which fails on bytes that are not UTF-8 and reads back changed where they hold a
+    backslash. Every other column is left alone."""
     for index, field in enumerate(table.schema):
+        if pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type):
+            hexed = [None if v is None else "\\x" + v.hex() for v in table.column(index).to_pylist()]
+            table = table.set_column(index, field.name, pa.array(hexed, pa.string()))
+            continue
         kind = _kind(field.type)
         if kind is None or table.column(index).null_count == table.num_rows:
             continue

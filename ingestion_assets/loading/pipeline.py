@@ -26,6 +26,7 @@ from ingestion_assets.loading.migrate import migration_statements
 from ingestion_assets.loading.naming import TargetNames
 from ingestion_assets.loading.native_types import for_postgres
 from ingestion_assets.loading.parked import dead_letter_resource, delete_parked, parked_keys
+from ingestion_assets.loading.postgres_copy import LOADER_FILE_FORMAT as POSTGRES_FILE_FORMAT
 from ingestion_assets.loading.relations import table_exists
 from ingestion_assets.loading.versions import check_keys
 from ingestion_assets.schema.changes import SchemaChange
@@ -176,7 +177,7 @@ class Loader:
                 resources.append(dead_letter_resource(dead_letters))
                 self._parked_keys = None  # re-read: the table now holds new entries
             if resources:
-                self._pipeline.run(resources, loader_file_format="parquet")
+                self._pipeline.run(resources, loader_file_format=self._file_format)
             self._advance_marker()
             if table is not None and table.num_rows:
                 self._release_parked(table)
@@ -226,7 +227,7 @@ class Loader:
         if not (self._known_to_exist or self.targettable_exists()):
             with self._lock():
                 resource = dlt.resource([self._with_target_names(empty)], **self._resource_hints("append"))
-                self._pipeline.run([resource], loader_file_format="parquet")
+                self._pipeline.run([resource], loader_file_format=self._file_format)
 
     def forget_stored_schema(self) -> None:
         """The table was dropped behind dlt's back: dlt skips its migration while the destination still holds
@@ -402,6 +403,10 @@ class Loader:
         """The slice's columns renamed as dlt will name them, so our own SQL on the target sees the same."""
         renamed = list(self.names.columns(table.column_names))
         return table if renamed == table.column_names else table.rename_columns(renamed)
+
+    @property
+    def _file_format(self) -> str:
+        return POSTGRES_FILE_FORMAT if self.destination.type == "postgres" else "parquet"
 
     @property
     def pipeline(self) -> Any:

@@ -68,6 +68,8 @@ class Column:
             hint = {"data_type": "json"}
         elif self.kind == "timestamp":
             hint = {"data_type": "timestamp", "timezone": False, "precision": 6}
+        elif pa.types.is_binary(self.arrow_type):
+            hint = {"data_type": "binary"}  # a PostgreSQL destination gets bytea's hex text (for_postgres)
         if self.duckdb_type or self.postgres_type:
             hint.setdefault("data_type", _DLT_TYPE.get(str(self.arrow_type), "json"))
             hint.update({DUCKDB_TYPE: self.duckdb_type, POSTGRES_TYPE: self.postgres_type})
