@@ -38,7 +38,7 @@ class ExactPostgresClient(PostgresClient):
         return super().create_load_job(table, file_path, load_id, restore)
 
 
-class ExactPostgres(postgres):  # type: ignore[misc]
+class ExactPostgres(postgres):
     @property
     def client_class(self) -> type[PostgresClient]:
         return ExactPostgresClient
