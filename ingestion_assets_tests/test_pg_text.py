@@ -132,3 +132,37 @@ def test_versions_of_several_cursor_columns_sort_as_their_values_beyond_four_dig
     for column in (moments, days.cast(pa.date32())):
         versions = sortable_text([column, pa.array([7] * len(texts))]).to_pylist()
         assert versions == sorted(versions) and len(set(versions)) == len(texts)
+
+
+def test_versions_of_several_cursor_columns_sort_as_their_values_with_nulls_texts_and_numbers() -> None:
+    """NULL below every value, a text below its extensions whatever follows it, numbers by value."""
+    import decimal
+    import itertools
+
+    parts = {
+        "text": (pa.string(), [None, "", "\x01", "\x01a", "a", "a\x01", "a!", "ab", "a|", "é"]),
+        "int": (pa.int64(), [None, -(2**63), -1, 0, 9, 10, 2**63 - 1]),
+        "float": (
+            pa.float64(),
+            [None, float("-inf"), -1e300, -1.5, -0.0, 1e-300, 2.5, 10.0, float("inf"), float("nan")],
+        ),
+        "decimal": (
+            pa.decimal128(38, 2),
+            [
+                None,
+                decimal.Decimal("-999999999999999999999999999999999999.99"),
+                decimal.Decimal("-1.5"),
+                decimal.Decimal("0"),
+                decimal.Decimal("9.99"),
+                decimal.Decimal("10"),
+            ],
+        ),
+        "timestamp": (pa.timestamp("us", tz="UTC"), [None, 0, 1, 10**6]),
+    }
+    for (_, (first_type, firsts)), (_, (second_type, seconds)) in itertools.product(parts.items(), repeat=2):
+        pairs = list(itertools.product(range(len(firsts)), range(len(seconds))))  # value order: by index
+        first = pa.array([firsts[i] for i, _ in pairs], first_type)
+        second = pa.array([seconds[j] for _, j in pairs], second_type)
+        versions = sortable_text([first, second]).to_pylist()
+        order = sorted(range(len(pairs)), key=lambda n: versions[n].encode())
+        assert [pairs[n] for n in order] == sorted(pairs), (first_type, second_type)

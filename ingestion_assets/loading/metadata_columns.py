@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import struct
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -55,11 +56,15 @@ def with_metadata(
 
 
 def sortable_text(columns: Sequence[pa.ChunkedArray | pa.Array]) -> pa.ChunkedArray | pa.Array:
-    """Text whose string order equals the value order, so the newest version compares highest.
+    """Text whose byte order equals the value order, so the newest version compares highest.
 
-    Timestamps and dates print fixed-width ISO (UTC), integers are offset to non-negative and padded,
-    NULL prints empty (lowest). Several columns join with `|`. Dates strftime cannot print keep their order
-    around the four-digit years: BC after `!` (below digits), years past 9999 and infinity after `~` (above).
+    Timestamps and dates print fixed-width ISO (UTC); integers, floats and decimals as digits of fixed width
+    (offset to non-negative); a NULL prints as a space, below every value of these. Dates strftime cannot
+    print keep their order around the four-digit years: BC after `!` (below digits), years past 9999 and
+    infinity after `~` (above). Other values print as text that ends in \\x01\\x02 (a \\x01 inside is
+    escaped), NULL as \\x01\\x01: no text is then a prefix of another, so a short text cannot sort above a
+    longer one by what follows it. Parts join with `|`. DuckDB compares these bytes as they are; PostgreSQL
+    compares them with COLLATE "C" (see versions.py).
     """
     parts = [_sortable(column) for column in columns]
     if len(parts) == 1:
@@ -75,11 +80,38 @@ def _sortable(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
     elif pa.types.is_date(kind):
         text = _far_dates(column, pc.strftime(column, format="%Y-%m-%d"), 1)
     elif pa.types.is_integer(kind):
-        shifted = pc.add(pc.cast(column, pa.decimal128(20, 0)), pa.scalar(2**63, pa.decimal128(20, 0)))
-        text = pc.utf8_lpad(pc.cast(shifted, pa.string()), width=20, padding="0")
+        text = _padded(column)
+    elif pa.types.is_floating(kind):
+        text = _padded(_float_order(column))
+    elif pa.types.is_decimal(kind):
+        text = _decimal_order(column)
     else:
-        text = pc.cast(column, pa.string())
-    return pc.fill_null(text, "")
+        escaped = pc.replace_substring(pc.cast(column, pa.string()), "\x01", "\x01\x03")
+        return pc.fill_null(pc.binary_join_element_wise(escaped, "", "\x01\x02"), "\x01\x01")
+    return pc.fill_null(text, " ")
+
+
+def _padded(integers: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """Signed 64-bit integers as 20 digits, offset to non-negative: text order is number order."""
+    shifted = pc.add(pc.cast(integers, pa.decimal128(20, 0)), pa.scalar(2**63, pa.decimal128(20, 0)))
+    return pc.utf8_lpad(pc.cast(shifted, pa.string()), width=20, padding="0")
+
+
+def _float_order(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """A float's IEEE bits as a signed integer whose order is the float's (negative values flipped; NaN above
+    infinity, as PostgreSQL orders it). Per value: a float among several cursor columns is rare."""
+    ordered = []
+    for value in pc.cast(column, pa.float64()).to_pylist():
+        bits = None if value is None else struct.unpack("<q", struct.pack("<d", value))[0]
+        ordered.append(bits if bits is None or bits >= 0 else bits ^ 0x7FFFFFFFFFFFFFFF)
+    return pa.array(ordered, pa.int64())
+
+
+def _decimal_order(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """A decimal's unscaled integer offset by 10^38 (beyond any decimal128), as 39 digits."""
+    scale = column.type.scale
+    texts = [None if v is None else str(int(v.scaleb(scale)) + 10**38).zfill(39) for v in column.to_pylist()]
+    return pa.array(texts, pa.string())
 
 
 _YEARS_1_TO_9999 = (temporal.days_from_civil(1, 1, 1), temporal.days_from_civil(10000, 1, 1))

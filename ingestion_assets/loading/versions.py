@@ -55,17 +55,19 @@ def existing_keys(
     if not table_exists(client, client.make_qualified_table_name(table)):
         return None
     qualified = client.make_qualified_table_name(table)
-    statement = _existing_sql(qualified, primary_key)
+    # Several cursor columns make a text version (metadata_columns.sortable_text) whose byte order is its order.
+    bytewise = destination_type == "postgres" and pa.types.is_string(keys.schema.field(POSITION).type)
+    statement = _existing_sql(qualified, primary_key, ' COLLATE "C"' if bytewise else "")
     if destination_type == "duckdb":
         return _query_duckdb(client.native_connection, statement, keys)
     return _query_postgres(client.native_connection, statement, qualified, primary_key, keys)
 
 
-def _existing_sql(qualified: str, primary_key: tuple[str, ...]) -> str:
+def _existing_sql(qualified: str, primary_key: tuple[str, ...], collate: str) -> str:
     using = ", ".join(_quote(k) for k in primary_key)
     columns = ", ".join(f"i.{_quote(k)}" for k in primary_key)
     return (
-        f"SELECT {columns}, t.{POSITION} > i.{POSITION} AS {STALE} "
+        f"SELECT {columns}, t.{POSITION}{collate} > i.{POSITION}{collate} AS {STALE} "
         f"FROM {_INCOMING} i JOIN {qualified} t USING ({using})"
     )
 
