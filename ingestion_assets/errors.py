@@ -8,6 +8,7 @@ for what is known to heal (lost connections, timeouts, serialization failures, 4
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -27,6 +28,21 @@ _ADVICE = {
     "28000": "check the credentials the connection reference holds",
     "42601": "the generated query did not parse: report it with the message",
 }
+
+
+# A connection the server refuses comes without a SQLSTATE from psycopg2: its FATAL message says which.
+_REFUSED_CONNECTIONS = (
+    (
+        re.compile(
+            r"password authentication failed|(ident|peer|gss|sspi|ldap|radius|pam|cert) authentication failed", re.I
+        ),
+        "28P01",
+    ),
+    (re.compile(r'role "[^"]*" does not exist|no pg_hba\.conf entry|pg_hba\.conf rejects connection', re.I), "28000"),
+    (re.compile(r'database "[^"]*" does not exist', re.I), "3D000"),
+    (re.compile(r"permission denied for database|must have CONNECT privilege|does not have CONNECT", re.I), "42501"),
+    (re.compile(r"certificate verify failed|server certificate for .* does not match", re.I), "28000"),
+)
 
 
 @dataclass(frozen=True)
@@ -68,12 +84,17 @@ def _judge(error: BaseException) -> Verdict | None:
 
 
 def _judge_postgres(error: psycopg2.Error) -> Verdict:
-    code = error.pgcode
+    code = error.pgcode or _refusal_code(str(error))
     if code is None:  # no answer from the server: the connection failed or was lost
         return Verdict(isinstance(error, psycopg2.OperationalError | psycopg2.InterfaceError), "")
     if code in _TRANSIENT_CODES or code[:2] in _TRANSIENT_CLASSES:
         return Verdict(True, "")
     return Verdict(False, _ADVICE.get(code, "fix what the server's message names, then run again"))
+
+
+def _refusal_code(message: str) -> str | None:
+    """The SQLSTATE of a refused connection (bad credentials, no such role or database), by its message."""
+    return next((code for pattern, code in _REFUSED_CONNECTIONS if pattern.search(message)), None)
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

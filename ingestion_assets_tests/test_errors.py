@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit, urlunsplit
+
 import dagster as dg
 import duckdb
 import httpx
@@ -41,6 +43,26 @@ def _postgres_error(source_db: SourceDb, statement: str) -> psycopg2.Error:
 )
 def test_postgres_errors_by_sqlstate(source_db: SourceDb, statement: str, transient: bool) -> None:
     assert classify(_postgres_error(source_db, statement)).transient is transient
+
+
+@pytest.mark.parametrize("wrong", ["user", "database"])
+def test_a_refused_connection_is_permanent_and_a_lost_server_transient(source_db: SourceDb, wrong: str) -> None:
+    """psycopg2 gives a refused connection no SQLSTATE: the server's FATAL words tell bad credentials (or no such
+    role or database) from a server that is not there."""
+    url = urlsplit(source_db.url)
+    netloc = f"no_such_role@{url.hostname}:{url.port}" if wrong == "user" else url.netloc
+    path = "/no_such_database" if wrong == "database" else url.path
+    with pytest.raises(psycopg2.OperationalError) as refused:
+        psycopg2.connect(urlunsplit((url.scheme, netloc, path, "", "")))
+    verdict = classify(refused.value)
+    assert not verdict.transient and "check" in verdict.advice
+    with pytest.raises(psycopg2.OperationalError) as absent:
+        psycopg2.connect(host="127.0.0.1", port=1, user="postgres", connect_timeout=2)
+    assert classify(absent.value).transient
+    password = psycopg2.OperationalError(
+        'connection to server failed: FATAL:  password authentication failed for user "u"'
+    )
+    assert not classify(password).transient  # the embedded server trusts loopback: its words, as PostgreSQL says them
 
 
 def test_errors_of_our_own_and_of_the_network() -> None:
