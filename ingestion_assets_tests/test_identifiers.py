@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg2 import sql
 
+from ingestion_assets.loading.naming import NameCollision, TargetNames
 from ingestion_assets.sources.postgres import plan_table_read, table_slices
 from ingestion_assets_tests.helpers import SourceDb, StreamHarness
 
@@ -115,6 +116,16 @@ def test_columns_landing_under_one_name_are_refused_and_direct_naming_keeps_them
     harness.catalog_path.write_text(yaml.safe_dump(catalog))  # type: ignore[union-attr]
     harness.materialize()
     assert harness.query_target(f'SELECT "Order ID", "order_id" FROM "{harness.source_name}".clash') == [("upper", "lower")]
+
+
+def test_names_apart_only_by_case_are_refused_on_duckdb_without_advising_direct_naming() -> None:
+    names = TargetNames("snake_case", None, case_sensitive=False)
+    with pytest.raises(NameCollision) as refused:
+        names.check("stream s.t", ["Name", "name"])
+    assert "does not tell names apart by case" in str(refused.value) and "naming: direct" not in str(refused.value)
+    with pytest.raises(NameCollision) as advised:
+        TargetNames("snake_case", 63, case_sensitive=True).check("stream s.t", ["Name", "name"])
+    assert "naming: direct" in str(advised.value)
 
 
 def test_a_source_column_named_like_a_metadata_column_is_refused(harness: StreamHarness) -> None:

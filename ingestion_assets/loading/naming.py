@@ -49,6 +49,11 @@ class TargetNames:
     def columns(self, names: Iterable[str]) -> tuple[str, ...]:
         return tuple(self.column(name) for name in names)
 
+    def _collide_under_direct(self, first: str, second: str) -> bool:
+        direct = TargetNames("direct", self.max_length, self.case_sensitive)
+        names = [direct.column(first), direct.column(second)]
+        return len({n if self.case_sensitive else n.lower() for n in names}) == 1
+
     def check(self, where: str, source_columns: Iterable[str]) -> None:
         """Refuse columns that would land under one name, or under a name the product writes itself."""
         seen: dict[str, str] = {}
@@ -58,17 +63,19 @@ class TargetNames:
             if target in RESERVED or name in RESERVED:
                 raise NameCollision(
                     f"{where}: source column {name!r} lands as {target!r}, a column the product writes itself "
-                    "(metadata or dlt's): rename the source column or leave it out of the stream"
+                    "(metadata or dlt's): rename the source column, or stream a view that renames it (`table: "
+                    "schema.view` reads a view as it reads a table)"
                 )
             if folded in seen:
-                fix = (
-                    "set `destination.naming: direct` in the catalog to keep source names exactly"
-                    if self.convention != "direct"
-                    else "the destination does not tell names apart by case"
-                )
+                if self.convention != "direct" and not self._collide_under_direct(seen[folded], name):
+                    fix = "; or set `destination.naming: direct` in the catalog to keep source names exactly"
+                elif not self.case_sensitive:
+                    fix = " (this destination does not tell names apart by case, whatever the naming convention)"
+                else:
+                    fix = ""
                 raise NameCollision(
                     f"{where}: source columns {seen[folded]!r} and {name!r} both land as column {target!r} under "
                     f"the destination's naming convention {self.convention!r}; rename one of them in the source, "
-                    f"or leave one out of the stream ({fix})"
+                    f"or stream a view that renames one (`table: schema.view` reads a view as it reads a table){fix}"
                 )
             seen[folded] = name
