@@ -228,3 +228,34 @@ INSERT INTO blobs (k, s, b, j) VALUES
     harness.source.execute(r"UPDATE blobs SET s = '', b = '\x5c', updated_at = now() WHERE k IN ('null', 'zero')")
     harness.materialize()
     harness.assert_target_equals_source("blobs", "blobs", "k", json_columns=["j"])
+
+
+def test_temporal_and_json_columns_keep_their_types_in_postgres_when_the_first_rows_are_extremes(
+    harness: StreamHarness,
+) -> None:
+    """A first slice whose temporal values travel as text (infinity, BC, 24:00) still creates timestamptz, date
+    and time columns; json stays json (jsonb would drop a duplicate key and reorder)."""
+    harness.source.execute("""
+CREATE TABLE extremes (id int PRIMARY KEY, ts timestamptz, d date, tm time, js json,
+                       updated_at timestamptz NOT NULL DEFAULT now());
+INSERT INTO extremes VALUES (1, 'infinity', '0044-03-15 BC', '24:00', '{"b": 2, "a": 1, "b": 3}'),
+                            (2, '-infinity', 'infinity', '00:00', '[]');
+""")
+    harness.write_catalog({"extremes": {"table": "extremes", "primary_key": "id", "cursor": "updated_at"}}, "postgres")
+    harness.materialize()
+    types = dict(
+        harness.query_target(
+            "SELECT column_name, data_type FROM information_schema.columns "
+            f"WHERE table_schema = '{harness.source_name}' AND table_name = 'extremes'"
+        )
+    )
+    assert [types[c] for c in ("ts", "d", "tm", "js")] == [
+        "timestamp with time zone",
+        "date",
+        "time without time zone",
+        "json",
+    ]
+    texts = "SELECT id, ts::text, d::text, tm::text, js::text FROM {} ORDER BY id"
+    assert harness.query_target(texts.format(f'"{harness.source_name}".extremes')) == harness.query_source(
+        texts.format("extremes")
+    )

@@ -68,6 +68,12 @@ class Column:
             hint = {"data_type": "json"}
         elif self.kind == "timestamp":
             hint = {"data_type": "timestamp", "timezone": False, "precision": 6}
+        elif pa.types.is_timestamp(self.arrow_type):  # named, since a PostgreSQL destination may get text
+            hint = {"data_type": "timestamp", "timezone": True, "precision": 6}  # (infinity, BC: for_postgres)
+        elif pa.types.is_date32(self.arrow_type):
+            hint = {"data_type": "date"}
+        elif pa.types.is_time64(self.arrow_type):
+            hint = {"data_type": "time", "precision": 6}
         elif pa.types.is_binary(self.arrow_type):
             hint = {"data_type": "binary"}  # a PostgreSQL destination gets bytea's hex text (for_postgres)
         if self.duckdb_type or self.postgres_type:
