@@ -215,9 +215,14 @@ class RestApiStream:
         missing = [k for k in self.spec.primary_key if record.get(k) in (None, "")]
         if missing:
             return f"primary key field(s) {missing} missing or null"
-        size = len(json.dumps(record, default=str))
-        if size > self.spec.dead_letters.max_value_bytes:
-            return f"record of {size:,} bytes is over the size limit of {self.spec.dead_letters.max_value_bytes:,}"
+        text = json.dumps(record, default=str)
+        if len(text) > self.spec.dead_letters.max_value_bytes:
+            return f"record of {len(text):,} bytes is over the size limit of {self.spec.dead_letters.max_value_bytes:,}"
+        if "\\u0000" in text and (fields := _nul_fields(record)):
+            return (
+                f"field(s) {fields} hold a NUL character (\\u0000), which neither DuckDB nor PostgreSQL text can "
+                "store (the load would drop it and change the value)"
+            )
         return None
 
     def _dead_letter(self, record: Any, problem: str, options: RunOptions, now: dt.datetime) -> dict[str, Any]:
@@ -233,6 +238,21 @@ class RestApiStream:
             "raw_record": json.dumps(record, default=str),
             "dead_lettered_at": now,
         }
+
+
+def _nul_fields(value: Any, path: str = "") -> list[str]:
+    """The dotted paths of the strings (values or keys) in a record that hold a NUL character."""
+    if isinstance(value, str):
+        return [path or "."] if "\x00" in value else []
+    found: list[str] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            found += ([where] if "\x00" in str(key) else []) + _nul_fields(item, where)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found += _nul_fields(item, f"{path}[{index}]")
+    return found
 
 
 def _fingerprint(record: Any) -> str:
