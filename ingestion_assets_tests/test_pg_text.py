@@ -166,3 +166,13 @@ def test_versions_of_several_cursor_columns_sort_as_their_values_with_nulls_text
         versions = sortable_text([first, second]).to_pylist()
         order = sorted(range(len(pairs)), key=lambda n: versions[n].encode())
         assert [pairs[n] for n in order] == sorted(pairs), (first_type, second_type)
+
+
+def test_api_versions_order_as_their_values() -> None:
+    """dlt keeps the highest version of a key within a slice: version 10 must be above 9, 1e3 above 2.5."""
+    from ingestion_assets.loading.metadata_columns import version_text
+
+    for values in ([-(2**63), -5, 0, 9, 10, 2**63 - 1], [float("-inf"), -1.5, 0.0, 2.5, 1e3, float("inf")]):
+        texts = [version_text(v) for v in values]
+        assert texts == sorted(texts)  # type: ignore[type-var]
+    assert version_text("2024-01-01T00:00:00Z") == "2024-01-01T00:00:00Z" and version_text(None) is None

@@ -91,6 +91,18 @@ def _sortable(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
     return pc.fill_null(text, " ")
 
 
+def version_text(value: object) -> str | None:
+    """An API record's version as text that orders as the value (dlt keeps the highest of one key's versions
+    in a slice): numbers print fixed-width as in sortable_text, so version 10 is above 9; texts as they are."""
+    if isinstance(value, bool) or value is None:
+        return None if value is None else str(value)
+    if isinstance(value, float):
+        value = _float_bits(value)
+    if isinstance(value, int) and -(2**63) <= value < 2**63:
+        return str(value + 2**63).zfill(20)
+    return str(value)
+
+
 def _padded(integers: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
     """Signed 64-bit integers as 20 digits, offset to non-negative: text order is number order."""
     shifted = pc.add(pc.cast(integers, pa.decimal128(20, 0)), pa.scalar(2**63, pa.decimal128(20, 0)))
@@ -100,11 +112,13 @@ def _padded(integers: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
 def _float_order(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     """A float's IEEE bits as a signed integer whose order is the float's (negative values flipped; NaN above
     infinity, as PostgreSQL orders it). Per value: a float among several cursor columns is rare."""
-    ordered = []
-    for value in pc.cast(column, pa.float64()).to_pylist():
-        bits = None if value is None else struct.unpack("<q", struct.pack("<d", value))[0]
-        ordered.append(bits if bits is None or bits >= 0 else bits ^ 0x7FFFFFFFFFFFFFFF)
-    return pa.array(ordered, pa.int64())
+    values = pc.cast(column, pa.float64()).to_pylist()
+    return pa.array([None if value is None else _float_bits(value) for value in values], pa.int64())
+
+
+def _float_bits(value: float) -> int:
+    bits: int = struct.unpack("<q", struct.pack("<d", value))[0]
+    return bits if bits >= 0 else bits ^ 0x7FFFFFFFFFFFFFFF
 
 
 def _decimal_order(column: pa.ChunkedArray | pa.Array) -> pa.Array:

@@ -15,7 +15,14 @@ import pyarrow as pa
 
 from ingestion_assets.catalog import Destination, RestSource, RestStream
 from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA, dead_letter_limit
-from ingestion_assets.loading.metadata_columns import DELETED_AT, EXTRACTED_AT, GENERATION, META, POSITION
+from ingestion_assets.loading.metadata_columns import (
+    DELETED_AT,
+    EXTRACTED_AT,
+    GENERATION,
+    META,
+    POSITION,
+    version_text,
+)
 from ingestion_assets.loading.pipeline import Loader, TargetTable, pipeline_name
 from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
@@ -201,7 +208,7 @@ class RestApiStream:
                 {
                     **record,
                     EXTRACTED_AT: now,
-                    POSITION: None if version is None else str(version),
+                    POSITION: version_text(version),
                     GENERATION: options.target.generation,
                     DELETED_AT: None,
                     META: None,
