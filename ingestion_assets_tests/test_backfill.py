@@ -43,7 +43,7 @@ def _key_catalog(harness: StreamHarness, **extra: object) -> None:
 
 def _rows_read(harness: StreamHarness, result: object) -> int:
     node = f"{harness.source_name}__orders"
-    return int(result.asset_materializations_for_node(node)[0].metadata["rows"].value)  # type: ignore[attr-defined]
+    return int(result.asset_materializations_for_node(node)[0].metadata["rows read"].value)  # type: ignore[attr-defined]
 
 
 def _snapshot(harness: StreamHarness) -> list[tuple[object, ...]]:

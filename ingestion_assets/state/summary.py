@@ -91,9 +91,9 @@ def latest_runs(settings: Settings, catalog: Catalog) -> list[RunLine]:
             lines.append(
                 RunLine(
                     stream=f"{source}.{stream}",
-                    rows=int(metadata.get("rows", 0) or 0),
+                    rows=int(metadata.get("rows read", 0) or 0),
                     seconds=float(metadata.get("seconds", 0.0) or 0.0),
-                    rows_per_second=float(metadata.get("rows_per_second", 0.0) or 0.0),
+                    rows_per_second=float(metadata.get("rows per second", 0.0) or 0.0),
                     position=_position_text(checkpoint.position) if checkpoint else "(none)",
                 )
             )
