@@ -11,6 +11,7 @@ import time
 
 from ingestion_assets.catalog import load_catalog
 from ingestion_assets.cli.common import DEFINITIONS_MODULE, bring_up, exports, sibling, uses_demo_api
+from ingestion_assets.cli.supervise import run_supervised
 from ingestion_assets.settings import Settings
 
 
@@ -41,7 +42,7 @@ def dev(settings: Settings, args: argparse.Namespace) -> int:
     extra = args.dagster_args[1:] if args.dagster_args[:1] == ["--"] else args.dagster_args
     command = [sibling("dagster"), "dev", "-m", DEFINITIONS_MODULE, *extra]
     print(f"DAGSTER_HOME={env['DAGSTER_HOME']} {shlex.join(command)}", file=sys.stderr)
-    return subprocess.call(command, env={**os.environ, **env})
+    return run_supervised(command, {**os.environ, **env})  # SIGTERM or Ctrl-C stops every process it started
 
 
 def demo(settings: Settings, args: argparse.Namespace) -> int:
