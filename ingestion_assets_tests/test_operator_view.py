@@ -8,7 +8,7 @@ import pytest
 
 from ingestion_assets.definitions import defs
 from ingestion_assets.defs.metadata import COLUMN_SCHEMA, POSITION, ROW_COUNT, ROWS_READ, ROWS_WRITTEN, TABLE_NAME
-from ingestion_assets.defs.run_tags import GENERATION, MODE, SOURCE
+from ingestion_assets.defs.run_tags import GENERATION, MODE, SOURCE, _joined, _modes
 from ingestion_assets_tests.helpers import META_COLUMNS, StreamHarness
 
 ORDERS = """
@@ -87,3 +87,9 @@ def test_lineage_jobs_and_run_tags(orders: StreamHarness) -> None:
     assert result.success
     tags = harness.instance.get_run_by_id(result.run_id).tags  # type: ignore[union-attr]
     assert tags[SOURCE] == harness.source_name and tags[MODE] == "incremental" and tags[GENERATION] == "1"
+
+
+def test_a_run_of_several_streams_names_every_source_and_mode() -> None:
+    assert _joined(_joined(None, "shop"), "demo_api") == "demo_api,shop"
+    assert _modes(_modes("incremental", "incremental"), "refresh") == "refresh"  # the launch tag gives way
+    assert _modes("refresh", "backfill") == "backfill,refresh"

@@ -14,7 +14,7 @@ import duckdb
 import psycopg2
 from dagster._core.errors import DagsterError
 
-from ingestion_assets.catalog import PostgresStream, RestStream
+from ingestion_assets.catalog import PostgresSource, RestStream
 from ingestion_assets.observe.target import TargetTableFacts, read_target
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import checkpoint_metadata
@@ -57,10 +57,11 @@ def definition_metadata(stream: Stream, columns: dg.TableSchema | None = None) -
             }
         )
         return metadata
+    cdc = isinstance(stream.source, PostgresSource) and stream.source.mode == "cdc"
     metadata.update(
         {
             "source table": spec.table,
-            "cursor": ", ".join(spec.cursor) or "(none: full read each run)",
+            "cursor": "(cdc: the log position)" if cdc else ", ".join(spec.cursor) or "(none: full read each run)",
             "slice rows": spec.slice_rows,
             "partitions": dg.MetadataValue.json(spec.partitions.model_dump(mode="json")) if spec.partitions else "none",
         }
@@ -178,7 +179,3 @@ def latest_column_schemas(instance: dg.DagsterInstance, keys: list[dg.AssetKey])
         if value is not None and isinstance(value.value, dg.TableSchema):
             found[key] = value.value
     return found
-
-
-def is_partitioned(stream: Stream) -> bool:
-    return isinstance(stream.spec, PostgresStream) and stream.spec.partitions is not None

@@ -42,11 +42,28 @@ def mark_run(
     """Tag the run (before the read, then with its outcome). Tags are for people: a storage error here is
     logged, never the reason a run fails."""
     partitions = list(context.partition_keys) if context.has_partition_key or context.has_partition_key_range else []
-    tags = {SOURCE: source_name, MODE: run_mode(dict(context.run.tags), partitions, key_ranges, outcomes or [])}
-    generations = sorted({o.generation for o in outcomes or [] if o.generation})
-    if generations:
-        tags[GENERATION] = ",".join(str(g) for g in generations)
     try:
+        run = context.instance.get_run_by_id(context.run_id)  # now: other steps of the run may have tagged it
+        current = dict(run.tags) if run is not None else dict(context.run.tags)
+        mode = run_mode(dict(context.run.tags), partitions, key_ranges, outcomes or [])
+        tags = {SOURCE: _joined(current.get(SOURCE), source_name), MODE: _modes(current.get(MODE), mode)}
+        for outcome in outcomes or []:
+            if outcome.generation:
+                tags[GENERATION] = _joined(tags.get(GENERATION, current.get(GENERATION)), str(outcome.generation))
         context.instance.add_run_tags(context.run_id, tags)
     except dg.DagsterError as exc:
-        log.warning("could not tag run %s with %s: %s", context.run_id, tags, exc)
+        log.warning("could not tag run %s: %s", context.run_id, exc)
+
+
+def _joined(existing: str | None, value: str) -> str:
+    """A run of several streams names all their sources (modes, generations): `shop,demo_api` stays sorted."""
+    values = {v for v in (existing or "").split(",") if v} | {value}
+    return ",".join(sorted(values))
+
+
+def _modes(existing: str | None, mode: str) -> str:
+    """The run's modes over its streams; `incremental` (also the job's launch tag) gives way to any other."""
+    values = {v for v in (existing or "").split(",") if v} | {mode}
+    if len(values) > 1:
+        values.discard("incremental")
+    return ",".join(sorted(values))
