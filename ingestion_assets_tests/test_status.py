@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from ingestion_assets.cli import main
+from ingestion_assets.observe.freshness import encode, merged, percentiles, record
 from ingestion_assets.sources.postgres.cdc import drop_slot
 from ingestion_assets_tests.helpers import StreamHarness
 
@@ -53,3 +54,17 @@ def test_status_names_a_lagging_cdc_source_and_exits_non_zero(
     captured = capsys.readouterr()
     assert stream in captured.out and "lagging" in captured.out
     assert f"{stream}: lagging: the slot retains" in captured.err
+
+    harness.materialize()  # applies the changes: each one's commit-to-target latency lands in the histogram
+    main(["status", "--json"])
+    (line,) = json.loads(capsys.readouterr().out)
+    assert line["rows_in_target"] == 200 + 3001 and set(line["freshness"]) == {"p50", "p95", "p99"}
+    assert 0 < line["freshness"]["p50"] <= line["freshness"]["p99"] < 600_000
+
+
+def test_freshness_histograms_of_runs_merge_exactly() -> None:
+    fast, slow = record([10.0] * 98), record([5000.0, 9000.0])
+    together = merged([encode(fast), encode(slow)])
+    assert together.get_total_count() == 100
+    assert percentiles(together)["p50"] == 10 and 4990 <= percentiles(together)["p99"] <= 5010
+    assert percentiles(merged([encode(fast)])) == {"p50": 10, "p95": 10, "p99": 10}  # p99 of one run survives

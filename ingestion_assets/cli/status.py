@@ -34,7 +34,9 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
 
 def _print_table(found: list[StreamStatus], colour: bool) -> None:
     width = max([len(s.stream) for s in found] + [6]) + 2
-    print(f"{'stream':<{width}}{'status':<14}{'rows in target':>15}  {'last run':<10}{'lag':<32}position")
+    print(
+        f"{'stream':<{width}}{'status':<14}{'rows in target':>15}  {'last run':<10}{'lag':<32}{'p50/p99':<14}position"
+    )
     for each in found:
         state = f"{each.status:<14}"
         if colour:
@@ -44,4 +46,9 @@ def _print_table(found: list[StreamStatus], colour: bool) -> None:
         position = json.dumps(each.position, default=str) if each.position else "(start)"
         if len(position) > _POSITION_CHARS:
             position = position[: _POSITION_CHARS - 1] + "…"
-        print(f"{each.stream:<{width}}{state}{rows:>15}  {age:<10}{each.lag:<32}{position}")
+        fresh = f"{_ms(each.freshness['p50'])}/{_ms(each.freshness['p99'])}" if each.freshness else "-"
+        print(f"{each.stream:<{width}}{state}{rows:>15}  {age:<10}{each.lag:<32}{fresh:<14}{position}")
+
+
+def _ms(value: float) -> str:
+    return f"{value / 1000:.1f}s" if value >= 1000 else f"{value:.0f}ms"

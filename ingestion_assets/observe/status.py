@@ -12,12 +12,14 @@ import dagster as dg
 import psycopg2
 
 from ingestion_assets.catalog import Catalog, PostgresSource
+from ingestion_assets.observe.freshness import HISTOGRAM, merged, percentiles
 from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import latest_checkpoint
 
 OK, FAILED, NEVER, LAGGING, RUNNING = "ok", "failed", "never synced", "lagging", "running"
 ATTENTION = (FAILED, NEVER, LAGGING)
+FRESHNESS_RUNS = 20  # materializations whose freshness histograms `ingest status` merges
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,7 @@ class StreamStatus:
     age_seconds: float | None
     position: dict[str, Any] | None
     lag: str  # CDC: the slot's lag and retained WAL; otherwise the checkpoint's age
+    freshness: dict[str, float]  # commit-to-target p50/p95/p99 in ms over the last runs that measured it
     detail: str = ""  # why it needs attention
 
     def as_json(self) -> dict[str, Any]:
@@ -81,6 +84,7 @@ def _status(
         age_seconds=round((now - last).total_seconds(), 1) if last else None,
         position=checkpoint.position if checkpoint else None,
         lag=_lag(slot, checkpoint.committed_at if checkpoint else None, now),
+        freshness=_freshness(instance, key),
         detail=detail,
     )
 
@@ -101,6 +105,17 @@ def _health(
     if last is None:
         return NEVER, "no materialization yet"
     return OK, ""
+
+
+def _freshness(instance: dg.DagsterInstance, key: dg.AssetKey, runs: int = FRESHNESS_RUNS) -> dict[str, float]:
+    """The last runs' histograms merged (exact, unlike averaging their percentiles)."""
+    encoded = []
+    for found in instance.fetch_materializations(key, limit=runs).records:
+        event = found.asset_materialization
+        entry = event.metadata.get(HISTOGRAM) if event is not None else None
+        if entry is not None and isinstance(entry.value, str):
+            encoded.append(entry.value)
+    return percentiles(merged(encoded)) if encoded else {}
 
 
 def _lag(slot: SlotFigures | None, committed: dt.datetime | None, now: dt.datetime) -> str:
@@ -126,7 +141,7 @@ def _slot(settings: Settings, name: str, source: PostgresSource) -> SlotFigures:
 def age_text(seconds: float) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
-            return f"{seconds / size:.0f}{unit}"
+            return f"{int(seconds // size)}{unit}"
     return f"{seconds:.0f}s"
 
 
