@@ -9,6 +9,7 @@ import pytest
 from ingestion_assets.definitions import defs
 from ingestion_assets.defs.metadata import COLUMN_SCHEMA, POSITION, ROW_COUNT, ROWS_READ, ROWS_WRITTEN, TABLE_NAME
 from ingestion_assets.defs.run_tags import GENERATION, MODE, SOURCE, _joined, _modes
+from ingestion_assets.state.summary import request_refresh
 from ingestion_assets_tests.helpers import META_COLUMNS, StreamHarness
 
 ORDERS = """
@@ -87,6 +88,12 @@ def test_lineage_jobs_and_run_tags(orders: StreamHarness) -> None:
     assert result.success
     tags = harness.instance.get_run_by_id(result.run_id).tags  # type: ignore[union-attr]
     assert tags[SOURCE] == harness.source_name and tags[MODE] == "incremental" and tags[GENERATION] == "1"
+
+    request_refresh(harness.settings, harness.source_name, "orders", "remove")  # what `ingest refresh` does
+    refreshed = harness.materialize()
+    tags = harness.instance.get_run_by_id(refreshed.run_id).tags  # type: ignore[union-attr]
+    assert tags[MODE] == "refresh" and tags[GENERATION] == "2"
+    assert _materialization(harness, refreshed).metadata[ROW_COUNT].value == 1500
 
 
 def test_a_run_of_several_streams_names_every_source_and_mode() -> None:
