@@ -46,6 +46,7 @@ def test_status_names_a_lagging_cdc_source_and_exits_non_zero(
     assert main(["status", "--json"]) == 0
     (line,) = json.loads(capsys.readouterr().out)
     assert line["stream"] == stream and line["status"] == "ok" and line["rows_in_target"] == 200
+    assert line["failed_checks"] == [] and line["dead_letters"] == 0
 
     harness.source.execute(  # over 1 MB of WAL the slot must keep until the source runs again
         "INSERT INTO orders SELECT g, repeat(md5(g::text), 20), now() FROM generate_series(1000, 4000) g"

@@ -1,5 +1,6 @@
-"""`ingest status`: one line per stream (status, rows in target, last run, position, lag); `--json` for
-scripts; exit 1 when a stream needs attention (a failed run, never synced, a CDC slot over its WAL limit)."""
+"""`ingest status`: one line per stream (status, rows in target, last run, lag, freshness, dead letters,
+position); `--json` for scripts; exit 1 when a stream needs attention (a failed run or check, never synced,
+a CDC slot over its WAL limit)."""
 
 from __future__ import annotations
 
@@ -46,8 +47,9 @@ def _print_table(found: list[StreamStatus], colour: bool) -> None:
         position = json.dumps(each.position, default=str) if each.position else "(start)"
         if len(position) > _POSITION_CHARS:
             position = position[: _POSITION_CHARS - 1] + "…"
+        dead = str(each.dead_letters) if each.dead_letters is not None else "-"
         fresh = f"{_ms(each.freshness['p50'])}/{_ms(each.freshness['p99'])}" if each.freshness else "-"
-        print(f"{each.stream:<{width}}{state}{rows:>15}  {age:<10}{each.lag:<32}{fresh:<14}{position}")
+        print(f"{each.stream:<{width}}{state}{rows:>15}  {age:<10}{each.lag:<32}{fresh:<14}{dead:>5}  {position}")
 
 
 def _ms(value: float) -> str:

@@ -10,15 +10,19 @@ from typing import Any
 
 import dagster as dg
 import psycopg2
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from ingestion_assets.catalog import Catalog, PostgresSource
+from ingestion_assets.defs.cdc import SLOT_HEALTH
+from ingestion_assets.defs.checks import DEAD_LETTERS, RECONCILIATION, SCHEMA
 from ingestion_assets.observe.freshness import HISTOGRAM, merged, percentiles
 from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import latest_checkpoint
 
-OK, FAILED, NEVER, LAGGING, RUNNING = "ok", "failed", "never synced", "lagging", "running"
-ATTENTION = (FAILED, NEVER, LAGGING)
+OK, FAILED, NEVER, LAGGING, RUNNING, CHECK = "ok", "failed", "never synced", "lagging", "running", "check failed"
+ATTENTION = (FAILED, NEVER, LAGGING, CHECK)
+CHECK_NAMES = (SCHEMA, DEAD_LETTERS, RECONCILIATION, SLOT_HEALTH)
 FRESHNESS_RUNS = 20  # materializations whose freshness histograms `ingest status` merges
 
 
@@ -32,6 +36,8 @@ class StreamStatus:
     position: dict[str, Any] | None
     lag: str  # CDC: the slot's lag and retained WAL; otherwise the checkpoint's age
     freshness: dict[str, float]  # commit-to-target p50/p95/p99 in ms over the last runs that measured it
+    dead_letters: int | None  # rows the last run parked
+    failed_checks: list[str]  # checks whose latest evaluation failed
     detail: str = ""  # why it needs attention
 
     def as_json(self) -> dict[str, Any]:
@@ -75,6 +81,10 @@ def _status(
     last = dt.datetime.fromtimestamp(event.timestamp, tz=dt.UTC) if event is not None else None
     checkpoint = latest_checkpoint(instance, key)
     status, detail = _health(instance, entry, last, slot)
+    failed = _failed_checks(instance, key)
+    if status == OK and failed:
+        status, detail = CHECK, f"latest evaluation failed: {', '.join(failed)}"
+    dead = metadata.get("dead letters")
     rows = metadata.get("dagster/row_count")
     return StreamStatus(
         stream=name,
@@ -85,6 +95,8 @@ def _status(
         position=checkpoint.position if checkpoint else None,
         lag=_lag(slot, checkpoint.committed_at if checkpoint else None, now),
         freshness=_freshness(instance, key),
+        dead_letters=int(dead) if isinstance(dead, int) else None,
+        failed_checks=failed,
         detail=detail,
     )
 
@@ -105,6 +117,12 @@ def _health(
     if last is None:
         return NEVER, "no materialization yet"
     return OK, ""
+
+
+def _failed_checks(instance: dg.DagsterInstance, key: dg.AssetKey) -> list[str]:
+    keys = [dg.AssetCheckKey(key, name) for name in CHECK_NAMES]
+    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(keys)
+    return sorted(k.name for k, record in latest.items() if record.status == AssetCheckExecutionRecordStatus.FAILED)
 
 
 def _freshness(instance: dg.DagsterInstance, key: dg.AssetKey, runs: int = FRESHNESS_RUNS) -> dict[str, float]:
