@@ -35,9 +35,8 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
 
 def _print_table(found: list[StreamStatus], colour: bool) -> None:
     width = max([len(s.stream) for s in found] + [6]) + 2
-    print(
-        f"{'stream':<{width}}{'status':<14}{'rows in target':>15}  {'last run':<10}{'lag':<32}{'p50/p99':<14}position"
-    )
+    head = f"{'stream':<{width}}{'status':<14}{'rows in target':>15}  {'last run':<10}{'lag':<32}"
+    print(f"{head}{'p50/p99':<14}{'dead':>5}  position")
     for each in found:
         state = f"{each.status:<14}"
         if colour:
