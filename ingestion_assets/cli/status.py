@@ -10,6 +10,7 @@ import sys
 
 from ingestion_assets.catalog import load_catalog
 from ingestion_assets.observe.status import ATTENTION, OK, StreamStatus, age_text, stream_statuses
+from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.summary import open_instance
 
@@ -49,6 +50,20 @@ def _print_table(found: list[StreamStatus], colour: bool) -> None:
         dead = str(each.dead_letters) if each.dead_letters is not None else "-"
         fresh = f"{_ms(each.freshness['p50'])}/{_ms(each.freshness['p99'])}" if each.freshness else "-"
         print(f"{each.stream:<{width}}{state}{rows:>15}  {age:<10}{each.lag:<32}{fresh:<14}{dead:>5}  {position}")
+        _print_partitions(each)
+
+
+def _print_partitions(each: StreamStatus) -> None:
+    """`live` and every partition a run stopped inside, one line each; the complete ones counted."""
+    if not each.partitions:
+        return
+    complete = sum(1 for p in each.partitions if p.complete)
+    print(f"  {len(each.partitions)} partitions with a checkpoint, {complete} complete")
+    for line in each.partitions:
+        if line.partition == LIVE or not line.complete:
+            state = "complete" if line.complete else "incomplete"
+            position = json.dumps(line.position, default=str) if line.position else "(start)"
+            print(f"  - {line.partition}: {state}, checkpoint {age_text(line.age_seconds)} old, {position[:60]}")
 
 
 def _ms(value: float) -> str:

@@ -5,7 +5,7 @@ is changed."""
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import dagster as dg
@@ -19,11 +19,20 @@ from ingestion_assets.observe.freshness import HISTOGRAM, merged, percentiles
 from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import latest_checkpoint
+from ingestion_assets.state.summary import partitions_with_state
 
 OK, FAILED, NEVER, LAGGING, RUNNING, CHECK = "ok", "failed", "never synced", "lagging", "running", "check failed"
 ATTENTION = (FAILED, NEVER, LAGGING, CHECK)
 CHECK_NAMES = (SCHEMA, DEAD_LETTERS, RECONCILIATION, SLOT_HEALTH)
 FRESHNESS_RUNS = 20  # materializations whose freshness histograms `ingest status` merges
+
+
+@dataclass(frozen=True)
+class PartitionLine:
+    partition: str
+    complete: bool  # its last checkpoint ended a read (False: a run stopped inside it, or is reading it)
+    age_seconds: float
+    position: dict[str, Any] | None
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,7 @@ class StreamStatus:
     freshness: dict[str, float]  # commit-to-target p50/p95/p99 in ms over the last runs that measured it
     dead_letters: int | None  # rows the last run parked
     failed_checks: list[str]  # checks whose latest evaluation failed
+    partitions: list[PartitionLine]  # partitioned streams: every partition that has a checkpoint
     detail: str = ""  # why it needs attention
 
     def as_json(self) -> dict[str, Any]:
@@ -64,9 +74,12 @@ def stream_statuses(settings: Settings, catalog: Catalog, instance: dg.DagsterIn
         if isinstance(s, PostgresSource) and s.mode == "cdc"
     }
     found = []
-    for source_name, _, stream_name, _ in catalog.streams():
+    for source_name, _, stream_name, spec in catalog.streams():
         key = dg.AssetKey([source_name, stream_name])
-        found.append(_status(instance, key, f"{source_name}.{stream_name}", now, slots.get(source_name)))
+        status = _status(instance, key, f"{source_name}.{stream_name}", now, slots.get(source_name))
+        if getattr(spec, "partitions", None) is not None:
+            status = replace(status, partitions=_partition_lines(instance, key, now))
+        found.append(status)
     return found
 
 
@@ -97,6 +110,7 @@ def _status(
         freshness=_freshness(instance, key),
         dead_letters=int(dead) if isinstance(dead, int) else None,
         failed_checks=failed,
+        partitions=[],
         detail=detail,
     )
 
@@ -117,6 +131,23 @@ def _health(
     if last is None:
         return NEVER, "no materialization yet"
     return OK, ""
+
+
+def _partition_lines(instance: dg.DagsterInstance, key: dg.AssetKey, now: dt.datetime) -> list[PartitionLine]:
+    lines = []
+    for partition in partitions_with_state(instance, key):
+        checkpoint = latest_checkpoint(instance, key, partition)
+        if partition is None or checkpoint is None:
+            continue
+        lines.append(
+            PartitionLine(
+                partition,
+                bool(checkpoint.details.get("complete", False)),
+                round((now - checkpoint.committed_at).total_seconds(), 1),
+                checkpoint.position,
+            )
+        )
+    return lines
 
 
 def _failed_checks(instance: dg.DagsterInstance, key: dg.AssetKey) -> list[str]:
