@@ -13,6 +13,7 @@ import dagster as dg
 import duckdb
 import psycopg2
 from dagster._core.errors import DagsterError
+from sqlalchemy.exc import SQLAlchemyError
 
 from ingestion_assets.catalog import PostgresSource, RestStream
 from ingestion_assets.observe.target import TargetTableFacts, read_target
@@ -165,7 +166,7 @@ def known_column_schemas(settings: Settings, keys: list[dg.AssetKey]) -> dict[dg
     try:
         with dg.DagsterInstance.get() as instance:
             return latest_column_schemas(instance, keys)
-    except (DagsterError, OSError) as exc:
+    except (DagsterError, SQLAlchemyError, OSError) as exc:  # the definitions load without them
         log.warning("could not read the streams' column schemas: %s", exc)
         return {}
 
