@@ -41,13 +41,17 @@ def _iso(value: Any) -> str:
 
 
 def _rows_read(harness: StreamHarness, result: Any) -> int:
-    return int(result.asset_materializations_for_node(f"{harness.source_name}__orders")[0].metadata["rows"].value)
+    return int(result.asset_materializations_for_node(f"{harness.source_name}__orders")[0].metadata["rows read"].value)
 
 
 def test_incremental_api_sync_over_several_rounds_matches_the_server(harness: StreamHarness, api: DemoApi) -> None:
     _catalog(harness, api)
-    assert _rows_read(harness, harness.materialize()) == 230
+    first = harness.materialize()
+    assert _rows_read(harness, first) == 230
     _assert_target_equals_server(harness, api)
+    metadata = first.asset_materializations_for_node(f"{harness.source_name}__orders")[0].metadata
+    assert metadata["dagster/row_count"].value == 230 and metadata["http requests"].value >= 230 // 20
+    assert metadata["bytes received"].value > 0 and {"http 429s", "http retries"} <= set(metadata)
     for _ in range(3):
         api.mutate("orders", inserts=15, updates=25)  # updates change status, items and updated_at
         result = harness.materialize()

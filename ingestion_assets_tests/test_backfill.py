@@ -10,6 +10,8 @@ import time
 import duckdb
 import pytest
 
+from ingestion_assets.catalog import load_catalog
+from ingestion_assets.observe.status import stream_statuses
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.sync import FAULT_ENV
 from ingestion_assets_tests.helpers import StreamHarness
@@ -43,7 +45,7 @@ def _key_catalog(harness: StreamHarness, **extra: object) -> None:
 
 def _rows_read(harness: StreamHarness, result: object) -> int:
     node = f"{harness.source_name}__orders"
-    return int(result.asset_materializations_for_node(node)[0].metadata["rows"].value)  # type: ignore[attr-defined]
+    return int(result.asset_materializations_for_node(node)[0].metadata["rows read"].value)  # type: ignore[attr-defined]
 
 
 def _snapshot(harness: StreamHarness) -> list[tuple[object, ...]]:
@@ -93,6 +95,14 @@ def test_a_partition_killed_mid_window_resumes_inside_it(harness: StreamHarness)
     inside = harness.checkpoint("orders", "15000-19999")
     assert inside is not None and inside.details["complete"] is False and inside.details["slice"] == 1
     assert {k: harness.checkpoint("orders", k) for k in done} == done  # the others kept their progress
+    (status,) = stream_statuses(harness.settings, load_catalog(harness.settings.catalog_path), harness.instance)
+    assert {p.partition: p.complete for p in status.partitions} == {  # what `ingest status` lists
+        LIVE: True,  # planned with the ranges: it starts where the history was first planned
+        "0-4999": True,
+        "5000-9999": True,
+        "10000-14999": True,
+        "15000-19999": False,
+    }
 
     resumed = harness.materialize(partition="15000-19999")
     assert _rows_read(harness, resumed) == 5_000 - 2 * 1_500  # only the rest of its window

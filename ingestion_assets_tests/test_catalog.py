@@ -34,6 +34,8 @@ def test_the_demo_catalog_is_valid() -> None:
         ("shop", "orders"),
         ("shop", "customers"),
         ("shop", "products"),
+        ("shop", "customer_history"),
+        ("shop_cdc", "products"),
         ("demo_api", "orders"),
         ("demo_api", "customers"),
     ]

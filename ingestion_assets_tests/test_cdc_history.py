@@ -141,7 +141,7 @@ def test_history_partitions_under_a_concurrent_writer_end_exact(cdc: StreamHarne
         stop.set()
         thread.join()
     for _ in range(6):
-        if _metadata(_run(harness, LIVE), harness)["rows"] == 0:
+        if _metadata(_run(harness, LIVE), harness)["rows read"] == 0:
             break
     _assert_exact(harness)
     checkpoint = latest_checkpoint(harness.instance, dg.AssetKey([harness.source_name, "orders"]), LIVE)

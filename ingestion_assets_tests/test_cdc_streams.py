@@ -103,14 +103,14 @@ def test_snapshot_then_changes_under_a_concurrent_writer(cdc: StreamHarness) -> 
     for _ in range(5):  # drain what the writer left
         result = _materialize(harness)
         metadata = result.asset_materializations_for_node(f"{harness.source_name}__cdc")[0].metadata
-        if metadata["rows"].value == 0:
+        if metadata["rows read"].value == 0:
             break
     _assert_exact(harness)
     tombstones = harness.query_target(
         f'SELECT count(*) FROM "{harness.source_name}".orders WHERE _ingest_deleted_at IS NOT NULL'
     )
     assert tombstones[0][0] >= 1  # soft deletes keep the row, flagged
-    assert metadata["latency_ms"].value == {} or set(metadata["latency_ms"].value) == {"p50", "p95", "p99"}
+    assert metadata["latency ms"].value == {} or set(metadata["latency ms"].value) == {"p50", "p95", "p99"}
 
 
 def test_hard_deletes_key_changes_and_toast_are_exact(cdc: StreamHarness) -> None:
@@ -248,7 +248,7 @@ def test_slot_health_is_measured_and_checked(cdc: StreamHarness) -> None:
     _catalog(harness)
     result = _materialize(harness)
     check = next(r for r in result.get_asset_check_evaluations() if r.check_name == "slot_health")
-    assert check.passed and "retained_wal_bytes" in check.metadata
+    assert check.passed and "retained WAL bytes" in check.metadata
 
 
 TYPED = r"""

@@ -47,7 +47,7 @@ def test_state_show_and_reset(cli_env: StreamHarness, capsys: pytest.CaptureFixt
     )  # cursor untouched: only a re-read finds it
     result = harness.materialize()
     materialization = result.asset_materializations_for_node(f"{harness.source_name}__items")[0]
-    assert materialization.metadata["rows"].value == 1200  # re-read from the start
+    assert materialization.metadata["rows read"].value == 1200  # re-read from the start
     harness.assert_target_equals_source("items", "items", "id")
 
 

@@ -43,7 +43,7 @@ def _prepare(harness: StreamHarness, slice_rows: int = SLICE, attempts: int = 1)
 
 def _rows_read(harness: StreamHarness, result: object) -> int:
     node = f"{harness.source_name}__events"
-    return int(result.asset_materializations_for_node(node)[0].metadata["rows"].value)  # type: ignore[attr-defined]
+    return int(result.asset_materializations_for_node(node)[0].metadata["rows read"].value)  # type: ignore[attr-defined]
 
 
 def test_sigkill_after_some_slices_resumes_from_the_last_checkpoint(harness: StreamHarness) -> None:

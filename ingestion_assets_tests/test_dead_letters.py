@@ -60,7 +60,7 @@ def test_good_rows_load_bad_rows_wait_with_their_reason_and_replay_after_a_fix(
     _catalog(harness)
     result = harness.materialize()
     metadata = result.asset_materializations_for_node(f"{harness.source_name}__readings")[0].metadata
-    assert metadata["dead letters"].value == 4 and metadata["rows loaded"].value == 2996
+    assert metadata["dead letters"].value == 4 and metadata["rows written"].value == 2996
 
     parked = _parked(harness)
     assert sorted(parked) == sorted(BAD)

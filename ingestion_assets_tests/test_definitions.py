@@ -49,8 +49,10 @@ def test_every_stream_is_an_asset_grouped_by_source(loaded: tuple[StreamHarness,
     harness, definitions = loaded
     graph = definitions.resolve_asset_graph()
     keys = {k for k in graph.get_all_asset_keys()}
-    assert keys == {harness.key("events"), harness.key("by_key"), harness.key("by_day")}
+    source_table = dg.AssetKey(["source", harness.source_name, harness.source.schema, "events"])  # one for three
+    assert keys == {harness.key("events"), harness.key("by_key"), harness.key("by_day"), source_table}
     assert {graph.get(k).group_name for k in keys} == {harness.source_name}
+    assert all(graph.get(harness.key(s)).parent_keys == {source_table} for s in ("events", "by_key", "by_day"))
     assert graph.get(harness.key("by_day")).partitions_def is not None
 
 

@@ -44,7 +44,7 @@ def test_changes_after_a_run_arrive_in_the_next_run(harness: StreamHarness, dest
     )
     result = harness.materialize()
     materialization = result.asset_materializations_for_node(f"{harness.source_name}__orders")[0]
-    assert materialization.metadata["rows"].value == 500 + 300 + 1  # only what changed was read
+    assert materialization.metadata["rows read"].value == 500 + 300 + 1  # only what changed was read
     harness.assert_target_equals_source("orders", "orders", "id", json_columns=["payload"])
     second = harness.checkpoint("orders")
     assert second is not None and second.position is not None and second.position["id"] == "5300"
@@ -52,7 +52,7 @@ def test_changes_after_a_run_arrive_in_the_next_run(harness: StreamHarness, dest
     # a run with nothing new reads nothing and keeps the position
     result = harness.materialize()
     materialization = result.asset_materializations_for_node(f"{harness.source_name}__orders")[0]
-    assert materialization.metadata["rows"].value == 0
+    assert materialization.metadata["rows read"].value == 0
     last = harness.checkpoint("orders")
     assert last is not None and last.position == second.position
 

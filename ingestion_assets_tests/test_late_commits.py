@@ -63,7 +63,7 @@ def test_without_open_transactions_the_checkpoint_reaches_the_last_row(harness: 
     checkpoint = harness.checkpoint("orders")
     assert checkpoint is not None and checkpoint.position == {"updated_at": "2024-01-01T00:01:40+00:00", "id": "100"}
     result = harness.materialize()
-    rows = result.asset_materializations_for_node(f"{harness.source_name}__orders")[0].metadata["rows"].value
+    rows = result.asset_materializations_for_node(f"{harness.source_name}__orders")[0].metadata["rows read"].value
     assert rows == 0
 
 

@@ -40,7 +40,7 @@ def _prepare(harness: StreamHarness) -> None:
 
 def _rows_read(harness: StreamHarness, result: dg.ExecuteInProcessResult) -> int:
     materialization = result.asset_materializations_for_node(f"{harness.source_name}__items")[0]
-    return int(materialization.metadata["rows"].value)
+    return int(materialization.metadata["rows read"].value)
 
 
 def _started_over(harness: StreamHarness, result: dg.ExecuteInProcessResult, node: str = "items") -> str:

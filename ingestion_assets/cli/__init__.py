@@ -1,4 +1,5 @@
-"""The `ingest` command: stack (up, down, env, dev, demo), state, refresh, partitions, check, schema, dlq, reconcile."""
+"""The `ingest` command: stack (up, down, env, dev, demo), status, state, refresh, partitions, check, schema, dlq,
+reconcile."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ingestion_assets.catalog import CatalogError
-from ingestion_assets.cli import cdc, quality, stack, state
+from ingestion_assets.cli import cdc, quality, stack, state, status
 from ingestion_assets.settings import Settings
 
 Handler = Callable[[Settings, argparse.Namespace], int]
@@ -50,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--orders", type=int, default=int(os.environ.get("INGEST_DEMO_ORDERS", "1000000")))
     dev = command("dev", stack.dev, "run the Dagster webserver and daemon on this instance")
     dev.add_argument("dagster_args", nargs=argparse.REMAINDER, help="passed to `dagster dev`")
+    overview = command("status", status.status, "each stream: status, rows in target, last run, position, lag")
+    overview.add_argument("--json", action="store_true", help="one JSON object per stream, for scripts")
     command("check", quality.check, "validate the catalog, reach every source, find every table and column")
 
     state_action = actions(command("state", None, "show or reset stream checkpoints"))

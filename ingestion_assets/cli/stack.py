@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import subprocess
 import sys
 import time
 
 from ingestion_assets.catalog import load_catalog
 from ingestion_assets.cli.common import DEFINITIONS_MODULE, bring_up, exports, sibling, uses_demo_api
+from ingestion_assets.cli.demo_runs import materialize_all
+from ingestion_assets.cli.supervise import run_supervised
 from ingestion_assets.settings import Settings
 
 
@@ -41,7 +42,7 @@ def dev(settings: Settings, args: argparse.Namespace) -> int:
     extra = args.dagster_args[1:] if args.dagster_args[:1] == ["--"] else args.dagster_args
     command = [sibling("dagster"), "dev", "-m", DEFINITIONS_MODULE, *extra]
     print(f"DAGSTER_HOME={env['DAGSTER_HOME']} {shlex.join(command)}", file=sys.stderr)
-    return subprocess.call(command, env={**os.environ, **env})
+    return run_supervised(command, {**os.environ, **env})  # SIGTERM or Ctrl-C stops every process it started
 
 
 def demo(settings: Settings, args: argparse.Namespace) -> int:
@@ -65,23 +66,8 @@ def demo(settings: Settings, args: argparse.Namespace) -> int:
         if status != 0:
             return status
         print_summary(settings, title)
-    print(f"\nwarehouse: {settings.warehouse_path}   Dagster UI: ingest dev   state: ingest state show")
+    print(f"\nwarehouse: {settings.warehouse_path}   Dagster UI: ingest dev   streams: ingest status")
     return 0
-
-
-def materialize_all(settings: Settings, env: dict[str, str], round_number: int) -> int:
-    """Run `dagster asset materialize` exactly as a CI job would, logging to INGEST_HOME/logs."""
-    logs = settings.home / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    log_file = logs / f"demo-round-{round_number}.log"
-    command = [sibling("dagster"), "asset", "materialize", "-m", DEFINITIONS_MODULE, "--select", "*"]
-    print(f"\n$ {shlex.join(command)}   (log: {log_file})")
-    with log_file.open("w") as handle:
-        status = subprocess.call(command, env={**os.environ, **env}, stdout=handle, stderr=subprocess.STDOUT)
-    if status != 0:
-        print(f"materialization failed (exit {status}); last lines of {log_file}:", file=sys.stderr)
-        print("\n".join(log_file.read_text().splitlines()[-30:]), file=sys.stderr)
-    return status
 
 
 def print_summary(settings: Settings, title: str) -> None:

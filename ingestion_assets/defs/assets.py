@@ -3,19 +3,20 @@ streams are backfilled partition by partition, each with its own checkpoint."""
 
 # No `from __future__ import annotations` here: Dagster inspects the asset's `context` annotation at runtime.
 
-from typing import Any
-
 import dagster as dg
 from dagster import AssetExecutionContext
 
-from ingestion_assets.catalog import Catalog, PostgresSource, PostgresStream, RestSource, RestStream
+from ingestion_assets.catalog import Catalog, KeyPartitions, PostgresSource, PostgresStream, RestSource, RestStream
 from ingestion_assets.defs.checks import DEAD_LETTERS, SCHEMA, check_results, check_specs, failed_check
 from ingestion_assets.defs.failures import permanent_failure
+from ingestion_assets.defs.metadata import definition_metadata, run_metadata
 from ingestion_assets.defs.partitions import partitions_def
+from ingestion_assets.defs.run_tags import mark_run
+from ingestion_assets.defs.sources import stream_source_key
 from ingestion_assets.drain import Drain
 from ingestion_assets.loading.dead_letters import DeadLetterThreshold
 from ingestion_assets.settings import Settings
-from ingestion_assets.state.checkpoints import InstanceStateStore, checkpoint_metadata
+from ingestion_assets.state.checkpoints import InstanceStateStore
 from ingestion_assets.streams.postgres_table import PostgresTableStream
 from ingestion_assets.streams.rest_api import RestApiStream
 from ingestion_assets.streams.runner import NoProgress, PartitionJob, PartitionOutcome, Stream, StreamBusy
@@ -49,7 +50,8 @@ def build_stream_assets(settings: Settings, catalog: Catalog) -> list[dg.AssetsD
     return streams + build_cdc_assets(settings, catalog)[0]
 
 
-def stream_asset(stream: Stream) -> dg.AssetsDefinition:
+def stream_asset(stream: Stream, columns: dg.TableSchema | None = None) -> dg.AssetsDefinition:
+    """The stream's asset; `columns`: the column schema its last materialization recorded, if known."""
     spec = stream.spec
     retries = spec.retries
     partitions = partitions_def(stream.source_name, stream.name, spec) if isinstance(spec, PostgresStream) else None
@@ -63,7 +65,9 @@ def stream_asset(stream: Stream) -> dg.AssetsDefinition:
         pool=pool_name(stream.source_name),
         kinds={"postgres" if isinstance(stream, PostgresTableStream) else "api", "dlt", stream.destination.type},
         description=_description(stream),
-        metadata=_static_metadata(stream),
+        metadata=definition_metadata(stream, columns),
+        deps=[stream_source_key(stream.source_name, spec)],
+        tags={"ingest/source": stream.source_name},
         partitions_def=partitions,
         backfill_policy=_backfill_policy(stream),
         check_specs=check_specs(dg.AssetKey([stream.source_name, stream.name]), reconciles),
@@ -76,6 +80,7 @@ def stream_asset(stream: Stream) -> dg.AssetsDefinition:
     )
     def _asset(context: AssetExecutionContext) -> dg.MaterializeResult:
         store = InstanceStateStore(context.instance, context.asset_key, context.log_event)
+        mark_run(context, stream.source_name, key_ranges=_key_ranged(spec))
         outcomes: list[PartitionOutcome] = []
         with Drain(spec.drain_seconds, context.log) as drain:
             for partition in _partitions_of(context):
@@ -106,8 +111,9 @@ def stream_asset(stream: Stream) -> dg.AssetsDefinition:
                     f"committed and checkpointed ({done}); the next run resumes from there",
                     allow_retries=False,
                 )
+        mark_run(context, stream.source_name, key_ranges=_key_ranged(spec), outcomes=outcomes)
         return dg.MaterializeResult(
-            metadata=_run_metadata(stream, outcomes), check_results=check_results(outcomes, reconciles)
+            metadata=run_metadata(stream, outcomes), check_results=check_results(outcomes, reconciles)
         )
 
     return _asset
@@ -120,6 +126,10 @@ def _backfill_policy(stream: Stream) -> dg.BackfillPolicy | None:
     return dg.BackfillPolicy.single_run() if per_run == "all" else dg.BackfillPolicy.multi_run(per_run)
 
 
+def _key_ranged(spec: PostgresStream | RestStream) -> bool:
+    return isinstance(spec, PostgresStream) and isinstance(spec.partitions, KeyPartitions)
+
+
 def _partitions_of(context: AssetExecutionContext) -> list[str | None]:
     if not context.has_partition_key and not context.has_partition_key_range:
         return [None]
@@ -130,56 +140,3 @@ def _description(stream: Stream) -> str:
     spec = stream.spec
     what = f"PostgreSQL table {spec.table}" if isinstance(spec, PostgresStream) else f"HTTP API {spec.path}"
     return f"{what} ({spec.write_disposition} on {', '.join(spec.primary_key)})"
-
-
-def _static_metadata(stream: Stream) -> dict[str, Any]:
-    spec = stream.spec
-    common = {"primary_key": ", ".join(spec.primary_key), "target": f"{stream.source_name}.{stream.name}"}
-    if isinstance(spec, RestStream):
-        return {
-            **common,
-            "path": spec.path,
-            "cursor": spec.cursor or "(none: full read each run)",
-            "pages_per_slice": spec.pages_per_slice,
-        }
-    return {
-        **common,
-        "source_table": spec.table,
-        "cursor": ", ".join(spec.cursor) or "(none: full read each run)",
-        "slice_rows": spec.slice_rows,
-        "partitions": spec.partitions.model_dump(mode="json") if spec.partitions else "(none)",
-    }
-
-
-def _run_metadata(stream: Stream, outcomes: list[PartitionOutcome]) -> dict[str, Any]:
-    rows = sum(o.result.rows for o in outcomes)
-    seconds = sum(o.result.seconds for o in outcomes)
-    metadata: dict[str, Any] = {
-        "rows": rows,
-        "rows loaded": sum(o.result.loaded for o in outcomes),
-        "dead letters": sum(o.result.dead_letters for o in outcomes),
-        "slices": sum(o.result.slices for o in outcomes),
-        "seconds": round(seconds, 3),
-        "rows_per_second": round(rows / seconds) if seconds > 0 else 0,
-        "mode": ", ".join(sorted({o.mode for o in outcomes})),
-        "dagster/table_name": f"{stream.source_name}.{stream.name}",
-    }
-    notes = [o.result.note for o in outcomes if o.result.note]
-    if notes:
-        metadata["late commits"] = "; ".join(notes)
-    started_over = [f"{o.partition or stream.name}: {o.started_over}" for o in outcomes if o.started_over]
-    if started_over:  # the target did not hold what the checkpoint described: this run read from the start
-        metadata["started over"] = "; ".join(started_over)
-    listings = [o.key_listing.as_metadata() for o in outcomes if o.key_listing is not None]
-    if listings:
-        metadata["key listing"] = dg.MetadataValue.json(listings[0] if len(listings) == 1 else listings)
-    if len(outcomes) == 1:  # one partition (or none): the materialization carries its final checkpoint
-        only = outcomes[0]
-        metadata.update(checkpoint_metadata(only.result.position, **only.checkpoint))
-        metadata["generation"] = only.generation
-        metadata["started_from"] = dg.MetadataValue.json({"position": only.result.started_from})
-    else:
-        metadata["partitions"] = dg.MetadataValue.json(
-            {str(o.partition): {"rows": o.result.rows, "position": o.result.position} for o in outcomes}
-        )
-    return metadata

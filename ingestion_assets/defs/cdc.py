@@ -11,7 +11,12 @@ from dagster import AssetExecutionContext
 
 from ingestion_assets.catalog import Catalog, PostgresSource
 from ingestion_assets.defs.failures import permanent_failure
+from ingestion_assets.defs.jobs import cdc_job
+from ingestion_assets.defs.metadata import POSITION, ROWS_READ, definition_metadata, target_metadata
+from ingestion_assets.defs.run_tags import SOURCE
+from ingestion_assets.defs.sources import slot_key
 from ingestion_assets.drain import Drain
+from ingestion_assets.observe.freshness import freshness_metadata
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres.cdc import CdcError as SlotError
@@ -112,6 +117,9 @@ def _cdc_asset(
             group_name=source_name,
             kinds={"postgres", "cdc", catalog.destination.type},
             description=f"changes of {s.spec.table} from the slot of source {source_name}",
+            deps=[slot_key(source_name, source)],
+            metadata={**definition_metadata(s), "slot": slot_key(source_name, source).path[-1]},
+            tags={SOURCE: source_name},
         )
         for key, s in zip(keys, streams, strict=True)
     ]
@@ -162,22 +170,24 @@ def _results(
     position = {} if outcome.mode == "chunk" else checkpoint_metadata(lsn, **outcome.checkpoint)
     shared = {
         **position,
-        "log position": format_lsn(outcome.lsn),
+        POSITION: dg.MetadataValue.json(lsn),
         "mode": outcome.mode,
-        "retained_wal_bytes": retained,
-        "latency_ms": dg.MetadataValue.json(outcome.latency()),
+        "retained WAL bytes": retained,
+        "latency ms": dg.MetadataValue.json(outcome.latency()),
+        **freshness_metadata(outcome.latency_ms),
         "dead letters": outcome.dead_letters,
     }
     for key, stream in zip(keys, streams, strict=True):
-        yield dg.MaterializeResult(asset_key=key, metadata={**shared, "rows": outcome.rows.get(stream.name, 0)})
+        metadata = {**shared, ROWS_READ: outcome.rows.get(stream.name, 0), **target_metadata(stream)}
+        yield dg.MaterializeResult(asset_key=key, metadata=metadata)
     yield dg.AssetCheckResult(
         asset_key=keys[0],
         check_name=SLOT_HEALTH,
         passed=retained <= limit,
         metadata={
-            "retained_wal_bytes": retained,
-            "limit_bytes": limit,
-            "lag_bytes": health.lag_bytes if health is not None else 0,
+            "retained WAL bytes": retained,
+            "limit bytes": limit,
+            "lag bytes": health.lag_bytes if health is not None else 0,
         },
     )
 
@@ -191,7 +201,7 @@ def _slot_sensor(
         name=f"{source_name}__cdc_slot",
         minimum_interval_seconds=10,
         default_status=dg.DefaultSensorStatus.STOPPED,
-        asset_selection=dg.AssetSelection.assets(*keys),
+        target=cdc_job(source_name, keys),
         description="records the slot's retained WAL and lag; asks for a run when changes are waiting",
     )
     def _sensor(context: dg.SensorEvaluationContext) -> Any:
@@ -208,7 +218,7 @@ def _slot_sensor(
             dg.AssetObservation(
                 asset_key=keys[0],
                 partition=live,
-                metadata={"retained_wal_bytes": health.retained_wal_bytes, "lag_bytes": health.lag_bytes},
+                metadata={"retained WAL bytes": health.retained_wal_bytes, "lag bytes": health.lag_bytes},
             )
         )
         state = sync.store.latest()

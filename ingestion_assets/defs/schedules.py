@@ -1,18 +1,18 @@
-"""Schedules from the catalog: each source's cron syncs its streams (partitioned: the newest partition)."""
+"""Schedules from the catalog: each source's cron runs its job (partitioned streams: the newest partition)."""
 
 from __future__ import annotations
 
 import dagster as dg
 
 from ingestion_assets.catalog import PostgresStream
+from ingestion_assets.defs.jobs import Jobs, job_name
 from ingestion_assets.defs.partitions import newest_partition, partitions_def
 from ingestion_assets.streams.postgres_table import PostgresTableStream
 from ingestion_assets.streams.runner import Stream
 
 
-def build_schedules(
-    streams: list[Stream], assets: dict[dg.AssetKey, dg.AssetsDefinition]
-) -> list[dg.ScheduleDefinition]:
+def build_schedules(streams: list[Stream], jobs: Jobs) -> list[dg.ScheduleDefinition]:
+    """Every schedule targets a named job (defs/jobs.py), so the runs it starts carry the source's name."""
     schedules: list[dg.ScheduleDefinition] = []
     by_source: dict[str, list[Stream]] = {}
     for stream in streams:
@@ -27,14 +27,14 @@ def build_schedules(
                 dg.ScheduleDefinition(
                     name=f"{source_name}__sync",
                     cron_schedule=cron,
-                    target=dg.AssetSelection.assets(*[dg.AssetKey([s.source_name, s.name]) for s in plain]),
+                    target=jobs[job_name(source_name)],
                     default_status=dg.DefaultScheduleStatus.RUNNING,
                     execution_timezone="UTC",
                 )
             )
         for stream in members:
             if isinstance(stream, PostgresTableStream) and _partitioned(stream):
-                schedules.append(_newest_partition_schedule(stream, cron, assets))
+                schedules.append(_newest_partition_schedule(stream, cron, jobs))
     return schedules
 
 
@@ -42,17 +42,14 @@ def _partitioned(stream: Stream) -> bool:
     return isinstance(stream.spec, PostgresStream) and stream.spec.partitions is not None
 
 
-def _newest_partition_schedule(
-    stream: PostgresTableStream, cron: str, assets: dict[dg.AssetKey, dg.AssetsDefinition]
-) -> dg.ScheduleDefinition:
-    key = dg.AssetKey([stream.source_name, stream.name])
+def _newest_partition_schedule(stream: PostgresTableStream, cron: str, jobs: Jobs) -> dg.ScheduleDefinition:
     partitions = partitions_def(stream.source_name, stream.name, stream.spec)
     assert partitions is not None
 
     @dg.schedule(
         name=f"{stream.source_name}__{stream.name}__newest",
         cron_schedule=cron,
-        target=assets[key],
+        target=jobs[job_name(stream.source_name, stream.name)],
         default_status=dg.DefaultScheduleStatus.RUNNING,
         execution_timezone="UTC",
     )

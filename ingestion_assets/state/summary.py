@@ -49,7 +49,7 @@ def checkpoint_rows(
         for source, stream in streams:
             key = dg.AssetKey([source, stream])
             partitioned = catalog.sources[source].streams[stream].partitions is not None
-            partitions = [partition] if partition or not partitioned else _partitions_with_state(instance, key)
+            partitions = [partition] if partition or not partitioned else partitions_with_state(instance, key)
             for each in partitions or [None]:
                 found = latest_checkpoint(instance, key, each)
                 rows.append(
@@ -64,7 +64,7 @@ def checkpoint_rows(
     return rows
 
 
-def _partitions_with_state(instance: dg.DagsterInstance, key: dg.AssetKey) -> list[str | None]:
+def partitions_with_state(instance: dg.DagsterInstance, key: dg.AssetKey) -> list[str | None]:
     """The partitions that ever stored a checkpoint, in the order they first did."""
     seen: dict[str, None] = {}
     cursor = None
@@ -91,9 +91,9 @@ def latest_runs(settings: Settings, catalog: Catalog) -> list[RunLine]:
             lines.append(
                 RunLine(
                     stream=f"{source}.{stream}",
-                    rows=int(metadata.get("rows", 0) or 0),
+                    rows=int(metadata.get("rows read", 0) or 0),
                     seconds=float(metadata.get("seconds", 0.0) or 0.0),
-                    rows_per_second=float(metadata.get("rows_per_second", 0.0) or 0.0),
+                    rows_per_second=float(metadata.get("rows per second", 0.0) or 0.0),
                     position=_position_text(checkpoint.position) if checkpoint else "(none)",
                 )
             )

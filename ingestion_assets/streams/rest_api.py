@@ -137,7 +137,7 @@ class RestApiStream:
 
         try:
             with favour_the_reader():  # the loader's Python work must not stall the page reader
-                return run_slices(
+                result = run_slices(
                     slices,
                     load,
                     sink,
@@ -148,6 +148,8 @@ class RestApiStream:
                     after_commit=lambda result: dead_letter_limit(self.qualified_name, self.spec.dead_letters, result),
                     read_ahead=0,  # pages are read ahead instead (below): a slice forms when the loader is free
                 )
+            result.figures = client.figures.as_metadata()
+            return result
         finally:
             slices.close()  # stops the page reader before its client closes
             client.close()

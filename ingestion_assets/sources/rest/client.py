@@ -7,6 +7,7 @@ import email.utils
 import logging
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
@@ -28,6 +29,28 @@ from ingestion_assets.sources.rest.payload import CutOff, parse_json
 logger = logging.getLogger(__name__)
 
 TRANSIENT_STATUSES = frozenset({408, 500, 502, 503, 504})
+
+
+@dataclass
+class HttpFigures:
+    """What a client's requests cost, for the run's metadata: one client serves one stream run."""
+
+    requests: int = 0  # sent, including retries and 429s
+    rate_limited: int = 0  # 429 answers
+    retries: int = 0  # transient failures retried (5xx, timeouts, resets, bodies cut off)
+    paused_seconds: float = 0.0  # waited because the API answered 429
+    throttled_seconds: float = 0.0  # waited for the token bucket (the configured rate)
+    bytes: int = 0  # response bodies received, as sent (compressed or not)
+
+    def as_metadata(self) -> dict[str, int | float]:
+        return {
+            "http requests": self.requests,
+            "http 429s": self.rate_limited,
+            "http retries": self.retries,
+            "seconds paused for 429s": round(self.paused_seconds, 3),
+            "seconds waiting for the rate limit": round(self.throttled_seconds, 3),
+            "bytes received": self.bytes,
+        }
 
 
 class _Attempts:
@@ -96,6 +119,7 @@ class RestClient:
         self._rng = random.Random(seed)
         self._bucket = (buckets or SHARED_BUCKETS).bucket(self.auth.key, rate, burst, self._clock)
         self._wheres: dict[str, str] = {}
+        self.figures = HttpFigures()
         self._http = httpx.Client(
             base_url=base_url,
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
@@ -126,14 +150,18 @@ class RestClient:
         attempts, renewed = _Attempts(self.retry, self._clock, self._rng, where), False
         while True:
             headers = self.auth.headers()  # a token renewal happens here, not between the slot and the send
-            if self._bucket.acquire() > 0:
+            waited = self._bucket.acquire()
+            if waited > 0:
+                self.figures.throttled_seconds += waited
                 headers = self.auth.headers()  # renewed only if the wait brought the token near its expiry
+            self.figures.requests += 1
             try:
                 request = self._http.build_request(method, url, params=params, headers=headers)
                 response = self._http.send(request)
             except httpx.TransportError as exc:  # timeouts, refused or dropped connections
-                attempts.failed(type(exc).__name__, None)
+                self._failed(attempts, type(exc).__name__, None)
                 continue
+            self.figures.bytes += response.num_bytes_downloaded
             status = response.status_code
             if status < 400:
                 if not parse:
@@ -141,18 +169,25 @@ class RestClient:
                 try:
                     return response, parse_json(response, where)
                 except CutOff as cut:
-                    attempts.failed(str(cut), None)
+                    self._failed(attempts, str(cut), None)
                     continue
             if status == 401 and not renewed and self.auth.refresh():
                 renewed = True
                 continue
             if status == 429:
-                self._bucket.pause(attempts.rate_limited(response))
+                self.figures.rate_limited += 1
+                pause = attempts.rate_limited(response)
+                self.figures.paused_seconds += pause
+                self._bucket.pause(pause)
             elif status in TRANSIENT_STATUSES:
                 asked = retry_after_seconds(response.headers.get("Retry-After"), self._clock.now())
-                attempts.failed(f"HTTP {status}", asked)
+                self._failed(attempts, f"HTTP {status}", asked)
             else:
                 raise error_for(response, where, self.auth.describe())
+
+    def _failed(self, attempts: _Attempts, what: str, retry_after: float | None) -> None:
+        attempts.failed(what, retry_after)  # raises once the budget is spent: that one is no retry
+        self.figures.retries += 1
 
     def _where(self, url: str) -> str:
         """The endpoint's URL without its query, for messages; worked out once per URL (it costs a parse)."""

@@ -1,0 +1,84 @@
+"""The demo's syncs as CI would run them: `dagster asset materialize` for the unpartitioned streams (CDC
+included), then each key-partitioned stream's history ranges as one backfill run (first round) or its `live`
+partition (later rounds)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+
+from ingestion_assets.catalog import Catalog, KeyPartitions, PostgresStream, load_catalog
+from ingestion_assets.cli.common import DEFINITIONS_MODULE, sibling
+from ingestion_assets.partitions import LIVE
+from ingestion_assets.settings import Settings
+
+
+def materialize_all(settings: Settings, env: dict[str, str], round_number: int) -> int:
+    catalog = load_catalog(settings.catalog_path)
+    plain, ranged = _streams(catalog)
+    status = _materialize(settings, env, f"{round_number}", ["--select", ",".join(plain)]) if plain else 0
+    for key in ranged:
+        if status != 0:
+            return status
+        if round_number == 1:
+            ranges = _plan(settings, catalog, key)
+            if not ranges:
+                continue
+            status = _materialize(settings, env, f"{round_number}-history", _range_args(key, ranges))
+        else:
+            status = _materialize(settings, env, f"{round_number}-live", ["--select", key, "--partition", LIVE])
+    return status
+
+
+def _streams(catalog: Catalog) -> tuple[list[str], list[str]]:
+    """Asset keys (`source/stream`) of the unpartitioned streams, and of the key-partitioned ones; time
+    partitions are left to the schedule."""
+    plain, ranged = [], []
+    for source_name, _, stream_name, spec in catalog.streams():
+        key = f"{source_name}/{stream_name}"
+        partitions = spec.partitions if isinstance(spec, PostgresStream) else None
+        if partitions is None:
+            plain.append(key)
+        elif isinstance(partitions, KeyPartitions):
+            ranged.append(key)
+    return plain, ranged
+
+
+def _plan(settings: Settings, catalog: Catalog, key: str) -> list[str]:
+    """The stream's key ranges, planned now from the table's smallest and largest key (and `live`)."""
+    from ingestion_assets.defs.assets import catalog_streams
+    from ingestion_assets.defs.partitions import dynamic_partitions_name, plan_key_partitions
+    from ingestion_assets.state.summary import open_instance
+    from ingestion_assets.streams.postgres_table import PostgresTableStream
+
+    source_name, stream_name = key.split("/")
+    stream = next(
+        s
+        for s in catalog_streams(settings, catalog)
+        if (s.source_name, s.name) == (source_name, stream_name) and isinstance(s, PostgresTableStream)
+    )
+    with open_instance(settings) as instance:
+        plan_key_partitions(stream, instance)
+        keys = instance.get_dynamic_partitions(dynamic_partitions_name(source_name, stream_name))
+    return [k for k in keys if k != LIVE]
+
+
+def _range_args(key: str, ranges: list[str]) -> list[str]:
+    return ["--select", key, "--partition-range", f"{ranges[0]}...{ranges[-1]}"]
+
+
+def _materialize(settings: Settings, env: dict[str, str], label: str, selection: list[str]) -> int:
+    """Run `dagster asset materialize` exactly as a CI job would, logging to INGEST_HOME/logs."""
+    logs = settings.home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_file = logs / f"demo-round-{label}.log"
+    command = [sibling("dagster"), "asset", "materialize", "-m", DEFINITIONS_MODULE, *selection]
+    print(f"\n$ {shlex.join(command)}   (log: {log_file})")
+    with log_file.open("w") as handle:
+        status = subprocess.call(command, env={**os.environ, **env}, stdout=handle, stderr=subprocess.STDOUT)
+    if status != 0:
+        print(f"materialization failed (exit {status}); last lines of {log_file}:", file=sys.stderr)
+        print("\n".join(log_file.read_text().splitlines()[-30:]), file=sys.stderr)
+    return status

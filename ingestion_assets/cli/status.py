@@ -1,0 +1,70 @@
+"""`ingest status`: one line per stream (status, rows in target, last run, lag, freshness, dead letters,
+position); `--json` for scripts; exit 1 when a stream needs attention (a failed run or check, never synced,
+a CDC slot over its WAL limit)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ingestion_assets.catalog import load_catalog
+from ingestion_assets.observe.status import ATTENTION, OK, StreamStatus, age_text, stream_statuses
+from ingestion_assets.partitions import LIVE
+from ingestion_assets.settings import Settings
+from ingestion_assets.state.summary import open_instance
+
+_COLOURS = {OK: "32", "running": "36"}  # green, cyan; anything needing attention is red
+_POSITION_CHARS = 48
+
+
+def status(settings: Settings, args: argparse.Namespace) -> int:
+    catalog = load_catalog(settings.catalog_path)
+    with open_instance(settings) as instance:
+        found = stream_statuses(settings, catalog, instance)
+    if args.json:
+        print(json.dumps([s.as_json() for s in found], indent=2, default=str))
+    else:
+        _print_table(found, colour=sys.stdout.isatty())
+    needing = [s for s in found if s.status in ATTENTION]
+    if needing and not args.json:
+        print(f"\n{len(needing)} stream(s) need attention:", file=sys.stderr)
+        for each in needing:
+            print(f"  {each.stream}: {each.status}: {each.detail}", file=sys.stderr)
+    return 1 if needing else 0
+
+
+def _print_table(found: list[StreamStatus], colour: bool) -> None:
+    width = max([len(s.stream) for s in found] + [6]) + 2
+    head = f"{'stream':<{width}}{'status':<14}{'rows in target':>15}  {'last run':<10}{'lag':<32}"
+    print(f"{head}{'p50/p99':<14}{'dead':>5}  position")
+    for each in found:
+        state = f"{each.status:<14}"
+        if colour:
+            state = f"\033[{_COLOURS.get(each.status, '31')}m{state}\033[0m"
+        rows = f"{each.rows_in_target:,}" if each.rows_in_target is not None else "-"
+        age = f"{age_text(each.age_seconds)} ago" if each.age_seconds is not None else "never"
+        position = json.dumps(each.position, default=str) if each.position else "(start)"
+        if len(position) > _POSITION_CHARS:
+            position = position[: _POSITION_CHARS - 1] + "…"
+        dead = str(each.dead_letters) if each.dead_letters is not None else "-"
+        fresh = f"{_ms(each.freshness['p50'])}/{_ms(each.freshness['p99'])}" if each.freshness else "-"
+        print(f"{each.stream:<{width}}{state}{rows:>15}  {age:<10}{each.lag:<32}{fresh:<14}{dead:>5}  {position}")
+        _print_partitions(each)
+
+
+def _print_partitions(each: StreamStatus) -> None:
+    """`live` and every partition a run stopped inside, one line each; the complete ones counted."""
+    if not each.partitions:
+        return
+    complete = sum(1 for p in each.partitions if p.complete)
+    print(f"  {len(each.partitions)} partitions with a checkpoint, {complete} complete")
+    for line in each.partitions:
+        if line.partition == LIVE or not line.complete:
+            state = "complete" if line.complete else "incomplete"
+            position = json.dumps(line.position, default=str) if line.position else "(start)"
+            print(f"  - {line.partition}: {state}, checkpoint {age_text(line.age_seconds)} old, {position[:60]}")
+
+
+def _ms(value: float) -> str:
+    return f"{value / 1000:.1f}s" if value >= 1000 else f"{value:.0f}ms"

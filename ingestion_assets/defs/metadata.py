@@ -1,0 +1,182 @@
+"""The metadata of stream assets, under one naming scheme: Dagster's own `dagster/...` keys where Dagster
+has one (row count, column schema, table name), `ingest/checkpoint` for the stored state, and short lower-case
+phrases for everything else ("rows read", "rows written", "http 429s")."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import duckdb
+import psycopg2
+from dagster._core.errors import DagsterError
+from sqlalchemy.exc import SQLAlchemyError
+
+from ingestion_assets.catalog import PostgresSource, RestStream
+from ingestion_assets.observe.target import TargetTableFacts, read_target
+from ingestion_assets.settings import Settings
+from ingestion_assets.state.checkpoints import checkpoint_metadata
+from ingestion_assets.streams.runner import PartitionOutcome, Stream
+
+log = logging.getLogger(__name__)
+
+ROW_COUNT = "dagster/row_count"
+COLUMN_SCHEMA = "dagster/column_schema"
+TABLE_NAME = "dagster/table_name"
+POSITION = "position"
+ROWS_READ = "rows read"
+ROWS_WRITTEN = "rows written"
+SUMMARY = "summary"
+NO_CHANGES = "no changes"
+
+
+def table_name(source_name: str, stream_name: str) -> str:
+    return f"{source_name}.{stream_name}"
+
+
+def definition_metadata(stream: Stream, columns: dg.TableSchema | None = None) -> dict[str, Any]:
+    """What the asset is, before any run: where it lands, what it reads and how. `columns` is the column
+    schema the last materialization recorded (the definitions cannot ask the source without reaching it)."""
+    spec = stream.spec
+    metadata: dict[str, Any] = {
+        TABLE_NAME: table_name(stream.source_name, stream.name),
+        "destination": stream.destination.type,
+        "primary key": ", ".join(spec.primary_key),
+        "write disposition": spec.write_disposition,
+    }
+    if columns is not None:
+        metadata[COLUMN_SCHEMA] = columns
+    if isinstance(spec, RestStream):
+        metadata.update(
+            {
+                "source path": spec.path,
+                "cursor": spec.cursor or "(none: full read each run)",
+                "pages per slice": spec.pages_per_slice,
+            }
+        )
+        return metadata
+    cdc = isinstance(stream.source, PostgresSource) and stream.source.mode == "cdc"
+    metadata.update(
+        {
+            "source table": spec.table,
+            "cursor": "(cdc: the log position)" if cdc else ", ".join(spec.cursor) or "(none: full read each run)",
+            "slice rows": spec.slice_rows,
+            "partitions": dg.MetadataValue.json(spec.partitions.model_dump(mode="json")) if spec.partitions else "none",
+        }
+    )
+    return metadata
+
+
+def column_schema(facts: TargetTableFacts, primary_key: list[str]) -> dg.TableSchema:
+    """The target's columns with their destination types and nullability; the primary key as a constraint."""
+    key = [c.lower() for c in primary_key]
+    columns = [
+        dg.TableColumn(
+            name=c.name,
+            type=c.type,
+            description="primary key" if c.name.lower() in key else None,
+            constraints=dg.TableColumnConstraints(nullable=c.nullable, unique=len(key) == 1 and c.name.lower() in key),
+        )
+        for c in facts.columns
+    ]
+    return dg.TableSchema(
+        columns=columns, constraints=dg.TableConstraints(other=[f"primary key ({', '.join(primary_key)})"])
+    )
+
+
+def target_metadata(stream: Stream) -> dict[str, Any]:
+    """Row count and column schema of the stream's target table as it is after the run; nothing (and a
+    warning) when the destination cannot be asked: the run's data is committed either way."""
+    try:
+        facts = read_target(stream.settings, stream.destination, stream.source_name, stream.name)
+    except (duckdb.Error, psycopg2.Error, OSError) as exc:
+        log.warning("%s: could not count the target table for the asset's metadata: %s", stream.qualified_name, exc)
+        return {}
+    if not facts.exists:
+        return {}
+    return {ROW_COUNT: facts.rows, COLUMN_SCHEMA: column_schema(facts, list(stream.spec.primary_key))}
+
+
+def run_metadata(stream: Stream, outcomes: list[PartitionOutcome]) -> dict[str, Any]:
+    read = sum(o.result.rows for o in outcomes)
+    written = sum(o.result.loaded for o in outcomes)
+    seconds = sum(o.result.seconds for o in outcomes)
+    metadata: dict[str, Any] = {
+        SUMMARY: _summary(stream, outcomes, read, written),
+        ROWS_READ: read,
+        ROWS_WRITTEN: written,
+        "dead letters": sum(o.result.dead_letters for o in outcomes),
+        "slices": sum(o.result.slices for o in outcomes),
+        "seconds": round(seconds, 3),
+        "rows per second": round(read / seconds) if seconds > 0 else 0,
+        "mode": ", ".join(sorted({o.mode for o in outcomes})),
+        **target_metadata(stream),
+        **_http_figures(outcomes),
+    }
+    notes = [o.result.note for o in outcomes if o.result.note]
+    if notes:
+        metadata["late commits"] = "; ".join(notes)
+    started_over = [f"{o.partition or stream.name}: {o.started_over}" for o in outcomes if o.started_over]
+    if started_over:  # the target did not hold what the checkpoint described: this run read from the start
+        metadata["started over"] = "; ".join(started_over)
+    listings = [o.key_listing.as_metadata() for o in outcomes if o.key_listing is not None]
+    if listings:
+        metadata["key listing"] = dg.MetadataValue.json(listings[0] if len(listings) == 1 else listings)
+    if len(outcomes) == 1:  # one partition (or none): the materialization carries its final checkpoint
+        only = outcomes[0]
+        metadata[POSITION] = dg.MetadataValue.json(only.result.position or {})
+        metadata.update(checkpoint_metadata(only.result.position, **only.checkpoint))
+        metadata["generation"] = only.generation
+        metadata["started from"] = dg.MetadataValue.json(only.result.started_from or {})
+    else:
+        metadata["partitions"] = dg.MetadataValue.json(
+            {
+                str(o.partition): {ROWS_READ: o.result.rows, ROWS_WRITTEN: o.result.loaded, POSITION: o.result.position}
+                for o in outcomes
+            }
+        )
+    return metadata
+
+
+def _summary(stream: Stream, outcomes: list[PartitionOutcome], read: int, written: int) -> str:
+    """One line on top of the asset page; a run that found nothing new says so."""
+    if read == 0 and not any(o.mode.startswith("refresh") for o in outcomes):
+        return f"{NO_CHANGES}: nothing new in the source since the last checkpoint"
+    where = ", ".join(str(o.partition) for o in outcomes if o.partition) or stream.name
+    return f"{', '.join(sorted({o.mode for o in outcomes}))} of {where}: {read:,} rows read, {written:,} written"
+
+
+def _http_figures(outcomes: list[PartitionOutcome]) -> dict[str, Any]:
+    totals: dict[str, Any] = {}
+    for outcome in outcomes:
+        for name, value in outcome.result.figures.items():
+            totals[name] = totals.get(name, 0) + value
+    return {name: round(value, 3) if isinstance(value, float) else value for name, value in totals.items()}
+
+
+def known_column_schemas(settings: Settings, keys: list[dg.AssetKey]) -> dict[dg.AssetKey, dg.TableSchema]:
+    """For the asset definitions: the column schemas the streams' last materializations recorded, read from
+    this machine's instance (as `release_dead_runs_on_this_machine` does); nothing elsewhere or on errors."""
+    home = os.environ.get("DAGSTER_HOME")
+    if not keys or not home or Path(home).resolve() != settings.dagster_home.resolve():
+        return {}
+    try:
+        with dg.DagsterInstance.get() as instance:
+            return latest_column_schemas(instance, keys)
+    except (DagsterError, SQLAlchemyError, OSError) as exc:  # the definitions load without them
+        log.warning("could not read the streams' column schemas: %s", exc)
+        return {}
+
+
+def latest_column_schemas(instance: dg.DagsterInstance, keys: list[dg.AssetKey]) -> dict[dg.AssetKey, dg.TableSchema]:
+    """The column schema each asset's newest materialization recorded (one query for all of them)."""
+    found: dict[dg.AssetKey, dg.TableSchema] = {}
+    for key, entry in instance.get_latest_materialization_events(keys).items():
+        materialization = entry.asset_materialization if entry is not None else None
+        value = materialization.metadata.get(COLUMN_SCHEMA) if materialization is not None else None
+        if value is not None and isinstance(value.value, dg.TableSchema):
+            found[key] = value.value
+    return found

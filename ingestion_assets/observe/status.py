@@ -1,0 +1,201 @@
+"""Per stream: is it healthy, what does its table hold, when did it last sync and how far; for CDC sources
+how far the slot lags. What `ingest status` prints; Dagster's instance and the source are asked, nothing
+is changed."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import dagster as dg
+import psycopg2
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+
+from ingestion_assets.catalog import Catalog, PostgresSource
+from ingestion_assets.defs.cdc import SLOT_HEALTH
+from ingestion_assets.defs.checks import DEAD_LETTERS, RECONCILIATION, SCHEMA
+from ingestion_assets.observe.freshness import HISTOGRAM, merged, percentiles
+from ingestion_assets.references import resolve
+from ingestion_assets.settings import Settings
+from ingestion_assets.state.checkpoints import latest_checkpoint
+from ingestion_assets.state.summary import partitions_with_state
+
+OK, FAILED, NEVER, LAGGING, RUNNING, CHECK = "ok", "failed", "never synced", "lagging", "running", "check failed"
+ATTENTION = (FAILED, NEVER, LAGGING, CHECK)
+CHECK_NAMES = (SCHEMA, DEAD_LETTERS, RECONCILIATION, SLOT_HEALTH)
+FRESHNESS_RUNS = 20  # materializations whose freshness histograms `ingest status` merges
+
+
+@dataclass(frozen=True)
+class PartitionLine:
+    partition: str
+    complete: bool  # its last checkpoint ended a read (False: a run stopped inside it, or is reading it)
+    age_seconds: float
+    position: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class StreamStatus:
+    stream: str
+    status: str
+    rows_in_target: int | None
+    last_run: str | None  # when the newest materialization was written (ISO, UTC)
+    age_seconds: float | None
+    position: dict[str, Any] | None
+    lag: str  # CDC: the slot's lag and retained WAL; otherwise the checkpoint's age
+    freshness: dict[str, float]  # commit-to-target p50/p95/p99 in ms over the last runs that measured it
+    dead_letters: int | None  # rows the last run parked
+    failed_checks: list[str]  # checks whose latest evaluation failed
+    partitions: list[PartitionLine]  # partitioned streams: every partition that has a checkpoint
+    detail: str = ""  # why it needs attention
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SlotFigures:
+    lag_bytes: int
+    retained_wal_bytes: int
+    limit_bytes: int
+    error: str | None = None
+
+    @property
+    def lagging(self) -> bool:
+        return self.error is None and self.retained_wal_bytes > self.limit_bytes
+
+
+def stream_statuses(settings: Settings, catalog: Catalog, instance: dg.DagsterInstance) -> list[StreamStatus]:
+    now = dt.datetime.now(dt.UTC)
+    slots = {
+        name: _slot(settings, name, s)
+        for name, s in catalog.sources.items()
+        if isinstance(s, PostgresSource) and s.mode == "cdc"
+    }
+    found = []
+    for source_name, _, stream_name, spec in catalog.streams():
+        key = dg.AssetKey([source_name, stream_name])
+        status = _status(instance, key, f"{source_name}.{stream_name}", now, slots.get(source_name))
+        if getattr(spec, "partitions", None) is not None:
+            status = replace(status, partitions=_partition_lines(instance, key, now))
+        found.append(status)
+    return found
+
+
+def _status(
+    instance: dg.DagsterInstance, key: dg.AssetKey, name: str, now: dt.datetime, slot: SlotFigures | None
+) -> StreamStatus:
+    record = next(iter(instance.get_asset_records([key])), None)
+    entry = record.asset_entry if record is not None else None
+    event = entry.last_materialization if entry is not None else None
+    materialization = event.asset_materialization if event is not None else None
+    metadata = {k: v.value for k, v in (materialization.metadata if materialization else {}).items()}
+    last = dt.datetime.fromtimestamp(event.timestamp, tz=dt.UTC) if event is not None else None
+    checkpoint = latest_checkpoint(instance, key)
+    status, detail = _health(instance, entry, last, slot)
+    failed = _failed_checks(instance, key)
+    if status == OK and failed:
+        status, detail = CHECK, f"latest evaluation failed: {', '.join(failed)}"
+    dead = metadata.get("dead letters")
+    rows = metadata.get("dagster/row_count")
+    return StreamStatus(
+        stream=name,
+        status=status,
+        rows_in_target=int(rows) if isinstance(rows, int) else None,
+        last_run=last.isoformat(timespec="seconds") if last else None,
+        age_seconds=round((now - last).total_seconds(), 1) if last else None,
+        position=checkpoint.position if checkpoint else None,
+        lag=_lag(slot, checkpoint.committed_at if checkpoint else None, now),
+        freshness=_freshness(instance, key),
+        dead_letters=int(dead) if isinstance(dead, int) else None,
+        failed_checks=failed,
+        partitions=[],
+        detail=detail,
+    )
+
+
+def _health(
+    instance: dg.DagsterInstance, entry: Any, last: dt.datetime | None, slot: SlotFigures | None
+) -> tuple[str, str]:
+    run = instance.get_run_by_id(entry.last_run_id) if entry is not None and entry.last_run_id else None
+    if run is not None and run.status == dg.DagsterRunStatus.FAILURE:
+        return FAILED, f"run {run.run_id[:8]} failed"
+    if slot is not None and slot.lagging:
+        return LAGGING, (
+            f"the slot retains {slot.retained_wal_bytes:,} bytes of WAL, over its limit of {slot.limit_bytes:,}: "
+            "run the source (or start its slot sensor)"
+        )
+    if run is not None and run.status in (dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING):
+        return RUNNING, f"run {run.run_id[:8]} is running"
+    if last is None:
+        return NEVER, "no materialization yet"
+    return OK, ""
+
+
+def _partition_lines(instance: dg.DagsterInstance, key: dg.AssetKey, now: dt.datetime) -> list[PartitionLine]:
+    lines = []
+    for partition in partitions_with_state(instance, key):
+        checkpoint = latest_checkpoint(instance, key, partition)
+        if partition is None or checkpoint is None:
+            continue
+        lines.append(
+            PartitionLine(
+                partition,
+                bool(checkpoint.details.get("complete", False)),
+                round((now - checkpoint.committed_at).total_seconds(), 1),
+                checkpoint.position,
+            )
+        )
+    return lines
+
+
+def _failed_checks(instance: dg.DagsterInstance, key: dg.AssetKey) -> list[str]:
+    keys = [dg.AssetCheckKey(key, name) for name in CHECK_NAMES]
+    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(keys)
+    return sorted(k.name for k, record in latest.items() if record.status == AssetCheckExecutionRecordStatus.FAILED)
+
+
+def _freshness(instance: dg.DagsterInstance, key: dg.AssetKey, runs: int = FRESHNESS_RUNS) -> dict[str, float]:
+    """The last runs' histograms merged (exact, unlike averaging their percentiles)."""
+    encoded = []
+    for found in instance.fetch_materializations(key, limit=runs).records:
+        event = found.asset_materialization
+        entry = event.metadata.get(HISTOGRAM) if event is not None else None
+        if entry is not None and isinstance(entry.value, str):
+            encoded.append(entry.value)
+    return percentiles(merged(encoded)) if encoded else {}
+
+
+def _lag(slot: SlotFigures | None, committed: dt.datetime | None, now: dt.datetime) -> str:
+    if slot is not None:
+        if slot.error is not None:
+            return f"slot: {slot.error}"
+        return f"slot lag {_bytes(slot.lag_bytes)}, WAL {_bytes(slot.retained_wal_bytes)}"
+    return f"checkpoint {age_text((now - committed).total_seconds())} old" if committed else "-"
+
+
+def _slot(settings: Settings, name: str, source: PostgresSource) -> SlotFigures:
+    from ingestion_assets.sources.postgres.cdc import CdcError, slot_health
+
+    limit = source.cdc.max_retained_wal_mb * 1024 * 1024
+    try:
+        url = resolve(source.connection, settings, f"sources.{name}.connection")
+        health = slot_health(url, source.cdc.slot or f"ingest_{name}")
+    except (CdcError, psycopg2.Error, OSError) as exc:
+        return SlotFigures(0, 0, limit, error=str(exc).splitlines()[0][:80])
+    return SlotFigures(health.lag_bytes, health.retained_wal_bytes, limit)
+
+
+def age_text(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _bytes(count: int) -> str:
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count} B"

@@ -1,0 +1,71 @@
+"""`ingest status` against a real stack: a CDC source whose slot hoards WAL needs attention (exit 1, named),
+and `--json` gives scripts the same figures."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from ingestion_assets.cli import main
+from ingestion_assets.observe.freshness import encode, merged, percentiles, record
+from ingestion_assets.sources.postgres.cdc import drop_slot
+from ingestion_assets_tests.helpers import StreamHarness
+
+
+@pytest.fixture
+def cdc(harness: StreamHarness, monkeypatch: pytest.MonkeyPatch) -> Iterator[StreamHarness]:
+    harness.source.execute(
+        "CREATE TABLE orders (id int PRIMARY KEY, note text, updated_at timestamptz NOT NULL DEFAULT now());"
+        "INSERT INTO orders SELECT g, 'n', now() FROM generate_series(1, 200) g;"
+    )
+    harness.write_catalog(
+        {"orders": {"table": "orders", "primary_key": "id"}},
+        mode="cdc",
+        cdc={"max_retained_wal_mb": 1, "max_seconds": 2, "retries": {"max_attempts": 1}},
+    )
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    try:
+        yield harness
+    finally:
+        drop_slot(harness.source.url, f"ingest_{harness.source_name}")  # a slot left behind hoards WAL
+        harness.source.execute(f"DROP PUBLICATION IF EXISTS ingest_{harness.source_name}")
+
+
+def test_status_names_a_lagging_cdc_source_and_exits_non_zero(
+    cdc: StreamHarness, capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness = cdc
+    stream = f"{harness.source_name}.orders"
+    assert main(["status"]) == 1  # never synced
+    assert f"{stream}: never synced" in capsys.readouterr().err
+
+    harness.materialize()  # the snapshot: the slot exists and the target holds 200 rows
+    assert main(["status", "--json"]) == 0
+    (line,) = json.loads(capsys.readouterr().out)
+    assert line["stream"] == stream and line["status"] == "ok" and line["rows_in_target"] == 200
+    assert line["failed_checks"] == [] and line["dead_letters"] == 0
+
+    harness.source.execute(  # over 1 MB of WAL the slot must keep until the source runs again
+        "INSERT INTO orders SELECT g, repeat(md5(g::text), 20), now() FROM generate_series(1000, 4000) g"
+    )
+    assert main(["status"]) == 1
+    captured = capsys.readouterr()
+    assert stream in captured.out and "lagging" in captured.out
+    assert f"{stream}: lagging: the slot retains" in captured.err
+
+    harness.materialize()  # applies the changes: each one's commit-to-target latency lands in the histogram
+    main(["status", "--json"])
+    (line,) = json.loads(capsys.readouterr().out)
+    assert line["rows_in_target"] == 200 + 3001 and set(line["freshness"]) == {"p50", "p95", "p99"}
+    assert 0 < line["freshness"]["p50"] <= line["freshness"]["p99"] < 600_000
+
+
+def test_freshness_histograms_of_runs_merge_exactly() -> None:
+    fast, slow = record([10.0] * 98), record([5000.0, 9000.0])
+    together = merged([encode(fast), encode(slow)])
+    assert together.get_total_count() == 100
+    assert percentiles(together)["p50"] == 10 and 4990 <= percentiles(together)["p99"] <= 5010
+    assert percentiles(merged([encode(fast)])) == {"p50": 10, "p95": 10, "p99": 10}  # p99 of one run survives
