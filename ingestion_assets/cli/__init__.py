@@ -23,6 +23,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CatalogError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `ingest status | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 0
 
 
 def _parser() -> argparse.ArgumentParser:
