@@ -9,6 +9,7 @@ import json
 import sys
 
 from ingestion_assets.catalog import load_catalog
+from ingestion_assets.cli.common import bring_up
 from ingestion_assets.observe.status import ATTENTION, OK, StreamStatus, age_text, stream_statuses
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
@@ -20,6 +21,7 @@ _POSITION_CHARS = 48
 
 def status(settings: Settings, args: argparse.Namespace) -> int:
     catalog = load_catalog(settings.catalog_path)
+    bring_up(settings)  # the instance's storage (started if it is not running, as every state command does)
     with open_instance(settings) as instance:
         found = stream_statuses(settings, catalog, instance)
     if args.json:
