@@ -182,6 +182,12 @@ def _measure(path: str, latency: float, rate: float, burst: int, orders: int, pa
         process.terminate()
         process.wait()
     times = sorted(e["at"] for e in log)
+    log.sort(key=lambda e: e["received"])
+    # Where a gap goes: the server's own time (request received to answer written, the latency and its
+    # wake-up), and the client's (answer written to the next request received: reading the answer, the
+    # client's work, sending the next request).
+    server = sorted(e["answered"] - e["received"] for e in log if "answered" in e) or [0.0]
+    client = sorted(b["received"] - a["answered"] for a, b in itertools.pairwise(log) if "answered" in a) or [0.0]
     span = max(times) - min(times) if len(times) > 1 else 0.0
     gaps = sorted(b - a for a, b in itertools.pairwise(times)) or [0.0]
     achieved = (len(times) - 1) / span if span else 0.0
@@ -200,6 +206,10 @@ def _measure(path: str, latency: float, rate: float, burst: int, orders: int, pa
         "gap_ms_p50": gaps[len(gaps) // 2] * 1000,
         "gap_ms_p90": gaps[len(gaps) * 9 // 10] * 1000,
         "gap_ms_max": gaps[-1] * 1000,
+        "server_ms_p50": server[len(server) // 2] * 1000,
+        "server_ms_mean": statistics.mean(server) * 1000,
+        "client_ms_p50": client[len(client) // 2] * 1000,
+        "client_ms_mean": statistics.mean(client) * 1000,
     }
 
 
@@ -249,7 +259,9 @@ def _summarize(lines: list[dict[str, Any]]) -> None:
             print(
                 f"  {path:<8} latency {latency:>3.0f} ms, {setting:<18}"
                 f" {key}: fastest {max(values) * scale:,.1f}{unit}, median {medians[path] * scale:,.1f}{unit}{ratio};"
-                f" 429s {sum(x['429s'] for x in runs)}; gap p90 median {statistics.median(x['gap_ms_p90'] for x in runs):.0f} ms"
+                f" 429s {sum(x['429s'] for x in runs)}; median of means: server"
+                f" {statistics.median(x['server_ms_mean'] for x in runs):.1f} ms,"
+                f" client {statistics.median(x['client_ms_mean'] for x in runs):.1f} ms a request"
             )
 
 
@@ -260,7 +272,8 @@ def _print(line: dict[str, Any]) -> None:
         f"{line['requests_per_s']:>7.1f} req/s = {line['share']:>6.1%} of min(allowed, 1/latency), "
         f"{line['429s']:>3} x 429, {line['records']:>5} records in {line['seconds']:>6.2f} s "
         f"= {line['records_per_s']:>7,.0f} records/s; gaps p50/p90/max {line['gap_ms_p50']:.0f}/"
-        f"{line['gap_ms_p90']:.0f}/{line['gap_ms_max']:.0f} ms",
+        f"{line['gap_ms_p90']:.0f}/{line['gap_ms_max']:.0f} ms; server {line['server_ms_mean']:.1f} ms, "
+        f"client {line['client_ms_mean']:.1f} ms a request (mean)",
         flush=True,
     )
 

@@ -251,8 +251,10 @@ class DemoApi:
             handler.send_header(name, value)
         if "due" in entry:  # the answer, encoded, leaves `latency` after the request came, whatever the work took
             time.sleep(max(0.0, entry.pop("due") - time.monotonic()))
-        handler.end_headers()  # buffered with the body: both leave in one write when the handler flushes
+        handler.end_headers()  # buffered with the body: both leave in one write
         handler.wfile.write(data)
+        handler.wfile.flush()
+        entry["answered"] = time.monotonic()  # received to answered: the server's time; the rest is the client's
 
 
 class _Handler(BaseHTTPRequestHandler):
