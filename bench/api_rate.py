@@ -8,13 +8,17 @@ latency the benchmark runs, one after another in the same run:
   with the catalog's rate limit set to the server's;
 - **coalesce**: the same with `max_pages_per_slice: 40`: a slice also takes the pages already waiting;
 - **dlt**: stock dlt `rest_api_source` (cursor paginator, OAuth 2 client credentials, merge into DuckDB);
-  it has no rate limiter of its own and relies on retrying 429s.
+  it has no rate limiter of its own and relies on retrying 429s;
+- **httpx**: the floor, latency-bound settings only: a bare httpx loop following the cursor with nothing
+  else in its process. What a sequential read can reach on this machine and server at that moment.
 
-It reports requests/s while reading (the server's own log, first to last request), as a share of
-min(allowed rate, 1 / latency), the 429s, and records/s with no rate limit at all. Usage:
+The paths take turns, `--repeat` rounds, so that the machine's load falls on each alike. It reports
+requests/s while reading (the server's own log, first to last request), as a share of
+min(allowed rate, 1 / latency), the 429s, and records/s with no rate limit at all; then per path the
+fastest and the median round, and the median's ratio to stock dlt's. Usage:
 
-    .venv/bin/python bench/api_rate.py                       # 1 ms and 50 ms, 20 req/s allowed
-    .venv/bin/python bench/api_rate.py --latencies 0.001 --rate 40 --paths asset
+    .venv/bin/python bench/api_rate.py                       # 1 ms and 50 ms, 20 req/s allowed, 3 rounds
+    .venv/bin/python bench/api_rate.py --latencies 0.05 --paths asset,dlt,httpx --repeat 5 --no-unlimited
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import itertools
 import json
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -127,11 +132,32 @@ def _run_dlt(url: str, page_size: int, warehouse: Path) -> int:
         }
     )
     pipeline = dlt.pipeline(
-        pipeline_name="bench_dlt_rest", pipelines_dir=str(WORK / "dlt"), destination=dlt.destinations.duckdb(str(warehouse))
+        pipeline_name="bench_dlt_rest",
+        pipelines_dir=str(WORK / "dlt"),
+        destination=dlt.destinations.duckdb(str(warehouse)),
     )
     info = pipeline.run(source, dataset_name="bench")
     info.raise_on_failed_jobs()
     return int(pipeline.last_trace.last_normalize_info.row_counts.get("orders", 0))
+
+
+def _run_bare(url: str, page_size: int) -> int:
+    """The floor: a bare httpx loop following the cursor, nothing else in its process (no checks, no loading)."""
+    with httpx.Client(base_url=url, timeout=30) as http:
+        form = {"grant_type": "client_credentials"}
+        token = http.post("/oauth/token", data=form, auth=(CONFIG.client_id, CONFIG.client_secret)).json()
+        headers = {"Authorization": f"Bearer {token['access_token']}"}
+        rows, cursor = 0, None
+        while True:
+            params: dict[str, Any] = {"limit": page_size} | ({"cursor": cursor} if cursor else {})
+            response = http.get("/v1/orders", params=params, headers=headers)
+            if response.status_code == 429:  # only without a limit of ours: wait as asked
+                time.sleep(float(response.headers.get("Retry-After", "1")))
+                continue
+            body = response.json()
+            rows, cursor = rows + len(body["data"]), body["next_cursor"]
+            if not cursor:
+                return rows
 
 
 def _measure(path: str, latency: float, rate: float, burst: int, orders: int, page_size: int) -> dict[str, Any]:
@@ -144,17 +170,24 @@ def _measure(path: str, latency: float, rate: float, burst: int, orders: int, pa
     warehouse.unlink(missing_ok=True)
     try:
         began = time.monotonic()
-        rows = (
-            _run_dlt(url, page_size, warehouse)
-            if path == "dlt"
-            else _run_asset(url, client_rate, burst or 1000, page_size, warehouse, coalesce=path == "coalesce")
-        )
+        if path == "dlt":
+            rows = _run_dlt(url, page_size, warehouse)
+        elif path == "httpx":
+            rows = _run_bare(url, page_size)
+        else:
+            rows = _run_asset(url, client_rate, burst or 1000, page_size, warehouse, coalesce=path == "coalesce")
         seconds = time.monotonic() - began
         log = _requests(url)
     finally:
         process.terminate()
         process.wait()
     times = sorted(e["at"] for e in log)
+    log.sort(key=lambda e: e["received"])
+    # Where a gap goes: the server's own time (request received to answer written, the latency and its
+    # wake-up), and the client's (answer written to the next request received: reading the answer, the
+    # client's work, sending the next request).
+    server = sorted(e["answered"] - e["received"] for e in log if "answered" in e) or [0.0]
+    client = sorted(b["received"] - a["answered"] for a, b in itertools.pairwise(log) if "answered" in a) or [0.0]
     span = max(times) - min(times) if len(times) > 1 else 0.0
     gaps = sorted(b - a for a, b in itertools.pairwise(times)) or [0.0]
     achieved = (len(times) - 1) / span if span else 0.0
@@ -173,6 +206,10 @@ def _measure(path: str, latency: float, rate: float, burst: int, orders: int, pa
         "gap_ms_p50": gaps[len(gaps) // 2] * 1000,
         "gap_ms_p90": gaps[len(gaps) * 9 // 10] * 1000,
         "gap_ms_max": gaps[-1] * 1000,
+        "server_ms_p50": server[len(server) // 2] * 1000,
+        "server_ms_mean": statistics.mean(server) * 1000,
+        "client_ms_p50": client[len(client) // 2] * 1000,
+        "client_ms_mean": statistics.mean(client) * 1000,
     }
 
 
@@ -183,23 +220,49 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=5)
     parser.add_argument("--orders", type=int, default=4000)
     parser.add_argument("--page-size", type=int, default=50)
-    parser.add_argument("--paths", default="asset,coalesce,dlt")
-    parser.add_argument("--unlimited", action="store_true", default=True)
+    parser.add_argument("--paths", default="asset,coalesce,dlt,httpx")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds; the paths take turns within each round")
+    parser.add_argument("--unlimited", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
-    lines = []
+    paths, lines = args.paths.split(","), []
     for latency in [float(x) for x in args.latencies.split(",")]:
-        for path in args.paths.split(","):
-            lines.append(_measure(path, latency, args.rate, args.burst, args.orders, args.page_size))
-            _print(lines[-1])
-    for path in args.paths.split(","):  # records/s with no limit anywhere, 1 ms latency
-        lines.append(_measure(path, 0.001, 0.0, 0, args.orders, args.page_size))
-        _print(lines[-1])
+        for _ in range(args.repeat):  # turns, so that the machine's load falls on every path alike
+            for path in paths:
+                if path == "httpx" and 1 / latency > args.rate:
+                    continue  # the floor has no limiter: it measures latency-bound reading only
+                lines.append(_measure(path, latency, args.rate, args.burst, args.orders, args.page_size))
+                _print(lines[-1])
+    if args.unlimited:  # records/s with no limit anywhere, 1 ms latency
+        for _ in range(args.repeat):
+            for path in (p for p in paths if p != "httpx"):
+                lines.append(_measure(path, 0.001, 0.0, 0, args.orders, args.page_size))
+                _print(lines[-1])
     (WORK / "results.json").write_text(json.dumps(lines, indent=2))
-    by = {(x["path"], x["latency_ms"], x["allowed"]): x for x in lines}
-    asset, dlt_ = by.get(("asset", 1.0, None)), by.get(("dlt", 1.0, None))
-    if asset and dlt_:
-        print(f"records/s unlimited, asset / stock dlt rest_api: {asset['records_per_s'] / dlt_['records_per_s']:.2f}x")
+    _summarize(lines)
+
+
+def _summarize(lines: list[dict[str, Any]]) -> None:
+    """Per path and setting: fastest and median, and the median's ratio to stock dlt's in the same run."""
+    groups: dict[tuple[float, float | None], dict[str, list[dict[str, Any]]]] = {}
+    for line in lines:
+        groups.setdefault((line["latency_ms"], line["allowed"]), {}).setdefault(line["path"], []).append(line)
+    print("\nsummary (fastest / median of each path's rounds):")
+    for (latency, allowed), by_path in groups.items():
+        key, unit = ("share", "%") if allowed else ("records_per_s", " records/s")
+        medians = {path: statistics.median(x[key] for x in runs) for path, runs in by_path.items()}
+        for path, runs in by_path.items():
+            values = [x[key] for x in runs]
+            scale = 100 if allowed else 1
+            ratio = f", median / dlt's {medians[path] / medians['dlt']:.2f}x" if "dlt" in medians else ""
+            setting = f"{allowed:.0f} req/s allowed" if allowed else "no limit"
+            print(
+                f"  {path:<8} latency {latency:>3.0f} ms, {setting:<18}"
+                f" {key}: fastest {max(values) * scale:,.1f}{unit}, median {medians[path] * scale:,.1f}{unit}{ratio};"
+                f" 429s {sum(x['429s'] for x in runs)}; median of means: server"
+                f" {statistics.median(x['server_ms_mean'] for x in runs):.1f} ms,"
+                f" client {statistics.median(x['client_ms_mean'] for x in runs):.1f} ms a request"
+            )
 
 
 def _print(line: dict[str, Any]) -> None:
@@ -209,7 +272,8 @@ def _print(line: dict[str, Any]) -> None:
         f"{line['requests_per_s']:>7.1f} req/s = {line['share']:>6.1%} of min(allowed, 1/latency), "
         f"{line['429s']:>3} x 429, {line['records']:>5} records in {line['seconds']:>6.2f} s "
         f"= {line['records_per_s']:>7,.0f} records/s; gaps p50/p90/max {line['gap_ms_p50']:.0f}/"
-        f"{line['gap_ms_p90']:.0f}/{line['gap_ms_max']:.0f} ms",
+        f"{line['gap_ms_p90']:.0f}/{line['gap_ms_max']:.0f} ms; server {line['server_ms_mean']:.1f} ms, "
+        f"client {line['client_ms_mean']:.1f} ms a request (mean)",
         flush=True,
     )
 

@@ -145,10 +145,9 @@ class DemoApi:
             )
         entry["client"] = client = self._authorize(resource.removesuffix("/ids"), headers)
         self._inject_faults(client)
-        reply = self._listing(path, resource, query)
-        if self.config.latency:  # the answer leaves `latency` after the request came, whatever the work took
-            time.sleep(max(0.0, entry["received"] + self.config.latency - time.monotonic()))
-        return reply
+        if self.config.latency:  # when the answer leaves, whatever the work took (_handle waits for it)
+            entry["due"] = entry["received"] + self.config.latency
+        return self._listing(path, resource, query)
 
     def _token(self, headers: Message, form: dict[str, str]) -> Reply:
         try:
@@ -250,14 +249,19 @@ class DemoApi:
             "Content-Length": str(len(data)),
         }.items():
             handler.send_header(name, value)
-        handler.end_headers()
+        if "due" in entry:  # the answer, encoded, leaves `latency` after the request came, whatever the work took
+            time.sleep(max(0.0, entry.pop("due") - time.monotonic()))
+        handler.end_headers()  # buffered with the body: both leave in one write
         handler.wfile.write(data)
+        handler.wfile.flush()
+        entry["answered"] = time.monotonic()  # received to answered: the server's time; the rest is the client's
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = 30  # idle keep-alive connections close after this
-    disable_nagle_algorithm = True  # headers and body go out as separate writes
+    disable_nagle_algorithm = True
+    wbufsize = 1 << 16  # headers and body leave together, as a server sends a small answer (one write per answer)
 
     def do_GET(self) -> None:
         cast(_Server, self.server).api._handle(self, "GET")

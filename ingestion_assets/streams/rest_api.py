@@ -35,7 +35,7 @@ from ingestion_assets.sources.rest import (
     RetryPolicy,
     read_pages,
 )
-from ingestion_assets.sources.rest.read_ahead import ReadAhead, favour_the_reader
+from ingestion_assets.sources.rest.read_ahead import BackgroundLoads, ReadAhead, favour_the_reader
 from ingestion_assets.sources.slices import Slice
 from ingestion_assets.streams.postgres_table import RunOptions, Target
 from ingestion_assets.streams.rest_credentials import build_auth
@@ -135,11 +135,13 @@ class RestApiStream:
             loaded = load_slice(loader, good, dead, self.spec.deletes)
             return SliceOutcome(loaded=loaded, dead_letters=0 if dead is None else dead.num_rows)
 
+        # Reading ahead, the loads run below the page reader's CPU priority (the simulation keeps one thread).
+        loads = BackgroundLoads() if options.read_ahead > 0 else None
         try:
             with favour_the_reader():  # the loader's Python work must not stall the page reader
                 result = run_slices(
                     slices,
-                    load,
+                    load if loads is None else lambda piece: loads.run(lambda: load(piece)),
                     sink,
                     started_from=after,
                     faults=options.faults or Faults.from_env(),
@@ -153,6 +155,8 @@ class RestApiStream:
         finally:
             slices.close()  # stops the page reader before its client closes
             client.close()
+            if loads is not None:
+                loads.close()
 
     def retire_unlisted(self, loader: Loader) -> KeyListingResult | None:
         """After a completed read: the periodic key listing, if the stream has one and it is due."""

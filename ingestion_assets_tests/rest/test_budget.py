@@ -137,3 +137,25 @@ def test_favouring_the_reader_is_undone_when_the_last_overlapping_read_ends() ->
     assert sys.getswitchinterval() <= 0.001  # the other read still runs
     second.__exit__(None, None, None)
     assert sys.getswitchinterval() == before and gc.get_freeze_count() == 0
+
+
+def test_loads_run_in_a_thread_of_their_own_below_the_readers_priority_and_end_with_it() -> None:
+    import os
+    import sys
+
+    from ingestion_assets.sources.rest.read_ahead import BackgroundLoads
+
+    def where() -> tuple[int, int]:
+        return threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0)
+
+    mine = where()
+    with BackgroundLoads(niceness=5) as loads:
+        tid, nice = loads.run(where)
+        assert loads.run(where)[0] == tid  # one thread for every load of the read, one load at a time
+        with pytest.raises(ValueError, match="bad slice"):
+            loads.run(lambda: (_ for _ in ()).throw(ValueError("bad slice")))
+    assert tid != mine[0]
+    if sys.platform.startswith("linux"):
+        assert nice == min(19, mine[1] + 5)
+    assert where() == mine  # the caller's priority is untouched
+    assert all(t.native_id != tid for t in threading.enumerate())  # the lowered thread is gone

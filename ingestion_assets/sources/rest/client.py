@@ -118,7 +118,7 @@ class RestClient:
         self._clock = clock or SystemClock()
         self._rng = random.Random(seed)
         self._bucket = (buckets or SHARED_BUCKETS).bucket(self.auth.key, rate, burst, self._clock)
-        self._wheres: dict[str, str] = {}
+        self._targets: dict[str, tuple[httpx.URL, str]] = {}  # path -> its absolute URL, and the text for messages
         self.figures = HttpFigures()
         self._http = httpx.Client(
             base_url=base_url,
@@ -146,7 +146,8 @@ class RestClient:
     def _request(
         self, method: str, url: str, params: Mapping[str, str | int] | None, parse: bool
     ) -> tuple[httpx.Response, Any]:
-        where = f"{method} {self._where(url)}"
+        target, where = self._target(url)
+        where = f"{method} {where}"
         attempts, renewed = _Attempts(self.retry, self._clock, self._rng, where), False
         while True:
             headers = self.auth.headers()  # a token renewal happens here, not between the slot and the send
@@ -156,7 +157,7 @@ class RestClient:
                 headers = self.auth.headers()  # renewed only if the wait brought the token near its expiry
             self.figures.requests += 1
             try:
-                request = self._http.build_request(method, url, params=params, headers=headers)
+                request = self._http.build_request(method, target, params=params, headers=headers)
                 response = self._http.send(request)
             except httpx.TransportError as exc:  # timeouts, refused or dropped connections
                 self._failed(attempts, type(exc).__name__, None)
@@ -189,13 +190,15 @@ class RestClient:
         attempts.failed(what, retry_after)  # raises once the budget is spent: that one is no retry
         self.figures.retries += 1
 
-    def _where(self, url: str) -> str:
-        """The endpoint's URL without its query, for messages; worked out once per URL (it costs a parse)."""
-        found = self._wheres.get(url)
+    def _target(self, url: str) -> tuple[httpx.URL, str]:
+        """The absolute URL, and the same without its query for messages. Worked out once per path: joining a
+        path to the base URL costs three URL parses, half the work of building a request."""
+        found = self._targets.get(url)
         if found is None:
-            found = self._wheres[url] = str(
-                self._http.build_request("GET", url).url.copy_with(query=None, fragment=None)
-            )
+            absolute = self._http.build_request("GET", url).url
+            found = (absolute, str(absolute.copy_with(query=None, fragment=None)))
+            if "?" not in url:  # a path, not a next-page link (each of those is met once)
+                self._targets[url] = found
         return found
 
     def server_time(self, response: httpx.Response) -> datetime:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -36,17 +35,18 @@ class Paginator(ABC):
         self.has_more = True
         self.token: str | None = None
         self._seen: set[str] = set()
-        self._last_page = ""
+        self._last_page: list[Any] = []
 
     def request(self, path: str, params: Params) -> tuple[str, Params | None]:
         """URL and query parameters of the next request (None: the URL carries them)."""
         return (path, {**params, **self.first_params()}) if self.token is None else self.next_request(path, params)
 
     def advance(self, response: httpx.Response, body: Any, records: list[Any]) -> None:
-        page = hashlib.sha256(repr(records).encode()).hexdigest()  # the same records in the same order
-        if records and page == self._last_page:
+        # The same records in the same order. Compared, not hashed: two different pages differ in their first
+        # record, so this costs microseconds, where hashing the page's text cost ~0.5 ms on every request.
+        if records and records == self._last_page:
             raise PaginationLoop(f"{_where(response)}: the API returned the same page twice; stopping the read")
-        self._last_page = page
+        self._last_page = list(records)
         token = self.next_token(response, body, records)
         if token is not None and token in self._seen:
             raise PaginationLoop(
