@@ -117,7 +117,9 @@ class Bench:
         bring_up(self.settings)
         self.url = self.settings.embedded.ensure_database("bench_cdc")
         for slot in ("ingest_cdcb", "bench_raw"):
-            self._execute(f"SELECT pg_drop_replication_slot('{slot}') FROM pg_replication_slots WHERE slot_name = '{slot}'")
+            self._execute(
+                f"SELECT pg_drop_replication_slot('{slot}') FROM pg_replication_slots WHERE slot_name = '{slot}'"
+            )
         conn = psycopg2.connect(self.url)
         with conn.cursor() as cur:
             cur.execute(SEED_SQL, {"rows": self.rows})

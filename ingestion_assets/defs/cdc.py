@@ -3,7 +3,7 @@ watches the slot (retained WAL, lag) and asks for a run when changes wait."""
 
 # No `from __future__ import annotations` here: Dagster inspects the asset's `context` annotation at runtime.
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import dagster as dg
@@ -24,24 +24,29 @@ SLOT_HEALTH = "slot_health"
 
 
 class DagsterCdcStore:
-    """The source's log position, stored on every stream asset it feeds (they move together); with history
-    partitions, on their `live` partition, whichever run moved it."""
+    """Each stream's own log position, stored on its asset; with history partitions, on its `live`
+    partition, whichever run moved it."""
 
     def __init__(
-        self, instance: dg.DagsterInstance, keys: list[dg.AssetKey], log_event: Any = None, partition: str | None = None
+        self,
+        instance: dg.DagsterInstance,
+        keys: dict[str, dg.AssetKey],
+        log_event: Any = None,
+        partition: str | None = None,
     ) -> None:
         self._instance, self._keys, self._partition = instance, keys, partition
-        self._stores = [InstanceStateStore(instance, key, log_event) for key in keys]
+        self._stores = {name: InstanceStateStore(instance, key, log_event) for name, key in keys.items()}
 
-    def latest(self) -> dict[str, Any] | None:
-        found = latest_checkpoint(self._instance, self._keys[0], self._partition)
-        if found is None or found.position is None:
-            return None
-        return {**found.details, "lsn": found.position["lsn"]}
+    def latest(self) -> dict[str, dict[str, Any] | None]:
+        found = {name: latest_checkpoint(self._instance, key, self._partition) for name, key in self._keys.items()}
+        return {
+            name: None if c is None or c.position is None else {**c.details, "lsn": c.position["lsn"]}
+            for name, c in found.items()
+        }
 
-    def commit(self, lsn: int, **details: Any) -> None:
-        for store in self._stores:
-            store.commit(self._partition, {"lsn": format_lsn(lsn)}, **details)
+    def commit(self, lsn: int, details: Mapping[str, Mapping[str, Any]]) -> None:
+        for name, extra in details.items():
+            self._stores[name].commit(self._partition, {"lsn": format_lsn(lsn)}, **extra)
 
 
 def history_partitions(source_name: str, source: PostgresSource) -> dg.DynamicPartitionsDefinition | None:
@@ -62,7 +67,8 @@ def cdc_sync(
 ) -> CdcSync:
     """The source's sync on a Dagster instance: its checkpoint store, and where history partitions go."""
     partitions = history_partitions(source_name, source)
-    store = DagsterCdcStore(instance, _keys(source_name, streams), log_event, LIVE if partitions else None)
+    keys = dict(zip([s.name for s in streams], _keys(source_name, streams), strict=True))
+    store = DagsterCdcStore(instance, keys, log_event, LIVE if partitions else None)
     sync = CdcSync(settings, catalog.destination, source_name, source, streams, store)
     if partitions is not None:
         name = partitions.name or ""
@@ -158,10 +164,7 @@ def _results(
     retained = health.retained_wal_bytes if health is not None else 0
     limit = source.cdc.max_retained_wal_mb * 1024 * 1024
     # A history chunk's own partition records the copy; the log position lives on `live`.
-    lsn = {"lsn": format_lsn(outcome.lsn)}
-    position = {} if outcome.mode == "chunk" else checkpoint_metadata(lsn, **outcome.checkpoint)
     shared = {
-        **position,
         "log position": format_lsn(outcome.lsn),
         "mode": outcome.mode,
         "retained_wal_bytes": retained,
@@ -169,7 +172,13 @@ def _results(
         "dead letters": outcome.dead_letters,
     }
     for key, stream in zip(keys, streams, strict=True):
-        yield dg.MaterializeResult(asset_key=key, metadata={**shared, "rows": outcome.rows.get(stream.name, 0)})
+        metadata: dict[str, Any] = {**shared, "rows": outcome.rows.get(stream.name, 0)}
+        if stream.name in outcome.checkpoints:
+            lsn, details = outcome.checkpoints[stream.name]
+            metadata |= checkpoint_metadata({"lsn": format_lsn(lsn)}, **details)
+        if stream.name in outcome.copied:
+            metadata["copied"] = True
+        yield dg.MaterializeResult(asset_key=key, metadata=metadata)
     yield dg.AssetCheckResult(
         asset_key=keys[0],
         check_name=SLOT_HEALTH,
@@ -197,7 +206,8 @@ def _slot_sensor(
     def _sensor(context: dg.SensorEvaluationContext) -> Any:
         sync = cdc_sync(settings, catalog, source_name, source, streams, context.instance)
         live = LIVE if sync.history else None
-        if live is not None and sync.add_partitions is not None and sync.store.latest() is None:
+        started = any(c is not None for c in sync.store.latest().values())
+        if live is not None and sync.add_partitions is not None and not started:
             sync.add_partitions([LIVE])  # its first run creates the slot and plans the history partitions
             return dg.RunRequest(run_key="start", partition_key=LIVE)
         try:
@@ -211,10 +221,9 @@ def _slot_sensor(
                 metadata={"retained_wal_bytes": health.retained_wal_bytes, "lag_bytes": health.lag_bytes},
             )
         )
-        state = sync.store.latest()
-        waiting = state is not None and health.lag_bytes > 0
+        waiting = started and health.lag_bytes > 0
         if not waiting:
             return dg.SkipReason("no changes waiting in the slot")
-        return dg.RunRequest(run_key=f"{state['lsn']}-{health.lag_bytes}" if state else None, partition_key=live)
+        return dg.RunRequest(run_key=f"{health.confirmed_flush_lsn}-{health.lag_bytes}", partition_key=live)
 
     return _sensor

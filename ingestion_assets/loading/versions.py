@@ -103,5 +103,3 @@ def _query_postgres(
 def _quote(name: str) -> str:
     """A double-quoted identifier, as both DuckDB and PostgreSQL read it."""
     return '"' + name.replace('"', '""') + '"'
-
-

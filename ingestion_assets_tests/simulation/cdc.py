@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import random
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,8 @@ import duckdb
 import psycopg2
 import yaml
 
-import ingestion_assets.streams.cdc as cdc_module
-import ingestion_assets.streams.cdc_copy as copy_module
+import ingestion_assets.streams.cdc.copy as copy_module
+import ingestion_assets.streams.cdc.sync as cdc_module
 from ingestion_assets.catalog import load_catalog
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
@@ -50,15 +50,15 @@ class SimCdcStore:
 
     def __init__(self, rng: random.Random, rate: float, check: Any) -> None:
         self.rng, self.rate, self.check = rng, rate, check
-        self.state: dict[str, Any] | None = None
+        self.state: dict[str, dict[str, Any]] = {}  # stream -> its checkpoint
 
-    def latest(self) -> dict[str, Any] | None:
-        return self.state
+    def latest(self) -> dict[str, dict[str, Any] | None]:
+        return dict(self.state)
 
-    def commit(self, lsn: int, **details: Any) -> None:
+    def commit(self, lsn: int, details: Mapping[str, Mapping[str, Any]]) -> None:
         if self.rng.random() < self.rate / 2:
             raise Crash("checkpoint write lost")
-        self.state = {**details, "lsn": format_lsn(lsn)}
+        self.state |= {name: {**extra, "lsn": format_lsn(lsn)} for name, extra in details.items()}
         self.check(lsn)
         if self.rng.random() < self.rate / 2:
             raise Crash("died right after the checkpoint write")
@@ -203,7 +203,11 @@ class CdcSimulation:
     @contextlib.contextmanager
     def _changes_between_reads(self, changing: bool) -> Iterator[None]:
         """The source keeps changing between snapshot slices and between batches of changes."""
-        real_slices, real_changes, real_snapshot = copy_module.table_slices, cdc_module.read_changes, cdc_module.chunk_snapshot
+        real_slices, real_changes, real_snapshot = (
+            copy_module.table_slices,
+            cdc_module.read_changes,
+            cdc_module.chunk_snapshot,
+        )
         simulation = self
 
         def table_slices(*args: Any, **kwargs: Any) -> Iterator[Any]:
