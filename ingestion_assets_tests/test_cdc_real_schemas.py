@@ -17,6 +17,7 @@ import pytest
 from ingestion_assets.catalog import load_catalog
 from ingestion_assets.checks import check_catalog
 from ingestion_assets.cli import main
+from ingestion_assets.loading.destinations import target_names
 from ingestion_assets.sources.postgres.cdc import check_cdc, drop_slot
 from ingestion_assets.state.checkpoints import reset_checkpoint
 from ingestion_assets_tests.helpers import StreamHarness
@@ -291,3 +292,69 @@ def test_cdc_status_gives_a_verdict_against_the_threshold(
     assert main(["cdc", "status", harness.source_name]) == 1
     out = capsys.readouterr().out
     assert "the next run stops (on_wal_gap: fail)" in out and f"ingest state reset {harness.source_name}.orders" in out
+
+
+def test_the_sensor_evaluates_slot_health_without_a_run(cdc: StreamHarness) -> None:
+    from ingestion_assets.defs.cdc import build_cdc_assets
+
+    harness = cdc
+    harness.source.execute(ORDERS)
+    _catalog(harness, {"orders": {}}, max_retained_wal_mb=1)
+    harness.materialize()
+    harness.source.execute("INSERT INTO orders SELECT g, repeat('w', 200), 1, NULL FROM generate_series(2000, 30000) g")
+    sensor = build_cdc_assets(harness.settings, load_catalog(harness.settings.catalog_path))[1][0]
+    sensor(dg.build_sensor_context(instance=harness.instance))
+    check = dg.AssetCheckKey(harness.key("orders"), "slot_health")
+    latest = harness.instance.event_log_storage.get_latest_asset_check_execution_by_key([check])[check]
+    assert latest.event is not None and latest.event.asset_check_evaluation is not None
+    assert latest.event.asset_check_evaluation.passed is False
+
+
+HOSTILE = """
+CREATE TABLE "Order Lines" ("Id" int PRIMARY KEY, t text, "select" int, "Mixed Case" text, "with space" text);
+INSERT INTO "Order Lines" SELECT g, 't' || g, g, 'M' || g, 's ' || g FROM generate_series(1, 300) g;
+"""
+
+
+def test_hostile_identifiers_in_cdc_mode(cdc: StreamHarness) -> None:
+    """A column named `t`, a keyword, mixed case and spaces, in the table name too: snapshot, changes,
+    soft deletes (flagged in the target by key) and a key change."""
+    harness = cdc
+    harness.source.execute(HOSTILE)
+    harness.write_catalog(
+        {"lines": {"table": "Order Lines", "primary_key": "Id", "deletes": "soft"}}, mode="cdc", cdc=FAST
+    )
+    harness.materialize()
+    harness.source.execute('UPDATE "Order Lines" SET t = NULL, "select" = -1 WHERE "Id" <= 10')
+    harness.source.execute('DELETE FROM "Order Lines" WHERE "Id" BETWEEN 20 AND 25')
+    harness.source.execute('UPDATE "Order Lines" SET "Id" = 1000 WHERE "Id" = 30')
+    harness.materialize()
+    names = target_names(load_catalog(harness.settings.catalog_path).destination)
+    columns = [names.column(c) for c in ("Id", "t", "select", "Mixed Case", "with space")]
+    live = harness.target_rows_where("lines", columns, names.column("Id"), "_ingest_deleted_at IS NULL")
+    assert live == harness.source.rows('"Order Lines"', '"Id"')
+    kept = harness.target_rows_where("lines", columns, names.column("Id"), "_ingest_deleted_at IS NOT NULL")
+    assert [row[0] for row in kept] == [20, 21, 22, 23, 24, 25, 30] and kept[0][1] == "t20"
+
+
+def test_a_new_destination_file_gets_a_full_copy_and_the_run_says_why(cdc: StreamHarness) -> None:
+    import duckdb
+    import yaml
+
+    harness = cdc
+    harness.source.execute(ORDERS)
+    _catalog(harness, {"orders": {}})
+    harness.materialize()
+    harness.source.execute("UPDATE orders SET status = 'paid' WHERE id <= 10")
+    assert harness.catalog_path is not None
+    catalog = yaml.safe_load(harness.catalog_path.read_text())
+    moved = harness.tmp_path / "new_warehouse.duckdb"
+    catalog["destination"]["path"] = str(moved)
+    harness.catalog_path.write_text(yaml.safe_dump(catalog))
+    result = harness.materialize()
+    assert _metadata(result, harness, "orders")["mode"] == "snapshot"  # its only stream: a fresh snapshot
+    logs = " ".join(e.user_message for e in harness.instance.all_logs(result.run_id))
+    assert "copying its table again: its target changed" in logs and "new destination or file" in logs
+    with duckdb.connect(str(moved), read_only=True) as con:
+        target = con.execute(f'SELECT id, status FROM "{harness.source_name}".orders ORDER BY id').fetchall()
+    assert target == [(i, s) for i, s, *_ in harness.source.rows("orders", "id")]

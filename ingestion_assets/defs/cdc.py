@@ -15,7 +15,7 @@ from ingestion_assets.drain import Drain
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres.cdc import CdcError as SlotError
-from ingestion_assets.sources.postgres.cdc import SlotInUseError, format_lsn, slot_health
+from ingestion_assets.sources.postgres.cdc import SlotHealth, format_lsn, slot_health
 from ingestion_assets.state.checkpoints import InstanceStateStore, checkpoint_metadata, latest_checkpoint
 from ingestion_assets.streams.cdc import CdcError, CdcOutcome, CdcSync
 from ingestion_assets.streams.postgres_table import PostgresTableStream
@@ -142,10 +142,8 @@ def _cdc_asset(
             sync.stop, sync.log, sync.run_id = drain, context.log, context.run_id
             try:
                 outcome = sync.run(partition)
-            except SlotInUseError as exc:  # another run of the source holds the slot: worth a retry
-                raise dg.Failure(description=str(exc), allow_retries=True) from exc
-            except (CdcError, SlotError) as exc:
-                raise dg.Failure(description=str(exc), allow_retries=False) from exc
+            except (CdcError, SlotError) as exc:  # each says whether a retry may help (another run holds the slot)
+                raise dg.Failure(description=str(exc), allow_retries=exc.transient) from exc
             except Exception as exc:
                 where = f"source {source_name} (cdc)" + (f" partition {partition}" if partition else "")
                 failure = permanent_failure(where, exc)
@@ -191,6 +189,23 @@ def _results(
     )
 
 
+def slot_health_evaluation(source: PostgresSource, key: dg.AssetKey, health: SlotHealth) -> dg.AssetCheckEvaluation:
+    """The slot_health check as the sensor sees it, without a run: a slot nobody reads fails it too."""
+    limit = source.cdc.max_retained_wal_mb * 1024 * 1024
+    lost = bool(health.invalidation_reason) or health.wal_status == "lost"
+    return dg.AssetCheckEvaluation(
+        asset_key=key,
+        check_name=SLOT_HEALTH,
+        passed=health.retained_wal_bytes <= limit and not lost,
+        metadata={
+            "retained_wal_bytes": health.retained_wal_bytes,
+            "limit_bytes": limit,
+            "lag_bytes": health.lag_bytes,
+            "wal_status": health.wal_status or "",
+        },
+    )
+
+
 def _slot_sensor(
     settings: Settings, catalog: Catalog, source_name: str, source: PostgresSource, streams: list[PostgresTableStream]
 ) -> dg.SensorDefinition:
@@ -221,6 +236,7 @@ def _slot_sensor(
                 metadata={"retained_wal_bytes": health.retained_wal_bytes, "lag_bytes": health.lag_bytes},
             )
         )
+        context.instance.report_runless_asset_event(slot_health_evaluation(source, keys[0], health))
         waiting = started and health.lag_bytes > 0
         if not waiting:
             return dg.SkipReason("no changes waiting in the slot")

@@ -50,6 +50,14 @@ REACH_SECONDS = 120.0  # a chunk run waits this long for the log to reach its sn
 class CdcError(RuntimeError):
     """The log cannot be read safely; the message says why and what to do."""
 
+    transient = False
+
+
+class LogBehind(CdcError):
+    """The slot did not reach a copy's snapshot position in time: nothing of the copy was loaded, a retry may."""
+
+    transient = True
+
 
 @dataclass
 class CdcOutcome:
@@ -158,6 +166,7 @@ class CdcSync:
             self._streams[stream.name] = parts
             if self._state.positions.get(stream.name) is not None and parts.recopy:
                 self._state.recopy(stream.name, parts.recopy)
+                self._say("%s: copying its table again: %s", stream.qualified_name, parts.recopy)
 
     def _resync_at_gap(self, url: str, lsn: int) -> bool:
         """False if the slot can deliver every change after `lsn`; True if it was dropped to start over
@@ -231,7 +240,8 @@ class CdcSync:
         names = self._state.copying()
         copying = [s for s in self.streams if s.name in names]
         for name in names:
-            self._say("%s.%s: copying its table (%s)", self.source_name, name, self._state.reasons.get(name, "new"))
+            if name not in self._state.reasons:
+                self._say("%s.%s: copying its table (new to the source, or reset)", self.source_name, name)
         await_older_writers(url, self.source.cdc.lock_wait_seconds)
         start = outcome.lsn
         with chunk_snapshot(url) as snap:
@@ -312,7 +322,7 @@ class CdcSync:
 
     def _wait_for_wal(self, reach: int, at: int, deadline: float) -> None:
         if time.monotonic() > deadline:
-            raise CdcError(
+            raise LogBehind(
                 f"source {self.source_name}: the slot {self.slot} stayed at {format_lsn(at)} for "
                 f"{REACH_SECONDS:.0f} s, short of the snapshot's position {format_lsn(reach)}; "
                 "nothing was loaded from the copy, retry the run"

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from psycopg2 import sql
 from psycopg2.extensions import cursor as PgCursor
 
-from ingestion_assets.sources.postgres.cdc.errors import CdcError, Problem
+from ingestion_assets.sources.postgres.cdc.errors import OpenTransactions, Problem
 from ingestion_assets.sources.postgres.reader import connect
 
 TableName = tuple[str, str]  # (schema, table)
@@ -221,7 +221,7 @@ def await_older_writers(url: str, seconds: float) -> None:
                 )
                 running = [int(r[0]) for r in cur.fetchall()]
                 if running and time.monotonic() > deadline:
-                    raise CdcError(
+                    raise OpenTransactions(
                         f"transactions {running[:5]} have been open for over {seconds:.0f} s since before the copy "
                         "started; its snapshot must see what they wrote. Nothing was copied; retry when they end "
                         "(pg_stat_activity shows them: backend_xid)"
