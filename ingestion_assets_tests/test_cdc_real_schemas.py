@@ -358,3 +358,16 @@ def test_a_new_destination_file_gets_a_full_copy_and_the_run_says_why(cdc: Strea
     with duckdb.connect(str(moved), read_only=True) as con:
         target = con.execute(f'SELECT id, status FROM "{harness.source_name}".orders ORDER BY id').fetchall()
     assert target == [(i, s) for i, s, *_ in harness.source.rows("orders", "id")]
+
+
+def test_a_permanent_error_fails_at_once_without_retries(cdc: StreamHarness) -> None:
+    harness = cdc
+    harness.source.execute(ORDERS)
+    _catalog(harness, {"orders": {}, "missing": {}}, retries={"max_attempts": 3, "delay_seconds": 1})
+    result = harness.materialize(raise_on_error=False)
+    message = _failure(result)
+    assert "missing" in message and "does not exist" in message
+    assert not [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY]
+    assert harness.query_source(
+        f"SELECT count(*) FROM pg_publication WHERE pubname = 'ingest_{harness.source_name}'"
+    ) == [(0,)]

@@ -36,9 +36,10 @@ from ingestion_assets.sources.postgres.cdc.publication import await_older_writer
 from ingestion_assets.streams.cdc.copy import CopyRules, copy_as_of
 from ingestion_assets.streams.cdc.history import HISTORY, Fences, fences_for, history_keys, plan_history
 from ingestion_assets.streams.cdc.rows import TableChanges, dead_letter_table, mark_deleted, toast_lookup, version_of
-from ingestion_assets.streams.cdc.schema import StreamParts, settle_stream
+from ingestion_assets.streams.cdc.schema import SCHEMA, StreamParts, settle_stream
 from ingestion_assets.streams.cdc.state import CdcStore, SourceState
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
+from ingestion_assets.streams.target_binding import TARGET
 from ingestion_assets.streams.target_types import fit_shape
 from ingestion_assets.sync import Faults, checkpoint_first
 
@@ -270,6 +271,7 @@ class CdcSync:
         faults = self.faults or Faults.from_env()
         unsafe = checkpoint_first()
         deadline = time.monotonic() + REACH_SECONDS
+        session = self.source.cdc.max_seconds
         index = 0
         while reach is not None or index < self.source.cdc.max_batches_per_run:
             if reach is not None and outcome.lsn >= reach:
@@ -280,13 +282,17 @@ class CdcSync:
                 self.publication,
                 outcome.lsn,
                 max_changes=self.source.cdc.max_changes,
-                max_seconds=self.source.cdc.max_seconds,
+                max_seconds=session,
             )
             if batch.end_lsn <= outcome.lsn and not batch.transactions:
                 if reach is None:
                     break
                 self._wait_for_wal(reach, outcome.lsn, deadline)
+                # A session decodes from the slot's restart position: one big transaction (a bulk load, even
+                # of a table not published) may need longer than max_seconds before anything arrives.
+                session = min(session * 2, REACH_SECONDS)
                 continue
+            deadline, session = time.monotonic() + REACH_SECONDS, self.source.cdc.max_seconds
             if fences is not None:
                 fences.see(batch)
             if unsafe:  # never in production: checkpoint first, so a crash in the load loses the batch
@@ -314,7 +320,12 @@ class CdcSync:
             self.store.commit(lsn, {name: self._details(name) for name in names})
 
     def _details(self, name: str) -> dict[str, Any]:
-        extra: dict[str, Any] = {HISTORY: self._space} if self.history else {}
+        """What the stream's checkpoint keeps beside its position. A history range run settles no schema or
+        binding: it keeps those of the stream's last checkpoint."""
+        stored = self._state.details(name)
+        extra: dict[str, Any] = {k: stored[k] for k in (SCHEMA, TARGET) if k in stored}
+        if self.history:
+            extra[HISTORY] = self._space
         parts = self._streams.get(name)
         if parts is not None:
             extra |= parts.checkpoint_details()
@@ -324,7 +335,8 @@ class CdcSync:
         if time.monotonic() > deadline:
             raise LogBehind(
                 f"source {self.source_name}: the slot {self.slot} stayed at {format_lsn(at)} for "
-                f"{REACH_SECONDS:.0f} s, short of the snapshot's position {format_lsn(reach)}; "
+                f"{REACH_SECONDS:.0f} s, short of the snapshot's position {format_lsn(reach)} (a transaction of "
+                "that size may take longer to decode: raise cdc.max_seconds); "
                 "nothing was loaded from the copy, retry the run"
             )
         time.sleep(0.2)
