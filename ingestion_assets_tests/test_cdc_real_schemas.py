@@ -80,8 +80,10 @@ def _drain(harness: StreamHarness) -> None:
 class Writer:
     """A source application writing from its own connection; every error it meets is kept."""
 
-    def __init__(self, url: str, schema: str, statements: list[tuple[str, int]], seed: int = 3) -> None:
-        self.url, self.schema, self.statements, self.seed = url, schema, statements, seed
+    def __init__(
+        self, url: str, schema: str, statements: list[tuple[str, int]], seed: int = 3, pause: float = 0.002
+    ) -> None:
+        self.url, self.schema, self.statements, self.seed, self.pause = url, schema, statements, seed, pause
         self.errors: list[str] = []
         self.writes = 0
         self._stop = threading.Event()
@@ -108,7 +110,7 @@ class Writer:
                     self.writes += 1
                 except psycopg2.Error as exc:
                     self.errors.append(str(exc).strip())
-                time.sleep(0.002)
+                time.sleep(self.pause)
         conn.close()
 
 
@@ -164,7 +166,7 @@ def test_a_stream_added_to_a_running_source_gets_its_existing_rows_while_a_write
         ("UPDATE orders SET id = id + 500000 WHERE id = %(k)s", 1000),  # a key change
         ("UPDATE customers SET name = name || '+' WHERE id = %(k)s", 200),
     ]
-    with Writer(harness.source.url, harness.source.schema, app) as writer:
+    with Writer(harness.source.url, harness.source.schema, app, pause=0.01) as writer:
         time.sleep(0.3)
         _catalog(harness, {"customers": {}, "orders": {}}, max_batches_per_run=4)
         result = harness.materialize()
