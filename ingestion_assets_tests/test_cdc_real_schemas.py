@@ -366,6 +366,8 @@ def test_a_permanent_error_fails_at_once_without_retries(cdc: StreamHarness) -> 
     harness = cdc
     harness.source.execute(ORDERS)
     _catalog(harness, {"orders": {}, "missing": {}}, retries={"max_attempts": 3, "delay_seconds": 1})
+    problems = check_catalog(harness.settings, load_catalog(harness.settings.catalog_path))  # no traceback
+    assert any(f'table "{harness.source.schema}"."missing": does not exist' in p for p in problems)
     result = harness.materialize(raise_on_error=False)
     message = _failure(result)
     assert "missing" in message and "does not exist" in message
