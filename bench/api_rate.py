@@ -127,9 +127,7 @@ def _run_dlt(url: str, page_size: int, warehouse: Path) -> int:
         }
     )
     pipeline = dlt.pipeline(
-        pipeline_name="bench_dlt_rest",
-        pipelines_dir=str(WORK / "dlt"),
-        destination=dlt.destinations.duckdb(str(warehouse)),
+        pipeline_name="bench_dlt_rest", pipelines_dir=str(WORK / "dlt"), destination=dlt.destinations.duckdb(str(warehouse))
     )
     info = pipeline.run(source, dataset_name="bench")
     info.raise_on_failed_jobs()

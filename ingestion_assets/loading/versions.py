@@ -103,3 +103,5 @@ def _query_postgres(
 def _quote(name: str) -> str:
     """A double-quoted identifier, as both DuckDB and PostgreSQL read it."""
     return '"' + name.replace('"', '""') + '"'
+
+

@@ -31,15 +31,7 @@ from ingestion_assets.sync import Faults, SyncResult
 
 ERROR_CHARS = 400
 CARRIED = (
-    "generation",
-    "refresh",
-    "refresh_requested",
-    "complete",
-    "schema",
-    "schema_accepted",
-    TARGET,
-    PROBES,
-    RECONCILED_AT,
+    "generation", "refresh", "refresh_requested", "complete", "schema", "schema_accepted", TARGET, PROBES, RECONCILED_AT
 )
 
 
