@@ -11,6 +11,10 @@ its `updated_at` to the end of the sync that loaded it).
 Each path first catches up with what the other's phase wrote. Phase 2 (backlog): the writer runs with
 nobody reading; then a second slot is decoded without loading (raw), CDC drains its slot, polling reads
 the changed rows: changes (rows) per second each.
+Phase 3 (added table, `--added-rows`, default 1M): a table with that many rows joins the catalog of the
+live source while the writer keeps changing the first table; reported: the run that copies it (seconds,
+rows/s) and the first table's commit-to-target latency in that run and the next (`--only-added` runs this
+phase alone).
 The syncs run in this process with checkpoints in the PostgreSQL-backed Dagster instance (the asset's
 body without the ~1-4 s of starting a Dagster run).
 """
@@ -46,6 +50,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--rate", type=int, default=2000, help="changes per second the writer makes")
     parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--added-rows", type=int, default=1_000_000)
+    parser.add_argument("--only-added", action="store_true")
     parser.add_argument("--writer", help=argparse.SUPPRESS)  # internal: url, run the writer in this process
     args = parser.parse_args()
     if args.writer:
@@ -53,10 +59,14 @@ def main() -> None:
         return
     bench = Bench(args.seconds, args.rate, args.rows)
     bench.prepare()
+    if args.only_added:
+        _report_added(args, bench.added_table(args.added_rows))
+        return
     cdc_steady = bench.steady(bench.cdc_sync)
     poll_steady = bench.steady(bench.poll_sync)
     backlog = bench.backlog()
     _report(args, cdc_steady, poll_steady, backlog)
+    _report_added(args, bench.added_table(args.added_rows))
 
 
 def _write(url: str, seconds: float, rate: int) -> int:
@@ -117,7 +127,9 @@ class Bench:
         bring_up(self.settings)
         self.url = self.settings.embedded.ensure_database("bench_cdc")
         for slot in ("ingest_cdcb", "bench_raw"):
-            self._execute(f"SELECT pg_drop_replication_slot('{slot}') FROM pg_replication_slots WHERE slot_name = '{slot}'")
+            self._execute(
+                f"SELECT pg_drop_replication_slot('{slot}') FROM pg_replication_slots WHERE slot_name = '{slot}'"
+            )
         conn = psycopg2.connect(self.url)
         with conn.cursor() as cur:
             cur.execute(SEED_SQL, {"rows": self.rows})
@@ -164,8 +176,8 @@ class Bench:
 
         from ingestion_assets.state.checkpoints import reset_checkpoint
 
-        for source in ("cdcb", "pollb"):
-            reset_checkpoint(self.instance, dg.AssetKey([source, "events"]), None, reason="benchmark")
+        for source, stream in (("cdcb", "events"), ("cdcb", "added"), ("pollb", "events")):
+            reset_checkpoint(self.instance, dg.AssetKey([source, stream]), None, reason="benchmark")
 
     def cdc_sync(self) -> tuple[int, list[float]]:
         from ingestion_assets.defs.cdc import cdc_streams, cdc_sync
@@ -217,6 +229,44 @@ class Bench:
         rows, lat = sync()  # what the writer's last second left
         written = int((writer.stdout.read() if writer.stdout else "0").strip() or 0)
         return {"written": written, "applied": applied + rows, "syncs": syncs + 1, "latency": _pct(latency + lat)}
+
+    def added_table(self, rows: int) -> dict[str, Any]:
+        """A table of `rows` rows added to the live source while the writer changes the first one."""
+        from ingestion_assets.catalog import load_catalog
+
+        self._execute(
+            "DROP TABLE IF EXISTS bench_added; CREATE TABLE bench_added (id bigint PRIMARY KEY, note text NOT NULL, "
+            f"amount numeric(12,2) NOT NULL); INSERT INTO bench_added SELECT g, 'n' || g, g * 0.5 "
+            f"FROM generate_series(1, {rows}) g"
+        )
+        self._drain(self.cdc_sync)
+        catalog = WORK / "cdc_catalog.yaml"
+        catalog.write_text(catalog.read_text() + "      added: {table: public.bench_added, primary_key: id}\n")
+        self.cdc_catalog = load_catalog(catalog)
+        writer = self._writer(max(self.seconds, 30.0))
+        time.sleep(2)
+        began = time.monotonic()
+        copy_rows, copy_latency = self.cdc_sync_all()
+        copy_seconds = time.monotonic() - began
+        after_rows, after_latency = self.cdc_sync_all()
+        writer.terminate()
+        writer.wait()
+        return {
+            "rows": copy_rows.get("added", 0),
+            "seconds": copy_seconds,
+            "live_changes": copy_rows.get("events", 0),
+            "latency_during": _pct(copy_latency),
+            "latency_after": _pct(after_latency),
+            "after_changes": after_rows.get("events", 0),
+        }
+
+    def cdc_sync_all(self) -> tuple[dict[str, int], list[float]]:
+        from ingestion_assets.defs.cdc import cdc_streams, cdc_sync
+
+        source = self.cdc_catalog.sources["cdcb"]
+        streams = cdc_streams(self.settings, self.cdc_catalog, "cdcb", source)  # type: ignore[arg-type]
+        outcome = cdc_sync(self.settings, self.cdc_catalog, "cdcb", source, streams, self.instance).run()  # type: ignore[arg-type]
+        return outcome.rows, outcome.latency_ms
 
     def backlog(self) -> dict[str, Any]:
         from ingestion_assets.sources.postgres.cdc import acknowledge, create_slot_with_snapshot, read_changes
@@ -272,6 +322,16 @@ def _report(args: argparse.Namespace, cdc: dict[str, Any], poll: dict[str, Any],
     print("  polling never sees the deletes (10 % of the statements) and misses no update only because every")
     print("  writer statement sets updated_at; 'applied' counts row versions loaded (polling re-reads rows")
     print("  changed again before it read them once)")
+
+
+def _report_added(args: argparse.Namespace, added: dict[str, Any]) -> None:
+    rate = added["rows"] / added["seconds"] if added["seconds"] else 0.0
+    print(
+        f"\nadded table: {added['rows']:,} rows copied beside the live log in {added['seconds']:.1f} s "
+        f"({rate:,.0f} rows/s, the run that also applied {added['live_changes']:,} changes of the live table)"
+    )
+    print(f"  live table latency (ms) in that run: {added['latency_during']}")
+    print(f"  and in the next run ({added['after_changes']:,} changes): {added['latency_after']}")
 
 
 if __name__ == "__main__":

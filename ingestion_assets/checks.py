@@ -101,13 +101,12 @@ def _check_rest(settings: Settings, catalog: Catalog, source_name: str, source: 
 
 def _check_cdc(url: str, source_name: str, source: PostgresSource) -> list[str]:
     """wal_level, slot, publication and replica identity: what `mode: cdc` needs of the server."""
-    from ingestion_assets.sources.postgres.cdc import CdcError, check_cdc, ensure_publication
+    from ingestion_assets.sources.postgres.cdc import check_cdc
 
     slot = source.cdc.slot or f"ingest_{source_name}"
     publication = source.cdc.publication or f"ingest_{source_name}"
     tables = [(s.schema_name, s.table_name) for s in source.streams.values()]
-    try:  # the first run would create it too; doing it here also proves the privileges it needs
-        ensure_publication(url, publication, tables)
-    except (CdcError, LookupError) as exc:
-        return [f"source {source_name} (cdc): cannot create publication {publication}: {exc}"]
-    return [f"source {source_name} (cdc): {p}" for p in check_cdc(url, slot, publication, tables, expect_slot=False)]
+    # Read-only: the run creates or extends the publication, and only once every check passed (a table
+    # published without a key would make the application's own UPDATEs on it fail).
+    problems = check_cdc(url, slot, publication, tables, expect_slot=False, will_publish=True)
+    return [f"source {source_name} (cdc): {p}" for p in problems]

@@ -124,7 +124,9 @@ def test_history_partitions_under_a_concurrent_writer_end_exact(cdc: StreamHarne
     harness.source.execute(TABLE)
     _catalog(harness, deletes)
     started = _run(harness, LIVE)  # creates the slot and plans the history ranges; copies nothing
-    assert _metadata(started, harness)["mode"] == "changes" and not harness.warehouse.exists()  # nothing copied
+    assert _metadata(started, harness)["mode"] == "changes"
+    # nothing copied (the warehouse file may exist: the run bound each stream to it)
+    assert not harness.query_target_if_exists(f'SELECT * FROM "{harness.source_name}".orders')
     planned = harness.instance.get_dynamic_partitions(_partitions(harness))
     assert planned == [LIVE, *RANGES]  # only ranges holding rows: customers' 500-1499 add none
     stop = threading.Event()
@@ -166,7 +168,7 @@ def test_a_transaction_the_chunk_does_not_see_keeps_its_rows(
         cur.execute("DELETE FROM orders WHERE id = 6")
         cur.execute("UPDATE orders SET id = 3500 WHERE id = 7")  # a key leaving the range
 
-    import ingestion_assets.streams.cdc as cdc_module
+    import ingestion_assets.streams.cdc.sync as cdc_module
 
     real = cdc_module.chunk_snapshot
 

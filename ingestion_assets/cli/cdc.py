@@ -1,14 +1,26 @@
-"""`ingest cdc status|drop-slot SOURCE`: the replication slot of a CDC source."""
+"""`ingest cdc status|drop-slot SOURCE`: the replication slot of a CDC source, with a verdict."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 from ingestion_assets.catalog import PostgresSource, load_catalog
 from ingestion_assets.settings import Settings
 
+MB = 1024 * 1024
 
-def _source(settings: Settings, name: str) -> tuple[str, str, str]:
+
+@dataclass(frozen=True)
+class CdcSource:
+    name: str
+    source: PostgresSource
+    url: str
+    slot: str
+    publication: str
+
+
+def _source(settings: Settings, name: str) -> CdcSource:
     from ingestion_assets.references import resolve
 
     catalog = load_catalog(settings.catalog_path)
@@ -17,30 +29,87 @@ def _source(settings: Settings, name: str) -> tuple[str, str, str]:
         cdc = sorted(n for n, s in catalog.sources.items() if isinstance(s, PostgresSource) and s.mode == "cdc")
         raise SystemExit(f"error: {name!r} is not a cdc source of the catalog; cdc sources: {', '.join(cdc) or 'none'}")
     url = resolve(source.connection, settings, f"sources.{name}.connection")
-    return url, source.cdc.slot or f"ingest_{name}", source.cdc.publication or f"ingest_{name}"
+    slot = source.cdc.slot or f"ingest_{name}"
+    return CdcSource(name, source, url, slot, source.cdc.publication or f"ingest_{name}")
+
+
+def _checkpointed(settings: Settings, cdc: CdcSource) -> list[str]:
+    """Streams of the source holding a log position (they need the slot's changes after it)."""
+    import dagster as dg
+
+    from ingestion_assets.cli.common import bring_up
+    from ingestion_assets.partitions import LIVE
+    from ingestion_assets.state.checkpoints import latest_checkpoint
+    from ingestion_assets.state.summary import open_instance
+
+    partition = LIVE if cdc.source.cdc.history_chunk is not None else None
+    bring_up(settings)
+    with open_instance(settings) as instance:
+        found = {s: latest_checkpoint(instance, dg.AssetKey([cdc.name, s]), partition) for s in cdc.source.streams}
+    return [s for s, c in found.items() if c is not None and c.position is not None]
+
+
+def _without_slot(settings: Settings, cdc: CdcSource) -> str | None:
+    """What the next run does with no slot: None if it simply starts (no stream has a position), else why
+    it cannot continue and what to run."""
+    held = _checkpointed(settings, cdc)
+    if not held:
+        return None
+    lost = f"streams {', '.join(held)} hold log positions the missing slot can no longer deliver changes after"
+    if cdc.source.cdc.on_wal_gap == "resync":
+        return f"{lost}; the next run takes a fresh snapshot of every stream (on_wal_gap: resync)"
+    resets = "; ".join(f"ingest state reset {cdc.name}.{s}" for s in held)
+    return (
+        f"{lost}; the next run stops (on_wal_gap: fail). Re-copy the source: {resets} (the next run then takes a "
+        "fresh snapshot), or set cdc.on_wal_gap: resync"
+    )
 
 
 def status(settings: Settings, args: argparse.Namespace) -> int:
+    """The slot's figures and a verdict against the catalog's thresholds; non-zero when unhealthy."""
     from ingestion_assets.sources.postgres.cdc import SlotMissingError, slot_health
 
-    url, slot, publication = _source(settings, args.source)
+    cdc = _source(settings, args.source)
     try:
-        health = slot_health(url, slot)
+        health = slot_health(cdc.url, cdc.slot)
     except SlotMissingError:
-        print(f"slot {slot} does not exist yet: the first run creates it with a snapshot")
-        return 0
-    print(f"slot {slot} (publication {publication}): active={health.active} wal_status={health.wal_status}")
+        problem = _without_slot(settings, cdc)
+        if problem is None:
+            print(f"slot {cdc.slot} does not exist yet: the first run creates it with a snapshot")
+            return 0
+        print(f"slot {cdc.slot} does not exist")
+        print(f"verdict: unhealthy: {problem}")
+        return 1
+    limit = cdc.source.cdc.max_retained_wal_mb
+    print(f"slot {cdc.slot} (publication {cdc.publication}): active={health.active} wal_status={health.wal_status}")
     print(f"  retained WAL {health.retained_wal_bytes:,} bytes, lag {health.lag_bytes:,} bytes")
+    problems = []
+    if health.invalidation_reason or health.wal_status == "lost":
+        problems.append(
+            f"the slot was invalidated ({health.invalidation_reason or health.wal_status}): changes were lost; "
+            + (_without_slot(settings, cdc) or "the next run takes a fresh snapshot")
+        )
+    if health.retained_wal_bytes > limit * MB:
+        problems.append(
+            f"it retains {health.retained_wal_bytes / MB:,.1f} MB of WAL, above max_retained_wal_mb ({limit:,} MB): "
+            f"run the source's CDC asset (or start the sensor {cdc.name}__cdc_slot) so it acknowledges, or drop "
+            f"the slot (`ingest cdc drop-slot {cdc.name}`) if the source is retired"
+        )
+    if health.wal_status == "unreserved":
+        problems.append("the server is about to remove WAL the slot needs (wal_status unreserved): run it now")
+    if problems:
+        print("verdict: unhealthy: " + "; ".join(problems))
+        return 1
+    print(f"verdict: healthy: {health.retained_wal_bytes / MB:,.1f} MB retained of max_retained_wal_mb {limit:,} MB")
     return 0
 
 
 def drop_slot_command(settings: Settings, args: argparse.Namespace) -> int:
     from ingestion_assets.sources.postgres.cdc import drop_slot
 
-    url, slot, _ = _source(settings, args.source)
-    dropped = drop_slot(url, slot)
-    print(
-        f"slot {slot} {'dropped: its WAL is released' if dropped else 'did not exist'}; the next run of "
-        f"{args.source} takes a fresh snapshot only after `ingest state reset` of its streams"
-    )
+    cdc = _source(settings, args.source)
+    dropped = drop_slot(cdc.url, cdc.slot)
+    print(f"slot {cdc.slot} {'dropped: its WAL is released' if dropped else 'did not exist'}")
+    after = _without_slot(settings, cdc)
+    print(f"next run: {after}" if after else "next run: creates the slot with a snapshot of every stream")
     return 0

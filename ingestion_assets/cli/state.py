@@ -62,7 +62,7 @@ def plan_cdc_history(
     """CDC sources with history partitions: `live`, and once its first run started the log, the key ranges."""
     from ingestion_assets.catalog import PostgresSource
     from ingestion_assets.defs.cdc import cdc_streams, cdc_sync, history_partitions
-    from ingestion_assets.streams.cdc_history import history_keys
+    from ingestion_assets.streams.cdc.history import history_keys
 
     planned = []
     for source_name, source in catalog.sources.items():
@@ -79,7 +79,8 @@ def plan_cdc_history(
         name = partitions.name or ""
         before = set(instance.get_dynamic_partitions(name))
         assert sync.add_partitions is not None
-        sync.add_partitions(history_keys(sync.store.latest() or {}))
+        stored = next((c for c in sync.store.latest().values() if c is not None), None)
+        sync.add_partitions(history_keys(stored or {}))
         planned.append((source_name, [k for k in instance.get_dynamic_partitions(name) if k not in before]))
     return planned
 

@@ -3,7 +3,7 @@ watches the slot (retained WAL, lag) and asks for a run when changes wait."""
 
 # No `from __future__ import annotations` here: Dagster inspects the asset's `context` annotation at runtime.
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import dagster as dg
@@ -20,7 +20,7 @@ from ingestion_assets.observe.freshness import freshness_metadata
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres.cdc import CdcError as SlotError
-from ingestion_assets.sources.postgres.cdc import SlotInUseError, format_lsn, slot_health
+from ingestion_assets.sources.postgres.cdc import SlotHealth, format_lsn, slot_health
 from ingestion_assets.state.checkpoints import InstanceStateStore, checkpoint_metadata, latest_checkpoint
 from ingestion_assets.streams.cdc import CdcError, CdcOutcome, CdcSync
 from ingestion_assets.streams.postgres_table import PostgresTableStream
@@ -29,24 +29,29 @@ SLOT_HEALTH = "slot_health"
 
 
 class DagsterCdcStore:
-    """The source's log position, stored on every stream asset it feeds (they move together); with history
-    partitions, on their `live` partition, whichever run moved it."""
+    """Each stream's own log position, stored on its asset; with history partitions, on its `live`
+    partition, whichever run moved it."""
 
     def __init__(
-        self, instance: dg.DagsterInstance, keys: list[dg.AssetKey], log_event: Any = None, partition: str | None = None
+        self,
+        instance: dg.DagsterInstance,
+        keys: dict[str, dg.AssetKey],
+        log_event: Any = None,
+        partition: str | None = None,
     ) -> None:
         self._instance, self._keys, self._partition = instance, keys, partition
-        self._stores = [InstanceStateStore(instance, key, log_event) for key in keys]
+        self._stores = {name: InstanceStateStore(instance, key, log_event) for name, key in keys.items()}
 
-    def latest(self) -> dict[str, Any] | None:
-        found = latest_checkpoint(self._instance, self._keys[0], self._partition)
-        if found is None or found.position is None:
-            return None
-        return {**found.details, "lsn": found.position["lsn"]}
+    def latest(self) -> dict[str, dict[str, Any] | None]:
+        found = {name: latest_checkpoint(self._instance, key, self._partition) for name, key in self._keys.items()}
+        return {
+            name: None if c is None or c.position is None else {**c.details, "lsn": c.position["lsn"]}
+            for name, c in found.items()
+        }
 
-    def commit(self, lsn: int, **details: Any) -> None:
-        for store in self._stores:
-            store.commit(self._partition, {"lsn": format_lsn(lsn)}, **details)
+    def commit(self, lsn: int, details: Mapping[str, Mapping[str, Any]]) -> None:
+        for name, extra in details.items():
+            self._stores[name].commit(self._partition, {"lsn": format_lsn(lsn)}, **extra)
 
 
 def history_partitions(source_name: str, source: PostgresSource) -> dg.DynamicPartitionsDefinition | None:
@@ -67,7 +72,8 @@ def cdc_sync(
 ) -> CdcSync:
     """The source's sync on a Dagster instance: its checkpoint store, and where history partitions go."""
     partitions = history_partitions(source_name, source)
-    store = DagsterCdcStore(instance, _keys(source_name, streams), log_event, LIVE if partitions else None)
+    keys = dict(zip([s.name for s in streams], _keys(source_name, streams), strict=True))
+    store = DagsterCdcStore(instance, keys, log_event, LIVE if partitions else None)
     sync = CdcSync(settings, catalog.destination, source_name, source, streams, store)
     if partitions is not None:
         name = partitions.name or ""
@@ -144,10 +150,8 @@ def _cdc_asset(
             sync.stop, sync.log, sync.run_id = drain, context.log, context.run_id
             try:
                 outcome = sync.run(partition)
-            except SlotInUseError as exc:  # another run of the source holds the slot: worth a retry
-                raise dg.Failure(description=str(exc), allow_retries=True) from exc
-            except (CdcError, SlotError) as exc:
-                raise dg.Failure(description=str(exc), allow_retries=False) from exc
+            except (CdcError, SlotError) as exc:  # each says whether a retry may help (another run holds the slot)
+                raise dg.Failure(description=str(exc), allow_retries=exc.transient) from exc
             except Exception as exc:
                 where = f"source {source_name} (cdc)" + (f" partition {partition}" if partition else "")
                 failure = permanent_failure(where, exc)
@@ -166,11 +170,8 @@ def _results(
     retained = health.retained_wal_bytes if health is not None else 0
     limit = source.cdc.max_retained_wal_mb * 1024 * 1024
     # A history chunk's own partition records the copy; the log position lives on `live`.
-    lsn = {"lsn": format_lsn(outcome.lsn)}
-    position = {} if outcome.mode == "chunk" else checkpoint_metadata(lsn, **outcome.checkpoint)
     shared = {
-        **position,
-        POSITION: dg.MetadataValue.json(lsn),
+        POSITION: dg.MetadataValue.json({"lsn": format_lsn(outcome.lsn)}),
         "mode": outcome.mode,
         "retained WAL bytes": retained,
         "latency ms": dg.MetadataValue.json(outcome.latency()),
@@ -178,7 +179,13 @@ def _results(
         "dead letters": outcome.dead_letters,
     }
     for key, stream in zip(keys, streams, strict=True):
-        metadata = {**shared, ROWS_READ: outcome.rows.get(stream.name, 0), **target_metadata(stream)}
+        metadata: dict[str, Any] = {**shared, ROWS_READ: outcome.rows.get(stream.name, 0), **target_metadata(stream)}
+        if stream.name in outcome.checkpoints:  # each stream's own log position (a history chunk has none)
+            lsn, details = outcome.checkpoints[stream.name]
+            metadata |= checkpoint_metadata({"lsn": format_lsn(lsn)}, **details)
+            metadata[POSITION] = dg.MetadataValue.json({"lsn": format_lsn(lsn)})
+        if stream.name in outcome.copied:
+            metadata["copied"] = True
         yield dg.MaterializeResult(asset_key=key, metadata=metadata)
     yield dg.AssetCheckResult(
         asset_key=keys[0],
@@ -188,6 +195,23 @@ def _results(
             "retained WAL bytes": retained,
             "limit bytes": limit,
             "lag bytes": health.lag_bytes if health is not None else 0,
+        },
+    )
+
+
+def slot_health_evaluation(source: PostgresSource, key: dg.AssetKey, health: SlotHealth) -> dg.AssetCheckEvaluation:
+    """The slot_health check as the sensor sees it, without a run: a slot nobody reads fails it too."""
+    limit = source.cdc.max_retained_wal_mb * 1024 * 1024
+    lost = bool(health.invalidation_reason) or health.wal_status == "lost"
+    return dg.AssetCheckEvaluation(
+        asset_key=key,
+        check_name=SLOT_HEALTH,
+        passed=health.retained_wal_bytes <= limit and not lost,
+        metadata={
+            "retained WAL bytes": health.retained_wal_bytes,
+            "limit bytes": limit,
+            "lag bytes": health.lag_bytes,
+            "WAL status": health.wal_status or "",
         },
     )
 
@@ -207,7 +231,8 @@ def _slot_sensor(
     def _sensor(context: dg.SensorEvaluationContext) -> Any:
         sync = cdc_sync(settings, catalog, source_name, source, streams, context.instance)
         live = LIVE if sync.history else None
-        if live is not None and sync.add_partitions is not None and sync.store.latest() is None:
+        started = any(c is not None for c in sync.store.latest().values())
+        if live is not None and sync.add_partitions is not None and not started:
             sync.add_partitions([LIVE])  # its first run creates the slot and plans the history partitions
             return dg.RunRequest(run_key="start", partition_key=LIVE)
         try:
@@ -221,10 +246,10 @@ def _slot_sensor(
                 metadata={"retained WAL bytes": health.retained_wal_bytes, "lag bytes": health.lag_bytes},
             )
         )
-        state = sync.store.latest()
-        waiting = state is not None and health.lag_bytes > 0
+        context.instance.report_runless_asset_event(slot_health_evaluation(source, keys[0], health))
+        waiting = started and health.lag_bytes > 0
         if not waiting:
             return dg.SkipReason("no changes waiting in the slot")
-        return dg.RunRequest(run_key=f"{state['lsn']}-{health.lag_bytes}" if state else None, partition_key=live)
+        return dg.RunRequest(run_key=f"{health.confirmed_flush_lsn}-{health.lag_bytes}", partition_key=live)
 
     return _sensor

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import random
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,8 @@ import duckdb
 import psycopg2
 import yaml
 
-import ingestion_assets.streams.cdc as cdc_module
-import ingestion_assets.streams.cdc_copy as copy_module
+import ingestion_assets.streams.cdc.copy as copy_module
+import ingestion_assets.streams.cdc.sync as cdc_module
 from ingestion_assets.catalog import load_catalog
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
@@ -50,22 +50,25 @@ class SimCdcStore:
 
     def __init__(self, rng: random.Random, rate: float, check: Any) -> None:
         self.rng, self.rate, self.check = rng, rate, check
-        self.state: dict[str, Any] | None = None
+        self.state: dict[str, dict[str, Any]] = {}  # stream -> its checkpoint
 
-    def latest(self) -> dict[str, Any] | None:
-        return self.state
+    def latest(self) -> dict[str, dict[str, Any] | None]:
+        return dict(self.state)
 
-    def commit(self, lsn: int, **details: Any) -> None:
+    def commit(self, lsn: int, details: Mapping[str, Mapping[str, Any]]) -> None:
         if self.rng.random() < self.rate / 2:
             raise Crash("checkpoint write lost")
-        self.state = {**details, "lsn": format_lsn(lsn)}
-        self.check(lsn)
+        self.state |= {name: {**extra, "lsn": format_lsn(lsn)} for name, extra in details.items()}
+        if "items" in details:  # a stream being copied again makes no claim until its copy is done
+            self.check(lsn)
         if self.rng.random() < self.rate / 2:
             raise Crash("died right after the checkpoint write")
 
 
 class CdcSimulation:
-    def __init__(self, seed: int, source_url: str, home: Path, unsafe: bool = False, history: bool = False) -> None:
+    def __init__(
+        self, seed: int, source_url: str, home: Path, unsafe: bool = False, history: bool = False, ddl: bool = True
+    ) -> None:
         self.seed, self.url, self.home, self.unsafe, self.history_mode = seed, source_url, home, unsafe, history
         self.rng = random.Random(seed)
         self.name = f"simcdc_{seed}_{uuid.uuid4().hex[:6]}"
@@ -81,6 +84,14 @@ class CdcSimulation:
         self.rounds = DEFAULT_ROUNDS
         self.store = SimCdcStore(self.rng, 0.05, self._check_checkpoint)
         self._conn: Any = None
+        # DDL draws come from their own generator, so the other draws of a seed stay what they were.
+        self.ddl = random.Random(seed * 7919 + 13)
+        never = DEFAULT_ROUNDS * 1000  # without `ddl`: the schema and the catalog stay as they are
+        self.add_column_round = self.ddl.randint(1, DEFAULT_ROUNDS - 1) if ddl else never
+        self.add_stream_round = self.ddl.randint(1, DEFAULT_ROUNDS - 1) if ddl else never
+        self.extra_default: int | None = None  # the default of the column added to items, once added
+        self.streams = ["items"]
+        self._cdc_options: dict[str, Any] | None = None
 
     @property
     def replay(self) -> str:
@@ -93,9 +104,14 @@ class CdcSimulation:
         try:
             self._sql(f'CREATE SCHEMA "{self.name}"')
             self._sql(f'CREATE TABLE "{self.name}".items (id int PRIMARY KEY, value int NOT NULL)')
+            self._sql(f'CREATE TABLE "{self.name}".more (id int PRIMARY KEY, value int NOT NULL)')
+            self._sql(
+                f'INSERT INTO "{self.name}".more SELECT g, g FROM generate_series(1, %s) g', (self.ddl.randint(1, 80),)
+            )
             self._mutate(self.rng.randint(20, 150))
             self._write_catalog()
-            for _ in range(rounds):
+            for round_ in range(rounds):
+                self._source_ddl(round_)
                 self._mutate(self.rng.randint(1, 30))
                 self._sync_until_done(self.rng.choice([0.0, 0.03, 0.08, 0.15]), changing=True, partition=self._pick())
             for key in [k for k in self.partitions if k not in self.copied]:  # the backfill's last ranges
@@ -144,22 +160,45 @@ class CdcSimulation:
                 cur.execute("SELECT pg_current_wal_insert_lsn()::text")
                 self.history.append((parse_lsn(cur.fetchone()[0]), dict(self.rows)))
 
+    def _source_ddl(self, round_: int) -> None:
+        """A column added with a default (its existing rows get it without a row change in the log), and a
+        table with rows added to the catalog as a new stream while the source runs."""
+        if round_ == self.add_column_round:
+            self.extra_default = self.ddl.randint(1, 10**6)
+            self._sql(f'ALTER TABLE "{self.name}".items ADD COLUMN extra int NOT NULL DEFAULT {self.extra_default}')
+            self.events.append("ddl: column added")
+        if round_ == self.add_stream_round:
+            self.streams.append("more")
+            self._write_catalog()
+            self.events.append("ddl: stream added")
+        if "more" in self.streams or round_ < self.add_stream_round:
+            key = self.ddl.randint(1, 120)
+            self._sql(
+                f'INSERT INTO "{self.name}".more VALUES (%s, %s) ON CONFLICT (id) DO UPDATE SET value = excluded.value',
+                (key, self.ddl.randint(0, 10**6)),
+            )
+
     def _write_catalog(self) -> None:
         (self.home / f"{self.name}.url").write_text(self.url)
-        source = {
-            "type": "postgres",
-            "mode": "cdc",
-            "connection": {"file": str(self.home / f"{self.name}.url")},
-            "cdc": {
+        if self._cdc_options is None:  # drawn once: a stream added later keeps the seed's other draws
+            self._cdc_options = {
                 "max_changes": self.rng.randint(3, 40),
                 "max_seconds": 2,
                 "max_batches_per_run": self.rng.randint(3, 10),
                 "snapshot_slice_rows": self.rng.randint(5, 60),
+            }
+            if self.history_mode:
+                self._cdc_options["history_chunk"] = self.rng.randint(8, 60)
+        source = {
+            "type": "postgres",
+            "mode": "cdc",
+            "connection": {"file": str(self.home / f"{self.name}.url")},
+            "cdc": self._cdc_options,
+            "streams": {
+                name: {"table": f"{self.name}.{name}", "primary_key": "id", "deletes": self.deletes}
+                for name in self.streams
             },
-            "streams": {"items": {"table": f"{self.name}.items", "primary_key": "id", "deletes": self.deletes}},
         }
-        if self.history_mode:
-            source["cdc"]["history_chunk"] = self.rng.randint(8, 60)
         catalog = {"destination": {"type": "duckdb", "path": str(self.warehouse)}, "sources": {self.name: source}}
         (self.home / f"{self.name}.yaml").write_text(yaml.safe_dump(catalog))
 
@@ -203,7 +242,11 @@ class CdcSimulation:
     @contextlib.contextmanager
     def _changes_between_reads(self, changing: bool) -> Iterator[None]:
         """The source keeps changing between snapshot slices and between batches of changes."""
-        real_slices, real_changes, real_snapshot = copy_module.table_slices, cdc_module.read_changes, cdc_module.chunk_snapshot
+        real_slices, real_changes, real_snapshot = (
+            copy_module.table_slices,
+            cdc_module.read_changes,
+            cdc_module.chunk_snapshot,
+        )
         simulation = self
 
         def table_slices(*args: Any, **kwargs: Any) -> Iterator[Any]:
@@ -309,6 +352,7 @@ class CdcSimulation:
             )
 
     def _check_final(self) -> None:
+        self._check_ddl()
         target = self._target()
         missing = sorted(set(self.rows) - set(target))
         stale = sorted(k for k in self.rows if k in target and target[k] != self.rows[k])
@@ -319,3 +363,29 @@ class CdcSimulation:
                 f"{stale[:5]}, {len(extra)} not deleted {extra[:5]} after {len(self.events)} events; "
                 f"replay with `{self.replay}`"
             )
+
+    def _check_ddl(self) -> None:
+        """The added column holds its default on every live row (those that existed before it too), and the
+        stream added later holds exactly its table's rows."""
+        with duckdb.connect(str(self.warehouse), read_only=True) as con:
+            live = "WHERE _ingest_deleted_at IS NULL"
+            if self.extra_default is not None:
+                wrong = con.execute(
+                    f'SELECT count(*) FROM "{self.name}".items {live} AND extra IS DISTINCT FROM {self.extra_default}'
+                ).fetchone()
+                if wrong and wrong[0]:
+                    raise SimulationFailure(
+                        f"seed {self.seed} ({self.mode}): {wrong[0]} rows lack the added column's default; "
+                        f"replay with `{self.replay}`"
+                    )
+            if "more" in self.streams:
+                target = con.execute(f'SELECT id, value FROM "{self.name}".more {live} ORDER BY id').fetchall()
+                with self._conn.cursor() as cur:
+                    cur.execute(f'SELECT id, value FROM "{self.name}".more ORDER BY id')
+                    source = [tuple(r) for r in cur.fetchall()]
+                if target != source:
+                    missing = sorted(set(source) - set(target))[:5]
+                    raise SimulationFailure(
+                        f"seed {self.seed} ({self.mode}): the stream added later differs from its table "
+                        f"(missing or stale {missing}); replay with `{self.replay}`"
+                    )

@@ -13,20 +13,29 @@ from ingestion_assets.sources.postgres.reader import connect
 
 
 def check_cdc(
-    url: str, slot: str, publication: str, tables: Sequence[TableName], expect_slot: bool = True
+    url: str,
+    slot: str,
+    publication: str,
+    tables: Sequence[TableName],
+    expect_slot: bool = True,
+    will_publish: bool = False,
 ) -> list[Problem]:
     """Every reason change capture of `tables` through `slot` and `publication` would fail or miss rows.
+    Read-only: it changes nothing on the server.
 
-    With `expect_slot` False, a missing slot is fine (the first sync creates it with a snapshot).
+    With `expect_slot` False, a missing slot is fine (the first sync creates it with a snapshot). With
+    `will_publish`, so is a missing publication or table in it (the run adds them once every check passed).
     """
     conn = connect(url, "ingest-cdc-check")
     try:
         with conn.cursor() as cur:
             problems = _server_problems(cur)
             problems += _slot_problems(cur, slot, expect_slot)
-            problems += publication_problems(cur, publication, tables)
-            for schema, table in tables:
-                problems += _table_problems(cur, schema, table)
+            tables_problems = [p for schema, table in tables for p in _table_problems(cur, schema, table)]
+            missing = {p.subject for p in tables_problems if p.message.startswith("does not exist")}
+            present = [t for t in tables if f"table {ident(cur, *t)}" not in missing]
+            problems += publication_problems(cur, publication, present, will_publish)
+            problems += tables_problems
     finally:
         conn.close()
     return problems
@@ -139,8 +148,8 @@ def _table_problems(cur: PgCursor, schema: str, table: str) -> list[Problem]:
         return [
             Problem(
                 subject,
-                "has no primary key, so its updates and deletes carry no key (and PostgreSQL "
-                f"rejects them once the table is published); {fix}",
+                "has no primary key, so its updates and deletes carry no key, and once published PostgreSQL "
+                f"would reject the application's UPDATE and DELETE on it; it was not published. {fix}",
             )
         ]
     if identity == "n":

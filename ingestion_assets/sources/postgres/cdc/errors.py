@@ -8,6 +8,8 @@ from dataclasses import dataclass
 class CdcError(RuntimeError):
     """Change data capture cannot go on; the message names the slot, publication or table and the fix."""
 
+    transient = False  # whether a retry of the run may succeed (ingestion_assets.errors reads it)
+
 
 class ProtocolError(CdcError):
     """Bytes from the replication stream that are not a valid pgoutput message, or arrive out of order."""
@@ -20,9 +22,19 @@ class SlotMissingError(CdcError):
 class SlotInUseError(CdcError):
     """Another process is streaming from the replication slot."""
 
+    transient = True
+
+
+class OpenTransactions(CdcError):
+    """Transactions older than a copy's start are still open; the copy waits for them, then gives up for now."""
+
+    transient = True
+
 
 class AcknowledgeTimeout(CdcError):
     """The server did not show the acknowledged position on the slot in time."""
+
+    transient = True
 
 
 @dataclass(frozen=True)

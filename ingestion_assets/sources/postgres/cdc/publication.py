@@ -2,32 +2,41 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from psycopg2 import sql
 from psycopg2.extensions import cursor as PgCursor
 
-from ingestion_assets.sources.postgres.cdc.errors import Problem
+from ingestion_assets.sources.postgres.cdc.errors import OpenTransactions, Problem
 from ingestion_assets.sources.postgres.reader import connect
 
 TableName = tuple[str, str]  # (schema, table)
 PUBLISHED_ACTIONS = ("pubinsert", "pubupdate", "pubdelete", "pubtruncate")
 
 
-def publication_problems(cur: PgCursor, publication: str, tables: Sequence[TableName]) -> list[Problem]:
+def publication_problems(
+    cur: PgCursor, publication: str, tables: Sequence[TableName], will_publish: bool = False
+) -> list[Problem]:
+    """What keeps `publication` from streaming every change of `tables`. With `will_publish`, a missing
+    publication or table is fine when the run may create or add it (it does so only after every check)."""
     subject = f"publication {publication!r}"
     cur.execute("SELECT to_jsonb(p) FROM pg_publication p WHERE pubname = %s", (publication,))
     row = cur.fetchone()
     if row is None:
+        if will_publish:
+            return _privilege_problems(cur, subject, tables, create=True)
         return [
             Problem(
                 subject,
-                "does not exist; create it with ensure_publication(), or CREATE PUBLICATION "
-                f"{ident(cur, publication)} FOR TABLE {_table_list(cur, tables)}",
+                "does not exist; the first run creates it, or: CREATE PUBLICATION "
+                f"{ident(cur, publication)} FOR TABLE {_table_list(cur, tables)} WITH (publish_via_partition_root = "
+                "true)",
             )
         ]
+    pub = row[0]
     problems = []
-    missing = [action[3:] for action in PUBLISHED_ACTIONS if not row[0].get(action, True)]
+    missing = [action[3:] for action in PUBLISHED_ACTIONS if not pub.get(action, True)]
     if missing:
         problems.append(
             Problem(
@@ -37,20 +46,28 @@ def publication_problems(cur: PgCursor, publication: str, tables: Sequence[Table
                 "'insert, update, delete, truncate')",
             )
         )
+    members = published_tables(cur, publication)
+    absent = [t for t in tables if t not in members]
+    if absent and not will_publish:
+        problems += [
+            Problem(
+                subject,
+                f"does not include table {ident(cur, *t)}; ALTER PUBLICATION {ident(cur, publication)} ADD TABLE "
+                f"{ident(cur, *t)} (a run adds it once every check passes)",
+            )
+            for t in absent
+        ]
+    elif absent:
+        problems += _privilege_problems(cur, subject, absent, create=False)
+    problems += _partition_problems(cur, subject, publication, bool(pub.get("pubviaroot")), tables)
     cur.execute("SELECT to_jsonb(t) FROM pg_publication_tables t WHERE pubname = %s", (publication,))
     published = {(r["schemaname"], r["tablename"]): r for (r,) in cur.fetchall()}
     for schema, table in tables:
         entry = published.get((schema, table))
         name = ident(cur, schema, table)
         if entry is None:
-            problems.append(
-                Problem(
-                    subject,
-                    f"does not include table {name}; ALTER PUBLICATION "
-                    f"{ident(cur, publication)} ADD TABLE {name} (or ensure_publication)",
-                )
-            )
-        elif entry.get("rowfilter"):
+            continue
+        if entry.get("rowfilter"):
             problems.append(
                 Problem(
                     subject,
@@ -60,6 +77,81 @@ def publication_problems(cur: PgCursor, publication: str, tables: Sequence[Table
             )
         elif entry.get("attnames") is not None:
             problems += _column_list_problems(cur, subject, schema, table, entry["attnames"])
+    return problems
+
+
+def published_tables(cur: PgCursor, publication: str) -> set[TableName]:
+    """Tables the publication names, itself or by schema, or all of them: a partitioned table counts as
+    published as itself (pg_publication_tables lists only its partitions without publish_via_partition_root)."""
+    cur.execute(
+        "SELECT n.nspname::text, c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "JOIN pg_publication p ON p.pubname = %s WHERE c.relkind IN ('r', 'p') AND (p.puballtables "
+        "OR EXISTS (SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid AND r.prrelid = c.oid)"
+        + (
+            " OR EXISTS (SELECT 1 FROM pg_publication_namespace s WHERE s.pnpubid = p.oid AND s.pnnspid = n.oid)"
+            if cur.connection.server_version >= 150000
+            else ""
+        )
+        + ")",
+        (publication,),
+    )
+    return {(schema, table) for schema, table in cur.fetchall()}
+
+
+def _partition_problems(
+    cur: PgCursor, subject: str, publication: str, via_root: bool, tables: Sequence[TableName]
+) -> list[Problem]:
+    """Without publish_via_partition_root the changes of a partitioned table arrive under each partition's
+    name, which no stream reads."""
+    if via_root:
+        return []
+    partitioned = [t for t in tables if _relkind(cur, *t) == "p"]
+    return [
+        Problem(
+            subject,
+            f"publishes the partitions of the partitioned table {ident(cur, *t)} under their own names, so its "
+            f"changes never reach the stream; ALTER PUBLICATION {ident(cur, publication)} SET "
+            "(publish_via_partition_root = true)",
+        )
+        for t in partitioned
+    ]
+
+
+def _relkind(cur: PgCursor, schema: str, table: str) -> str | None:
+    cur.execute(
+        "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = %s",
+        (schema, table),
+    )
+    row = cur.fetchone()
+    return str(row[0]) if row else None
+
+
+def _privilege_problems(cur: PgCursor, subject: str, tables: Sequence[TableName], create: bool) -> list[Problem]:
+    """Creating a publication needs CREATE on the database; publishing a table needs to own it."""
+    problems = []
+    if create:
+        cur.execute("SELECT has_database_privilege(current_database(), 'CREATE'), current_user")
+        allowed, user = cur.fetchone()
+        if not allowed:
+            problems.append(
+                Problem(subject, f"cannot be created by {user!r}: GRANT CREATE ON DATABASE to it, or create it")
+            )
+    for schema, table in tables:
+        cur.execute(
+            "SELECT pg_has_role(current_user, c.relowner, 'USAGE') FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+            (schema, table),
+        )
+        row = cur.fetchone()
+        if row is not None and not row[0]:
+            problems.append(
+                Problem(
+                    subject,
+                    f"cannot include {ident(cur, schema, table)}: only its owner may publish it; have the owner "
+                    "create or extend the publication",
+                )
+            )
     return problems
 
 
@@ -81,25 +173,60 @@ def _column_list_problems(cur: PgCursor, subject: str, schema: str, table: str, 
     ]
 
 
-def ensure_publication(url: str, publication: str, tables: Sequence[TableName]) -> tuple[TableName, ...]:
-    """Create the publication for `tables`, or add the ones it lacks; returns the tables added."""
+def ensure_publication(
+    url: str, publication: str, tables: Sequence[TableName], partition_root: bool = True, owned: bool = True
+) -> tuple[TableName, ...]:
+    """Create the publication for `tables` (publish_via_partition_root, so a partitioned table's changes come
+    under its own name), or add the ones it lacks; returns the tables added. Call it only after check_cdc
+    found nothing: a table without a key must never be published. `owned`: the product made the publication
+    (its default name), so it may also turn on publish_via_partition_root."""
     conn = connect(url, "ingest-cdc-admin")
     try:
         with conn.cursor() as cur:
             pub = sql.Identifier(publication)
-            cur.execute("SELECT puballtables FROM pg_publication WHERE pubname = %s", (publication,))
+            cur.execute("SELECT puballtables, pubviaroot FROM pg_publication WHERE pubname = %s", (publication,))
             row = cur.fetchone()
+            options = sql.SQL(" WITH (publish_via_partition_root = true)") if partition_root else sql.SQL("")
             if row is None:
-                cur.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(pub, _table_sql(tables)))
+                cur.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}{}").format(pub, _table_sql(tables), options))
                 return tuple(tables)
+            if owned and partition_root and not row[1] and any(_relkind(cur, *t) == "p" for t in tables):
+                cur.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(pub))
             if row[0]:
                 return ()
-            cur.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (publication,))
-            present = set(cur.fetchall())
+            present = published_tables(cur, publication)
             missing = tuple(t for t in tables if t not in present)
             if missing:
                 cur.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(pub, _table_sql(missing)))
             return missing
+    finally:
+        conn.close()
+
+
+def await_older_writers(url: str, seconds: float) -> None:
+    """Wait until every transaction holding an xid now has ended. A transaction that wrote a table before
+    the table was published and commits after does not publish those rows; a copy's snapshot taken once it
+    has ended sees them."""
+    conn = connect(url, "ingest-cdc-admin")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_current_snapshot()::text")
+            _, _, listed = str(cur.fetchone()[0]).split(":")
+            running = [int(x) for x in listed.split(",") if x]
+            deadline = time.monotonic() + seconds
+            while running:
+                cur.execute(
+                    "SELECT x FROM unnest(%s::bigint[]) x WHERE pg_xact_status(x::text::xid8) = 'in progress'",
+                    (running,),
+                )
+                running = [int(r[0]) for r in cur.fetchall()]
+                if running and time.monotonic() > deadline:
+                    raise OpenTransactions(
+                        f"transactions {running[:5]} have been open for over {seconds:.0f} s since before the copy "
+                        "started; its snapshot must see what they wrote. Nothing was copied; retry when they end "
+                        "(pg_stat_activity shows them: backend_xid)"
+                    )
+                time.sleep(0.1)
     finally:
         conn.close()
 

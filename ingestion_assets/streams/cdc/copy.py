@@ -10,10 +10,11 @@ import pyarrow as pa
 
 from ingestion_assets.loading.dead_letters import split_bad_rows
 from ingestion_assets.loading.metadata_columns import with_metadata
+from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.sources.postgres import plan_table_read, table_slices
 from ingestion_assets.sources.postgres.query import Window
-from ingestion_assets.streams.cdc_history import Fences
-from ingestion_assets.streams.cdc_rows import VERSION_TYPE
+from ingestion_assets.streams.cdc.history import Fences
+from ingestion_assets.streams.cdc.rows import VERSION_TYPE
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
 from ingestion_assets.streams.target_types import fit_plan
 from ingestion_assets.sync import Faults
@@ -36,14 +37,17 @@ def copy_as_of(
     keys: tuple[int, int] | None = None,
     fences: Fences | None = None,
     floor: Decimal | None = None,
+    loader: Loader | None = None,
 ) -> int:
     """The table (or its `keys` range, less the fenced keys) as of `snapshot`, every row at `version`; then
-    rows left below `floor` (the whole copy's `version` by default) were deleted in the source."""
+    rows left below `floor` (the whole copy's `version` by default) were deleted in the source. `loader`:
+    the run's loader of the stream (bound to its target), else one of its own."""
     spec = stream.spec
     plan = plan_table_read(
         url, spec.schema_name, spec.table_name, (), tuple(spec.primary_key), destination=stream.destination.type
     )
-    loader = stream.loader(Target(stream.name, 1), None, plan, guard=rules.guard)
+    if loader is None:
+        loader = stream.loader(Target(stream.name, 1), None, plan, guard=rules.guard)
     plan = fit_plan(plan, loader)
     column = stream.spec.primary_key[0]
     window = Window(column, str(keys[0]), str(keys[1] + 1)) if keys is not None else None

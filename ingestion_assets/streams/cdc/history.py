@@ -55,12 +55,14 @@ def history_keys(state: dict[str, Any]) -> list[str]:
 
 @dataclass
 class Fences:
-    """Keys touched by log transactions the chunk's snapshot does not see: the log, not the chunk, has them."""
+    """Keys touched by log transactions a copy's snapshot does not see: the log, not the copy, has them.
+    A key is the text of its columns joined (the log's text; integers and text compare exactly with the
+    Arrow values of the copy)."""
 
     snapshot: ChunkSnapshot
-    keys: dict[tuple[str, str], set[int]] = field(default_factory=dict)  # (schema, table) -> key values
+    keys: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (schema, table) -> key texts
     truncated: set[tuple[str, str]] = field(default_factory=set)  # tables emptied after the snapshot
-    columns: dict[tuple[str, str], str] = field(default_factory=dict)  # (schema, table) -> key column
+    columns: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)  # (schema, table) -> key columns
 
     def see(self, batch: ChangeBatch) -> None:
         for tx in batch.transactions:
@@ -80,21 +82,26 @@ class Fences:
         for row in (change.new, change.old):
             if row is None:
                 continue
-            value = dict(zip(change.table.columns, row, strict=False)).get(column)
-            if isinstance(value, str):
-                self.keys.setdefault(table, set()).add(int(value))
+            values = dict(zip(change.table.columns, row, strict=False))
+            key = [values.get(name) for name in column]
+            if all(isinstance(value, str) for value in key):
+                self.keys.setdefault(table, set()).add(_SEPARATOR.join(str(v) for v in key))
 
     def drop_fenced(self, table: tuple[str, str], rows: pa.Table) -> pa.Table:
         fenced = self.keys.get(table)
         if not fenced:
             return rows
-        column = rows[self.columns[table]]
-        keep = pc.invert(pc.is_in(column, value_set=pa.array(sorted(fenced), type=column.type)))
-        return rows.filter(keep)
+        texts = [pc.cast(rows[name], pa.string()) for name in self.columns[table]]
+        joined = texts[0] if len(texts) == 1 else pc.binary_join_element_wise(*texts, _SEPARATOR)
+        keep = pc.invert(pc.is_in(joined, value_set=pa.array(sorted(fenced), type=pa.string())))
+        return rows.filter(pc.fill_null(keep, True))
+
+
+_SEPARATOR = "\x1f"
 
 
 def fences_for(snapshot: ChunkSnapshot, streams: Iterable[PostgresTableStream]) -> Fences:
     fences = Fences(snapshot)
     for stream in streams:
-        fences.columns[(stream.spec.schema_name, stream.spec.table_name)] = stream.spec.primary_key[0]
+        fences.columns[(stream.spec.schema_name, stream.spec.table_name)] = tuple(stream.spec.primary_key)
     return fences

@@ -29,6 +29,7 @@ from ingestion_assets.loading.metadata_columns import (
     POSITION,
     TIMESTAMP_UTC,
 )
+from ingestion_assets.loading.relations import table_exists
 from ingestion_assets.sources.postgres.cdc import UNCHANGED_TOAST, Op, RowChange
 from ingestion_assets.sources.postgres.introspect import TableShape
 from ingestion_assets.sources.postgres.reader import connect, csv_options, decode_binary
@@ -37,9 +38,11 @@ from ingestion_assets.sources.postgres.temporal import needs_parse as temporal_n
 from ingestion_assets.sources.postgres.values import decode_texts
 
 if TYPE_CHECKING:
+    from ingestion_assets.loading.pipeline import Loader
     from ingestion_assets.streams.postgres_table import PostgresTableStream
 
 VERSION_TYPE = pa.decimal128(38, 0)
+Key = tuple[Any, ...]  # primary key values as the log's text
 _UNFIT_DECIMAL = ("NaN", "Infinity", "-Infinity")
 
 
@@ -57,31 +60,55 @@ class TableChanges:
     truncated_at: int | None = None  # index in `rows` after which the table was truncated last
     bad: list[tuple[dict[str, Any], str]] = field(default_factory=list)
     commit_times: list[dt.datetime] = field(default_factory=list)
+    soft: bool = False  # soft deletes: a deleted row keeps its last values and gets `_ingest_deleted_at`
+    marks: dict[Key, tuple[Decimal, dt.datetime]] = field(default_factory=dict)  # soft deletes of target rows
+    _last: dict[Key, dict[str, Any]] = field(default_factory=dict)  # key -> its newest values in this batch
 
     def add(self, change: RowChange, lookup_toast: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
         self.commit_times.append(change.commit_time)
         version = version_of(change.commit_lsn, change.seq)
         if change.op == Op.TRUNCATE:
             self.rows.clear()
+            self.marks.clear()
+            self._last.clear()
             self.truncated_at = change.commit_lsn
             return
         old = dict(zip(change.table.columns, change.old, strict=False)) if change.old is not None else None
+        full = change.table.replica_identity == "f"  # the old tuple carries every column, not just the key
         if change.op == Op.DELETE:
-            self.rows.append(self._tombstone(old or {}, version, change.commit_time))
+            self._delete(old or {}, full, version, change.commit_time)
             return
         new = change.new_record()
         if any(value is UNCHANGED_TOAST for value in new.values()):
             new = self._fill_toast(new, old, lookup_toast)
         if old is not None and any(old.get(k) is not None and old.get(k) != new.get(k) for k in self.primary_key):
-            self.rows.append(self._tombstone(old, version, change.commit_time))  # the key itself changed
+            self._delete(old, full, version, change.commit_time)  # the key itself changed
         problem = self._unfit(new)
         if problem is not None:
             self.bad.append((new, problem))
             return
+        key = self._key(new)
+        self.marks.pop(key, None)
+        self._last[key] = new
         self.rows.append({**new, POSITION: version, DELETED_AT: None})
 
-    def _tombstone(self, old: dict[str, Any], version: Decimal, when: dt.datetime) -> dict[str, Any]:
-        return {**{k: old.get(k) for k in self.primary_key}, POSITION: version, DELETED_AT: when}
+    def _key(self, row: dict[str, Any]) -> Key:
+        return tuple(row.get(k) for k in self.primary_key)
+
+    def _delete(self, old: dict[str, Any], full: bool, version: Decimal, when: dt.datetime) -> None:
+        """A hard delete is a key-only tombstone (purged after the merge). A soft one keeps the row's last
+        values: the full old row, or the row's newest version in this batch, or else (the values are in the
+        target only) a mark that sets `_ingest_deleted_at` on the target's row."""
+        key = self._key(old)
+        values = {k: old.get(k) for k in self.primary_key}
+        if self.soft:
+            last = old if full and all(v is not UNCHANGED_TOAST for v in old.values()) else self._last.get(key)
+            if last is None:
+                self.marks[key] = (version, when)
+                return
+            values = dict(last)
+        self._last.pop(key, None)
+        self.rows.append({**values, POSITION: version, DELETED_AT: when})
 
     def _fill_toast(
         self, new: dict[str, Any], old: dict[str, Any] | None, lookup: Callable[[dict[str, Any]], dict[str, Any]]
@@ -163,6 +190,29 @@ _NULL_CELL = _Null()
 
 def _csv_cell(value: Any) -> Any:
     return _NULL_CELL if value is None else str(value)
+
+
+def mark_deleted(loader: Loader, marks: dict[Key, tuple[Decimal, dt.datetime]]) -> int:
+    """Soft deletes of rows whose values only the target holds: flag them, keep every value. A row already
+    at a newer version (a copy, a later change) is left alone. Keys compare as text, as the log sends them."""
+    if not marks:
+        return 0
+    flagged = 0
+    with loader.client() as client:
+        table = client.make_qualified_table_name(loader.target.table)
+        if not table_exists(client, table):
+            return 0
+        where = " AND ".join(f"CAST({client.escape_column_name(k)} AS VARCHAR) = %s" for k in loader.key)
+        deleted, position = client.escape_column_name(DELETED_AT), client.escape_column_name(POSITION)
+        for key, (version, when) in marks.items():
+            client.execute_sql(
+                f"UPDATE {table} SET {deleted} = %s, {position} = {int(version)} WHERE {where} "
+                f"AND {deleted} IS NULL AND ({position} IS NULL OR {position} < {int(version)})",
+                when,
+                *[str(v) for v in key],
+            )
+            flagged += 1
+    return flagged
 
 
 def keys_text(rows: Sequence[dict[str, Any]], primary_key: Sequence[str]) -> list[str]:

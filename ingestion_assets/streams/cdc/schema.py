@@ -1,0 +1,67 @@
+"""Before a CDC stream applies the log: the table streams' schema step and target binding, per stream.
+
+The log carries no row changes for what DDL does to existing rows (a column added with a default, a type
+changed with a rewrite), so a stream whose columns changed since its checkpoint is copied again under a
+snapshot, fenced against the log like a new stream; an incompatible change pauses it with the command to
+accept it. A target that does not hold what the checkpoint says (a new destination or file, a dropped or
+emptied table) is copied again as well, and the run says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ingestion_assets.loading.pipeline import Loader
+from ingestion_assets.sources.postgres.introspect import TableShape
+from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
+from ingestion_assets.streams.schema_step import SchemaPaused, apply_to_target, settle_schema
+from ingestion_assets.streams.target_binding import TARGET, binding_details, settle_target
+
+SCHEMA = "schema"  # the checkpoint detail the table streams keep too (`ingest schema show` reads it)
+
+
+@dataclass
+class StreamParts:
+    """What one run of a CDC stream loads with: its loader (bound to the target), the table's shape, the
+    schema its checkpoint stores, and why it needs a new copy (None: it continues from its position)."""
+
+    loader: Loader
+    shape: TableShape
+    schema: dict[str, list[str]] | None = None
+    recopy: str | None = None
+
+    def checkpoint_details(self) -> dict[str, Any]:
+        details = binding_details(self.loader)
+        if self.schema is not None:
+            details[SCHEMA] = self.schema
+        return details
+
+
+class CdcSchemaPaused(SchemaPaused):
+    """An incompatible column change: the stream stops before applying anything of the log."""
+
+
+def settle_stream(
+    stream: PostgresTableStream, details: dict[str, Any], partition: str | None, guard: bool
+) -> StreamParts:
+    """The schema step (raises CdcSchemaPaused on an incompatible change) and the target binding."""
+    try:
+        step = settle_schema(stream, details)
+    except SchemaPaused as exc:
+        raise CdcSchemaPaused(str(exc), exc.changes) from exc
+    assert step.plan is not None
+    loader = stream.loader(Target(stream.name, 1), None, step.plan, guard=guard)
+    apply_to_target(step, loader)
+    assert step.plan is not None
+    parts = StreamParts(loader, step.plan.shape, step.stored)
+    lsn = details.get("lsn") if details.get("snapshot_done") else None
+    settled = settle_target(loader, partition, details, {"lsn": lsn} if lsn else None, 1)
+    rewritten = [c for c in step.applied if c.kind != "dropped"]
+    loaded = int((details.get(TARGET) or {}).get("seq", 1)) > 0  # a log run that changed nothing loads nothing
+    if lsn and settled.reason and loaded:
+        parts.recopy = f"its target changed: {settled.reason}"
+    elif lsn and rewritten:
+        what = "; ".join(c.describe() for c in rewritten)
+        parts.recopy = f"{what}: the log carries no values for the rows that already existed"
+    return parts

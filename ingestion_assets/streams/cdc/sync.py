@@ -1,0 +1,445 @@
+"""A PostgreSQL source in `mode: cdc`: the first run copies every table under the slot's exported snapshot,
+later runs apply the slot's changes in commit order. Each stream's checkpoint is the log position whose
+changes are all committed in its target; the slot is acknowledged only after those checkpoints are stored.
+A stream without one (added to the catalog, reset, its target replaced, a column added) gets a fenced copy
+while the log goes on for the others."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ingestion_assets.catalog import Destination, PostgresSource
+from ingestion_assets.partitions import LIVE, key_range
+from ingestion_assets.references import resolve
+from ingestion_assets.settings import Settings
+from ingestion_assets.sources.postgres.cdc import (
+    ChangeBatch,
+    SlotHealth,
+    acknowledge,
+    check_cdc,
+    create_slot_with_snapshot,
+    drop_slot,
+    ensure_publication,
+    find_gap,
+    format_lsn,
+    read_changes,
+    slot_health,
+)
+from ingestion_assets.sources.postgres.cdc.chunks import chunk_snapshot, reading_slot
+from ingestion_assets.sources.postgres.cdc.publication import await_older_writers
+from ingestion_assets.streams.cdc.copy import CopyRules, copy_as_of
+from ingestion_assets.streams.cdc.history import HISTORY, Fences, fences_for, history_keys, plan_history
+from ingestion_assets.streams.cdc.rows import TableChanges, dead_letter_table, mark_deleted, toast_lookup, version_of
+from ingestion_assets.streams.cdc.schema import SCHEMA, StreamParts, settle_stream
+from ingestion_assets.streams.cdc.state import CdcStore, SourceState
+from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
+from ingestion_assets.streams.target_binding import TARGET
+from ingestion_assets.streams.target_types import fit_shape
+from ingestion_assets.sync import Faults, checkpoint_first
+
+log = logging.getLogger(__name__)
+SLOT_RELEASE_SECONDS = 10.0
+REACH_SECONDS = 120.0  # a chunk run waits this long for the log to reach its snapshot's WAL position
+
+
+class CdcError(RuntimeError):
+    """The log cannot be read safely; the message says why and what to do."""
+
+    transient = False
+
+
+class LogBehind(CdcError):
+    """The slot did not reach a copy's snapshot position in time: nothing of the copy was loaded, a retry may."""
+
+    transient = True
+
+
+@dataclass
+class CdcOutcome:
+    mode: str  # snapshot | changes | chunk
+    lsn: int
+    rows: dict[str, int] = field(default_factory=dict)  # per stream: rows (snapshot) or changes applied
+    latency_ms: list[float] = field(default_factory=list)
+    health: SlotHealth | None = None
+    dead_letters: int = 0
+    checkpoints: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)  # stream -> (lsn, details)
+    copied: list[str] = field(default_factory=list)  # streams copied in this run beside the log
+
+    def latency(self) -> dict[str, float]:
+        if not self.latency_ms:
+            return {}
+        ordered = sorted(self.latency_ms)
+        pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+        return {"p50": round(statistics.median(ordered), 1), "p95": round(pick(0.95), 1), "p99": round(pick(0.99), 1)}
+
+
+@dataclass
+class CdcSync:
+    settings: Settings
+    destination: Destination
+    source_name: str
+    source: PostgresSource
+    streams: list[PostgresTableStream]
+    store: CdcStore
+    stop: Callable[[], bool] = field(default=lambda: False)
+    log: logging.Logger | Any | None = None
+    run_id: str = ""
+    faults: Faults | None = None  # the fault points; default from INGEST_FAULT (tests, chaos, the simulation)
+    add_partitions: Callable[[list[str]], None] | None = None  # history mode: registers `live` and the key ranges
+    _space: dict[str, int] | None = field(default=None, init=False)  # history mode: the key space, kept in checkpoints
+    _state: SourceState = field(default_factory=lambda: SourceState({}), init=False)
+    _streams: dict[str, StreamParts] = field(default_factory=dict, init=False)  # per stream: loader, shape, schema
+
+    @property
+    def slot(self) -> str:
+        return self.source.cdc.slot or f"ingest_{self.source_name}"
+
+    @property
+    def publication(self) -> str:
+        return self.source.cdc.publication or f"ingest_{self.source_name}"
+
+    def url(self) -> str:
+        return resolve(self.source.connection, self.settings, f"sources.{self.source_name}.connection")
+
+    def tables(self) -> list[tuple[str, str]]:
+        return [(s.spec.schema_name, s.spec.table_name) for s in self.streams]
+
+    @property
+    def history(self) -> bool:
+        """History as key-range partitions beside the `live` one (else one snapshot copy in the first run)."""
+        return self.source.cdc.history_chunk is not None
+
+    def run(self, partition: str | None = None) -> CdcOutcome:
+        """Apply the log (`live`, or no partition), or copy one history key range while applying it."""
+        url = self.url()
+        with reading_slot(url, self.slot, self.source.cdc.lock_wait_seconds):
+            outcome = self._run(url, partition)
+        if outcome.mode != "chunk":
+            outcome.checkpoints = {
+                name: (position, self._details(name))
+                for name, position in self._state.positions.items()
+                if position is not None
+            }
+        return outcome
+
+    def _run(self, url: str, partition: str | None) -> CdcOutcome:
+        stored = self.store.latest()
+        self._state = SourceState({s.name: stored.get(s.name) for s in self.streams})
+        self._preflight(url, expect_slot=self._state.started)  # read-only checks, then the publication
+        live = partition is None or partition == LIVE
+        if live:
+            self._settle_streams()
+        if not self._state.started:
+            if not self.history:
+                return self._snapshot(url)
+            self._start_log(url)
+        self._space = next((c[HISTORY] for c in self._state.checkpoints.values() if c and c.get(HISTORY)), self._space)
+        if self.history and self.add_partitions is not None:
+            self.add_partitions(history_keys({HISTORY: self._space}))
+        lsn = self._state.low
+        if self._resync_at_gap(url, lsn):
+            for name in self._state.positions:
+                self._state.recopy(name, "resync after a WAL gap")
+            return self._snapshot(url)
+        if not live:
+            if not self.history:
+                raise CdcError(f"source {self.source_name} has no history partitions (cdc.history_chunk is unset)")
+            return self._chunk(url, lsn, partition or "")
+        outcome = CdcOutcome("changes", lsn)
+        if self._state.copying():
+            self._copy_streams(url, outcome)
+        self._changes(url, outcome)
+        return outcome
+
+    def _settle_streams(self) -> None:
+        """Per stream: its schema against the stored one, and its target against its checkpoint. A stream whose
+        columns changed or whose target does not hold what its checkpoint says is copied again (and says why)."""
+        partition = LIVE if self.history else None
+        for stream in self.streams:
+            details = self._state.details(stream.name)
+            parts = settle_stream(stream, details, partition, self.history)
+            self._streams[stream.name] = parts
+            if self._state.positions.get(stream.name) is not None and parts.recopy:
+                self._state.recopy(stream.name, parts.recopy)
+                self._say("%s: copying its table again: %s", stream.qualified_name, parts.recopy)
+
+    def _resync_at_gap(self, url: str, lsn: int) -> bool:
+        """False if the slot can deliver every change after `lsn`; True if it was dropped to start over
+        (on_wal_gap: resync); else it stops with the commands that re-copy the source."""
+        gap = find_gap(url, self.slot, lsn)
+        if gap is None:
+            return False
+        if self.source.cdc.on_wal_gap == "resync" and not self.history:
+            self._say("%s: %s; resyncing from a fresh snapshot (on_wal_gap: resync)", self.source_name, gap)
+            drop_slot(url, self.slot)
+            return True
+        resets = ", ".join(f"`ingest state reset {self.source_name}.{s.name}`" for s in self.streams)
+        again = (
+            f"Reset `live` of every stream ({resets}, each with `--partition live`), run it, then backfill the "
+            "history ranges again"
+            if self.history
+            else f"Re-copy the source: reset every stream ({resets}; the next run takes a fresh snapshot), or set "
+            "cdc.on_wal_gap: resync"
+        )
+        raise CdcError(
+            f"source {self.source_name}: the slot {self.slot} can no longer deliver the changes after the "
+            f"checkpoint {format_lsn(lsn)} ({gap}). Rows changed in between would be missed. {again}"
+        )
+
+    def _start_log(self, url: str) -> None:
+        """History mode, first run: a new slot; the key space of the rows that exist now is the history."""
+        with _existing_slot_dropped(url, self.slot), create_slot_with_snapshot(url, self.slot) as snap:
+            lsn = snap.consistent_lsn
+        chunk = self.source.cdc.history_chunk
+        assert chunk is not None
+        self._space = plan_history(url, self.streams, chunk)
+        self._commit(lsn, [s.name for s in self.streams])
+
+    def _chunk(self, url: str, lsn: int, partition: str) -> CdcOutcome:
+        """One history key range: the log up to a fresh snapshot, then the range's rows as of it."""
+        low, high = key_range(partition)
+        outcome = CdcOutcome("chunk", lsn)
+        with chunk_snapshot(url) as snap:
+            fences = fences_for(snap, self.streams)
+            self._changes(url, outcome, reach=snap.lsn, fences=fences)
+            version = version_of(snap.lsn, 0) - 1  # above every change it sees, below every one it does not
+            rules = self._rules()
+            for stream in self.streams:
+                table = (stream.spec.schema_name, stream.spec.table_name)
+                if table in fences.truncated:
+                    continue  # emptied after the snapshot: what it holds now came through the log
+                copied = copy_as_of(url, stream, snap.name, version, rules, (low, high), fences, version_of(lsn, 0))
+                outcome.rows[stream.name] = outcome.rows.get(stream.name, 0) + copied
+        return outcome
+
+    def _snapshot(self, url: str) -> CdcOutcome:
+        """Every table under the exported snapshot of a new slot; the slot's changes start exactly after it."""
+        with _existing_slot_dropped(url, self.slot), create_slot_with_snapshot(url, self.slot) as snap:
+            version = version_of(snap.consistent_lsn, 0) - 1  # just below any change the slot will send
+            outcome = CdcOutcome("snapshot", snap.consistent_lsn)
+            for stream in self.streams:
+                loader = self._parts(stream).loader
+                rows = copy_as_of(url, stream, snap.snapshot_name, version, self._rules(), loader=loader)
+                outcome.rows[stream.name] = rows
+        # Only once the block is left: a failure inside it drops the new slot, which a stored checkpoint
+        # saying "snapshot done" would then point at (found by simulation seed 2013, cdc).
+        self._commit(snap.consistent_lsn, [s.name for s in self.streams])
+        outcome.health = slot_health(url, self.slot)
+        return outcome
+
+    def _copy_streams(self, url: str, outcome: CdcOutcome) -> None:
+        """Streams without a position (new, reset, rebound, columns changed): their tables as of a fresh
+        snapshot, while the log is applied up to that snapshot's WAL position for every stream. A copied
+        stream takes from the log only the transactions the snapshot does not see (their keys are fenced
+        off the copy), so nothing is lost or applied twice; then it holds the same position as the others."""
+        names = self._state.copying()
+        copying = [s for s in self.streams if s.name in names]
+        for name in names:
+            if name not in self._state.reasons:
+                self._say("%s.%s: copying its table (new to the source, or reset)", self.source_name, name)
+        await_older_writers(url, self.source.cdc.lock_wait_seconds)
+        start = outcome.lsn
+        with chunk_snapshot(url) as snap:
+            fences = fences_for(snap, copying)
+            self._changes(url, outcome, reach=snap.lsn, fences=fences)
+            version = version_of(snap.lsn, 0) - 1
+            for stream in copying:
+                if (stream.spec.schema_name, stream.spec.table_name) in fences.truncated:
+                    continue  # emptied after the snapshot: what it holds now came through the log
+                parts = self._parts(stream)
+                rows = copy_as_of(
+                    url, stream, snap.name, version, self._rules(), None, fences, version_of(start, 0), parts.loader
+                )
+                outcome.rows[stream.name] = outcome.rows.get(stream.name, 0) + rows
+        outcome.copied = names
+        self._commit(outcome.lsn, names)
+
+    def _rules(self) -> CopyRules:
+        faults = self.faults or Faults.from_env()
+        return CopyRules(self.source.cdc.snapshot_slice_rows, self.run_id, faults, self.history)
+
+    def _changes(self, url: str, outcome: CdcOutcome, reach: int | None = None, fences: Fences | None = None) -> None:
+        """Batches of the log, each loaded, checkpointed, then acknowledged. With `reach` (a copy's snapshot),
+        go on until every transaction committed before that WAL position is applied, and show each to `fences`."""
+        self._slot_ready(url)
+        faults = self.faults or Faults.from_env()
+        unsafe = checkpoint_first()
+        deadline = time.monotonic() + REACH_SECONDS
+        session = self.source.cdc.max_seconds
+        index = 0
+        while reach is not None or index < self.source.cdc.max_batches_per_run:
+            if reach is not None and outcome.lsn >= reach:
+                break
+            batch = read_changes(
+                url,
+                self.slot,
+                self.publication,
+                outcome.lsn,
+                max_changes=self.source.cdc.max_changes,
+                max_seconds=session,
+            )
+            if batch.end_lsn <= outcome.lsn and not batch.transactions:
+                if reach is None:
+                    break
+                self._wait_for_wal(reach, outcome.lsn, deadline)
+                # A session decodes from the slot's restart position: one big transaction (a bulk load, even
+                # of a table not published) may need longer than max_seconds before anything arrives.
+                session = min(session * 2, REACH_SECONDS)
+                continue
+            deadline, session = time.monotonic() + REACH_SECONDS, self.source.cdc.max_seconds
+            if fences is not None:
+                fences.see(batch)
+            if unsafe:  # never in production: checkpoint first, so a crash in the load loses the batch
+                self._commit(batch.end_lsn)
+            faults.hit("before_load", index)
+            self._apply(url, batch, outcome, fences)
+            faults.hit("after_load", index)
+            if not unsafe:
+                self._commit(batch.end_lsn)
+            faults.hit("after_checkpoint", index)
+            acknowledge(url, self.slot, self.publication, batch.end_lsn)  # only behind stored checkpoints
+            outcome.lsn = batch.end_lsn
+            index += 1
+            if reach is None and (batch.caught_up or self.stop()):
+                break
+        outcome.health = slot_health(url, self.slot)
+
+    def _commit(self, lsn: int, names: list[str] | None = None) -> None:
+        """Checkpoint `lsn` for the named streams (default: every stream that holds a position below it)."""
+        if names is None:
+            names = [n for n, p in self._state.positions.items() if p is not None and p < lsn]
+        for name in names:
+            self._state.positions[name] = lsn
+        if names:
+            self.store.commit(lsn, {name: self._details(name) for name in names})
+
+    def _details(self, name: str) -> dict[str, Any]:
+        """What the stream's checkpoint keeps beside its position. A history range run settles no schema or
+        binding: it keeps those of the stream's last checkpoint."""
+        stored = self._state.details(name)
+        extra: dict[str, Any] = {k: stored[k] for k in (SCHEMA, TARGET) if k in stored}
+        if self.history:
+            extra[HISTORY] = self._space
+        parts = self._streams.get(name)
+        if parts is not None:
+            extra |= parts.checkpoint_details()
+        return {"snapshot_done": True, "slot": self.slot, **extra}
+
+    def _wait_for_wal(self, reach: int, at: int, deadline: float) -> None:
+        if time.monotonic() > deadline:
+            raise LogBehind(
+                f"source {self.source_name}: the slot {self.slot} stayed at {format_lsn(at)} for "
+                f"{REACH_SECONDS:.0f} s, short of the snapshot's position {format_lsn(reach)} (a transaction of "
+                "that size may take longer to decode: raise cdc.max_seconds); "
+                "nothing was loaded from the copy, retry the run"
+            )
+        time.sleep(0.2)
+
+    def _apply(self, url: str, batch: ChangeBatch, outcome: CdcOutcome, fences: Fences | None) -> None:
+        by_table = {(s.spec.schema_name, s.spec.table_name): s for s in self.streams}
+        pending: dict[str, TableChanges] = {}
+        for tx in batch.transactions:
+            for change in tx.changes:
+                stream = by_table.get((change.table.schema, change.table.table))
+                if stream is None or not self._wants(stream.name, tx.xid, tx.end_lsn, fences):
+                    continue
+                if change.op.value == "truncate" and stream.spec.truncate == "refuse":
+                    raise CdcError(
+                        f"stream {stream.qualified_name}: the source table was truncated at "
+                        f"{format_lsn(change.commit_lsn)} and the stream refuses truncates (it would empty the "
+                        f"target). Set `truncate: apply` to follow it, or copy the table again with `ingest state "
+                        f"reset {stream.qualified_name}`; nothing after it was applied"
+                    )
+                parts = self._parts(stream)
+                changes = pending.get(stream.name)
+                if changes is None:
+                    key = tuple(stream.spec.primary_key)
+                    changes = TableChanges(parts.shape, key, soft=stream.spec.deletes == "soft")
+                    pending[stream.name] = changes
+                changes.add(change, toast_lookup(url, stream, parts.shape))
+        for stream in self.streams:
+            if stream.name in pending:
+                self._load(stream, pending[stream.name], outcome)
+
+    def _wants(self, name: str, xid: int, end_lsn: int, fences: Fences | None) -> bool:
+        """A stream being copied takes only what its copy's snapshot does not see; the others what their own
+        checkpoint is not past yet."""
+        if self._state.positions.get(name) is None:
+            return fences is not None and not fences.snapshot.sees(xid)
+        return not self._state.applied(name, end_lsn)
+
+    def _parts(self, stream: PostgresTableStream) -> StreamParts:
+        """A history range run settles no schema or binding: it takes the table as it is."""
+        parts = self._streams.get(stream.name)
+        if parts is None:
+            parts = StreamParts(stream.loader(Target(stream.name, 1), None, guard=self.history), stream.discover())
+            self._streams[stream.name] = parts
+        return parts
+
+    def _load(self, stream: PostgresTableStream, changes: TableChanges, outcome: CdcOutcome) -> None:
+        loader = self._parts(stream).loader
+        changes.shape = fit_shape(changes.shape, loader)
+        if changes.truncated_at is not None:
+            loader.delete_all()
+        rows = changes.to_arrow(generation=1)
+        dead = dead_letter_table(stream, changes, self.run_id)
+        if rows is not None or dead is not None:
+            loader.load(rows, dead_letters=dead)
+        mark_deleted(loader, changes.marks)
+        if stream.spec.deletes == "hard":
+            loader.purge_deleted()
+        now = dt.datetime.now(dt.UTC)
+        outcome.latency_ms += [(now - t).total_seconds() * 1000 for t in changes.commit_times]
+        outcome.rows[stream.name] = outcome.rows.get(stream.name, 0) + len(changes.rows) + len(changes.marks)
+        outcome.dead_letters += len(changes.bad)
+
+    def _preflight(self, url: str, expect_slot: bool) -> None:
+        """Every check first, read-only; only a source that passes them all gets its publication made or
+        extended. A table that fails (no key, no replica identity) is never published: publishing it would
+        make the source application's own UPDATEs and DELETEs on it fail."""
+        self._check(url, expect_slot)
+        added = ensure_publication(
+            url, self.publication, self.tables(), partition_root=True, owned=self.source.cdc.publication is None
+        )
+        if added:
+            published = ", ".join(".".join(t) for t in added)
+            self._say("%s: published %s in %s", self.source_name, published, self.publication)
+
+    def _slot_ready(self, url: str) -> None:
+        self._check(url, expect_slot=True)
+
+    def _check(self, url: str, expect_slot: bool) -> None:
+        deadline = time.monotonic() + SLOT_RELEASE_SECONDS
+        check = lambda: check_cdc(url, self.slot, self.publication, self.tables(), expect_slot, will_publish=True)  # noqa: E731
+        problems = check()
+        # The walsender of the previous run (or of a crashed one) leaves the slot a moment after its client.
+        while problems and all(p.transient for p in problems) and time.monotonic() < deadline:
+            time.sleep(0.25)
+            problems = check()
+        if problems:
+            raise CdcError(
+                f"source {self.source_name} cannot capture changes (nothing was changed on the source): "
+                + "; ".join(str(p) for p in problems)
+            )
+
+    def _say(self, message: str, *args: Any) -> None:
+        (self.log or log).warning(message, *args)
+
+
+class _existing_slot_dropped:
+    """A slot left by a snapshot that never completed is useless (its copy is gone): start over."""
+
+    def __init__(self, url: str, slot: str) -> None:
+        self.url, self.slot = url, slot
+
+    def __enter__(self) -> None:
+        drop_slot(self.url, self.slot)
+
+    def __exit__(self, *_exc: object) -> None:
+        return None

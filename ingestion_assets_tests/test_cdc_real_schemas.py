@@ -1,0 +1,377 @@
+"""CDC on what operational databases do (issue 13), on the embedded PostgreSQL 18: keyless tables never
+published (the application's writes never fail), state per stream, streams added to a running source,
+partitioned tables, soft deletes that keep values, schema changes, and slot verdicts."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import dagster as dg
+import psycopg2
+import pytest
+
+from ingestion_assets.catalog import load_catalog
+from ingestion_assets.checks import check_catalog
+from ingestion_assets.cli import main
+from ingestion_assets.loading.destinations import target_names
+from ingestion_assets.sources.postgres.cdc import check_cdc, drop_slot
+from ingestion_assets.state.checkpoints import reset_checkpoint
+from ingestion_assets_tests.helpers import StreamHarness
+
+ORDERS = """
+CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL, amount numeric(12,2), note text);
+INSERT INTO orders SELECT g, 'new', g * 1.5, 'n' || g FROM generate_series(1, 1000) g;
+"""
+CUSTOMERS = """
+CREATE TABLE customers (id int PRIMARY KEY, name text);
+INSERT INTO customers SELECT g, 'c' || g FROM generate_series(1, 200) g;
+"""
+FAST = {"max_changes": 300, "max_seconds": 1, "max_batches_per_run": 50, "retries": {"max_attempts": 1}}
+
+
+@pytest.fixture
+def cdc(harness: StreamHarness) -> Iterator[StreamHarness]:
+    try:
+        yield harness
+    finally:
+        drop_slot(harness.source.url, f"ingest_{harness.source_name}")  # a slot left behind hoards WAL
+        harness.source.execute(f"DROP PUBLICATION IF EXISTS ingest_{harness.source_name}")
+
+
+def _catalog(harness: StreamHarness, streams: dict[str, dict[str, Any]], **cdc: Any) -> None:
+    harness.write_catalog(
+        {name: {"table": name, "primary_key": "id", **spec} for name, spec in streams.items()},
+        mode="cdc",
+        cdc={**FAST, **cdc},
+    )
+
+
+def _failure(result: dg.ExecuteInProcessResult) -> str:
+    assert not result.success
+    event = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
+    return str(event.step_failure_data.error)
+
+
+def _metadata(result: dg.ExecuteInProcessResult, harness: StreamHarness, stream: str) -> dict[str, Any]:
+    materializations = result.asset_materializations_for_node(f"{harness.source_name}__cdc")
+    found = next(m for m in materializations if m.asset_key == harness.key(stream))
+    return {k: v.value for k, v in found.metadata.items()}
+
+
+def _assert_exact(harness: StreamHarness, table: str) -> None:
+    columns = harness.source.columns(table)
+    target = harness.target_rows_where(table, columns, "id", "_ingest_deleted_at IS NULL")
+    assert target == harness.source.rows(table, "id")
+
+
+def _drain(harness: StreamHarness) -> None:
+    for _ in range(5):
+        result = harness.materialize()
+        if all(
+            m.metadata["rows read"].value == 0 for m in result.asset_materializations_for_node(f"{harness.source_name}__cdc")
+        ):
+            return
+
+
+class Writer:
+    """A source application writing from its own connection; every error it meets is kept."""
+
+    def __init__(
+        self, url: str, schema: str, statements: list[tuple[str, int]], seed: int = 3, pause: float = 0.002
+    ) -> None:
+        self.url, self.schema, self.statements, self.seed, self.pause = url, schema, statements, seed, pause
+        self.errors: list[str] = []
+        self.writes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def __enter__(self) -> Writer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        rng = random.Random(self.seed)
+        conn = psycopg2.connect(self.url)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f'SET search_path = "{self.schema}"')
+            while not self._stop.is_set():
+                statement, keys = rng.choice(self.statements)
+                try:
+                    cur.execute(statement, {"k": rng.randint(1, keys), "n": 100_000 + self.writes})
+                    self.writes += 1
+                except psycopg2.Error as exc:
+                    self.errors.append(str(exc).strip())
+                time.sleep(self.pause)
+        conn.close()
+
+
+def test_a_keyless_table_is_never_published_and_the_applications_writes_never_fail(cdc: StreamHarness) -> None:
+    harness = cdc
+    harness.source.execute(
+        ORDERS
+        + "CREATE TABLE events (id int, note text); INSERT INTO events SELECT g, 'e' FROM generate_series(1, 50) g"
+    )
+    _catalog(harness, {"orders": {}, "events": {}})
+    publication = f"ingest_{harness.source_name}"
+    app = [("UPDATE events SET note = note || 'x' WHERE id = %(k)s", 50), ("DELETE FROM events WHERE id = %(k)s", 50)]
+    with Writer(harness.source.url, harness.source.schema, app) as writer:
+        problems = check_catalog(harness.settings, load_catalog(harness.settings.catalog_path))
+        assert any("events" in p and "REPLICA IDENTITY FULL" in p for p in problems)
+        message = _failure(harness.materialize(raise_on_error=False))
+        assert "events" in message and "was not published" in message and "nothing was changed" in message
+        time.sleep(0.3)
+    assert writer.writes > 0 and writer.errors == []
+    published = harness.query_source(f"SELECT count(*) FROM pg_publication WHERE pubname = '{publication}'")
+    assert published == [(0,)]  # refused before any DDL: not even the good table was published
+    harness.source.execute("UPDATE events SET note = 'after' WHERE id = 1")  # the application still works
+
+
+def test_a_truncate_refused_on_a_stream_that_is_not_first_is_fixed_by_resetting_that_stream(
+    cdc: StreamHarness,
+) -> None:
+    harness = cdc
+    harness.source.execute(CUSTOMERS + ORDERS)
+    _catalog(harness, {"customers": {}, "orders": {}})
+    harness.materialize()
+    harness.source.execute("TRUNCATE orders; INSERT INTO orders VALUES (1, 'again', 1, NULL)")
+    harness.source.execute("UPDATE customers SET name = 'renamed' WHERE id = 7")
+    message = _failure(harness.materialize(raise_on_error=False))
+    assert f"ingest state reset {harness.source_name}.orders" in message
+    reset_checkpoint(harness.instance, harness.key("orders"), None, reason="the error named it")
+    result = harness.materialize()
+    assert _metadata(result, harness, "orders")["copied"] is True
+    assert "copied" not in _metadata(result, harness, "customers")  # the other stream just continued
+    _assert_exact(harness, "orders")
+    _assert_exact(harness, "customers")
+
+
+def test_a_stream_added_to_a_running_source_gets_its_existing_rows_while_a_writer_runs(cdc: StreamHarness) -> None:
+    harness = cdc
+    harness.source.execute(CUSTOMERS + ORDERS)
+    _catalog(harness, {"customers": {}}, max_batches_per_run=4)
+    harness.materialize()
+    app = [
+        ("UPDATE orders SET status = 'paid', amount = amount + 1 WHERE id = %(k)s", 1000),
+        ("DELETE FROM orders WHERE id = %(k)s", 1000),
+        ("INSERT INTO orders VALUES (%(n)s, 'new', 1, NULL)", 1),
+        ("UPDATE orders SET id = id + 500000 WHERE id = %(k)s", 1000),  # a key change
+        ("UPDATE customers SET name = name || '+' WHERE id = %(k)s", 200),
+    ]
+    with Writer(harness.source.url, harness.source.schema, app, pause=0.01) as writer:
+        time.sleep(0.3)
+        _catalog(harness, {"customers": {}, "orders": {}}, max_batches_per_run=4)
+        result = harness.materialize()
+        assert _metadata(result, harness, "orders")["copied"] is True
+        harness.materialize()
+    assert writer.errors == [] and writer.writes > 50
+    _drain(harness)
+    _assert_exact(harness, "orders")
+    _assert_exact(harness, "customers")
+
+
+PARTITIONED = """
+CREATE TABLE measures (id int, region text, v int, PRIMARY KEY (id, region)) PARTITION BY LIST (region);
+CREATE TABLE measures_eu PARTITION OF measures FOR VALUES IN ('eu');
+CREATE TABLE measures_us PARTITION OF measures FOR VALUES IN ('us');
+INSERT INTO measures SELECT g, CASE WHEN g % 2 = 0 THEN 'eu' ELSE 'us' END, g FROM generate_series(1, 300) g;
+"""
+
+
+def test_a_partitioned_table_lands_in_one_target_with_rows_moving_between_partitions(cdc: StreamHarness) -> None:
+    harness = cdc
+    harness.source.execute(PARTITIONED)
+    harness.write_catalog({"measures": {"table": "measures", "primary_key": ["id", "region"]}}, mode="cdc", cdc=FAST)
+    harness.materialize()
+    harness.source.execute("UPDATE measures SET region = 'us' WHERE id <= 20 AND region = 'eu'")  # moves partition
+    harness.source.execute(
+        "UPDATE measures SET v = -v WHERE id > 290; DELETE FROM measures WHERE id BETWEEN 100 AND 110"
+    )
+    harness.materialize()
+    assert check_catalog(harness.settings, load_catalog(harness.settings.catalog_path)) == []
+    harness.materialize()  # no DuplicateObject on later runs
+    columns = ["id", "region", "v"]
+    target = harness.target_rows_where("measures", columns, "id, region", "_ingest_deleted_at IS NULL")
+    assert target == harness.source.rows("measures", "id, region")
+    # A publication made elsewhere without publish_via_partition_root: the check says exactly what to change.
+    harness.source.execute("CREATE PUBLICATION leafy FOR TABLE measures")
+    try:
+        table = (harness.source.schema, "measures")
+        problems = check_cdc(harness.source.url, "unused_slot", "leafy", [table], expect_slot=False)
+        assert [p.message for p in problems if "partition" in p.message] == [
+            f'publishes the partitions of the partitioned table "{harness.source.schema}"."measures" under their own '
+            'names, so its changes never reach the stream; ALTER PUBLICATION "leafy" SET (publish_via_partition_root '
+            "= true)"
+        ]
+    finally:
+        harness.source.execute("DROP PUBLICATION leafy")
+
+
+def test_soft_deletes_keep_the_rows_last_values_without_touching_the_replica_identity(cdc: StreamHarness) -> None:
+    harness = cdc
+    harness.source.execute(ORDERS)
+    _catalog(harness, {"orders": {"deletes": "soft"}})
+    harness.materialize()
+    harness.source.execute("UPDATE orders SET status = 'last' WHERE id <= 5")
+    harness.materialize()
+    harness.source.execute("DELETE FROM orders WHERE id <= 3")  # values only in the target
+    harness.source.execute(
+        "INSERT INTO orders VALUES (5000, 'brief', 2, 'x'); UPDATE orders SET status = 'gone' WHERE id = 4"
+    )
+    harness.source.execute("DELETE FROM orders WHERE id IN (4, 5000)")  # values in the same batch
+    harness.materialize()
+    deleted = harness.query_target(
+        f'SELECT id, status, amount, note FROM "{harness.source_name}".orders '
+        "WHERE _ingest_deleted_at IS NOT NULL ORDER BY id"
+    )
+    assert [(i, s, float(a), n) for i, s, a, n in deleted] == [
+        (1, "last", 1.5, "n1"),
+        (2, "last", 3.0, "n2"),
+        (3, "last", 4.5, "n3"),
+        (4, "gone", 6.0, "n4"),
+        (5000, "brief", 2.0, "x"),
+    ]
+    identity = harness.query_source(
+        f"SELECT relreplident FROM pg_class WHERE oid = '{harness.source.schema}.orders'::regclass"
+    )
+    assert identity == [("d",)]
+    _assert_exact(harness, "orders")
+
+
+def test_a_column_added_with_a_default_reaches_existing_rows_and_an_incompatible_type_change_stops(
+    cdc: StreamHarness, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    harness = cdc
+    harness.source.execute(ORDERS)
+    _catalog(harness, {"orders": {}})
+    harness.materialize()
+    app = [("UPDATE orders SET status = 'paid', amount = amount + 1 WHERE id = %(k)s", 1000)]
+    with Writer(harness.source.url, harness.source.schema, app) as writer:
+        time.sleep(0.2)
+        harness.source.execute("ALTER TABLE orders ADD COLUMN region text DEFAULT 'eu'")
+        harness.materialize()
+        harness.source.execute("ALTER TABLE orders ALTER COLUMN id TYPE bigint")  # a rewrite, widened
+        harness.materialize()
+    assert writer.errors == []
+    _drain(harness)
+    _assert_exact(harness, "orders")  # every row has region 'eu', and every update
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["schema", "show", f"{harness.source_name}.orders"]) == 0
+    shown = capsys.readouterr().out
+    assert "region" in shown and "no schema stored yet" not in shown
+    harness.source.execute("ALTER TABLE orders ALTER COLUMN amount TYPE int USING amount::int")
+    message = _failure(harness.materialize(raise_on_error=False))
+    assert "'amount'" in message and f"ingest schema accept {harness.source_name}.orders" in message
+
+
+def test_cdc_status_gives_a_verdict_against_the_threshold(
+    cdc: StreamHarness, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    harness = cdc
+    harness.source.execute(ORDERS)
+    _catalog(harness, {"orders": {}}, max_retained_wal_mb=1)
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["cdc", "status", harness.source_name]) == 0
+    assert "the first run creates it" in capsys.readouterr().out
+    harness.materialize()
+    harness.source.execute("INSERT INTO orders SELECT g, repeat('w', 200), 1, NULL FROM generate_series(2000, 30000) g")
+    assert main(["cdc", "status", harness.source_name]) == 1
+    assert "verdict: unhealthy" in capsys.readouterr().out
+    _catalog(harness, {"orders": {}}, max_retained_wal_mb=1024)
+    assert main(["cdc", "status", harness.source_name]) == 0
+    assert "verdict: healthy" in capsys.readouterr().out
+    drop_slot(harness.source.url, f"ingest_{harness.source_name}")
+    assert main(["cdc", "status", harness.source_name]) == 1
+    out = capsys.readouterr().out
+    assert "the next run stops (on_wal_gap: fail)" in out and f"ingest state reset {harness.source_name}.orders" in out
+
+
+def test_the_sensor_evaluates_slot_health_without_a_run(cdc: StreamHarness) -> None:
+    from ingestion_assets.defs.cdc import build_cdc_assets
+
+    harness = cdc
+    harness.source.execute(ORDERS)
+    _catalog(harness, {"orders": {}}, max_retained_wal_mb=1)
+    harness.materialize()
+    harness.source.execute("INSERT INTO orders SELECT g, repeat('w', 200), 1, NULL FROM generate_series(2000, 30000) g")
+    sensor = build_cdc_assets(harness.settings, load_catalog(harness.settings.catalog_path))[1][0]
+    sensor(dg.build_sensor_context(instance=harness.instance))
+    check = dg.AssetCheckKey(harness.key("orders"), "slot_health")
+    latest = harness.instance.event_log_storage.get_latest_asset_check_execution_by_key([check])[check]
+    assert latest.event is not None and latest.event.asset_check_evaluation is not None
+    assert latest.event.asset_check_evaluation.passed is False
+
+
+HOSTILE = """
+CREATE TABLE "Order Lines" ("Id" int PRIMARY KEY, t text, "select" int, "Mixed Case" text, "with space" text);
+INSERT INTO "Order Lines" SELECT g, 't' || g, g, 'M' || g, 's ' || g FROM generate_series(1, 300) g;
+"""
+
+
+def test_hostile_identifiers_in_cdc_mode(cdc: StreamHarness) -> None:
+    """A column named `t`, a keyword, mixed case and spaces, in the table name too: snapshot, changes,
+    soft deletes (flagged in the target by key) and a key change."""
+    harness = cdc
+    harness.source.execute(HOSTILE)
+    harness.write_catalog(
+        {"lines": {"table": "Order Lines", "primary_key": "Id", "deletes": "soft"}}, mode="cdc", cdc=FAST
+    )
+    harness.materialize()
+    harness.source.execute('UPDATE "Order Lines" SET t = NULL, "select" = -1 WHERE "Id" <= 10')
+    harness.source.execute('DELETE FROM "Order Lines" WHERE "Id" BETWEEN 20 AND 25')
+    harness.source.execute('UPDATE "Order Lines" SET "Id" = 1000 WHERE "Id" = 30')
+    harness.materialize()
+    names = target_names(load_catalog(harness.settings.catalog_path).destination)
+    columns = [names.column(c) for c in ("Id", "t", "select", "Mixed Case", "with space")]
+    live = harness.target_rows_where("lines", columns, names.column("Id"), "_ingest_deleted_at IS NULL")
+    assert live == harness.source.rows('"Order Lines"', '"Id"')
+    kept = harness.target_rows_where("lines", columns, names.column("Id"), "_ingest_deleted_at IS NOT NULL")
+    assert [row[0] for row in kept] == [20, 21, 22, 23, 24, 25, 30] and kept[0][1] == "t20"
+
+
+def test_a_new_destination_file_gets_a_full_copy_and_the_run_says_why(cdc: StreamHarness) -> None:
+    import duckdb
+    import yaml
+
+    harness = cdc
+    harness.source.execute(ORDERS)
+    _catalog(harness, {"orders": {}})
+    harness.materialize()
+    harness.source.execute("UPDATE orders SET status = 'paid' WHERE id <= 10")
+    assert harness.catalog_path is not None
+    catalog = yaml.safe_load(harness.catalog_path.read_text())
+    moved = harness.tmp_path / "new_warehouse.duckdb"
+    catalog["destination"]["path"] = str(moved)
+    harness.catalog_path.write_text(yaml.safe_dump(catalog))
+    result = harness.materialize()
+    assert _metadata(result, harness, "orders")["mode"] == "snapshot"  # its only stream: a fresh snapshot
+    logs = " ".join(e.user_message for e in harness.instance.all_logs(result.run_id))
+    assert "copying its table again: its target changed" in logs and "new destination or file" in logs
+    with duckdb.connect(str(moved), read_only=True) as con:
+        target = con.execute(f'SELECT id, status FROM "{harness.source_name}".orders ORDER BY id').fetchall()
+    assert target == [(i, s) for i, s, *_ in harness.source.rows("orders", "id")]
+
+
+def test_a_permanent_error_fails_at_once_without_retries(cdc: StreamHarness) -> None:
+    harness = cdc
+    harness.source.execute(ORDERS)
+    _catalog(harness, {"orders": {}, "missing": {}}, retries={"max_attempts": 3, "delay_seconds": 1})
+    problems = check_catalog(harness.settings, load_catalog(harness.settings.catalog_path))  # no traceback
+    assert any(f'table "{harness.source.schema}"."missing": does not exist' in p for p in problems)
+    result = harness.materialize(raise_on_error=False)
+    message = _failure(result)
+    assert "missing" in message and "does not exist" in message
+    assert not [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY]
+    assert harness.query_source(
+        f"SELECT count(*) FROM pg_publication WHERE pubname = 'ingest_{harness.source_name}'"
+    ) == [(0,)]
