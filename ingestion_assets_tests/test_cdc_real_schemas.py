@@ -215,6 +215,27 @@ def test_a_partitioned_table_lands_in_one_target_with_rows_moving_between_partit
         harness.source.execute("DROP PUBLICATION leafy")
 
 
+def test_attaching_or_detaching_a_partition_copies_the_stream_again(cdc: StreamHarness) -> None:
+    """ATTACH PARTITION brings rows and DETACH takes them away without a row change in the log: the stream's
+    partitions are compared at each run, and a change copies the table again (retiring what left)."""
+    harness = cdc
+    harness.source.execute(PARTITIONED)
+    harness.write_catalog({"measures": {"table": "measures", "primary_key": ["id", "region"]}}, mode="cdc", cdc=FAST)
+    harness.materialize()
+    harness.source.execute(
+        "CREATE TABLE measures_asia (LIKE measures INCLUDING ALL);"
+        "INSERT INTO measures_asia SELECT g, 'asia', g FROM generate_series(1000, 1009) g;"
+        "ALTER TABLE measures ATTACH PARTITION measures_asia FOR VALUES IN ('asia');"
+        "INSERT INTO measures VALUES (1010, 'asia', 1)"
+    )
+    columns = ["id", "region", "v"]
+    for change in ("", "ALTER TABLE measures DETACH PARTITION measures_asia"):
+        harness.source.execute(change or "SELECT 1")
+        harness.materialize()
+        target = harness.target_rows_where("measures", columns, "id, region", "_ingest_deleted_at IS NULL")
+        assert target == harness.source.rows("measures", "id, region"), change or "attach"
+
+
 def test_soft_deletes_keep_the_rows_last_values_without_touching_the_replica_identity(cdc: StreamHarness) -> None:
     harness = cdc
     harness.source.execute(ORDERS)

@@ -12,13 +12,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from psycopg2 import sql
+
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.sources.postgres.introspect import TableShape
+from ingestion_assets.sources.postgres.reader import connect
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
 from ingestion_assets.streams.schema_step import SchemaPaused, apply_to_target, settle_schema
 from ingestion_assets.streams.target_binding import TARGET, binding_details, settle_target
 
 SCHEMA = "schema"  # the checkpoint detail the table streams keep too (`ingest schema show` reads it)
+PARTITIONS = "partitions"  # a partitioned table's partitions when the stream last settled
+
+_PARTITIONS_SQL = """
+WITH RECURSIVE tree(oid) AS (
+    SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = %(table)s::regclass
+    UNION ALL SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid
+)
+SELECT format('%%I.%%I', n.nspname, c.relname) FROM tree JOIN pg_class c ON c.oid = tree.oid
+JOIN pg_namespace n ON n.oid = c.relnamespace ORDER BY 1
+"""
 
 
 @dataclass
@@ -30,11 +43,14 @@ class StreamParts:
     shape: TableShape
     schema: dict[str, list[str]] | None = None
     recopy: str | None = None
+    partitions: list[str] | None = None
 
     def checkpoint_details(self) -> dict[str, Any]:
         details = binding_details(self.loader)
         if self.schema is not None:
             details[SCHEMA] = self.schema
+        if self.partitions:
+            details[PARTITIONS] = self.partitions
         return details
 
 
@@ -59,9 +75,33 @@ def settle_stream(
     settled = settle_target(loader, partition, details, {"lsn": lsn} if lsn else None, 1)
     rewritten = [c for c in step.applied if c.kind != "dropped"]
     loaded = int((details.get(TARGET) or {}).get("seq", 1)) > 0  # a log run that changed nothing loads nothing
+    parts.partitions = partitions_of(stream)
+    moved = _partitions_moved(details.get(PARTITIONS), parts.partitions) if PARTITIONS in details else None
     if lsn and settled.reason and loaded:
         parts.recopy = f"its target changed: {settled.reason}"
     elif lsn and rewritten:
         what = "; ".join(c.describe() for c in rewritten)
         parts.recopy = f"{what}: the log carries no values for the rows that already existed"
+    elif lsn and moved:
+        parts.recopy = f"{moved}: the log carries neither the rows a partition brings nor those it takes away"
     return parts
+
+
+def partitions_of(stream: PostgresTableStream) -> list[str]:
+    """Every partition under the stream's table (none for a plain table), as schema-qualified names."""
+    conn = connect(stream.source_url(), "ingest-partitions")
+    try:
+        table = sql.Identifier(stream.spec.schema_name, stream.spec.table_name).as_string(conn)
+        with conn.cursor() as cur:
+            cur.execute(_PARTITIONS_SQL, {"table": table})
+            return [str(row[0]) for row in cur.fetchall()]
+    finally:
+        conn.close()
+
+
+def _partitions_moved(before: list[str] | None, now: list[str]) -> str | None:
+    """What ATTACH/DETACH PARTITION did since the stream last settled, or None."""
+    attached, detached = sorted(set(now) - set(before or [])), sorted(set(before or []) - set(now))
+    said = [f"partition(s) {', '.join(attached)} attached"] if attached else []
+    said += [f"partition(s) {', '.join(detached)} detached"] if detached else []
+    return "; ".join(said) or None

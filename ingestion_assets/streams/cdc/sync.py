@@ -36,7 +36,7 @@ from ingestion_assets.sources.postgres.cdc.publication import await_older_writer
 from ingestion_assets.streams.cdc.copy import CopyRules, copy_as_of
 from ingestion_assets.streams.cdc.history import HISTORY, Fences, fences_for, history_keys, plan_history
 from ingestion_assets.streams.cdc.rows import TableChanges, dead_letter_table, mark_deleted, toast_lookup, version_of
-from ingestion_assets.streams.cdc.schema import SCHEMA, StreamParts, settle_stream
+from ingestion_assets.streams.cdc.schema import PARTITIONS, SCHEMA, StreamParts, settle_stream
 from ingestion_assets.streams.cdc.state import CdcStore, SourceState
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
 from ingestion_assets.streams.target_binding import TARGET
@@ -323,7 +323,7 @@ class CdcSync:
         """What the stream's checkpoint keeps beside its position. A history range run settles no schema or
         binding: it keeps those of the stream's last checkpoint."""
         stored = self._state.details(name)
-        extra: dict[str, Any] = {k: stored[k] for k in (SCHEMA, TARGET) if k in stored}
+        extra: dict[str, Any] = {k: stored[k] for k in (SCHEMA, TARGET, PARTITIONS) if k in stored}
         if self.history:
             extra[HISTORY] = self._space
         parts = self._streams.get(name)
