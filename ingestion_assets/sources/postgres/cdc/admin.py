@@ -82,7 +82,14 @@ def _slot_problems(cur: PgCursor, slot: str, expect_slot: bool) -> list[Problem]
                 )
             ]
         if expect_slot:
-            return [Problem(subject, "does not exist; create it with create_slot_with_snapshot (snapshot + changes)")]
+            return [
+                Problem(
+                    subject,
+                    "does not exist, although the streams have read from it: the changes since it went are not in "
+                    "the log any more, so the streams must be copied again; `ingest cdc status SOURCE` lists the "
+                    "`ingest state reset` commands (or set `cdc.on_wal_gap: resync`)",
+                )
+            ]
         return []
     problems = []
     if row["slot_type"] != "logical" or row["plugin"] != "pgoutput":

@@ -75,9 +75,22 @@ def publication_problems(
                     f"arrive: ALTER PUBLICATION {ident(cur, publication)} SET TABLE {name} (no WHERE)",
                 )
             )
-        elif entry.get("attnames") is not None:
+        elif entry.get("attnames") is not None and _has_column_list(cur, publication, schema, table):
             problems += _column_list_problems(cur, subject, schema, table, entry["attnames"])
     return problems
+
+
+def _has_column_list(cur: PgCursor, publication: str, schema: str, table: str) -> bool:
+    """Whether the publication names columns for the table (PostgreSQL 15+). pg_publication_tables lists every
+    column without a list, but read apart from pg_attribute a column added in between looked left out."""
+    if cur.connection.server_version < 150000:
+        return False
+    cur.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid "
+        "WHERE p.pubname = %s AND r.prrelid = %s::regclass AND r.prattrs IS NOT NULL)",
+        (publication, ident(cur, schema, table)),
+    )
+    return bool(cur.fetchone()[0])
 
 
 def published_tables(cur: PgCursor, publication: str) -> set[TableName]:
