@@ -142,3 +142,15 @@ def test_a_literal_secret_is_not_echoed_in_the_error(tmp_path: Path) -> None:
 def test_a_missing_file_says_how_to_point_at_one(tmp_path: Path) -> None:
     with pytest.raises(CatalogError, match="INGEST_CATALOG"):
         load_catalog(tmp_path / "nope.yaml")
+
+
+def test_a_table_name_may_be_written_as_sql_quotes_it() -> None:
+    """`public."Weird Table"` read the quotes as part of the name; a quoted name may also hold a dot."""
+    from ingestion_assets.catalog.postgres import split_table_name
+
+    assert split_table_name('public."Weird Table"') == ("public", "Weird Table")
+    assert split_table_name('"my.schema"."a ""b"""') == ("my.schema", 'a "b"')
+    assert split_table_name("Mixed Table") == ("public", "Mixed Table")  # unquoted names stay as written
+    for bad in ("a.b.c", "a.", '"open', '"a"b'):
+        with pytest.raises(ValueError, match="schema.table|unterminated"):
+            split_table_name(bad)

@@ -83,6 +83,42 @@ class Reconcile(_Model):
         return self.deletes != "report"
 
 
+def split_table_name(value: str) -> tuple[str, str]:
+    """`schema.table` or `table` (schema public) into its two names, each as it is (no case folding), or in
+    double quotes as SQL writes it (`"my.schema"."Weird Table"`, a quote doubled inside), which lets a name hold
+    a dot or a quote."""
+    parts: list[str] = []
+    rest = value
+    while True:
+        if rest.startswith('"'):
+            end, name = 1, []
+            while end < len(rest):
+                if rest[end] == '"' and rest[end + 1 : end + 2] == '"':
+                    name.append('"')
+                    end += 2
+                elif rest[end] == '"':
+                    break
+                else:
+                    name.append(rest[end])
+                    end += 1
+            else:
+                raise ValueError(f"unterminated quoted name in {value!r}")
+            parts.append("".join(name))
+            rest = rest[end + 1 :]
+        else:
+            name_end = rest.find(".") if "." in rest else len(rest)
+            parts.append(rest[:name_end])
+            rest = rest[name_end:]
+        if not rest:
+            break
+        if not rest.startswith(".") or len(parts) > 1:
+            raise ValueError(f"expected `schema.table` or `table` (a name may be double-quoted), got {value!r}")
+        rest = rest[1:]
+    if "" in parts or len(parts) > 2:
+        raise ValueError(f"expected `schema.table` or `table` (a name may be double-quoted), got {value!r}")
+    return ("public", parts[0]) if len(parts) == 1 else (parts[0], parts[1])
+
+
 class PostgresStream(_Model):
     table: str = Field(description="`schema.table` or `table` (schema public)")
     primary_key: list[str] = Field(min_length=1)
@@ -153,17 +189,16 @@ class PostgresStream(_Model):
     @field_validator("table")
     @classmethod
     def _table_shape(cls, value: str) -> str:
-        if not value or value.count(".") > 1 or "" in value.split("."):
-            raise ValueError(f"expected `schema.table` or `table`, got {value!r}")
+        split_table_name(value)  # raises ValueError with the form it expects
         return value
 
     @property
     def schema_name(self) -> str:
-        return self.table.split(".")[0] if "." in self.table else "public"
+        return split_table_name(self.table)[0]
 
     @property
     def table_name(self) -> str:
-        return self.table.split(".")[-1]
+        return split_table_name(self.table)[1]
 
 
 class Cdc(_Model):

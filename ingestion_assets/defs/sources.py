@@ -4,19 +4,27 @@ data comes from. Dagster does not materialize these; their metadata says what an
 
 from __future__ import annotations
 
+import hashlib
 import re
 from urllib.parse import urlsplit, urlunsplit
 
 import dagster as dg
 
 from ingestion_assets.catalog import Catalog, PostgresSource, PostgresStream, RestSource, RestStream
+from ingestion_assets.catalog.postgres import split_table_name
 
 SOURCE_PREFIX = "source"
 
 
 def table_key(source_name: str, table: str) -> dg.AssetKey:
-    schema, _, name = table.rpartition(".")
-    return dg.AssetKey([SOURCE_PREFIX, source_name, schema or "public", name])
+    """Dagster names allow only [A-Za-z0-9_]: a schema or table named otherwise (spaces, quotes, unicode) gets
+    that spelling plus a short hash of its real name, so two tables never share a key."""
+    return dg.AssetKey([SOURCE_PREFIX, source_name, *(_key_part(part) for part in split_table_name(table))])
+
+
+def _key_part(name: str) -> str:
+    plain = re.sub(r"[^A-Za-z0-9_]+", "_", name)
+    return plain if plain == name else f"{plain.strip('_') or 'x'}_{hashlib.sha256(name.encode()).hexdigest()[:6]}"
 
 
 def endpoint_key(source_name: str, path: str) -> dg.AssetKey:
