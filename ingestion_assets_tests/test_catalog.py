@@ -152,5 +152,5 @@ def test_a_table_name_may_be_written_as_sql_quotes_it() -> None:
     assert split_table_name('"my.schema"."a ""b"""') == ("my.schema", 'a "b"')
     assert split_table_name("Mixed Table") == ("public", "Mixed Table")  # unquoted names stay as written
     for bad in ("a.b.c", "a.", '"open', '"a"b'):
-        with pytest.raises(ValueError, match="schema.table|unterminated"):
+        with pytest.raises(ValueError, match=r"schema\.table|unterminated"):
             split_table_name(bad)

@@ -332,3 +332,17 @@ def test_after_a_wal_gap_a_reset_and_the_ranges_again_end_exact(cdc: StreamHarne
     for key in RANGES:  # each range also removes what the source deleted during the gap
         _run(harness, key)
     _assert_exact(harness)
+
+
+def test_a_cli_backfill_of_history_ranges_runs_them_in_one_run(cdc: StreamHarness) -> None:
+    """`dagster asset materialize --partition-range` over history ranges failed inside Dagster (CheckError):
+    the CDC asset now has a single-run backfill policy and copies each range of the run in turn."""
+    harness = cdc
+    harness.source.execute(TABLE)
+    _catalog(harness)
+    _run(harness, LIVE)  # creates the slot and plans the ranges
+    both = f"orders,{harness.source_name}/customers"  # materialize_cli puts the source before the first
+    harness.wait_ok(harness.materialize_cli(both, "--partition-range", f"{RANGES[0]}...{RANGES[-1]}"))
+    harness.source.execute("UPDATE orders SET status = 'after' WHERE id % 7 = 0")
+    _run(harness, LIVE)
+    _assert_exact(harness)

@@ -136,6 +136,7 @@ def _cdc_asset(
         check_specs=[dg.AssetCheckSpec(SLOT_HEALTH, asset=keys[0], description="the slot does not hoard WAL")],
         pool=f"ingest_{source_name}",
         partitions_def=history_partitions(source_name, source),
+        backfill_policy=dg.BackfillPolicy.single_run() if source.cdc.history_chunk is not None else None,
         retry_policy=dg.RetryPolicy(
             max_retries=source.cdc.retries.max_attempts - 1,
             delay=source.cdc.retries.delay_seconds,
@@ -144,12 +145,24 @@ def _cdc_asset(
         ),
     )
     def _asset(context: AssetExecutionContext) -> Iterator[Any]:
+        # A CLI backfill (`--partition-range`) of history ranges is one run: each range in turn, in order.
+        partitions = list(context.partition_keys) if context.has_partition_key_range else [None]
+        if context.has_partition_key and not context.has_partition_key_range:
+            partitions = [context.partition_key]
+        outcomes = [_run_partition(context, partition) for partition in partitions]
+        outcome = outcomes[-1]
+        for earlier in outcomes[:-1]:
+            for name, count in earlier.rows.items():
+                outcome.rows[name] = outcome.rows.get(name, 0) + count
+            outcome.dead_letters += earlier.dead_letters
+        yield from _results(source, keys, streams, outcome)
+
+    def _run_partition(context: AssetExecutionContext, partition: str | None) -> CdcOutcome:
         sync = cdc_sync(settings, catalog, source_name, source, streams, context.instance, context.log_event)
-        partition = context.partition_key if context.has_partition_key else None
         with Drain(source.cdc.drain_seconds, context.log) as drain:
             sync.stop, sync.log, sync.run_id = drain, context.log, context.run_id
             try:
-                outcome = sync.run(partition)
+                return sync.run(partition)
             except (CdcError, SlotError) as exc:  # each says whether a retry may help (another run holds the slot)
                 raise dg.Failure(description=str(exc), allow_retries=exc.transient) from exc
             except Exception as exc:
@@ -158,7 +171,6 @@ def _cdc_asset(
                 if failure is None:
                     raise
                 raise failure from exc
-        yield from _results(source, keys, streams, outcome)
 
     return _asset
 
