@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
@@ -21,6 +20,9 @@ from ingestion_assets.loading.destinations import target_names
 from ingestion_assets.sources.postgres.cdc import check_cdc, drop_slot
 from ingestion_assets.state.checkpoints import reset_checkpoint
 from ingestion_assets_tests.helpers import StreamHarness
+from ingestion_assets_tests.test_cdc_streams import cdc
+
+__all__ = ["cdc"]  # the fixture that drops the slot and publication a test leaves
 
 ORDERS = """
 CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL, amount numeric(12,2), note text);
@@ -31,15 +33,6 @@ CREATE TABLE customers (id int PRIMARY KEY, name text);
 INSERT INTO customers SELECT g, 'c' || g FROM generate_series(1, 200) g;
 """
 FAST = {"max_changes": 300, "max_seconds": 1, "max_batches_per_run": 50, "retries": {"max_attempts": 1}}
-
-
-@pytest.fixture
-def cdc(harness: StreamHarness) -> Iterator[StreamHarness]:
-    try:
-        yield harness
-    finally:
-        drop_slot(harness.source.url, f"ingest_{harness.source_name}")  # a slot left behind hoards WAL
-        harness.source.execute(f"DROP PUBLICATION IF EXISTS ingest_{harness.source_name}")
 
 
 def _catalog(harness: StreamHarness, streams: dict[str, dict[str, Any]], **cdc: Any) -> None:
@@ -72,7 +65,8 @@ def _drain(harness: StreamHarness) -> None:
     for _ in range(5):
         result = harness.materialize()
         if all(
-            m.metadata["rows read"].value == 0 for m in result.asset_materializations_for_node(f"{harness.source_name}__cdc")
+            m.metadata["rows read"].value == 0
+            for m in result.asset_materializations_for_node(f"{harness.source_name}__cdc")
         ):
             return
 
