@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+
 import dagster as dg
 
 from ingestion_assets.catalog import load_catalog
@@ -15,10 +18,23 @@ from ingestion_assets.defs.sources import source_specs
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.runs import release_dead_runs_on_this_machine
 
+_built: dict[tuple[Settings, str, str], dg.Definitions] = {}
+
 
 @dg.definitions
 def defs() -> dg.Definitions:
+    """Dagster loads the definitions several times in one process (six in a `dagster asset materialize`,
+    more in its step process): they are built once per process for one catalog text and instance."""
     settings = Settings.from_env()
+    text = settings.catalog_path.read_bytes() if settings.catalog_path.is_file() else b""
+    key = (settings, os.environ.get("DAGSTER_HOME", ""), hashlib.sha256(text).hexdigest())
+    if key not in _built:
+        _built.clear()
+        _built[key] = _build(settings)
+    return _built[key]
+
+
+def _build(settings: Settings) -> dg.Definitions:
     catalog = load_catalog(settings.catalog_path)
     release_dead_runs_on_this_machine(settings)  # a killed run's pool slots would block its source for good
     streams = [s for s in catalog_streams(settings, catalog) if not is_cdc(s)]

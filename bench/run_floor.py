@@ -1,0 +1,95 @@
+"""Benchmark: a no-change run of one stream against Dagster's floor, two whole processes side by side.
+
+Both are `dagster asset materialize` on the same instance: our stream with nothing new to read, and a
+trivial asset that returns at once. Rounds alternate so a noisy machine hits both alike. Usage:
+
+    .venv/bin/python bench/run_floor.py --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+WORK = Path(__file__).resolve().parent / ".work" / "floor"
+TRIVIAL = '''
+import dagster as dg
+
+
+@dg.asset(key=["floor", "trivial"])
+def trivial() -> None:
+    return None
+
+
+defs = dg.Definitions(assets=[trivial])
+'''
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rows", type=int, default=10_000)
+    args = parser.parse_args()
+    env = _prepare(args.rows)
+    stream = ["-m", "ingestion_assets.definitions", "--select", "floor/items"]
+    trivial = ["-f", str(WORK / "trivial_defs.py"), "--select", "floor/trivial"]
+    _materialize(stream, env)  # the first load, and the trivial asset's first run, are not measured
+    _materialize(trivial, env)
+    ours, floor = [], []
+    for _ in range(args.rounds):
+        ours.append(_materialize(stream, env))
+        floor.append(_materialize(trivial, env))
+    o, f = statistics.median(ours), statistics.median(floor)
+    print(f"no-change stream run  median {o:6.2f}s  (runs: {', '.join(f'{s:.2f}' for s in ours)})")
+    print(f"trivial asset run     median {f:6.2f}s  (runs: {', '.join(f'{s:.2f}' for s in floor)})")
+    print(f"ratio {o / f:.2f}x Dagster's floor (load average {os.getloadavg()[0]:.1f})")
+
+
+def _prepare(rows: int) -> dict[str, str]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import psycopg2
+
+    from ingestion_assets.settings import Settings
+    from ingestion_assets.stack.instance import bring_up
+
+    WORK.mkdir(parents=True, exist_ok=True)
+    settings = Settings(home=WORK / "home", catalog_path=WORK / "catalog.yaml")
+    bring_up(settings)
+    url = settings.embedded.ensure_database("floor")
+    with psycopg2.connect(url) as conn, conn.cursor() as cur:
+        cur.execute(
+            "DROP TABLE IF EXISTS floor_items; CREATE TABLE floor_items (id bigint PRIMARY KEY, name text,"
+            " updated_at timestamptz NOT NULL);"
+            " INSERT INTO floor_items SELECT g, 'item ' || g, timestamptz '2024-01-01' + g * interval '1 second'"
+            " FROM generate_series(1, %s) g",
+            (rows,),
+        )
+    (WORK / "source_url").write_text(url)
+    (WORK / "trivial_defs.py").write_text(TRIVIAL)
+    (WORK / "catalog.yaml").write_text(
+        "destination: {type: duckdb, path: " + str(WORK / "warehouse.duckdb") + "}\n"
+        "sources:\n  floor:\n    type: postgres\n    connection: {file: " + str(WORK / "source_url") + "}\n"
+        "    streams:\n      items: {table: public.floor_items, primary_key: id, cursor: updated_at}\n"
+    )
+    return {
+        **os.environ,
+        "INGEST_HOME": str(settings.home),
+        "INGEST_CATALOG": str(WORK / "catalog.yaml"),
+        "DAGSTER_HOME": str(settings.dagster_home),
+    }
+
+
+def _materialize(target: list[str], env: dict[str, str]) -> float:
+    dagster = str(Path(sys.executable).with_name("dagster"))
+    began = time.monotonic()
+    subprocess.run([dagster, "asset", "materialize", *target], env=env, check=True, capture_output=True, cwd=WORK)
+    return time.monotonic() - began
+
+
+if __name__ == "__main__":
+    main()
