@@ -90,6 +90,7 @@ class Loader:
     _append_only: bool = field(default=False, init=False)
     _unique_key_known: bool = field(default=False, init=False)  # PostgreSQL: the merge's unique index is there
     _bindings_known: bool = field(default=False, init=False)  # PostgreSQL: the bindings table is there
+    _sql_client: Any = field(default=None, init=False, repr=False)  # PostgreSQL: reused by postgres_load
 
     def __post_init__(self) -> None:
         self.names = target_names(self.destination)

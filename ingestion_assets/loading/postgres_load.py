@@ -49,7 +49,7 @@ def load_slice(loader: Loader, table: pa.Table | None, dead_letters: pa.Table | 
     held = contextlib.nullcontext() if mode == "merge" else loader._lock()
     marker = _next_marker(loader)
     loaded, parked_loaded = 0, None
-    client_scope = loader.pipeline.sql_client()
+    client_scope = _client(loader)
     with held, client_scope as client, client.begin_transaction(), client.native_connection.cursor() as cursor:
         if rows is not None:
             parked_loaded = _parked_that_load(loader, client, rows)
@@ -69,18 +69,18 @@ def _prepared(loader: Loader, rows: pa.Table | None, mode: str) -> list[str]:
     if rows is None and loader.bound is None:
         return []
     qualified = _qualified(loader)
-    with loader.pipeline.sql_client() as client, client.native_connection.cursor() as cursor:
+    with _client(loader) as client, client.native_connection.cursor() as cursor:
         columns = target_columns(cursor, qualified)
         ready = rows is None or (set(rows.column_names) <= set(columns) and loader._unique_key_known)
         if ready and (loader.bound is None or loader._bindings_known):
             return columns
     with loader._lock():
-        with loader.pipeline.sql_client() as client, client.native_connection.cursor() as cursor:
+        with _client(loader) as client, client.native_connection.cursor() as cursor:
             columns = target_columns(cursor, qualified)
         if rows is not None and not set(rows.column_names) <= set(columns):
             empty = dlt.resource([rows.slice(0, 0)], **loader._resource_hints("append"))
             loader.pipeline.run([empty], loader_file_format=LOADER_FILE_FORMAT)
-        with loader.pipeline.sql_client() as client, client.native_connection.cursor() as cursor:
+        with _client(loader) as client, client.native_connection.cursor() as cursor:
             columns = target_columns(cursor, qualified)
             if rows is not None and mode == "merge" and loader.key:
                 ensure_unique_key(cursor, qualified, loader.target.table, loader.key)
@@ -111,5 +111,13 @@ def _parked_that_load(loader: Loader, client: Any, rows: pa.Table) -> pa.Table |
     return check_keys(client, "postgres", loader.target.table, loader.key, candidates).rows
 
 
+def _client(loader: Loader) -> Any:
+    """One dlt SQL client per loader (each `with` opens its own connection): resolving dlt's configuration
+    for a new client costs more than the slice's merge statement on a small slice."""
+    if loader._sql_client is None:
+        loader._sql_client = loader.pipeline.sql_client()
+    return loader._sql_client
+
+
 def _qualified(loader: Loader) -> str:
-    return str(loader.pipeline.sql_client().make_qualified_table_name(loader.target.table))
+    return str(_client(loader).make_qualified_table_name(loader.target.table))
