@@ -46,7 +46,7 @@ def read_marker(client: Any, stream: str, partition: str | None) -> Marker | Non
 
 def write_marker(client: Any, stream: str, partition: str | None, marker: Marker) -> None:
     """Upsert the stream partition's row (the dataset exists: a load just went into it)."""
-    table = _ensure_table(client)
+    table = ensure_table(client)
     client.execute_sql(
         f"INSERT INTO {table} ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (stream, partition_key) "
         "DO UPDATE SET binding = excluded.binding, seq = excluded.seq, generation = excluded.generation, "
@@ -62,11 +62,11 @@ def write_marker(client: Any, stream: str, partition: str | None, marker: Marker
 
 def set_generation(client: Any, stream: str, generation: int) -> None:
     """A refresh swapped a new generation in (call inside the swap's transaction): the stream's rows say so."""
-    table = _ensure_table(client)
+    table = ensure_table(client)
     client.execute_sql(f"UPDATE {table} SET generation = %s WHERE stream = %s", generation, stream)
 
 
-def _ensure_table(client: Any) -> str:
+def ensure_table(client: Any) -> str:
     """Create the table if missing, without a failing statement (which would abort a PostgreSQL transaction)."""
     table = client.make_qualified_table_name(TABLE)
     client.execute_sql(

@@ -27,6 +27,7 @@ from ingestion_assets.loading.naming import TargetNames
 from ingestion_assets.loading.native_types import for_postgres
 from ingestion_assets.loading.parked import dead_letter_resource, delete_parked, parked_keys
 from ingestion_assets.loading.postgres_copy import LOADER_FILE_FORMAT as POSTGRES_FILE_FORMAT
+from ingestion_assets.loading.postgres_load import load_slice as load_postgres_slice
 from ingestion_assets.loading.relations import table_exists
 from ingestion_assets.loading.versions import check_keys
 from ingestion_assets.schema.changes import SchemaChange
@@ -87,6 +88,9 @@ class Loader:
     _pipeline: Any = field(default=None, init=False, repr=False)
     _loads: int = field(default=0, init=False)
     _append_only: bool = field(default=False, init=False)
+    _unique_key_known: bool = field(default=False, init=False)  # PostgreSQL: the merge's unique index is there
+    _bindings_known: bool = field(default=False, init=False)  # PostgreSQL: the bindings table is there
+    _sql_client: Any = field(default=None, init=False, repr=False)  # PostgreSQL: reused by postgres_load
 
     def __post_init__(self) -> None:
         self.names = target_names(self.destination)
@@ -161,6 +165,10 @@ class Loader:
         if self._append_only:
             disposition = "append"
         table = self._with_target_names(table) if table is not None and table.num_columns else None
+        if self.destination.type == "postgres" and self.max_table_nesting == 0:
+            loaded = load_postgres_slice(self, table, dead_letters, disposition)  # COPY + merge, no dlt load
+            self._loads += 1
+            return loaded
         if table is not None and self.destination.type == "postgres":
             table = for_postgres(table)
         with self._lock():

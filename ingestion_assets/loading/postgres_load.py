@@ -1,0 +1,123 @@
+"""Arrow slices into a PostgreSQL target without dlt's load step: dlt keeps the schema (CREATE and ALTER
+from its hints and native types), our COPY + merge moves the data (see postgres_merge.py)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import dlt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ingestion_assets.loading.bindings import Marker, ensure_table, write_marker
+from ingestion_assets.loading.dead_letters import record_keys
+from ingestion_assets.loading.metadata_columns import POSITION
+from ingestion_assets.loading.native_types import for_postgres
+from ingestion_assets.loading.parked import dead_letter_resource, parked_keys
+from ingestion_assets.loading.postgres_copy import LOADER_FILE_FORMAT
+from ingestion_assets.loading.postgres_merge import SliceWrite, ensure_unique_key, target_columns, write_slice
+from ingestion_assets.loading.versions import check_keys
+
+if TYPE_CHECKING:
+    from ingestion_assets.loading.pipeline import Loader
+
+
+def load_slice(loader: Loader, table: pa.Table | None, dead_letters: pa.Table | None, disposition: str) -> int:
+    """One slice (target names already applied) and its dead letters; returns the rows the target took.
+
+    Dead letters go first (through dlt: rare, and merged on their key, so a re-read never doubles them),
+    then the data and the bindings row commit together. A merge takes the writer lock only for schema work:
+    ON CONFLICT applies the version guard row by row, so key-range partitions of one table load at once.
+    """
+    if dead_letters is not None and dead_letters.num_rows:
+        with loader._lock():
+            loader.pipeline.run([dead_letter_resource(dead_letters)])
+        loader._parked_keys = None
+    rows = table if table is not None and table.num_rows else None
+    mode = disposition
+    columns = _prepared(loader, rows, mode)
+    write = SliceWrite(
+        table=_qualified(loader),
+        key=loader.key,
+        mode=mode,
+        guard=loader.guard_versions,
+        bytewise=rows is not None
+        and POSITION in rows.column_names
+        and pa.types.is_string(rows.schema.field(POSITION).type),
+    )
+    held = contextlib.nullcontext() if mode == "merge" else loader._lock()
+    marker = _next_marker(loader)
+    loaded, parked_loaded = 0, None
+    client_scope = _client(loader)
+    with held, client_scope as client, client.begin_transaction(), client.native_connection.cursor() as cursor:
+        if rows is not None:
+            parked_loaded = _parked_that_load(loader, client, rows)
+            loaded = write_slice(cursor, write, for_postgres(rows), columns)
+        if marker is not None:
+            write_marker(client, loader.stream_name, loader._bound_partition, marker)
+    if marker is not None:
+        loader.bound = marker
+    if parked_loaded is not None and parked_loaded.num_rows:
+        loader._release_parked(parked_loaded)
+    return loaded
+
+
+def _prepared(loader: Loader, rows: pa.Table | None, mode: str) -> list[str]:
+    """The target's columns once the slice's are all there: dlt creates or alters the table from an empty
+    slice with the same hints (native types, key) as a load; a merge target also gets its unique key."""
+    if rows is None and loader.bound is None:
+        return []
+    qualified = _qualified(loader)
+    with _client(loader) as client, client.native_connection.cursor() as cursor:
+        columns = target_columns(cursor, qualified)
+        ready = rows is None or (set(rows.column_names) <= set(columns) and loader._unique_key_known)
+        if ready and (loader.bound is None or loader._bindings_known):
+            return columns
+    with loader._lock():
+        with _client(loader) as client, client.native_connection.cursor() as cursor:
+            columns = target_columns(cursor, qualified)
+        if rows is not None and not set(rows.column_names) <= set(columns):
+            empty = dlt.resource([rows.slice(0, 0)], **loader._resource_hints("append"))
+            loader.pipeline.run([empty], loader_file_format=LOADER_FILE_FORMAT)
+        with _client(loader) as client, client.native_connection.cursor() as cursor:
+            columns = target_columns(cursor, qualified)
+            if rows is not None and mode == "merge" and loader.key:
+                ensure_unique_key(cursor, qualified, loader.target.table, loader.key)
+                loader._unique_key_known = True
+            if loader.bound is not None:
+                ensure_table(client)  # here, not in the slice's transaction: two first writers would collide
+                loader._bindings_known = True
+    return columns
+
+
+def _next_marker(loader: Loader) -> Marker | None:
+    if loader.bound is None:
+        return None
+    return Marker(loader.bound.binding, loader.bound.seq + 1, loader.bound.generation)
+
+
+def _parked_that_load(loader: Loader, client: Any, rows: pa.Table) -> pa.Table | None:
+    """The slice's rows whose key waits in the dead-letter table and that the target now takes (not stale):
+    they leave it after the commit. Asked only for those keys, inside the slice's transaction."""
+    if loader._parked_keys is None:
+        loader._parked_keys = parked_keys(loader.pipeline, loader.stream_name)
+    if not loader._parked_keys:
+        return None
+    keys = record_keys(rows, loader.key)
+    candidates = rows.filter(pc.is_in(keys, pa.array(sorted(loader._parked_keys))))
+    if not candidates.num_rows or not loader.guard_versions:
+        return candidates
+    return check_keys(client, "postgres", loader.target.table, loader.key, candidates).rows
+
+
+def _client(loader: Loader) -> Any:
+    """One dlt SQL client per loader (each `with` opens its own connection): resolving dlt's configuration
+    for a new client costs more than the slice's merge statement on a small slice."""
+    if loader._sql_client is None:
+        loader._sql_client = loader.pipeline.sql_client()
+    return loader._sql_client
+
+
+def _qualified(loader: Loader) -> str:
+    return str(_client(loader).make_qualified_table_name(loader.target.table))

@@ -1,0 +1,160 @@
+"""A slice into a PostgreSQL target in one transaction: COPY (CSV streamed from the Arrow batches) into a
+temporary staging table, then one set-based `INSERT … ON CONFLICT DO UPDATE` with the version guard.
+
+dlt's own load of the same slice writes CSV files, opens a load package, copies into its staging dataset and
+merges by DELETE + INSERT without an index: about a third of what COPY allows. Here the slice never touches
+disk, the merge is one statement driven by a unique index on the key, and the bindings row commits in the
+same transaction (see Loader.load), so a crash leaves the target before or after the slice, never between.
+ON CONFLICT rather than MERGE: under READ COMMITTED, two writers inserting one new key make MERGE fail with a
+unique violation, while ON CONFLICT waits for the other and then applies the guard to the committed row.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from ingestion_assets.loading.metadata_columns import POSITION
+
+STAGE = "_ingest_stage"
+_ROW = "_ingest_row"
+_CSV = pacsv.WriteOptions(include_header=False, batch_size=8192)
+
+
+@dataclass(frozen=True)
+class SliceWrite:
+    """What one slice does to its table: `append` COPYs straight in, `merge` goes through the stage."""
+
+    table: str  # qualified and quoted
+    key: tuple[str, ...]  # primary key columns, as the target names them
+    mode: str  # append | replace | merge
+    guard: bool = False  # keep the target's row where its version is newer (several writers)
+    bytewise: bool = False  # the version is text: compare it with COLLATE "C"
+
+
+class CsvStream:
+    """A file-like object COPY reads: CSV of one record batch at a time, so a slice is never held twice."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self._batches = iter(table.to_batches(max_chunksize=65536))
+        self._buffer = b""
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self._buffer) < size:
+            batch = next(self._batches, None)
+            if batch is None:
+                break
+            sink = pa.BufferOutputStream()
+            pacsv.write_csv(batch, sink, write_options=_CSV)
+            self._buffer += sink.getvalue().to_pybytes()
+        if size < 0:
+            size = len(self._buffer)
+        chunk, self._buffer = self._buffer[:size], self._buffer[size:]
+        return chunk
+
+
+def csv_ready(table: pa.Table) -> pa.Table:
+    """Timestamps with a time zone travel as UTC wall time (the transaction's TimeZone is UTC): Arrow's CSV
+    writer formats zoned timestamps ~40 times slower than naive ones (the bench table's two such columns
+    cost more than the rest of the slice)."""
+    for index, field in enumerate(table.schema):
+        if pa.types.is_timestamp(field.type) and field.type.tz is not None:
+            naive = pc.cast(table.column(index), pa.timestamp(field.type.unit))
+            table = table.set_column(index, field.name, naive)
+    return table
+
+
+def newest_per_key(table: pa.Table, key: tuple[str, ...]) -> pa.Table:
+    """One row per key: the highest `_ingest_position`, the later row of the slice on a tie (a log batch
+    holds an insert and its update at one commit position). ON CONFLICT may touch a row once per statement."""
+    if table.num_rows < 2 or table.group_by(list(key)).aggregate([]).num_rows == table.num_rows:
+        return table
+    numbered = table.append_column(_ROW, pa.array(range(table.num_rows), pa.int64()))
+    sort: list[tuple[str, ...]] = [(k, "ascending") for k in key]
+    if POSITION in table.column_names:
+        sort.append((POSITION, "ascending", "at_start"))  # no version: the oldest
+    order = pc.sort_indices(numbered, sort_keys=[*sort, (_ROW, "ascending")])
+    ordered = numbered.take(order)
+    last = None
+    for name in key:  # a row is its key's newest when the next row has another key
+        column = ordered.column(name)
+        differs = pc.not_equal(column.slice(0, len(column) - 1), column.slice(1))
+        last = differs if last is None else pc.or_(last, differs)
+    assert last is not None  # a primary key has a column
+    keep = pa.chunked_array([*pa.chunked_array(last).chunks, pa.array([True])], pa.bool_())
+    return ordered.filter(keep).drop_columns([_ROW])
+
+
+def write_slice(cursor: Any, write: SliceWrite, table: pa.Table, target_columns: list[str]) -> int:
+    """Run inside the caller's transaction; returns how many rows the target took (stale versions skipped)."""
+    cursor.execute("SET LOCAL TimeZone = 'UTC'")
+    columns = ", ".join(quote(name) for name in table.column_names)
+    if write.mode == "replace":
+        cursor.execute(f"TRUNCATE {write.table}")
+    if write.mode in ("append", "replace"):
+        cursor.copy_expert(_copy_sql(write.table, columns), CsvStream(csv_ready(table)), size=1 << 20)
+        return int(table.num_rows)
+    unique = newest_per_key(table, write.key)
+    cursor.execute("SET LOCAL work_mem = '256MB'")  # the stage's hash join and sort stay in memory
+    cursor.execute(f"CREATE TEMP TABLE {STAGE} (LIKE {write.table}) ON COMMIT DROP")
+    cursor.copy_expert(_copy_sql(STAGE, columns), CsvStream(csv_ready(unique)), size=1 << 20)
+    cursor.execute(upsert_sql(write, table.column_names, target_columns))
+    taken = int(cursor.rowcount)
+    return int(table.num_rows) - (int(unique.num_rows) - taken)
+
+
+def upsert_sql(write: SliceWrite, slice_columns: list[str], target_columns: list[str]) -> str:
+    """Every non-key column takes the incoming value, NULL where the slice lacks the column (a column the
+    source dropped): the row is replaced whole, as dlt's delete-and-insert merge did."""
+    columns = ", ".join(quote(name) for name in slice_columns)
+    updated = [c for c in target_columns if c not in write.key and not c.startswith("_dlt_")]
+    assignments = ", ".join(f"{quote(c)} = EXCLUDED.{quote(c)}" for c in updated)
+    action = f"DO UPDATE SET {assignments}" if assignments else "DO NOTHING"
+    statement = (
+        f"INSERT INTO {write.table} AS t ({columns}) SELECT {columns} FROM {STAGE} "
+        f"ON CONFLICT ({', '.join(quote(k) for k in write.key)}) {action}"
+    )
+    if write.guard and assignments and POSITION in target_columns:
+        # text versions (several cursor columns) order bytewise; see metadata_columns.sortable_text
+        collate = ' COLLATE "C"' if write.bytewise else ""
+        statement += f" WHERE (t.{POSITION}{collate} > EXCLUDED.{POSITION}{collate}) IS NOT TRUE"
+    return statement
+
+
+def _copy_sql(table: str, columns: str) -> str:
+    return f"COPY {table} ({columns}) FROM STDIN WITH (FORMAT CSV, NULL '', ENCODING 'utf-8')"
+
+
+def target_columns(cursor: Any, table: str) -> list[str]:
+    """The table's columns in order; empty when there is no such table (asked without a failing statement)."""
+    cursor.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped "
+        "ORDER BY attnum",
+        (table,),
+    )
+    return [str(row[0]) for row in cursor.fetchall()]
+
+
+def ensure_unique_key(cursor: Any, table: str, name: str, key: tuple[str, ...]) -> bool:
+    """ON CONFLICT needs a unique index on the key; dlt creates none. Made once per table: free on the empty
+    table dlt just created, one index build on a table an earlier version loaded. True if it was made."""
+    cursor.execute(
+        "SELECT 1 FROM pg_index i WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indisvalid "
+        "AND i.indpred IS NULL AND i.indexprs IS NULL AND (SELECT array_agg(a.attname::text ORDER BY a.attname) "
+        "FROM pg_attribute a WHERE a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)) = %s::text[]",
+        (table, sorted(key)),
+    )
+    if cursor.fetchone() is not None:
+        return False
+    index = quote(f"{name[:40]}_{zlib.crc32(name.encode()):08x}_ingest_key")
+    cursor.execute(f"CREATE UNIQUE INDEX IF NOT EXISTS {index} ON {table} ({', '.join(quote(k) for k in key)})")
+    return True
+
+
+def quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
