@@ -18,6 +18,7 @@ from ingestion_assets.sources.postgres.cdc import (
     read_changes,
     slot_health,
 )
+from ingestion_assets.sources.postgres.cdc.errors import DecodeTimeout
 from ingestion_assets_tests.cdc.sandbox import COLUMNS, Replica, Sandbox, confirmed_flush, prepare, read_all
 
 
@@ -168,3 +169,25 @@ def test_psycopg2_alone_would_acknowledge_on_idle_keepalives(sandbox: Sandbox) -
     finally:
         conn.close()
     assert confirmed_flush(sandbox) > before
+
+
+def test_a_transaction_that_decodes_longer_than_the_read_still_arrives(sandbox: Sandbox) -> None:
+    """Stopping at max_seconds with nothing received would decode the same WAL in every run, for ever."""
+    t = prepare(sandbox)
+    start = confirmed_flush(sandbox)
+    sandbox.execute(f"INSERT INTO {t} SELECT g, 'bulk' FROM generate_series(1, 100000) g")
+    batch = read_changes(sandbox.url, sandbox.slot, sandbox.publication, start, max_seconds=0.001)
+    assert [len(tx.changes) for tx in batch.transactions] == [100_000]
+    assert sorted(int(c.new_record()["id"]) for c in batch.changes) == list(range(1, 100_001))
+    idle = read_changes(sandbox.url, sandbox.slot, sandbox.publication, batch.end_lsn, max_seconds=0.001)
+    assert not idle.transactions and idle.end_lsn >= batch.end_lsn
+
+
+def test_a_read_that_cannot_wait_long_enough_says_where_and_what_to_change(sandbox: Sandbox) -> None:
+    t = prepare(sandbox)
+    start = confirmed_flush(sandbox)
+    sandbox.execute(f"INSERT INTO {t} SELECT g, 'bulk' FROM generate_series(1, 100000) g")
+    with pytest.raises(DecodeTimeout, match=r"takes longer to decode.*raise cdc\.max_seconds") as failure:
+        read_changes(sandbox.url, sandbox.slot, sandbox.publication, start, max_seconds=0.001, decode_wait_seconds=0.01)
+    assert failure.value.transient and sandbox.slot in str(failure.value)
+    assert confirmed_flush(sandbox) == start  # nothing acknowledged

@@ -31,6 +31,12 @@ class OpenTransactions(CdcError):
     transient = True
 
 
+class DecodeTimeout(CdcError):
+    """The server decoded longer than the read waits before anything arrived; a longer wait gets past it."""
+
+    transient = True
+
+
 class AcknowledgeTimeout(CdcError):
     """The server did not show the acknowledged position on the slot in time."""
 

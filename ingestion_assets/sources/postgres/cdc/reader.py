@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import psycopg2
@@ -9,7 +10,7 @@ from psycopg2.extensions import cursor as PgCursor
 
 from ingestion_assets.sources.postgres.cdc.assembler import TransactionAssembler
 from ingestion_assets.sources.postgres.cdc.changes import ChangeBatch
-from ingestion_assets.sources.postgres.cdc.errors import AcknowledgeTimeout, CdcError, SlotInUseError
+from ingestion_assets.sources.postgres.cdc.errors import AcknowledgeTimeout, CdcError, DecodeTimeout, SlotInUseError
 from ingestion_assets.sources.postgres.cdc.lsn import format_lsn, parse_lsn, to_lsn
 from ingestion_assets.sources.postgres.cdc.replication import (
     ReplicationStream,
@@ -19,7 +20,9 @@ from ingestion_assets.sources.postgres.cdc.replication import (
 from ingestion_assets.sources.postgres.cdc.slots import slot_row, wait_until_free
 from ingestion_assets.sources.postgres.reader import connect
 
+log = logging.getLogger(__name__)
 POLL_SECONDS = 0.5
+DECODE_WAIT_SECONDS = 600.0  # how long a read waits for the server to decode a transaction before anything arrives
 
 
 def read_changes(
@@ -34,6 +37,7 @@ def read_changes(
     streaming: bool = False,
     messages: bool = False,
     work_mem_kb: int | None = None,
+    decode_wait_seconds: float = DECODE_WAIT_SECONDS,
 ) -> ChangeBatch:
     """Whole transactions committed after `start_lsn` (the stored checkpoint; None: the slot's position).
 
@@ -45,6 +49,11 @@ def read_changes(
     With `streaming`, the server sends transactions bigger than logical_decoding_work_mem while they
     run; they are held here until they commit. Without it the server spills them to disk and sends
     them at commit, so memory here is the same either way: one batch.
+
+    A server that is still decoding when `max_seconds` have passed with nothing received (one transaction
+    bigger than it can decode in that time, even of a table not published) is waited for, up to
+    `decode_wait_seconds`: ending then would read the same WAL again in the next run and never get past it.
+    Beyond that it raises DecodeTimeout, naming the position and the setting.
     """
     if max_changes < 1 or max_seconds <= 0:
         raise ValueError(f"max_changes ({max_changes}) and max_seconds ({max_seconds}) must be positive")
@@ -57,11 +66,12 @@ def read_changes(
         start,
         streaming=streaming,
         messages=messages,
-        session_seconds=max_seconds,
+        session_seconds=max(max_seconds, decode_wait_seconds),
         work_mem_kb=work_mem_kb,
     )
     with stream:
-        caught_up = _consume(stream, assembler, max_changes, time.monotonic() + max_seconds, until_caught_up)
+        limits = _Limits(max_changes, max_seconds, decode_wait_seconds, until_caught_up)
+        caught_up = _consume(stream, assembler, limits)
         end = assembler.completed[-1].end_lsn if assembler.completed else start
         if assembler.idle:  # every transaction committing before wal_end was sent, and is in the batch
             end = max(end, stream.wal_end)
@@ -70,20 +80,58 @@ def read_changes(
     )
 
 
-def _consume(
-    stream: ReplicationStream, assembler: TransactionAssembler, max_changes: int, deadline: float, until_caught_up: bool
-) -> bool:
+class _Limits:
+    """When a read stops: its change count, its time, and how long it waits for a server still decoding."""
+
+    def __init__(self, max_changes: int, max_seconds: float, decode_wait: float, until_caught_up: bool) -> None:
+        self.max_changes, self.until_caught_up = max_changes, until_caught_up
+        self.started = time.monotonic()
+        self.deadline = self.started + max_seconds
+        self.decode_deadline = self.started + max(max_seconds, decode_wait)
+        self.said = False
+
+
+def _consume(stream: ReplicationStream, assembler: TransactionAssembler, limits: _Limits) -> bool:
     """Feed messages to the assembler until a limit; True if it stopped because it caught up."""
     while True:
-        item = stream.next(timeout=max(0.0, min(deadline - time.monotonic(), POLL_SECONDS)))
+        now = time.monotonic()
+        # Past the read's time, wait for what is still coming (an open transaction, a server decoding), not spin.
+        left = limits.deadline - now if now < limits.deadline else limits.decode_deadline - now
+        item = stream.next(timeout=min(left, POLL_SECONDS) if left > 0 else POLL_SECONDS)
         if item is not None:
             assembler.feed(item[1])
-        if assembler.change_count >= max_changes:
+        if assembler.change_count >= limits.max_changes:
             return False
-        if until_caught_up and assembler.idle and stream.wal_end >= stream.server_lsn:
+        if limits.until_caught_up and assembler.idle and stream.wal_end >= stream.server_lsn:
             return True
-        if time.monotonic() >= deadline and (assembler.completed or assembler.idle):
+        if time.monotonic() < limits.deadline or not (assembler.completed or assembler.idle):
+            continue
+        if assembler.completed or stream.wal_end >= stream.server_lsn or not _still_decoding(stream, limits):
             return False
+
+
+def _still_decoding(stream: ReplicationStream, limits: _Limits) -> bool:
+    """Nothing has arrived and the server has not reached the WAL position it had at the start: it is
+    decoding a transaction bigger than the read's time. Wait for it (a run that stopped here would decode
+    the same WAL next time, and again), up to the decode limit; then say where and what to change."""
+    now = time.monotonic()
+    if now >= limits.decode_deadline:
+        raise DecodeTimeout(
+            f"replication slot {stream.slot!r}: nothing arrived from {format_lsn(stream.start_lsn)} within "
+            f"{now - limits.started:.0f} s while the server's WAL reaches {format_lsn(stream.server_lsn)}: a "
+            "transaction there takes longer to decode (a bulk load or a table rewrite, even of a table not "
+            "published). Nothing was lost; raise cdc.max_seconds (or the read's decode wait) and run again"
+        )
+    if not limits.said:
+        limits.said = True
+        log.info(
+            "slot %s: the server is still decoding WAL after %s (up to %s); waiting up to %.0f s",
+            stream.slot,
+            format_lsn(stream.start_lsn),
+            format_lsn(stream.server_lsn),
+            limits.decode_deadline - now,
+        )
+    return True
 
 
 def acknowledge(url: str, slot: str, publication: str, lsn: int | str, timeout: float = 30.0) -> None:
