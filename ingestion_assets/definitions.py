@@ -10,6 +10,7 @@ import dagster as dg
 from ingestion_assets.catalog import load_catalog
 from ingestion_assets.defs.assets import catalog_streams, is_cdc, stream_asset
 from ingestion_assets.defs.cdc import build_cdc_assets
+from ingestion_assets.defs.freshness import cdc_freshness_checks, freshness_sensor, with_cdc_policies
 from ingestion_assets.defs.jobs import build_jobs
 from ingestion_assets.defs.metadata import known_column_schemas
 from ingestion_assets.defs.schedules import build_schedules
@@ -41,10 +42,12 @@ def _build(settings: Settings) -> dg.Definitions:
     columns = known_column_schemas(settings, [dg.AssetKey([s.source_name, s.name]) for s in streams])
     assets = [stream_asset(s, columns.get(dg.AssetKey([s.source_name, s.name]))) for s in streams]
     cdc_assets, cdc_sensors = build_cdc_assets(settings, catalog)
+    freshness = freshness_sensor(catalog)
     jobs = build_jobs(streams)
     return dg.Definitions(
-        assets=[*source_specs(catalog), *assets, *cdc_assets],
+        assets=[*source_specs(catalog), *assets, *with_cdc_policies(cdc_assets, catalog)],
+        asset_checks=cdc_freshness_checks(catalog),
         jobs=list(jobs.values()),
         schedules=build_schedules(streams, jobs),
-        sensors=[*build_sensors(streams), *cdc_sensors],
+        sensors=[*build_sensors(streams), *cdc_sensors, *([freshness] if freshness else [])],
     )

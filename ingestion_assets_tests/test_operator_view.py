@@ -3,12 +3,21 @@ source assets upstream, the source's job and the run's tags."""
 
 from __future__ import annotations
 
+import datetime as dt
+import random
+
 import dagster as dg
+import pyarrow as pa
 import pytest
 
+from ingestion_assets.catalog import Freshness
+from ingestion_assets.cli import main
 from ingestion_assets.definitions import defs
+from ingestion_assets.defs.freshness import FRESHNESS, evaluate_all
 from ingestion_assets.defs.metadata import COLUMN_SCHEMA, POSITION, ROW_COUNT, ROWS_READ, ROWS_WRITTEN, TABLE_NAME
 from ingestion_assets.defs.run_tags import GENERATION, MODE, SOURCE, _joined, _modes
+from ingestion_assets.observe.commit_latency import MEASURED_TO, CommitLatency, record_counts
+from ingestion_assets.observe.freshness import HIGHEST_MS, HISTOGRAM, empty, merged
 from ingestion_assets.state.summary import request_refresh
 from ingestion_assets_tests.helpers import META_COLUMNS, StreamHarness
 
@@ -100,3 +109,86 @@ def test_a_run_of_several_streams_names_every_source_and_mode() -> None:
     assert _joined(_joined(None, "shop"), "demo_api") == "demo_api,shop"
     assert _modes(_modes("incremental", "incremental"), "refresh") == "refresh"  # the launch tag gives way
     assert _modes("refresh", "backfill") == "backfill,refresh"
+
+
+def test_a_freshness_policy_is_shown_and_enforced_by_measured_latency(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness.source.execute(ORDERS)
+    spec = {"table": "orders", "primary_key": "id", "cursor": "updated_at", "freshness": {"max_lag": "1h"}}
+    harness.write_catalog({"orders": spec})
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    node = defs().resolve_asset_graph().get(harness.key("orders"))
+    assert node.freshness_policy == dg.FreshnessPolicy.time_window(fail_window=dt.timedelta(hours=1))
+
+    first = harness.materialize()  # the first load is history, not lag: nothing measured, the sync is fresh
+    assert HISTOGRAM not in _materialization(harness, first).metadata
+    (check,) = [c for c in first.get_asset_check_evaluations() if c.check_name == FRESHNESS]
+    assert check.passed
+
+    harness.source.execute("INSERT INTO orders SELECT g, 'n', 1, 'new', now() FROM generate_series(1501, 1540) g")
+    second = harness.materialize()
+    metadata = _materialization(harness, second).metadata
+    assert merged([str(metadata[HISTOGRAM].value)]).get_total_count() == 40  # only the new rows
+    assert 0 < metadata["freshness p50 ms"].value <= metadata["freshness p99 ms"].value < 600_000
+    assert [c.passed for c in second.get_asset_check_evaluations() if c.check_name == FRESHNESS] == [True]
+
+    harness.source.execute(  # committed now, stamped two hours ago: it reached the target two hours late
+        "INSERT INTO orders SELECT g, 'n', 1, 'new', now() - interval '2 hours' FROM generate_series(1541, 1545) g;"
+        "UPDATE orders SET updated_at = now() WHERE id = 1501"
+    )
+    third = harness.materialize()
+    metadata = _materialization(harness, third).metadata
+    histogram = merged([str(metadata[HISTOGRAM].value)])
+    assert histogram.get_total_count() == 1  # the rows stamped before the last measured time are not lag
+    (latest_check,) = [c for c in third.get_asset_check_evaluations() if c.check_name == FRESHNESS]
+    assert latest_check.passed  # 1501 was fresh; the late ones are below the measured time and cannot be told apart
+
+    policies = {harness.key("orders"): Freshness(max_lag=dt.timedelta(seconds=1))}
+    assert evaluate_all(harness.instance, policies) == [f"{harness.source_name}.orders"]  # the sensor's step
+    latest = harness.instance.event_log_storage.get_latest_asset_check_execution_by_key(
+        [dg.AssetCheckKey(harness.key("orders"), FRESHNESS)]
+    )
+    assert [r.status.value for r in latest.values()] == ["FAILED"]
+    assert evaluate_all(harness.instance, policies) == []  # recorded only when the verdict changes
+
+    harness.write_catalog({"orders": {**spec, "freshness": {"max_lag": "1s"}}})
+    assert main(["status"]) == 1  # `ingest status` names the stream that fell behind its max_lag
+    assert f"{harness.source_name}.orders: stale:" in capsys.readouterr().err
+
+
+def test_commit_latency_of_records_and_tables_in_hdr_buckets() -> None:
+    now = dt.datetime.now(dt.UTC)
+    floor = now - dt.timedelta(hours=3)
+    latency = CommitLatency("updated_at", floor)
+    records = [{"updated_at": (now - dt.timedelta(seconds=s)).isoformat()} for s in (1, 2, 3)]
+    records += [{"updated_at": "2020-01-01T00:00:00Z"}, {"updated_at": "2099-01-01T00:00:00"}, {"updated_at": 5}]
+    latency.observe(records, now)  # an old time (measured before), a local time and a number are not counted
+    table = pa.table(
+        {"updated_at": pa.array([now - dt.timedelta(minutes=m) for m in (10, 20)], pa.timestamp("us", "UTC"))}
+    )
+    latency.observe(table, now)
+    assert latency.histogram.get_total_count() == 5
+    assert abs(latency.histogram.get_value_at_percentile(100) - 1_200_000) <= 1_200_000 / 1000
+    details: dict[str, object] = {}
+    latency.finish(details, {})
+    assert details[MEASURED_TO] == (now - dt.timedelta(seconds=1)).isoformat()
+
+    rng = random.Random(7)
+    values = [min(max(int(rng.lognormvariate(8, 3)), 1), HIGHEST_MS) for _ in range(20_000)]
+    bulk, one_by_one = empty(), empty()
+    record_counts(bulk, pa.array(values))
+    for value in values:
+        one_by_one.record_value(value)
+    assert [bulk.get_value_at_percentile(p) for p in (50, 95, 99, 99.9)] == [
+        one_by_one.get_value_at_percentile(p) for p in (50, 95, 99, 99.9)
+    ]
+
+
+def test_freshness_in_the_catalog() -> None:
+    assert Freshness.model_validate({"max_lag": "15m"}).max_lag == dt.timedelta(minutes=15)
+    assert Freshness.model_validate({"max_lag": 90, "warn_lag": "1m"}).warn_lag == dt.timedelta(minutes=1)
+    for bad in ({"max_lag": "0s"}, {"max_lag": "1h", "warn_lag": "2h"}, {"max_lag": "soon"}):
+        with pytest.raises(ValueError):
+            Freshness.model_validate(bad)

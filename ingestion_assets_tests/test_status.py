@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from ingestion_assets.cli import main
+from ingestion_assets.definitions import defs
 from ingestion_assets.observe.freshness import encode, merged, percentiles, record
 from ingestion_assets.sources.postgres.cdc import drop_slot
 from ingestion_assets_tests.helpers import StreamHarness
@@ -57,10 +58,21 @@ def test_status_names_a_lagging_cdc_source_and_exits_non_zero(
     assert f"{stream}: lagging: the slot retains" in captured.err
 
     harness.materialize()  # applies the changes: each one's commit-to-target latency lands in the histogram
+    event = harness.instance.get_latest_materialization_event(harness.key("orders"))
+    metadata = event.asset_materialization.metadata if event and event.asset_materialization else {}
+    assert isinstance(metadata["seconds"].value, float) and metadata["seconds"].value > 0  # CDC runs say it too
     main(["status", "--json"])
     (line,) = json.loads(capsys.readouterr().out)
     assert line["rows_in_target"] == 200 + 3001 and set(line["freshness"]) == {"p50", "p95", "p99"}
     assert 0 < line["freshness"]["p50"] <= line["freshness"]["p99"] < 600_000
+
+    cdc_spec = {"table": "orders", "primary_key": "id", "freshness": {"max_lag": "1h"}}
+    harness.write_catalog({"orders": cdc_spec}, mode="cdc", cdc={"max_retained_wal_mb": 1, "max_seconds": 2})
+    definitions = defs()  # the source's job: its slot, then the freshness check of its streams (a check of its own)
+    assert definitions.resolve_asset_graph().get(harness.key("orders")).freshness_policy is not None
+    result = definitions.resolve_job_def(f"{harness.source_name}__job").execute_in_process(instance=harness.instance)
+    (check,) = [c for c in result.get_asset_check_evaluations() if c.check_name == "freshness"]
+    assert check.passed and check.metadata["seconds since the last sync"].value < 600
 
 
 def test_freshness_histograms_of_runs_merge_exactly() -> None:

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from ingestion_assets.catalog.base import DeadLetters, Reference, Retries, _Model
+from ingestion_assets.catalog.base import DeadLetters, Freshness, Reference, Retries, _Model
 from ingestion_assets.catalog.postgres import KeyPartitions, PostgresSource, PostgresStream, Reconcile, TimePartitions
 from ingestion_assets.catalog.rest import RestAuth, RestSource, RestStream
 
@@ -21,6 +21,7 @@ __all__ = [
     "CatalogError",
     "DeadLetters",
     "Destination",
+    "Freshness",
     "KeyPartitions",
     "PostgresSource",
     "PostgresStream",

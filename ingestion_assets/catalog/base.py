@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Model(BaseModel):
@@ -67,3 +69,32 @@ class DeadLetters(_Model):
     max_share: Annotated[float, Field(ge=0, le=1)] = Field(0.05, description="stop above this share of a run's rows")
     min_rows: Annotated[int, Field(ge=0)] = Field(1000, description="the share applies once a run read this many")
     max_value_bytes: Annotated[int, Field(gt=0)] = Field(16 << 20, description="text, JSON or bytes above: bad value")
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def as_duration(value: Any) -> Any:
+    """`90s`, `15m`, `2h`, `1d` (or a number of seconds) as a timedelta; anything else is left to pydantic."""
+    if isinstance(value, str) and (found := _DURATION.match(value)):
+        return dt.timedelta(seconds=float(found.group(1)) * _UNIT_SECONDS[found.group(2)])
+    return value
+
+
+class Freshness(_Model):
+    """How far behind its source a stream may fall: shown by Dagster as the asset's freshness policy, enforced
+    by the `freshness` check (the last sync and the rows' commit-to-target latency, both within `max_lag`)."""
+
+    max_lag: dt.timedelta = Field(description="`15m`, `2h`, `1d` or seconds: beyond it the stream is stale")
+    warn_lag: dt.timedelta | None = Field(None, description="beyond it (and within max_lag) a warning")
+
+    _durations = field_validator("max_lag", "warn_lag", mode="before")(as_duration)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Freshness:
+        if self.max_lag <= dt.timedelta(0):
+            raise ValueError("max_lag must be positive, e.g. `15m`")
+        if self.warn_lag is not None and not dt.timedelta(0) < self.warn_lag < self.max_lag:
+            raise ValueError("warn_lag must be positive and below max_lag")
+        return self

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ingestion_assets.catalog.base import DeadLetters, Reference, Retries, _Model, as_list, valid_cron
+from ingestion_assets.catalog.base import DeadLetters, Freshness, Reference, Retries, _Model, as_list, valid_cron
 
 
 class TimePartitions(_Model):
@@ -155,6 +155,7 @@ class PostgresStream(_Model):
         "hard", description="cdc: delete the row, or keep it with _ingest_deleted_at"
     )
     truncate: Literal["apply", "refuse"] = Field("refuse", description="cdc: empty the target on TRUNCATE, or stop")
+    freshness: Freshness | None = Field(None, description="{max_lag, warn_lag}: how stale the stream may be")
 
     _listify = field_validator("primary_key", "cursor", mode="before")(as_list)
 

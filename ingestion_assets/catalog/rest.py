@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ingestion_assets.catalog.base import DeadLetters, Reference, Retries, _Model, as_list, valid_cron
+from ingestion_assets.catalog.base import DeadLetters, Freshness, Reference, Retries, _Model, as_list, valid_cron
 
 
 class RestAuth(_Model):
@@ -129,6 +129,7 @@ class RestStream(_Model):
     dead_letters: DeadLetters = Field(default_factory=lambda: DeadLetters())
     drain_seconds: Annotated[float, Field(gt=0)] = 60.0
     deletes: RestDeletes | None = None
+    freshness: Freshness | None = Field(None, description="{max_lag, warn_lag}: how stale the stream may be")
 
     _listify = field_validator("primary_key", mode="before")(as_list)
 

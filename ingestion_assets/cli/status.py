@@ -1,6 +1,6 @@
 """`ingest status`: one line per stream (status, rows in target, last run, lag, freshness, dead letters,
 position); `--json` for scripts; exit 1 when a stream needs attention (a failed run or check, never synced,
-a CDC slot over its WAL limit)."""
+a CDC slot over its WAL limit, a stream older than its `freshness.max_lag`)."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from dagster import AssetExecutionContext
 from ingestion_assets.catalog import Catalog, KeyPartitions, PostgresSource, PostgresStream, RestSource, RestStream
 from ingestion_assets.defs.checks import DEAD_LETTERS, SCHEMA, check_results, check_specs, failed_check
 from ingestion_assets.defs.failures import permanent_failure
+from ingestion_assets.defs.freshness import freshness_policy
 from ingestion_assets.defs.metadata import definition_metadata, run_metadata
 from ingestion_assets.defs.partitions import partitions_def
 from ingestion_assets.defs.run_tags import mark_run
@@ -70,7 +71,8 @@ def stream_asset(stream: Stream, columns: dg.TableSchema | None = None) -> dg.As
         tags={"ingest/source": stream.source_name},
         partitions_def=partitions,
         backfill_policy=_backfill_policy(stream),
-        check_specs=check_specs(dg.AssetKey([stream.source_name, stream.name]), reconciles),
+        check_specs=check_specs(dg.AssetKey([stream.source_name, stream.name]), reconciles, spec.freshness),
+        freshness_policy=freshness_policy(spec.freshness),
         retry_policy=dg.RetryPolicy(
             max_retries=retries.max_attempts - 1,
             delay=retries.delay_seconds,
@@ -113,7 +115,7 @@ def stream_asset(stream: Stream, columns: dg.TableSchema | None = None) -> dg.As
                 )
         mark_run(context, stream.source_name, key_ranges=_key_ranged(spec), outcomes=outcomes)
         return dg.MaterializeResult(
-            metadata=run_metadata(stream, outcomes), check_results=check_results(outcomes, reconciles)
+            metadata=run_metadata(stream, outcomes), check_results=check_results(outcomes, reconciles, spec.freshness)
         )
 
     return _asset

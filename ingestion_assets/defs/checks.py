@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import dagster as dg
 
+from ingestion_assets.catalog import Freshness
+from ingestion_assets.defs.freshness import DESCRIPTION as FRESHNESS_DESCRIPTION
+from ingestion_assets.defs.freshness import FRESHNESS, run_result
+from ingestion_assets.defs.metadata import run_histogram
+from ingestion_assets.observe.freshness import percentiles
 from ingestion_assets.streams.runner import PartitionOutcome
 
 SCHEMA = "schema"
@@ -15,21 +20,32 @@ DESCRIPTIONS = {
     DEAD_LETTERS: "rows that could not load are parked, not lost",
     RECONCILIATION: "every source row up to the checkpoint is in the target at its version; no row the source deleted "
     "is left unreported",
+    FRESHNESS: FRESHNESS_DESCRIPTION,
 }
 
 
-def check_names(reconciles: bool) -> tuple[str, ...]:
-    return (SCHEMA, DEAD_LETTERS, RECONCILIATION) if reconciles else (SCHEMA, DEAD_LETTERS)
+def check_names(reconciles: bool, freshness: Freshness | None = None) -> tuple[str, ...]:
+    names = (SCHEMA, DEAD_LETTERS, RECONCILIATION) if reconciles else (SCHEMA, DEAD_LETTERS)
+    return (*names, FRESHNESS) if freshness is not None else names
 
 
-def check_specs(key: dg.AssetKey, reconciles: bool) -> list[dg.AssetCheckSpec]:
-    return [dg.AssetCheckSpec(name, asset=key, description=DESCRIPTIONS[name]) for name in check_names(reconciles)]
+def check_specs(key: dg.AssetKey, reconciles: bool, freshness: Freshness | None = None) -> list[dg.AssetCheckSpec]:
+    return [
+        dg.AssetCheckSpec(name, asset=key, description=DESCRIPTIONS[name])
+        for name in check_names(reconciles, freshness)
+    ]
 
 
-def check_results(outcomes: list[PartitionOutcome], reconciles: bool) -> list[dg.AssetCheckResult]:
+def check_results(
+    outcomes: list[PartitionOutcome], reconciles: bool, freshness: Freshness | None = None
+) -> list[dg.AssetCheckResult]:
     """One result per declared check, always: Dagster expects every check a MaterializeResult can carry."""
     builders = {SCHEMA: _schema, DEAD_LETTERS: _dead_letters, RECONCILIATION: _reconciliation}
-    return [builders[name](outcomes) for name in check_names(reconciles)]
+    results = [builders[name](outcomes) for name in check_names(reconciles)]
+    if freshness is not None:
+        p99 = percentiles(run_histogram(outcomes)).get("p99")
+        results.append(run_result(freshness, p99))
+    return results
 
 
 def _schema(outcomes: list[PartitionOutcome]) -> dg.AssetCheckResult:

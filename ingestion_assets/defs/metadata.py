@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,11 @@ import dagster as dg
 import duckdb
 import psycopg2
 from dagster._core.errors import DagsterError
+from hdrh.histogram import HdrHistogram
 from sqlalchemy.exc import SQLAlchemyError
 
 from ingestion_assets.catalog import PostgresSource, RestStream
+from ingestion_assets.observe.freshness import HISTOGRAM, histogram_metadata, merged
 from ingestion_assets.observe.target import TargetTableFacts, read_target
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import checkpoint_metadata
@@ -30,6 +33,7 @@ POSITION = "position"
 ROWS_READ = "rows read"
 ROWS_WRITTEN = "rows written"
 SUMMARY = "summary"
+SECONDS = "seconds"
 NO_CHANGES = "no changes"
 
 
@@ -87,17 +91,40 @@ def column_schema(facts: TargetTableFacts, primary_key: list[str]) -> dg.TableSc
     )
 
 
-def target_metadata(stream: Stream) -> dict[str, Any]:
+def target_metadata(stream: Stream, step_timing: bool = True) -> dict[str, Any]:
     """Row count and column schema of the stream's target table as it is after the run; nothing (and a
-    warning) when the destination cannot be asked: the run's data is committed either way."""
+    warning) when the destination cannot be asked: the run's data is committed either way. With
+    `step_timing` (what a CDC run's materializations use), also `seconds`: how long the step has run."""
+    figures: dict[str, Any] = {}
+    seconds = step_seconds() if step_timing else None
+    if seconds is not None:
+        figures[SECONDS] = seconds
     try:
         facts = read_target(stream.settings, stream.destination, stream.source_name, stream.name)
     except (duckdb.Error, psycopg2.Error, OSError) as exc:
         log.warning("%s: could not count the target table for the asset's metadata: %s", stream.qualified_name, exc)
-        return {}
+        return figures
     if not facts.exists:
-        return {}
-    return {ROW_COUNT: facts.rows, COLUMN_SCHEMA: column_schema(facts, list(stream.spec.primary_key))}
+        return figures
+    return {**figures, ROW_COUNT: facts.rows, COLUMN_SCHEMA: column_schema(facts, list(stream.spec.primary_key))}
+
+
+def step_seconds() -> float | None:
+    """Seconds since the current Dagster step started (its latest start or restart event); None outside one."""
+    try:
+        context = dg.AssetExecutionContext.get()
+    except DagsterError:
+        return None
+    if context is None:
+        return None
+    step = context.get_step_execution_context().step.key
+    starts = [
+        record.event_log_entry.timestamp
+        for kind in (dg.DagsterEventType.STEP_START, dg.DagsterEventType.STEP_RESTARTED)
+        for record in context.instance.get_records_for_run(context.run_id, of_type=kind).records
+        if record.event_log_entry.step_key == step
+    ]
+    return round(time.time() - max(starts), 3) if starts else None
 
 
 def run_metadata(stream: Stream, outcomes: list[PartitionOutcome]) -> dict[str, Any]:
@@ -110,11 +137,12 @@ def run_metadata(stream: Stream, outcomes: list[PartitionOutcome]) -> dict[str, 
         ROWS_WRITTEN: written,
         "dead letters": sum(o.result.dead_letters for o in outcomes),
         "slices": sum(o.result.slices for o in outcomes),
-        "seconds": round(seconds, 3),
+        SECONDS: round(seconds, 3),
         "rows per second": round(read / seconds) if seconds > 0 else 0,
         "mode": ", ".join(sorted({o.mode for o in outcomes})),
-        **target_metadata(stream),
+        **target_metadata(stream, step_timing=False),
         **_http_figures(outcomes),
+        **histogram_metadata(run_histogram(outcomes)),
     }
     notes = [o.result.note for o in outcomes if o.result.note]
     if notes:
@@ -149,11 +177,17 @@ def _summary(stream: Stream, outcomes: list[PartitionOutcome], read: int, writte
     return f"{', '.join(sorted({o.mode for o in outcomes}))} of {where}: {read:,} rows read, {written:,} written"
 
 
+def run_histogram(outcomes: list[PartitionOutcome]) -> HdrHistogram:
+    """The commit-to-target latencies of every partition the run read, in one histogram (exact merge)."""
+    return merged(str(o.result.figures[HISTOGRAM]) for o in outcomes if HISTOGRAM in o.result.figures)
+
+
 def _http_figures(outcomes: list[PartitionOutcome]) -> dict[str, Any]:
     totals: dict[str, Any] = {}
     for outcome in outcomes:
         for name, value in outcome.result.figures.items():
-            totals[name] = totals.get(name, 0) + value
+            if name != HISTOGRAM:
+                totals[name] = totals.get(name, 0) + value
     return {name: round(value, 3) if isinstance(value, float) else value for name, value in totals.items()}
 
 

@@ -49,7 +49,13 @@ def freshness_metadata(latencies_ms: list[float]) -> dict[str, float | str]:
     """The run's metadata: the encoded histogram and p50/p95/p99 as numbers (Dagster plots them over runs)."""
     if not latencies_ms:
         return {}
-    histogram = record(latencies_ms)
+    return histogram_metadata(record(latencies_ms))
+
+
+def histogram_metadata(histogram: HdrHistogram) -> dict[str, float | str]:
+    """`freshness p50 ms` / `p95` / `p99` and the encoded histogram; empty when nothing was recorded."""
+    if histogram.get_total_count() == 0:
+        return {}
     figures: dict[str, float | str] = {f"freshness {name} ms": value for name, value in percentiles(histogram).items()}
     figures[HISTOGRAM] = encode(histogram)
     return figures

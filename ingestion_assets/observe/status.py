@@ -15,6 +15,7 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 from ingestion_assets.catalog import Catalog, PostgresSource
 from ingestion_assets.defs.cdc import SLOT_HEALTH
 from ingestion_assets.defs.checks import DEAD_LETTERS, RECONCILIATION, SCHEMA
+from ingestion_assets.defs.freshness import FRESHNESS, stored_evaluation
 from ingestion_assets.observe.freshness import HISTOGRAM, merged, percentiles
 from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
@@ -22,8 +23,9 @@ from ingestion_assets.state.checkpoints import latest_checkpoint
 from ingestion_assets.state.summary import partitions_with_state
 
 OK, FAILED, NEVER, LAGGING, RUNNING, CHECK = "ok", "failed", "never synced", "lagging", "running", "check failed"
-ATTENTION = (FAILED, NEVER, LAGGING, CHECK)
-CHECK_NAMES = (SCHEMA, DEAD_LETTERS, RECONCILIATION, SLOT_HEALTH)
+STALE = "stale"  # older than the stream's `freshness.max_lag`
+ATTENTION = (FAILED, NEVER, LAGGING, CHECK, STALE)
+CHECK_NAMES = (SCHEMA, DEAD_LETTERS, RECONCILIATION, SLOT_HEALTH, FRESHNESS)
 FRESHNESS_RUNS = 20  # materializations whose freshness histograms `ingest status` merges
 
 
@@ -79,6 +81,10 @@ def stream_statuses(settings: Settings, catalog: Catalog, instance: dg.DagsterIn
         status = _status(instance, key, f"{source_name}.{stream_name}", now, slots.get(source_name))
         if getattr(spec, "partitions", None) is not None:
             status = replace(status, partitions=_partition_lines(instance, key, now))
+        if spec.freshness is not None and status.status in (OK, CHECK):
+            fresh = stored_evaluation(instance, key, spec.freshness)
+            if not fresh.passed and fresh.severity == dg.AssetCheckSeverity.ERROR:
+                status = replace(status, status=STALE, detail=f"{fresh.metadata['reason'].value}, over its max_lag")
         found.append(status)
     return found
 

@@ -12,6 +12,7 @@ from ingestion_assets.catalog import Destination, PostgresSource, PostgresStream
 from ingestion_assets.loading.dead_letters import dead_letter_limit, split_bad_rows
 from ingestion_assets.loading.metadata_columns import with_metadata
 from ingestion_assets.loading.pipeline import Loader, TargetTable, pipeline_name
+from ingestion_assets.observe.commit_latency import CommitLatency
 from ingestion_assets.partitions import UnknownPartition, window_for
 from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
@@ -144,6 +145,7 @@ class PostgresTableStream:
         if after is None and window is None and loader.use_initial_load_path() and options.log is not None:
             options.log.info("%s: empty target, first full read: loading slices by append", self.qualified_name)
         ordering = [c.name for c in plan.ordering]
+        latency = CommitLatency.for_stream(self.spec.cursor[0] if len(self.spec.cursor) == 1 else None, options.stored)
 
         def load(piece: Slice) -> SliceOutcome:
             split = split_bad_rows(
@@ -158,6 +160,7 @@ class PostgresTableStream:
             now = dt.datetime.now(dt.UTC)
             rows = with_metadata(split.rows, self.spec.cursor, now, options.target.generation, meta=split.meta)
             loaded = loader.load(rows, dead_letters=split.dead)
+            latency.observe(split.rows, dt.datetime.now(dt.UTC))  # committed: the load returned
             return SliceOutcome(loaded=loaded, dead_letters=split.dead_count, nulled=split.nulled)
 
         guard = None
@@ -180,6 +183,7 @@ class PostgresTableStream:
             after_commit=lambda result: dead_letter_limit(self.qualified_name, self.spec.dead_letters, result),
             read_ahead=options.read_ahead,
         )
+        latency.finish(result.details, result.figures)
         if guard is not None:
             result.details[PROBES], result.note = guard.probes, guard.note
         if result.slices == 0:

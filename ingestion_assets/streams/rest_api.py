@@ -24,6 +24,7 @@ from ingestion_assets.loading.metadata_columns import (
     version_text,
 )
 from ingestion_assets.loading.pipeline import Loader, TargetTable, pipeline_name
+from ingestion_assets.observe.commit_latency import CommitLatency
 from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.rest import (
@@ -128,11 +129,13 @@ class RestApiStream:
         client = self.client()
         slices = self._slices(client, after, read_ahead=options.read_ahead > 0)
         schema = options.schema if isinstance(options.schema, ApiSchemaStep) else api_schema_step(self, {})
+        latency = CommitLatency.for_stream(self.spec.cursor, options.stored)
 
         def load(piece: Slice) -> SliceOutcome:
             good, dead = self._split(piece.table, options)  # this source's slices hold records, not Arrow
             good = schema.settle(good, loader)  # a change the policy pauses on stops before this slice loads
             loaded = load_slice(loader, good, dead, self.spec.deletes)
+            latency.observe(good, dt.datetime.now(dt.UTC))  # committed: the load returned
             return SliceOutcome(loaded=loaded, dead_letters=0 if dead is None else dead.num_rows)
 
         # Reading ahead, the loads run below the page reader's CPU priority (the simulation keeps one thread).
@@ -151,6 +154,7 @@ class RestApiStream:
                     read_ahead=0,  # pages are read ahead instead (below): a slice forms when the loader is free
                 )
             result.figures = client.figures.as_metadata()
+            latency.finish(result.details, result.figures)
             return result
         finally:
             slices.close()  # stops the page reader before its client closes

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from ingestion_assets.errors import classify
 from ingestion_assets.loading.pipeline import Loader
+from ingestion_assets.observe.commit_latency import MEASURED_TO
 from ingestion_assets.state.model import Checkpoint
 from ingestion_assets.streams.late_commits import PROBES
 from ingestion_assets.streams.postgres_table import PostgresTableStream, RunOptions, Target
@@ -30,9 +31,10 @@ from ingestion_assets.streams.target_binding import TARGET, binding_details, set
 from ingestion_assets.sync import Faults, SyncResult
 
 ERROR_CHARS = 400
-CARRIED = (
+CARRIED: tuple[str, ...] = (
     "generation", "refresh", "refresh_requested", "complete", "schema", "schema_accepted", TARGET, PROBES, RECONCILED_AT
 )
+CARRIED = (*CARRIED, MEASURED_TO)  # how far the stream's commit-to-target latency was measured
 
 
 class StateStore(Protocol):
