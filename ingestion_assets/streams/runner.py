@@ -19,6 +19,8 @@ from typing import Any, Protocol
 from ingestion_assets.errors import classify
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.state.model import Checkpoint
+from ingestion_assets.streams.files import FileSourceStream
+from ingestion_assets.streams.files_schema import files_schema_step
 from ingestion_assets.streams.late_commits import PROBES
 from ingestion_assets.streams.postgres_table import PostgresTableStream, RunOptions, Target
 from ingestion_assets.streams.reconcile import RECONCILED_AT, Reconciliation, carried_details, reconcile_run
@@ -31,7 +33,15 @@ from ingestion_assets.sync import Faults, SyncResult
 
 ERROR_CHARS = 400
 CARRIED = (
-    "generation", "refresh", "refresh_requested", "complete", "schema", "schema_accepted", TARGET, PROBES, RECONCILED_AT
+    "generation",
+    "refresh",
+    "refresh_requested",
+    "complete",
+    "schema",
+    "schema_accepted",
+    TARGET,
+    PROBES,
+    RECONCILED_AT,
 )
 
 
@@ -88,7 +98,7 @@ class _Sink:
         return binding_details(self.loader) if self.loader is not None else {}
 
 
-Stream = PostgresTableStream | RestApiStream
+Stream = PostgresTableStream | RestApiStream | FileSourceStream
 
 
 @dataclass
@@ -120,6 +130,8 @@ class PartitionJob:
         schema = (
             settle_schema(self.stream, details)
             if isinstance(self.stream, PostgresTableStream)
+            else files_schema_step(self.stream, details)  # learnt file by file
+            if isinstance(self.stream, FileSourceStream)
             else api_schema_step(self.stream, details)  # learnt from the records, slice by slice
         )
         generation = int(details.get("generation", 0))  # 0: nothing loaded yet; the first load is generation 1
