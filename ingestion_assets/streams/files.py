@@ -98,10 +98,9 @@ class FileSourceStream:
         def load(piece: Slice) -> SliceOutcome:
             assert isinstance(piece, FileSlice)
             now = dt.datetime.now(dt.UTC)
-            tables = [
-                with_metadata(schema.settle(t, loader, where), [_VERSION], now, options.target.generation)
-                for t, where in piece.table
-            ]
+            settled = [schema.settle(t, loader, where) for t, where in piece.table]
+            # a later file may have widened a column: every file of the slice in the types as they are now
+            tables = [with_metadata(schema.cast(t), [_VERSION], now, options.target.generation) for t in settled]
             rows = pa.concat_tables(tables, promote_options="default").drop_columns([_VERSION]) if tables else None
             dead = self._dead_letters(piece.dead, options, now)
             loaded = loader.load(rows, dead_letters=dead)

@@ -94,7 +94,7 @@ class FilesSchemaStep(SchemaStep):
                 changes.append(SchemaChange(kind, field.name, old, new, "it is a primary key" if key else ""))
         if changes:
             self._apply(changes, loader, where)
-        return self._cast(table)
+        return self.cast(table)
 
     def _apply(self, changes: list[SchemaChange], loader: Loader, where: str) -> None:
         decision = decide(self.policy, changes, accepted=self.accepted)
@@ -110,7 +110,7 @@ class FilesSchemaStep(SchemaStep):
         self.applied += [c for c in decision.apply if not (self.learning and c.kind == "added")]
         self.skipped += [c for c in decision.skip if c.column not in {s.column for s in self.skipped}]
 
-    def _cast(self, table: pa.Table) -> pa.Table:
+    def cast(self, table: pa.Table) -> pa.Table:
         """Columns in the stored types; skipped (ignored) columns and columns of nulls only left out."""
         known = parse_stored(self.stored) or {}
         skipped = {c.column for c in self.skipped}

@@ -3,6 +3,7 @@ values that do not parse as their column's type become bad rows with their file,
 
 from __future__ import annotations
 
+import csv as pycsv
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -32,13 +33,22 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
     pyarrow's reader; the file is then read again from its start with that column as raw bytes, the rows
     already given are skipped, and each bad value's row is parked instead."""
     raw_columns: set[str] = set()
-    inferred: dict[str, pa.DataType] = {}
+    inferred: dict[str, pa.DataType] = {}  # each column's type as the first read typed it
     done = resume
     lines = _LineFinder(open_file, options.encoding)
     while True:
-        reader, invalid_rows = _open(open_file, options, raw_columns, inferred)
-        names = reader.schema.names
-        inferred = inferred or {f.name: f.type for f in reader.schema}
+        try:
+            reader, invalid_rows = _open(open_file, options, raw_columns)
+        except _BadValue as bad:  # in the first block, which the reader converts as it opens
+            if bad.column is None or bad.column in raw_columns:
+                raise CorruptFile(f"not readable as CSV: {bad}") from bad
+            raw_columns.add(bad.column)
+            continue
+        typed = {f.name: f.type for f in reader.schema}
+        declared = {name: _TYPES[kind] for name, kind in options.column_types.items()}
+        for name in raw_columns:
+            typed[name] = inferred.get(name) or declared.get(name) or pa.string()
+        inferred = {**typed, **inferred}
         undecoded = {n for n, kind in inferred.items() if pa.types.is_binary(kind) and n not in raw_columns}
         if undecoded:  # pyarrow types a column with invalid UTF-8 as bytes: text, with those rows parked
             inferred.update(dict.fromkeys(undecoded, pa.string()))
@@ -50,14 +60,20 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
                 yield piece
             return
         except pa.ArrowInvalid as exc:
-            column = _failing_column(str(exc), names)
+            column = _failing_column(str(exc), reader.schema.names)
             if column is None or column in raw_columns:
                 raise CorruptFile(f"not readable as CSV: {exc}") from exc
             raw_columns.add(column)
 
 
+class _BadValue(ValueError):
+    def __init__(self, message: str, column: str | None) -> None:
+        super().__init__(message)
+        self.column = column
+
+
 def _open(
-    open_file: Callable[[], pa.NativeFile], options: CsvOptions, raw: set[str], inferred: dict[str, pa.DataType]
+    open_file: Callable[[], pa.NativeFile], options: CsvOptions, raw: set[str]
 ) -> tuple[pacsv.CSVStreamingReader, list[Any]]:
     bad: list[Any] = []
 
@@ -90,7 +106,7 @@ def _open(
     except pa.ArrowInvalid as exc:
         if "Empty CSV file" in str(exc):
             raise CorruptFile("the file is empty (not even a header)") from exc
-        raise CorruptFile(f"not readable as CSV: {exc}") from exc
+        raise _BadValue(str(exc), _failing_column(str(exc), _header(open_file, options))) from exc
     return reader, bad
 
 
@@ -133,6 +149,7 @@ def _coerce(table: pa.Table, inferred: dict[str, pa.DataType], raw: set[str]) ->
     """Columns read as bytes after a bad value get their type back; rows whose value does not fit are parked."""
     bad_rows: dict[int, str] = {}
     columns: dict[str, list[Any]] = {}
+    read = table  # as read: a parked row keeps its values as they were in the file
     for name in raw:
         kind = inferred[name]
         values = table.column(name)
@@ -152,7 +169,7 @@ def _coerce(table: pa.Table, inferred: dict[str, pa.DataType], raw: set[str]) ->
     if not bad_rows:
         return table, []
     rows = table.column(ROW).to_pylist()
-    records = table.to_pylist()
+    records = read.to_pylist()
     failed = [
         BadRow(rows[i], None, problem, json.dumps(_printable(records[i]), default=str))
         for i, problem in bad_rows.items()
@@ -187,6 +204,23 @@ def _failing_column(message: str, names: list[str]) -> str | None:
     if match is None or int(match.group(1)) >= len(names):
         return None
     return names[int(match.group(1))]
+
+
+def _header(open_file: Callable[[], pa.NativeFile], options: CsvOptions) -> list[str]:
+    """The column names, read apart (a bad value in the first block stops pyarrow before it names them)."""
+    if options.column_names:
+        return list(options.column_names)
+    first = next(_lines_of(open_file()), b"").decode(options.encoding, "replace")
+    quote = options.quote_char or ""
+    return next(
+        pycsv.reader(
+            [first],
+            delimiter=options.delimiter,
+            quotechar=quote or None,
+            quoting=pycsv.QUOTE_MINIMAL if quote else pycsv.QUOTE_NONE,
+        ),
+        [],
+    )
 
 
 class _LineFinder:
