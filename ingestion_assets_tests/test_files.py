@@ -43,6 +43,7 @@ def drops(tmp_path: Path) -> Drops:
     return Drops(tmp_path)
 
 
+@pytest.mark.slow  # several loads (or a subprocess): beyond the default suite's time budget
 def test_drops_in_every_format_load_incrementally_and_equal_the_files(drops: Drops) -> None:
     drops.catalog(path="**/*", primary_key="id", files_per_slice=2)
     expected: dict[int, tuple[Any, ...]] = {}
@@ -91,6 +92,7 @@ def test_a_late_file_with_an_older_time_is_read_within_the_lookback(drops: Drops
     assert drops.rows() == sorted(_rows(1, 20))
 
 
+@pytest.mark.slow  # several loads (or a subprocess): beyond the default suite's time budget
 def test_a_late_file_does_not_overwrite_newer_versions_of_its_keys(drops: Drops) -> None:
     drops.catalog(path="*.csv", primary_key="id")
     drops.write("new.csv", csv_text(_rows(1, 10, tag="new")), BASE + 100)
@@ -135,6 +137,7 @@ def test_bad_lines_and_broken_files_are_parked_and_the_rest_loads(drops: Drops) 
     assert drops.run().result.rows == 0  # parked files are not read again until they change
 
 
+@pytest.mark.slow  # several loads (or a subprocess): beyond the default suite's time budget
 def test_schema_drift_across_files_adds_widens_and_pauses(drops: Drops) -> None:
     drops.catalog(path="*.csv", primary_key="id")
     drops.write("1.csv", "id,code,qty\n1,10,3\n", BASE + 1)
@@ -156,6 +159,7 @@ def test_schema_drift_across_files_adds_widens_and_pauses(drops: Drops) -> None:
     assert "accept" in after.details["last_error"]
 
 
+@pytest.mark.slow  # several loads (or a subprocess): beyond the default suite's time budget
 def test_a_kill_in_the_middle_of_a_batch_of_files_resumes_exactly(drops: Drops, tmp_path: Path) -> None:
     drops.catalog(path="*.csv", primary_key="id", files_per_slice=3)
     for k in range(12):
@@ -174,6 +178,7 @@ def test_a_kill_in_the_middle_of_a_batch_of_files_resumes_exactly(drops: Drops, 
     assert drops.rows() == sorted(_rows(0, 120))
 
 
+@pytest.mark.slow  # several loads (or a subprocess): beyond the default suite's time budget
 def test_a_big_file_is_checkpointed_inside_and_resumed_inside(drops: Drops, tmp_path: Path) -> None:
     drops.catalog(path="*.parquet", primary_key="id", slice_rows=1000, batch_rows=500)
     drops.write("big.parquet", _parquet(_rows(0, 5000), row_group_size=700), BASE)
@@ -187,6 +192,7 @@ def test_a_big_file_is_checkpointed_inside_and_resumed_inside(drops: Drops, tmp_
     assert drops.rows() == sorted(_rows(0, 5000))
 
 
+@pytest.mark.slow  # several loads (or a subprocess): beyond the default suite's time budget
 def test_materialized_through_dagster_with_an_asset_per_stream(drops: Drops) -> None:
     import dagster as dg
 
