@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ingestion_assets.catalog import Catalog, PostgresSource, PostgresStream, RestSource
+from ingestion_assets.catalog import Catalog, FilesSource, PostgresSource, PostgresStream, RestSource
 from ingestion_assets.loading.destinations import target_names
 from ingestion_assets.loading.naming import NameCollision
 from ingestion_assets.references import UnresolvedReference, resolve
@@ -17,8 +17,25 @@ def check_catalog(settings: Settings, catalog: Catalog) -> list[str]:
     for source_name, source in catalog.sources.items():
         if isinstance(source, PostgresSource):
             problems += _check_postgres(settings, catalog, source_name, source)
+        elif isinstance(source, FilesSource):
+            problems += _check_files(settings, catalog, source_name, source)
         else:
             problems += _check_rest(settings, catalog, source_name, source)
+    return problems
+
+
+def _check_files(settings: Settings, catalog: Catalog, source_name: str, source: FilesSource) -> list[str]:
+    """Each stream's files can be listed (the storage answers, the credentials resolve)."""
+    from ingestion_assets.sources.files import StorageError
+    from ingestion_assets.streams.files import FileSourceStream
+
+    problems: list[str] = []
+    for stream_name, stream in source.streams.items():
+        files = FileSourceStream(settings, catalog.destination, source_name, source, stream_name, stream)
+        try:
+            files.files()
+        except (UnresolvedReference, StorageError, ValueError) as exc:
+            problems.append(f"stream {source_name}.{stream_name}: cannot list {stream.path}: {exc}")
     return problems
 
 

@@ -10,17 +10,21 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from ingestion_assets.catalog.base import DeadLetters, Freshness, Reference, Retries, _Model
+from ingestion_assets.catalog.files import CsvOptions, FilesSource, FilesStream
 from ingestion_assets.catalog.postgres import KeyPartitions, PostgresSource, PostgresStream, Reconcile, TimePartitions
 from ingestion_assets.catalog.rest import RestAuth, RestSource, RestStream
 
-Source = Annotated[PostgresSource | RestSource, Field(discriminator="type")]
-AnyStream = PostgresStream | RestStream
+Source = Annotated[PostgresSource | RestSource | FilesSource, Field(discriminator="type")]
+AnyStream = PostgresStream | RestStream | FilesStream
 __all__ = [
     "AnyStream",
     "Catalog",
     "CatalogError",
+    "CsvOptions",
     "DeadLetters",
     "Destination",
+    "FilesSource",
+    "FilesStream",
     "Freshness",
     "KeyPartitions",
     "PostgresSource",
@@ -85,7 +89,7 @@ class Catalog(_Model):
                 )
         return self
 
-    def streams(self) -> list[tuple[str, PostgresSource | RestSource, str, AnyStream]]:
+    def streams(self) -> list[tuple[str, PostgresSource | RestSource | FilesSource, str, AnyStream]]:
         return [
             (source_name, source, stream_name, stream)
             for source_name, source in self.sources.items()
@@ -122,7 +126,7 @@ def load_catalog(path: Path | str) -> Catalog:
         raise CatalogError(path, [_describe(error) for error in exc.errors()]) from exc
 
 
-_UNION_TAGS = {("sources", 2): {"postgres", "rest"}}
+_UNION_TAGS = {("sources", 2): {"postgres", "rest", "files"}}
 
 
 def _without_union_tags(loc: tuple[Any, ...]) -> list[Any]:

@@ -6,7 +6,16 @@ streams are backfilled partition by partition, each with its own checkpoint."""
 import dagster as dg
 from dagster import AssetExecutionContext
 
-from ingestion_assets.catalog import Catalog, KeyPartitions, PostgresSource, PostgresStream, RestSource, RestStream
+from ingestion_assets.catalog import (
+    Catalog,
+    FilesSource,
+    FilesStream,
+    KeyPartitions,
+    PostgresSource,
+    PostgresStream,
+    RestSource,
+    RestStream,
+)
 from ingestion_assets.defs.checks import DEAD_LETTERS, SCHEMA, check_results, check_specs, failed_check
 from ingestion_assets.defs.failures import permanent_failure
 from ingestion_assets.defs.freshness import freshness_policy
@@ -18,6 +27,7 @@ from ingestion_assets.drain import Drain
 from ingestion_assets.loading.dead_letters import DeadLetterThreshold
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import InstanceStateStore
+from ingestion_assets.streams.files import FileSourceStream
 from ingestion_assets.streams.postgres_table import PostgresTableStream
 from ingestion_assets.streams.rest_api import RestApiStream
 from ingestion_assets.streams.runner import NoProgress, PartitionJob, PartitionOutcome, Stream, StreamBusy
@@ -34,6 +44,8 @@ def catalog_streams(settings: Settings, catalog: Catalog) -> list[Stream]:
     for source_name, source, stream_name, spec in catalog.streams():
         if isinstance(source, RestSource) and isinstance(spec, RestStream):
             streams.append(RestApiStream(settings, catalog.destination, source_name, source, stream_name, spec))
+        elif isinstance(source, FilesSource) and isinstance(spec, FilesStream):
+            streams.append(FileSourceStream(settings, catalog.destination, source_name, source, stream_name, spec))
         elif isinstance(source, PostgresSource) and isinstance(spec, PostgresStream):
             streams.append(PostgresTableStream(settings, catalog.destination, source_name, source, stream_name, spec))
     return streams
@@ -64,7 +76,7 @@ def stream_asset(stream: Stream, columns: dg.TableSchema | None = None) -> dg.As
         key=dg.AssetKey([stream.source_name, stream.name]),
         group_name=stream.source_name,
         pool=pool_name(stream.source_name),
-        kinds={"postgres" if isinstance(stream, PostgresTableStream) else "api", "dlt", stream.destination.type},
+        kinds={_kind(stream), "dlt", stream.destination.type},
         description=_description(stream),
         metadata=definition_metadata(stream, columns),
         deps=[stream_source_key(stream.source_name, spec)],
@@ -128,7 +140,11 @@ def _backfill_policy(stream: Stream) -> dg.BackfillPolicy | None:
     return dg.BackfillPolicy.single_run() if per_run == "all" else dg.BackfillPolicy.multi_run(per_run)
 
 
-def _key_ranged(spec: PostgresStream | RestStream) -> bool:
+def _kind(stream: Stream) -> str:
+    return {PostgresTableStream: "postgres", FileSourceStream: "files"}.get(type(stream), "api")
+
+
+def _key_ranged(spec: PostgresStream | RestStream | FilesStream) -> bool:
     return isinstance(spec, PostgresStream) and isinstance(spec.partitions, KeyPartitions)
 
 
@@ -140,5 +156,9 @@ def _partitions_of(context: AssetExecutionContext) -> list[str | None]:
 
 def _description(stream: Stream) -> str:
     spec = stream.spec
+    if isinstance(stream, FileSourceStream):
+        spec = stream.spec
+        key = ", ".join(spec.primary_key) or "file and row"
+        return f"files {spec.path} under {stream.source.url} ({spec.write_disposition} on {key})"
     what = f"PostgreSQL table {spec.table}" if isinstance(spec, PostgresStream) else f"HTTP API {spec.path}"
     return f"{what} ({spec.write_disposition} on {', '.join(spec.primary_key)})"

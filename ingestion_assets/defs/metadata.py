@@ -17,7 +17,7 @@ from dagster._core.errors import DagsterError
 from hdrh.histogram import HdrHistogram
 from sqlalchemy.exc import SQLAlchemyError
 
-from ingestion_assets.catalog import PostgresSource, RestStream
+from ingestion_assets.catalog import FilesStream, PostgresSource, RestStream
 from ingestion_assets.observe.freshness import HISTOGRAM, histogram_metadata, merged
 from ingestion_assets.observe.target import TargetTableFacts, read_target
 from ingestion_assets.settings import Settings
@@ -53,6 +53,16 @@ def definition_metadata(stream: Stream, columns: dg.TableSchema | None = None) -
     }
     if columns is not None:
         metadata[COLUMN_SCHEMA] = columns
+    if isinstance(spec, FilesStream):
+        metadata.update(
+            {
+                "source path": spec.path,
+                "cursor": "(files: modified_at, path)",
+                "slice rows": spec.slice_rows,
+                "files per slice": spec.files_per_slice,
+            }
+        )
+        return metadata
     if isinstance(spec, RestStream):
         metadata.update(
             {

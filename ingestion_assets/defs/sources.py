@@ -10,7 +10,15 @@ from urllib.parse import urlsplit, urlunsplit
 
 import dagster as dg
 
-from ingestion_assets.catalog import Catalog, PostgresSource, PostgresStream, RestSource, RestStream
+from ingestion_assets.catalog import (
+    Catalog,
+    FilesSource,
+    FilesStream,
+    PostgresSource,
+    PostgresStream,
+    RestSource,
+    RestStream,
+)
 from ingestion_assets.catalog.postgres import split_table_name
 
 SOURCE_PREFIX = "source"
@@ -39,8 +47,16 @@ def slot_name(source_name: str, source: PostgresSource) -> str:
     return source.cdc.slot or f"ingest_{source_name}"
 
 
-def stream_source_key(source_name: str, spec: PostgresStream | RestStream) -> dg.AssetKey:
-    """What a (table-polling or API) stream reads; a CDC stream reads its source's slot instead."""
+def files_key(source_name: str, pattern: str) -> dg.AssetKey:
+    return dg.AssetKey(
+        [SOURCE_PREFIX, source_name, "files", re.sub(r"[^A-Za-z0-9_]+", "_", pattern).strip("_") or "all"]
+    )
+
+
+def stream_source_key(source_name: str, spec: PostgresStream | RestStream | FilesStream) -> dg.AssetKey:
+    """What a (table-polling, API or files) stream reads; a CDC stream reads its source's slot instead."""
+    if isinstance(spec, FilesStream):
+        return files_key(source_name, spec.path)
     return (
         table_key(source_name, spec.table) if isinstance(spec, PostgresStream) else endpoint_key(source_name, spec.path)
     )
@@ -59,6 +75,10 @@ def source_specs(catalog: Catalog) -> list[dg.AssetSpec]:
                 key = slot_key(source_name, source)
                 deps = [table_key(source_name, t) for t in sorted(tables)]
                 specs[key] = _slot_spec(key, source_name, source, deps)
+        elif isinstance(source, FilesSource):
+            for files in source.streams.values():
+                key = files_key(source_name, files.path)
+                specs.setdefault(key, _files_spec(key, source_name, source, files))
         elif isinstance(source, RestSource):
             for spec in source.streams.values():
                 key = endpoint_key(source_name, spec.path)
@@ -115,6 +135,21 @@ def _endpoint_spec(key: dg.AssetKey, source_name: str, source: RestSource, spec:
             "auth": source.auth.type,
             "pagination": spec.pagination.style,
             "rate limit (requests/s)": source.rate_limit.requests_per_second,
+        },
+    )
+
+
+def _files_spec(key: dg.AssetKey, source_name: str, source: FilesSource, spec: FilesStream) -> dg.AssetSpec:
+    return dg.AssetSpec(
+        key,
+        group_name=source_name,
+        kinds={"files"},
+        description=f"files {spec.path} under {_safe_url(source.url)} of source {source_name}",
+        metadata={
+            "source": source_name,
+            "url": _safe_url(source.url),
+            "pattern": spec.path,
+            "format": spec.format or "(from the file suffix)",
         },
     )
 

@@ -20,6 +20,8 @@ from ingestion_assets.errors import classify
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.observe.commit_latency import MEASURED_TO
 from ingestion_assets.state.model import Checkpoint
+from ingestion_assets.streams.files import FileSourceStream
+from ingestion_assets.streams.files_schema import files_schema_step
 from ingestion_assets.streams.late_commits import PROBES
 from ingestion_assets.streams.postgres_table import PostgresTableStream, RunOptions, Target
 from ingestion_assets.streams.reconcile import RECONCILED_AT, Reconciliation, carried_details, reconcile_run
@@ -90,7 +92,7 @@ class _Sink:
         return binding_details(self.loader) if self.loader is not None else {}
 
 
-Stream = PostgresTableStream | RestApiStream
+Stream = PostgresTableStream | RestApiStream | FileSourceStream
 
 
 @dataclass
@@ -122,6 +124,8 @@ class PartitionJob:
         schema = (
             settle_schema(self.stream, details)
             if isinstance(self.stream, PostgresTableStream)
+            else files_schema_step(self.stream, details)  # learnt file by file
+            if isinstance(self.stream, FileSourceStream)
             else api_schema_step(self.stream, details)  # learnt from the records, slice by slice
         )
         generation = int(details.get("generation", 0))  # 0: nothing loaded yet; the first load is generation 1

@@ -1,0 +1,58 @@
+"""File sources: list a glob of CSV / JSON lines / Parquet files on any fsspec filesystem and read each one in
+bounded Arrow batches. No Dagster here; streams/files.py turns the batches into checkpointed slices."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import fsspec
+
+from ingestion_assets.catalog.files import FilesStream
+from ingestion_assets.sources.files.csv import read_csv
+from ingestion_assets.sources.files.jsonl import read_jsonl
+from ingestion_assets.sources.files.listing import (
+    FileInfo,
+    StorageError,
+    file_format,
+    filesystem,
+    list_files,
+    open_bytes,
+    open_seekable,
+)
+from ingestion_assets.sources.files.parquet import read_parquet
+from ingestion_assets.sources.files.pieces import FILE, ROW, BadRow, CorruptFile, Piece, Resume
+
+__all__ = [
+    "FILE",
+    "ROW",
+    "BadRow",
+    "CorruptFile",
+    "FileInfo",
+    "Piece",
+    "Resume",
+    "StorageError",
+    "filesystem",
+    "list_files",
+    "read_file",
+]
+
+
+def read_file(fs: fsspec.AbstractFileSystem, info: FileInfo, spec: FilesStream, resume: Resume) -> Iterator[Piece]:
+    """The file's rows after `resume`, piece by piece. Raises CorruptFile for bytes that are not the format
+    (the caller parks the file), StorageError / FileNotFoundError for the storage (the run retries or skips)."""
+    kind, suffix_compression = file_format(info.path, spec.format)
+    compression = suffix_compression if spec.compression == "auto" else None
+    compression = spec.compression if spec.compression in ("gzip", "zstd") else compression
+    if kind is None:
+        raise CorruptFile("the format is not known from the file's name: set the stream's `format`")
+    try:
+        if kind == "parquet":
+            yield from read_parquet(lambda: open_seekable(fs, info.path), spec.batch_rows, resume)
+        elif kind == "jsonl":
+            yield from read_jsonl(lambda: open_bytes(fs, info.path, compression), spec.batch_rows, resume)
+        else:
+            yield from read_csv(lambda: open_bytes(fs, info.path, compression), spec.csv, resume)
+    except (StorageError, FileNotFoundError):
+        raise
+    except OSError as exc:  # raised by the decoder (truncated gzip, bad zstd frame), not by the storage
+        raise CorruptFile(f"cannot be decompressed or read ({compression or 'uncompressed'}): {exc}") from exc

@@ -1,0 +1,251 @@
+"""CSV files in bounded Arrow batches (pyarrow's streaming reader); rows with the wrong number of fields and
+values that do not parse as their column's type become bad rows with their file, row and line."""
+
+from __future__ import annotations
+
+import csv as pycsv
+import json
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from ingestion_assets.catalog.files import CsvOptions
+from ingestion_assets.sources.files.pieces import ROW, BadRow, CorruptFile, Piece, Resume
+
+BLOCK_BYTES = 4 << 20
+_COLUMN = re.compile(r"In CSV column #(\d+)")
+_TYPES = {
+    "string": pa.string(),
+    "int64": pa.int64(),
+    "float64": pa.float64(),
+    "bool": pa.bool_(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "date": pa.date32(),
+}
+
+
+def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume: Resume) -> Iterator[Piece]:
+    """Batches of the file after `resume`. A value that fails its column's type (or is not valid text) stops
+    pyarrow's reader; the file is then read again from its start with that column as raw bytes, the rows
+    already given are skipped, and each bad value's row is parked instead."""
+    raw_columns: set[str] = set()
+    inferred: dict[str, pa.DataType] = {}  # each column's type as the first read typed it
+    done = resume
+    lines = _LineFinder(open_file, options.encoding)
+    while True:
+        try:
+            reader, invalid_rows = _open(open_file, options, raw_columns)
+        except _BadValue as bad:  # in the first block, which the reader converts as it opens
+            if bad.column is None or bad.column in raw_columns:
+                raise CorruptFile(f"not readable as CSV: {bad}") from bad
+            raw_columns.add(bad.column)
+            continue
+        typed = {f.name: f.type for f in reader.schema}
+        declared = {name: _TYPES[kind] for name, kind in options.column_types.items()}
+        for name in raw_columns:
+            typed[name] = inferred.get(name) or declared.get(name) or pa.string()
+        inferred = {**typed, **inferred}
+        undecoded = {n for n, kind in inferred.items() if pa.types.is_binary(kind) and n not in raw_columns}
+        if undecoded:  # pyarrow types a column with invalid UTF-8 as bytes: text, with those rows parked
+            inferred.update(dict.fromkeys(undecoded, pa.string()))
+            raw_columns |= undecoded
+            continue
+        try:
+            for piece in _pieces(reader, invalid_rows, done, inferred, raw_columns, lines):
+                done = Resume(piece.rows_done, piece.bad_done)
+                yield piece
+            return
+        except pa.ArrowInvalid as exc:
+            column = _failing_column(str(exc), reader.schema.names)
+            if column is None or column in raw_columns:
+                raise CorruptFile(f"not readable as CSV: {exc}") from exc
+            raw_columns.add(column)
+
+
+class _BadValue(ValueError):
+    def __init__(self, message: str, column: str | None) -> None:
+        super().__init__(message)
+        self.column = column
+
+
+def _open(
+    open_file: Callable[[], pa.NativeFile], options: CsvOptions, raw: set[str]
+) -> tuple[pacsv.CSVStreamingReader, list[Any]]:
+    bad: list[Any] = []
+
+    def invalid(row: Any) -> str:
+        bad.append(row)
+        return "skip"
+
+    types = {name: _TYPES[kind] for name, kind in options.column_types.items()}
+    types.update({name: pa.binary() for name in raw})
+    try:
+        reader = pacsv.open_csv(
+            open_file(),
+            read_options=pacsv.ReadOptions(
+                block_size=BLOCK_BYTES,
+                encoding=options.encoding,
+                column_names=options.column_names,
+                skip_rows=1 if options.header and options.column_names else 0,
+                use_threads=False,
+            ),
+            parse_options=pacsv.ParseOptions(
+                delimiter=options.delimiter,
+                quote_char=options.quote_char or False,
+                escape_char=options.escape_char or False,
+                invalid_row_handler=invalid,
+            ),
+            convert_options=pacsv.ConvertOptions(
+                column_types=types, null_values=options.null_values, strings_can_be_null=True
+            ),
+        )
+    except pa.ArrowInvalid as exc:
+        if "Empty CSV file" in str(exc):
+            raise CorruptFile("the file is empty (not even a header)") from exc
+        raise _BadValue(str(exc), _failing_column(str(exc), _header(open_file, options))) from exc
+    return reader, bad
+
+
+def _pieces(
+    reader: Any,
+    invalid_rows: list[Any],
+    done: Resume,
+    inferred: dict[str, pa.DataType],
+    raw: set[str],
+    lines: _LineFinder,
+) -> Iterator[Piece]:
+    """`done` counts the rows (and bad rows) an earlier pass or run already gave: they are skipped."""
+    good, invalid = 0, 0
+    for batch in reader:
+        bad: list[BadRow] = []
+        for row in invalid_rows:
+            invalid += 1
+            if invalid > done.bad:
+                problem = f"{row.actual_columns} fields where the header has {row.expected_columns}"
+                bad.append(BadRow(None, lines.find(row.text), problem, row.text))
+        invalid_rows.clear()
+        first = good + 1
+        good += batch.num_rows
+        if good <= done.rows:
+            if bad:
+                yield Piece(None, bad, done.rows, max(invalid, done.bad))
+            continue
+        table = pa.Table.from_batches([batch])
+        if first <= done.rows:
+            table = table.slice(done.rows - first + 1)
+            first = done.rows + 1
+        table = table.append_column(ROW, pa.array(range(first, good + 1), pa.int64()))
+        if raw:
+            table, failed = _coerce(table, inferred, raw)
+            bad += failed
+        yield Piece(table, bad, good, max(invalid, done.bad))
+
+
+def _coerce(table: pa.Table, inferred: dict[str, pa.DataType], raw: set[str]) -> tuple[pa.Table, list[BadRow]]:
+    """Columns read as bytes after a bad value get their type back; rows whose value does not fit are parked."""
+    bad_rows: dict[int, str] = {}
+    columns: dict[str, list[Any]] = {}
+    read = table  # as read: a parked row keeps its values as they were in the file
+    for name in raw:
+        kind = inferred[name]
+        values = table.column(name)
+        try:
+            table = table.set_column(
+                table.schema.get_field_index(name), name, pc.cast(pc.cast(values, pa.string()), kind)
+            )
+            continue
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+        fixed: list[Any] = []
+        for index, value in enumerate(values.to_pylist()):
+            fixed.append(_one(value, kind, name, index, bad_rows))
+        columns[name] = fixed
+    for name, fixed in columns.items():
+        table = table.set_column(table.schema.get_field_index(name), name, pa.array(fixed, inferred[name]))
+    if not bad_rows:
+        return table, []
+    rows = table.column(ROW).to_pylist()
+    records = read.to_pylist()
+    failed = [
+        BadRow(rows[i], None, problem, json.dumps(_printable(records[i]), default=str))
+        for i, problem in bad_rows.items()
+    ]
+    keep = pa.array([i not in bad_rows for i in range(table.num_rows)])
+    return table.filter(keep), failed
+
+
+def _one(value: bytes | None, kind: pa.DataType, name: str, index: int, bad_rows: dict[int, str]) -> Any:
+    if value is None:
+        return None
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad_rows.setdefault(
+            index, f"column {name!r}: invalid UTF-8 (byte {exc.start}: {value[exc.start : exc.start + 1]!r})"
+        )
+        return None
+    try:
+        return pa.scalar(text).cast(kind).as_py()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        bad_rows.setdefault(index, f"column {name!r}: {text[:80]!r} is not a valid {kind}")
+        return None
+
+
+def _printable(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else v for k, v in record.items()}
+
+
+def _failing_column(message: str, names: list[str]) -> str | None:
+    match = _COLUMN.search(message)
+    if match is None or int(match.group(1)) >= len(names):
+        return None
+    return names[int(match.group(1))]
+
+
+def _header(open_file: Callable[[], pa.NativeFile], options: CsvOptions) -> list[str]:
+    """The column names, read apart (a bad value in the first block stops pyarrow before it names them)."""
+    if options.column_names:
+        return list(options.column_names)
+    first = next(_lines_of(open_file()), b"").decode(options.encoding, "replace")
+    quote = options.quote_char or ""
+    return next(
+        pycsv.reader(
+            [first],
+            delimiter=options.delimiter,
+            quotechar=quote or None,
+            quoting=pycsv.QUOTE_MINIMAL if quote else pycsv.QUOTE_NONE,
+        ),
+        [],
+    )
+
+
+class _LineFinder:
+    """The line number of a bad row (pyarrow's streaming reader does not know it): bad rows come in file order,
+    so one forward scan of the file, only for files that have any, finds them all."""
+
+    def __init__(self, open_file: Callable[[], pa.NativeFile], encoding: str) -> None:
+        self._open, self._encoding = open_file, encoding
+        self._lines: Iterator[tuple[int, bytes]] | None = None
+
+    def find(self, text: str) -> int | None:
+        if self._lines is None:
+            self._lines = enumerate(_lines_of(self._open()), start=1)
+        wanted = text.encode(self._encoding, "replace")
+        for number, line in self._lines:
+            if line.rstrip(b"\r\n") == wanted:
+                return number
+        return None
+
+
+def _lines_of(stream: pa.NativeFile) -> Iterator[bytes]:
+    pending = b""
+    while chunk := stream.read(1 << 20):
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        yield from complete
+    if pending:
+        yield pending

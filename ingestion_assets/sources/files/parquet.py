@@ -1,0 +1,43 @@
+"""Parquet files row group by row group, in bounded batches; a resume skips whole row groups by their counts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ingestion_assets.sources.files.listing import StorageError
+from ingestion_assets.sources.files.pieces import ROW, CorruptFile, Piece, Resume
+
+
+def read_parquet(open_file: Callable[[], pa.NativeFile], batch_rows: int, resume: Resume) -> Iterator[Piece]:
+    try:
+        parquet = pq.ParquetFile(open_file())
+    except (pa.ArrowInvalid, OSError) as exc:
+        if _from_storage(exc):
+            raise
+        raise CorruptFile(f"not readable as Parquet: {exc}") from exc
+    offset = 0
+    for group in range(parquet.num_row_groups):
+        count = parquet.metadata.row_group(group).num_rows
+        if offset + count <= resume.rows:
+            offset += count  # read before: its metadata is enough to skip it
+            continue
+        try:
+            for batch in parquet.iter_batches(batch_size=batch_rows, row_groups=[group], use_threads=False):
+                first, offset = offset + 1, offset + batch.num_rows
+                table = pa.Table.from_batches([batch])
+                if offset <= resume.rows:
+                    continue
+                if first <= resume.rows:
+                    table, first = table.slice(resume.rows - first + 1), resume.rows + 1
+                yield Piece(table.append_column(ROW, pa.array(range(first, offset + 1), pa.int64())), [], offset)
+        except (pa.ArrowInvalid, OSError) as exc:
+            if _from_storage(exc):
+                raise
+            raise CorruptFile(f"row group {group} of {parquet.num_row_groups} is not readable: {exc}") from exc
+
+
+def _from_storage(exc: BaseException) -> bool:
+    return isinstance(exc, StorageError | FileNotFoundError)

@@ -1,0 +1,42 @@
+"""What a file reader yields: bounded Arrow batches of a file's rows with their row numbers, the bad rows met on
+the way, and where the file's read stands (so a run that stops inside a big file resumes inside it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+ROW = "_ingest_file_row"  # the row's number in its file (1-based; JSON lines: its line)
+FILE = "_ingest_file"  # the file it came from
+
+
+class CorruptFile(ValueError):
+    """The file cannot be read as its format (truncated, not that format, broken compression): it is parked as
+    a whole with this reason, and the stream goes on with the next file."""
+
+    transient = False
+
+
+@dataclass(frozen=True)
+class Resume:
+    """How far into a file an earlier read got: rows given, and bad rows already parked."""
+
+    rows: int = 0
+    bad: int = 0
+
+
+@dataclass(frozen=True)
+class BadRow:
+    row: int | None  # the row's number among the file's rows (None when the row could not be counted)
+    line: int | None  # its line in the file, where known
+    error: str
+    raw: str  # the row as read (text, or its values as JSON)
+
+
+@dataclass(frozen=True)
+class Piece:
+    table: pa.Table | None  # rows that read, with ROW
+    bad: list[BadRow]
+    rows_done: int  # rows of the file given so far (this piece's last row number)
+    bad_done: int = 0

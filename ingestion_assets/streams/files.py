@@ -1,0 +1,225 @@
+"""A file stream: the files of a glob read incrementally by file, in bounded Arrow batches, loaded and
+checkpointed in slices of whole files (or of a part of one big file), bad rows and broken files parked."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ingestion_assets.catalog import Destination, FilesSource, FilesStream
+from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA, dead_letter_limit
+from ingestion_assets.loading.metadata_columns import with_metadata
+from ingestion_assets.loading.pipeline import Loader, TargetTable, pipeline_name
+from ingestion_assets.references import resolve
+from ingestion_assets.settings import Settings
+from ingestion_assets.sources.files import FILE, ROW, BadRow, CorruptFile, FileInfo, filesystem, list_files, read_file
+from ingestion_assets.sources.slices import Slice
+from ingestion_assets.streams.files_progress import Progress
+from ingestion_assets.streams.files_schema import FilesSchemaStep, files_schema_step
+from ingestion_assets.streams.postgres_table import RunOptions, Target
+from ingestion_assets.sync import CheckpointSink, Faults, SliceOutcome, SyncResult, run_slices
+
+_VERSION = "_ingest_file_version"
+
+
+@dataclass(frozen=True)
+class FileSlice(Slice):
+    """A slice of files: each file's batches apart (files may differ in columns until the schema step)."""
+
+    dead: list[dict[str, Any]] = field(default_factory=list)
+    row_count: int = 0
+
+    @property
+    def rows(self) -> int:
+        return self.row_count
+
+
+@dataclass(frozen=True)
+class FileSourceStream:
+    settings: Settings
+    destination: Destination
+    source_name: str
+    source: FilesSource
+    name: str
+    spec: FilesStream
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.source_name}.{self.name}"
+
+    @property
+    def primary_key(self) -> tuple[str, ...]:
+        """Without a key in the catalog a row is keyed by its file and row number."""
+        return tuple(self.spec.primary_key) or (FILE, ROW)
+
+    def resume_position(self, position: dict[str, Any] | None, complete: bool) -> dict[str, Any] | None:
+        return position  # always incremental: the position says which files were read
+
+    def loader(self, target: Target, partition: str | None, plan: Any = None) -> Loader:
+        return Loader(
+            settings=self.settings,
+            destination=self.destination,
+            target=TargetTable(
+                dataset=self.source_name,
+                table=target.table,
+                primary_key=self.primary_key,
+                write_disposition="merge" if target.stream_table else self.spec.write_disposition,
+            ),
+            pipeline_name=pipeline_name(self.source_name, target.table, partition),
+            # a late file's older rows must not overwrite newer versions of their keys from newer files
+            guard_versions=bool(self.spec.primary_key),
+            stream_table=target.stream_table,
+        )
+
+    def filesystem(self) -> tuple[Any, str]:
+        options = {
+            key: resolve(value, self.settings, f"sources.{self.source_name}.storage_options.{key}")
+            if not isinstance(value, str | int | bool)
+            else value
+            for key, value in self.source.storage_options.items()
+        }
+        return filesystem(self.source.url, options)
+
+    def files(self) -> list[FileInfo]:
+        """The stream's files as they are now (`ingest check` lists them)."""
+        fs, root = self.filesystem()
+        return list_files(fs, root, self.spec.path)
+
+    def run(self, after: dict[str, Any] | None, sink: CheckpointSink, options: RunOptions) -> SyncResult:
+        loader = options.loader or self.loader(options.target, options.partition)
+        schema = options.schema if isinstance(options.schema, FilesSchemaStep) else files_schema_step(self, {})
+
+        def load(piece: Slice) -> SliceOutcome:
+            assert isinstance(piece, FileSlice)
+            now = dt.datetime.now(dt.UTC)
+            settled = [schema.settle(t, loader, where) for t, where in piece.table]
+            # a later file may have widened a column: every file of the slice in the types as they are now
+            tables = [with_metadata(schema.cast(t), [_VERSION], now, options.target.generation) for t in settled]
+            rows = pa.concat_tables(tables, promote_options="default").drop_columns([_VERSION]) if tables else None
+            dead = self._dead_letters(piece.dead, options, now)
+            loaded = loader.load(rows, dead_letters=dead)
+            return SliceOutcome(loaded=loaded, dead_letters=len(piece.dead))
+
+        return run_slices(
+            self._slices(after, options),
+            load,
+            sink,
+            started_from=after,
+            faults=options.faults or Faults.from_env(),
+            log=options.log,
+            stop=options.stop,
+            after_commit=lambda result: dead_letter_limit(self.qualified_name, self.spec.dead_letters, result),
+            read_ahead=options.read_ahead,
+        )
+
+    def _slices(self, after: dict[str, Any] | None, options: RunOptions) -> Iterator[FileSlice]:
+        """Whole files up to `files_per_slice` (or `slice_rows` rows) per slice; a file longer than a slice
+        ends a slice inside it, the checkpoint then saying how many of its rows were given."""
+        fs, root = self.filesystem()
+        files = list_files(fs, root, self.spec.path)
+        name = {f.path: _relative(f.path, root) for f in files}
+        progress = Progress.of(after)
+        lookback = self.spec.lookback_seconds
+        batch = _Batch()
+        index = 0
+        for info in progress.due(files, name, lookback):
+            relative = name[info.path]
+            try:
+                for piece in read_file(fs, info, self.spec, progress.resume(relative, info)):
+                    batch.add(piece.table, relative, info, piece.bad)
+                    progress.inside(relative, info, piece.rows_done, piece.bad_done)
+                    if batch.rows >= self.spec.slice_rows:
+                        yield batch.slice(progress.position(), index)
+                        batch, index = _Batch(), index + 1
+            except CorruptFile as exc:
+                batch.park(relative, info, str(exc))
+                if options.log is not None:
+                    options.log.warning("%s: file %s parked: %s", self.qualified_name, relative, exc)
+            except FileNotFoundError:
+                if options.log is not None:
+                    options.log.warning("%s: file %s vanished before it was read", self.qualified_name, relative)
+                continue
+            progress.done(relative, info, lookback)
+            batch.files += 1
+            if batch.files >= self.spec.files_per_slice or batch.rows >= self.spec.slice_rows:
+                yield batch.slice(progress.position(), index)
+                batch, index = _Batch(), index + 1
+        if batch.files or batch.tables or batch.dead:
+            yield batch.slice(progress.position(), index)
+
+    def _dead_letters(self, dead: list[dict[str, Any]], options: RunOptions, now: dt.datetime) -> pa.Table | None:
+        if not dead:
+            return None
+        records = [
+            {
+                "stream": self.name,
+                "partition": options.partition or "",
+                "record_key": d["key"],
+                "run_id": options.run_id,
+                "position": json.dumps(d["position"]),
+                "error": d["error"],
+                "raw_record": json.dumps(d["raw"]),
+                "dead_lettered_at": now,
+            }
+            for d in dead
+        ]
+        return pa.Table.from_pylist(records, schema=DEAD_LETTER_SCHEMA)
+
+
+@dataclass
+class _Batch:
+    tables: list[tuple[pa.Table, str]] = field(default_factory=list)
+    dead: list[dict[str, Any]] = field(default_factory=list)
+    rows: int = 0
+    files: int = 0
+
+    def add(self, table: pa.Table | None, relative: str, info: FileInfo, bad: list[BadRow]) -> None:
+        for row in bad:
+            where = f"line {row.line}" if row.line is not None else f"row {row.row}" if row.row else "line unknown"
+            self.dead.append(
+                {
+                    "key": f"{relative}:{where.replace(' ', '')}" if row.line or row.row else f"{relative}:{row.raw}",
+                    "position": {"file": relative, "row": row.row, "line": row.line, **_when(info)},
+                    "error": f"file {relative} {where}: {row.error}",
+                    "raw": {"file": relative, "row": row.row, "line": row.line, "text": row.raw},
+                }
+            )
+        if table is not None and table.num_rows:
+            self.tables.append((_labelled(table, relative, info), f"file {relative}"))
+            self.rows += table.num_rows
+
+    def park(self, relative: str, info: FileInfo, reason: str) -> None:
+        self.dead.append(
+            {
+                "key": f"{relative}:file",
+                "position": {"file": relative, **_when(info)},
+                "error": f"file {relative} parked as a whole: {reason}",
+                "raw": {"file": relative, "size": info.size, "etag": info.etag, **_when(info)},
+            }
+        )
+
+    def slice(self, position: dict[str, Any], index: int) -> FileSlice:
+        return FileSlice(self.tables, position, index, dead=self.dead, row_count=self.rows)
+
+
+def _labelled(table: pa.Table, relative: str, info: FileInfo) -> pa.Table:
+    """The file's name, and each row's version: newer files win, then later paths, then later rows."""
+    rows = table.num_rows
+    prefix = f"{info.modified_at.strftime('%Y-%m-%dT%H:%M:%S.%f')}|{relative}|"
+    numbers = pc.utf8_lpad(pc.cast(table.column(ROW), pa.string()), width=12, padding="0")
+    version = pc.binary_join_element_wise(pa.repeat(pa.scalar(prefix), rows), numbers, "")
+    return table.append_column(FILE, pa.repeat(pa.scalar(relative), rows)).append_column(_VERSION, version)
+
+
+def _when(info: FileInfo) -> dict[str, Any]:
+    return {"modified_at": info.modified_at.isoformat()}
+
+
+def _relative(path: str, root: str) -> str:
+    return path[len(root) + 1 :] if root and path.startswith(root + "/") else path

@@ -1,0 +1,155 @@
+"""Schema handling for file streams: each file's inferred Arrow columns go through the stream's schema policy
+before they load (new columns added, widened types applied to the target, incompatible ones pause).
+
+A file is typed on its own (a CSV column of small numbers reads as integers in one drop and as decimals in
+the next), so a file's narrower type is cast up to the type the target already holds, and only a type the
+target cannot hold is a change. A column absent from a file is not dropped: the rows load with nulls there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ingestion_assets.loading.pipeline import Loader
+from ingestion_assets.schema.changes import ColumnType, SchemaChange, classify, parse_stored
+from ingestion_assets.schema.policy import decide
+from ingestion_assets.sources.postgres.landing import sql_type_of_arrow
+from ingestion_assets.streams.schema_step import SchemaPaused, SchemaStep
+
+
+def column_type(kind: pa.DataType) -> ColumnType | None:
+    """A file column's type as the schema policy knows types; None for a column of nulls only (no type)."""
+    if pa.types.is_null(kind):
+        return None
+    if pa.types.is_boolean(kind):
+        return ColumnType("bool", "boolean")
+    if pa.types.is_integer(kind):
+        return ColumnType("int8", "bigint")
+    if pa.types.is_floating(kind):
+        return ColumnType("float8", "double precision")
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return ColumnType("text", "text")
+    if pa.types.is_timestamp(kind):
+        if kind.tz is not None:
+            return ColumnType("timestamptz", "timestamp with time zone")
+        return ColumnType("timestamp", "timestamp without time zone")
+    if pa.types.is_date(kind):
+        return ColumnType("date", "date")
+    if pa.types.is_decimal(kind):
+        return ColumnType("numeric", f"numeric({kind.precision},{kind.scale})")
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        return ColumnType("bytea", "bytea")
+    return ColumnType("json", "json")  # structs, lists, maps: dlt stores them as JSON
+
+
+def arrow_type(column: ColumnType) -> pa.DataType | None:
+    """The Arrow type a column of the stored schema loads as (None: leave the values as they are)."""
+    if column.type_name == "numeric":
+        digits = column.sql_type.split("(")[-1].rstrip(")").split(",")
+        return pa.decimal128(int(digits[0]), int(digits[1]))
+    return _ARROW.get(column.type_name)
+
+
+_ARROW = {
+    "bool": pa.bool_(),
+    "int8": pa.int64(),
+    "float8": pa.float64(),
+    "text": pa.string(),
+    "timestamptz": pa.timestamp("us", tz="UTC"),
+    "timestamp": pa.timestamp("us"),
+    "date": pa.date32(),
+    "bytea": pa.binary(),
+}
+
+
+@dataclass
+class FilesSchemaStep(SchemaStep):
+    """The run's schema step for a file stream: `stored` grows in place as files load (checkpointed with each
+    slice), `applied` lists what changed for the run's report."""
+
+    policy: str = "evolve"
+    accepted: bool = False
+    name: str = ""
+    key_fields: frozenset[str] = frozenset()
+    learning: bool = False
+
+    def settle(self, table: pa.Table, loader: Loader, where: str) -> pa.Table:
+        """One file's batch, in the target's types; raises SchemaPaused before anything of it loads."""
+        known = parse_stored(self.stored) or {}
+        changes: list[SchemaChange] = []
+        for field in table.schema:
+            new = column_type(field.type)
+            old = known.get(field.name)
+            if new is None or field.name.startswith("_ingest_") or old == new:
+                continue
+            if old is not None and (old.type_name == new.type_name or classify(new, old) == "widened"):
+                continue  # the file's type fits in the target's: cast below
+            kind = "added" if old is None else classify(old, new)
+            if kind is not None:
+                key = field.name in self.key_fields and kind == "incompatible"
+                changes.append(SchemaChange(kind, field.name, old, new, "it is a primary key" if key else ""))
+        if changes:
+            self._apply(changes, loader, where)
+        return self.cast(table)
+
+    def _apply(self, changes: list[SchemaChange], loader: Loader, where: str) -> None:
+        decision = decide(self.policy, changes, accepted=self.accepted)
+        if decision.pause:
+            raise SchemaPaused(self._paused(decision.pause, where), decision.pause)
+        retyped = [c for c in decision.apply if c.old is not None and c.new is not None]
+        if retyped:
+            kind = loader.destination.type
+            loader.migrate([(c, sql_type_of_arrow(_arrow(c), kind), _arrow(c)) for c in retyped])
+        for change in decision.apply:
+            assert change.new is not None
+            self.stored[change.column] = [change.new.type_name, change.new.sql_type]
+        self.applied += [c for c in decision.apply if not (self.learning and c.kind == "added")]
+        self.skipped += [c for c in decision.skip if c.column not in {s.column for s in self.skipped}]
+
+    def cast(self, table: pa.Table) -> pa.Table:
+        """Columns in the stored types; skipped (ignored) columns and columns of nulls only left out."""
+        known = parse_stored(self.stored) or {}
+        skipped = {c.column for c in self.skipped}
+        for field in list(table.schema):
+            name = field.name
+            if name.startswith("_ingest_"):
+                continue
+            stored = known.get(name)
+            target = arrow_type(stored) if stored is not None else None
+            if name in skipped or (stored is None and pa.types.is_null(field.type)):
+                table = table.drop_columns([name])
+            elif target is not None and field.type != target:
+                index = table.schema.get_field_index(name)
+                table = table.set_column(index, pa.field(name, target), pc.cast(table.column(name), target))
+        return table
+
+    def _paused(self, changes: list[SchemaChange], where: str) -> str:
+        listed = "; ".join(c.describe() for c in changes)
+        return (
+            f"stream {self.name} is paused by a schema change in {where} (policy {self.policy}): {listed}. Its "
+            f"checkpoint is kept (that file was not loaded); to apply it run `ingest schema accept {self.name}` "
+            "(an incompatible column keeps its old values in `<column>__<old type>`), or change the policy"
+        )
+
+
+def _arrow(change: SchemaChange) -> pa.DataType:
+    assert change.new is not None
+    return arrow_type(change.new) or pa.string()
+
+
+def files_schema_step(stream: Any, details: dict[str, Any]) -> FilesSchemaStep:
+    """The step a file stream's run starts with: the stored schema of its last checkpoint."""
+    spec = stream.spec
+    return FilesSchemaStep(
+        plan=None,
+        stored={k: list(v) for k, v in (details.get("schema") or {}).items()},
+        policy=spec.schema_policy,
+        accepted=bool(details.get("schema_accepted")),
+        name=stream.qualified_name,
+        key_fields=frozenset(spec.primary_key),
+        learning=not details.get("schema"),
+    )

@@ -1,0 +1,105 @@
+"""Helpers for the files tests: a folder of drops with a catalog, a state store in a JSON file (a killed
+process's checkpoints survive it), runs of the stream, and the target read back."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import yaml
+
+from ingestion_assets.catalog import load_catalog
+from ingestion_assets.defs.assets import catalog_streams
+from ingestion_assets.settings import Settings
+from ingestion_assets.state.model import Checkpoint
+from ingestion_assets.streams.files import FileSourceStream
+from ingestion_assets.streams.runner import PartitionJob, PartitionOutcome
+
+
+@dataclass
+class FileStore:
+    """The runner's state store in a JSON file, replaced atomically on every commit."""
+
+    path: Path
+
+    def latest(self, partition: str | None) -> Checkpoint | None:
+        if not self.path.exists():
+            return None
+        saved = json.loads(self.path.read_text())
+        return Checkpoint(saved["position"], "test", dt.datetime.now(dt.UTC), saved["seq"], saved["details"])
+
+    def commit(self, partition: str | None, position: dict[str, Any] | None, **details: Any) -> None:
+        seq = (self.latest(partition).storage_id + 1) if self.path.exists() else 1  # type: ignore[union-attr]
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(json.dumps({"position": position, "details": details, "seq": seq}, default=str))
+        os.replace(temporary, self.path)
+
+
+@dataclass
+class Drops:
+    """One test's source folder (or URL), catalog, DuckDB target and state."""
+
+    root: Path
+    url: str | None = None
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def folder(self) -> Path:
+        return self.root / "drops"
+
+    @property
+    def warehouse(self) -> Path:
+        return self.root / "warehouse.duckdb"
+
+    def catalog(self, **stream: Any) -> Path:
+        source = {"type": "files", "url": self.url or str(self.folder), "streams": {"orders": stream}}
+        if self.storage_options:
+            source["storage_options"] = self.storage_options
+        catalog = {"destination": {"type": "duckdb", "path": str(self.warehouse)}, "sources": {"drops": source}}
+        path = self.root / "catalog.yaml"
+        path.write_text(yaml.safe_dump(catalog))
+        return path
+
+    @property
+    def settings(self) -> Settings:
+        return Settings(home=self.root / "home", catalog_path=self.root / "catalog.yaml")
+
+    def stream(self) -> FileSourceStream:
+        stream = catalog_streams(self.settings, load_catalog(self.root / "catalog.yaml"))[0]
+        assert isinstance(stream, FileSourceStream)
+        return stream
+
+    @property
+    def store(self) -> FileStore:
+        return FileStore(self.root / "state.json")
+
+    def run(self) -> PartitionOutcome:
+        return PartitionJob(self.stream(), self.store, run_id="test").run()
+
+    def write(self, name: str, text: str | bytes, modified: float | None = None) -> Path:
+        path = self.folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(text.encode() if isinstance(text, str) else text)
+        if modified is not None:
+            os.utime(path, (modified, modified))
+        return path
+
+    def rows(self, columns: str = "id, name, amount", table: str = "orders") -> list[tuple[Any, ...]]:
+        with duckdb.connect(str(self.warehouse), read_only=True) as con:
+            return con.sql(f"SELECT {columns} FROM drops.{table} ORDER BY 1, 2").fetchall()
+
+    def dead_letters(self) -> list[tuple[str, str]]:
+        with duckdb.connect(str(self.warehouse), read_only=True) as con:
+            return con.sql("SELECT record_key, error FROM drops._ingest_dead_letter ORDER BY 1").fetchall()
+
+
+def csv_text(rows: list[tuple[Any, ...]], header: str = "id,name,amount") -> str:
+    return header + "\n" + "".join(",".join("" if v is None else str(v) for v in row) + "\n" for row in rows)

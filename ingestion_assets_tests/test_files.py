@@ -1,0 +1,214 @@
+"""Files source on a local folder: drops read incrementally by file, rewrites and late files, bad rows and
+broken files parked, schema drift through the policy; the target compared with the files row by row."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ingestion_assets.streams.schema_step import SchemaPaused
+from ingestion_assets_tests.files_helpers import Drops, csv_text
+
+BASE = 1_700_000_000.0  # the drops' modified times, chosen by the tests
+
+
+def _parquet(rows: list[tuple[Any, ...]], row_group_size: int = 1000) -> bytes:
+    table = pa.table({"id": [r[0] for r in rows], "name": [r[1] for r in rows], "amount": [r[2] for r in rows]})
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, row_group_size=row_group_size)
+    return buffer.getvalue()
+
+
+def _jsonl(rows: list[tuple[Any, ...]]) -> str:
+    import json
+
+    return "".join(json.dumps({"id": r[0], "name": r[1], "amount": r[2]}) + "\n" for r in rows)
+
+
+def _rows(first: int, count: int, tag: str = "v1") -> list[tuple[Any, ...]]:
+    return [(i, f"{tag}-{i}", round(i * 1.25, 2)) for i in range(first, first + count)]
+
+
+@pytest.fixture
+def drops(tmp_path: Path) -> Drops:
+    return Drops(tmp_path)
+
+
+@pytest.mark.slow  # several loads (or a subprocess): beyond the default suite's time budget
+def test_drops_in_every_format_load_incrementally_and_equal_the_files(drops: Drops) -> None:
+    drops.catalog(path="**/*", primary_key="id", files_per_slice=2)
+    expected: dict[int, tuple[Any, ...]] = {}
+    for round_ in range(3):
+        start = round_ * 300
+        batches = [_rows(start + k * 60, 60) for k in range(5)]
+        drops.write(f"r{round_}/a.csv", csv_text(batches[0]), BASE + round_ * 100 + 1)
+        drops.write(f"r{round_}/b.csv.gz", gzip.compress(csv_text(batches[1]).encode()), BASE + round_ * 100 + 2)
+        drops.write(f"r{round_}/c.jsonl", _jsonl(batches[2]), BASE + round_ * 100 + 3)
+        drops.write(f"r{round_}/d.parquet", _parquet(batches[3], 17), BASE + round_ * 100 + 4)
+        drops.write(f"r{round_}/e.csv.zst", _zstd(csv_text(batches[4]).encode()), BASE + round_ * 100 + 5)
+        expected.update({r[0]: r for batch in batches for r in batch})
+        outcome = drops.run()
+        assert outcome.result.rows == 300  # this round's files only
+        assert drops.rows() == sorted(expected.values())
+    assert drops.run().result.rows == 0  # nothing new: nothing read
+    position = drops.store.latest(None).position  # type: ignore[union-attr]
+    assert (position["path"], position["partial"]) == ("r2/e.csv.zst", None)
+
+
+def _zstd(data: bytes) -> bytes:
+    buffer = pa.BufferOutputStream()
+    with pa.CompressedOutputStream(buffer, "zstd") as stream:
+        stream.write(data)
+    return bytes(buffer.getvalue().to_pybytes())
+
+
+def test_a_file_rewritten_in_place_is_read_again_and_merged_by_key(drops: Drops) -> None:
+    drops.catalog(path="*.csv", primary_key="id")
+    drops.write("a.csv", csv_text(_rows(1, 50)), BASE)
+    drops.write("b.csv", csv_text(_rows(51, 50)), BASE + 10)
+    drops.run()
+    changed = _rows(1, 50, tag="v2") + _rows(101, 5, tag="v2")
+    drops.write("a.csv", csv_text(changed), BASE)  # same modified time (a copy that keeps it): size differs
+    assert drops.run().result.rows == 55
+    assert drops.rows() == sorted(changed + _rows(51, 50))
+
+
+def test_a_late_file_with_an_older_time_is_read_within_the_lookback(drops: Drops) -> None:
+    drops.catalog(path="*.csv", primary_key="id", lookback_seconds=3600)
+    drops.write("b.csv", csv_text(_rows(1, 10)), BASE + 1000)
+    drops.run()
+    drops.write("a_late.csv", csv_text(_rows(11, 10)), BASE + 10)  # copied in later, keeping an older time
+    drops.write("ancient.csv", csv_text(_rows(21, 10)), BASE - 7200)  # older than the window: taken as read
+    assert drops.run().result.rows == 10
+    assert drops.rows() == sorted(_rows(1, 20))
+
+
+@pytest.mark.slow  # several loads (or a subprocess): beyond the default suite's time budget
+def test_a_late_file_does_not_overwrite_newer_versions_of_its_keys(drops: Drops) -> None:
+    drops.catalog(path="*.csv", primary_key="id")
+    drops.write("new.csv", csv_text(_rows(1, 10, tag="new")), BASE + 100)
+    drops.run()
+    drops.write("old.csv", csv_text(_rows(1, 20, tag="old")), BASE + 50)
+    drops.run()
+    assert drops.rows() == sorted(_rows(1, 10, tag="new") + _rows(11, 10, tag="old"))
+
+
+def test_without_a_key_rows_are_keyed_by_file_and_row(drops: Drops) -> None:
+    drops.catalog(path="*.csv")
+    drops.write("a.csv", csv_text([(1, "x", 1.5), (1, "x", 1.5)]), BASE)
+    drops.run()
+    drops.write("a.csv", csv_text([(1, "y", 1.5), (1, "x", 1.5)]), BASE + 5)  # rewritten: same keys again
+    drops.run()
+    assert drops.rows("_ingest_file, _ingest_file_row, name") == [("a.csv", 1, "y"), ("a.csv", 2, "x")]
+
+
+def test_bad_lines_and_broken_files_are_parked_and_the_rest_loads(drops: Drops) -> None:
+    drops.catalog(path="*", primary_key="id", csv={"column_types": {"amount": "float64"}})
+    drops.write("a.csv", "id,name,amount\n1,a,1.5\n2,b\n3,c,2.5\n4,d,oops\n", BASE + 1)
+    drops.write("b.jsonl", '{"id": 5, "name": "e", "amount": 1.0}\n{"id": 6,\n[1]\n', BASE + 2)
+    drops.write("c.csv", b"id,name,amount\n7,\xff\xfeg,3.5\n8,h,4.5\n", BASE + 3)
+    broken = _parquet(_rows(100, 50))
+    drops.write("d.parquet", broken[: len(broken) // 2], BASE + 4)  # truncated
+    drops.write("e.csv.gz", gzip.compress(csv_text(_rows(200, 500)).encode())[:300], BASE + 5)  # truncated
+    drops.write("f.parquet", _parquet(_rows(300, 3)), BASE + 6)
+    outcome = drops.run()
+    rows = drops.rows()
+    ids = {r[0] for r in rows}
+    assert {1, 3, 5, 8, 300, 301, 302} <= ids and not ids & {2, 4, 6, 7, *range(100, 150)}
+    parked = dict(drops.dead_letters())
+    assert parked["a.csv:line3"].startswith("file a.csv line 3: 2 fields where the header has 3")
+    assert "'oops' is not a valid double" in parked["a.csv:row3"]
+    assert "not JSON" in parked["b.jsonl:line2"] and "not an object" in parked["b.jsonl:line3"]
+    assert "invalid UTF-8" in parked["c.csv:row1"]
+    assert "parked as a whole" in parked["d.parquet:file"]
+    assert "parked as a whole" in parked["e.csv.gz:file"]
+    assert outcome.result.dead_letters == len(parked)
+    # the truncated gzip gave the rows before the break: they load, and the file is parked for the rest
+    assert ids - {1, 3, 5, 8, 300, 301, 302} <= set(range(200, 700))
+    assert drops.run().result.rows == 0  # parked files are not read again until they change
+
+
+@pytest.mark.slow  # several loads (or a subprocess): beyond the default suite's time budget
+def test_schema_drift_across_files_adds_widens_and_pauses(drops: Drops) -> None:
+    drops.catalog(path="*.csv", primary_key="id")
+    drops.write("1.csv", "id,code,qty\n1,10,3\n", BASE + 1)
+    drops.run()
+    drops.write("2.csv", "id,code,note\n2,20,hello\n", BASE + 2)  # a column added
+    drops.write("3.csv", "id,code\n3,X-3\n", BASE + 3)  # integers widened to text
+    outcome = drops.run()
+    assert any("'note' added" in c for c in outcome.schema_changes)
+    assert any("'code' changed type bigint -> text (widened)" in c for c in outcome.schema_changes)
+    assert drops.rows("id, code, note, qty") == [(1, "10", None, 3), (2, "20", "hello", None), (3, "X-3", None, None)]
+    drops.write("4.csv", "id,note,qty\n4,true,7\n", BASE + 4)  # bool into text: fits (cast), no change
+    drops.write("5.csv", "id,qty\n5,2.5\n", BASE + 5)  # a bigint column of 2.5: incompatible
+    with pytest.raises(SchemaPaused, match="'qty' changed type bigint -> double precision"):
+        drops.run()
+    after = drops.store.latest(None)
+    # 4.csv and 5.csv share a slice: neither loaded, the checkpoint stays after 3.csv
+    assert after is not None and after.position["path"] == "3.csv"
+    assert [r[0] for r in drops.rows("id, code")] == [1, 2, 3]
+    assert "accept" in after.details["last_error"]
+
+
+@pytest.mark.slow  # several loads (or a subprocess): beyond the default suite's time budget
+def test_a_kill_in_the_middle_of_a_batch_of_files_resumes_exactly(drops: Drops, tmp_path: Path) -> None:
+    drops.catalog(path="*.csv", primary_key="id", files_per_slice=3)
+    for k in range(12):
+        drops.write(f"f{k:02}.csv", csv_text(_rows(k * 10, 10)), BASE + k)
+    script = (
+        "import sys; from ingestion_assets_tests.files_helpers import Drops; from pathlib import Path; "
+        "Drops(Path(sys.argv[1])).run()"
+    )
+    env = {"INGEST_FAULT": "after_load:2:kill", "PATH": "/usr/bin:/bin"}
+    killed = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr.decode()[-2000:]
+    checkpoint = drops.store.latest(None)
+    assert checkpoint is not None and checkpoint.position["path"] == "f05.csv"  # slices 0 and 1: 6 files
+    outcome = drops.run()
+    assert outcome.result.rows == 60  # files 6 to 11: the slice in flight, and the rest, nothing before
+    assert drops.rows() == sorted(_rows(0, 120))
+
+
+@pytest.mark.slow  # several loads (or a subprocess): beyond the default suite's time budget
+def test_a_big_file_is_checkpointed_inside_and_resumed_inside(drops: Drops, tmp_path: Path) -> None:
+    drops.catalog(path="*.parquet", primary_key="id", slice_rows=1000, batch_rows=500)
+    drops.write("big.parquet", _parquet(_rows(0, 5000), row_group_size=700), BASE)
+    env = {"INGEST_FAULT": "after_load:3:kill", "PATH": "/usr/bin:/bin"}
+    script = "import sys; from ingestion_assets_tests.files_helpers import Drops; from pathlib import Path; Drops(Path(sys.argv[1])).run()"
+    killed = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr.decode()[-2000:]
+    partial = drops.store.latest(None).position["partial"]  # type: ignore[union-attr]
+    assert partial["path"] == "big.parquet" and 0 < partial["rows"] < 5000  # stopped inside the file
+    assert drops.run().result.rows == 5000 - partial["rows"]  # resumed inside it: no row read twice
+    assert drops.rows() == sorted(_rows(0, 5000))
+
+
+@pytest.mark.slow  # several loads (or a subprocess): beyond the default suite's time budget
+def test_materialized_through_dagster_with_an_asset_per_stream(drops: Drops) -> None:
+    import dagster as dg
+
+    from ingestion_assets.catalog import load_catalog
+    from ingestion_assets.defs.assets import build_stream_assets
+    from ingestion_assets.defs.sources import source_specs
+
+    drops.catalog(path="*.csv", primary_key="id")
+    drops.write("a.csv", csv_text(_rows(1, 5)), time.time() - 60)
+    catalog = load_catalog(drops.root / "catalog.yaml")
+    assets = build_stream_assets(drops.settings, catalog)
+    assert [a.key for a in assets] == [dg.AssetKey(["drops", "orders"])]
+    assert [s.key for s in source_specs(catalog)] == [dg.AssetKey(["source", "drops", "files", "csv"])]
+    with dg.DagsterInstance.ephemeral() as instance:
+        assert dg.materialize(assets, instance=instance).success
+        drops.write("b.csv", csv_text(_rows(6, 5)), time.time())
+        result = dg.materialize(assets, instance=instance)
+        assert result.success
+    assert drops.rows() == sorted(_rows(1, 10))

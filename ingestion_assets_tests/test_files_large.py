@@ -1,0 +1,56 @@
+"""A 1 GB CSV streams through in bounded batches: the loading process's memory stays flat (slow-marked)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pytest
+
+from ingestion_assets_tests.files_helpers import Drops
+
+SIZE_BYTES = int(os.environ.get("FILES_LARGE_BYTES", str(1 << 30)))
+ROWS_PER_CHUNK = 500_000
+
+
+def _write_big_csv(path: Path) -> int:
+    """Written in chunks, so the test itself never holds the file either; returns the row count."""
+    rows = 0
+    with pacsv.CSVWriter(
+        str(path), pa.schema([("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64())])
+    ) as out:
+        while path.stat().st_size < SIZE_BYTES:
+            ids = pa.array(range(rows, rows + ROWS_PER_CHUNK), pa.int64())
+            names = pa.compute.binary_join_element_wise("customer-name-", pa.compute.cast(ids, pa.string()), "")
+            out.write_table(pa.table({"id": ids, "name": names, "amount": pa.compute.divide(ids, 7.0)}))
+            rows += ROWS_PER_CHUNK
+    return rows
+
+
+@pytest.mark.slow
+def test_a_1gb_csv_loads_with_flat_memory(tmp_path: Path) -> None:
+    drops = Drops(tmp_path)
+    rows = _write_big_csv(drops.folder / "big.csv")
+    drops.catalog(path="*.csv", write_disposition="append", slice_rows=500_000)
+    script = "import sys; from ingestion_assets_tests.files_helpers import Drops; from pathlib import Path; Drops(Path(sys.argv[1])).run()"
+    process = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stderr=subprocess.DEVNULL)
+    watched = psutil.Process(process.pid)
+    peak = 0
+    while process.poll() is None:
+        try:
+            peak = max(peak, watched.memory_info().rss)
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.2)
+    assert process.returncode == 0
+    with __import__("duckdb").connect(str(drops.warehouse), read_only=True) as con:
+        count, low, high, total = con.sql("SELECT count(*), min(id), max(id), sum(id) FROM drops.orders").fetchone()
+    assert (count, low, high, total) == (rows, 0, rows - 1, rows * (rows - 1) // 2)
+    file_size = (drops.folder / "big.csv").stat().st_size
+    assert peak < min(file_size, 900 << 20), f"peak RSS {peak >> 20} MB for a {file_size >> 20} MB file"
