@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from ingestion_assets.catalog.base import DeadLetters, Freshness, Reference, Retries, _Model
+from ingestion_assets.catalog.destination import Destination
 from ingestion_assets.catalog.files import CsvOptions, FilesSource, FilesStream
 from ingestion_assets.catalog.postgres import KeyPartitions, PostgresSource, PostgresStream, Reconcile, TimePartitions
 from ingestion_assets.catalog.rest import RestAuth, RestSource, RestStream
@@ -49,24 +50,6 @@ class CatalogError(ValueError):
         self.path = str(path)
         self.problems = problems
         super().__init__(f"invalid catalog {path}:\n" + "\n".join(f"  - {p}" for p in problems))
-
-
-class Destination(_Model):
-    type: Literal["duckdb", "postgres"] = "duckdb"
-    path: str | None = Field(None, description="DuckDB file; default INGEST_HOME/warehouse.duckdb")
-    memory_limit: str = Field("512MB", description="DuckDB memory_limit while loading (bounded memory)")
-    credentials: Reference | None = Field(None, description="connection URL reference for postgres")
-    naming: Literal["snake_case", "direct"] = Field(
-        "snake_case",
-        description="target column names: snake_case (dlt's default: `Order ID` -> `order_id`) or direct (the "
-        "source's names kept exactly: case, spaces, unicode)",
-    )
-
-    @model_validator(mode="after")
-    def _credentials_for_postgres(self) -> Destination:
-        if self.type == "postgres" and self.credentials is None:
-            raise ValueError("a postgres destination needs `credentials` (a reference: env or file)")
-        return self
 
 
 class Catalog(_Model):

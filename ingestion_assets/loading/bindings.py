@@ -47,16 +47,23 @@ def read_marker(client: Any, stream: str, partition: str | None) -> Marker | Non
 def write_marker(client: Any, stream: str, partition: str | None, marker: Marker) -> None:
     """Upsert the stream partition's row (the dataset exists: a load just went into it)."""
     table = ensure_table(client)
+    mysql = _is_mysql(client)
+    upsert = (
+        "ON DUPLICATE KEY UPDATE binding = VALUES(binding), seq = VALUES(seq), generation = VALUES(generation), "
+        "updated_at = VALUES(updated_at)"
+        if mysql
+        else "ON CONFLICT (stream, partition_key) DO UPDATE SET binding = excluded.binding, seq = excluded.seq, "
+        "generation = excluded.generation, updated_at = excluded.updated_at"
+    )
+    now = dt.datetime.now(dt.UTC)
     client.execute_sql(
-        f"INSERT INTO {table} ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (stream, partition_key) "
-        "DO UPDATE SET binding = excluded.binding, seq = excluded.seq, generation = excluded.generation, "
-        "updated_at = excluded.updated_at",
+        f"INSERT INTO {table} ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s) {upsert}",
         stream,
         partition or "",
         marker.binding,
         marker.seq,
         marker.generation,
-        dt.datetime.now(dt.UTC),
+        now.replace(tzinfo=None) if mysql else now,  # MySQL's DATETIME holds UTC without a zone
     )
 
 
@@ -69,9 +76,16 @@ def set_generation(client: Any, stream: str, generation: int) -> None:
 def ensure_table(client: Any) -> str:
     """Create the table if missing, without a failing statement (which would abort a PostgreSQL transaction)."""
     table = client.make_qualified_table_name(TABLE)
+    text, key_text, stamp = ("VARCHAR", "VARCHAR", "TIMESTAMP WITH TIME ZONE")
+    if _is_mysql(client):  # key columns need a length there; its DATETIME has no zone (UTC is written)
+        text, key_text, stamp = ("VARCHAR(255)", "VARCHAR(500)", "DATETIME(6)")
     client.execute_sql(
-        f"CREATE TABLE IF NOT EXISTS {table} (stream VARCHAR NOT NULL, partition_key VARCHAR NOT NULL, "
-        "binding VARCHAR NOT NULL, seq BIGINT NOT NULL, generation BIGINT NOT NULL, "
-        "updated_at TIMESTAMP WITH TIME ZONE NOT NULL, PRIMARY KEY (stream, partition_key))"
+        f"CREATE TABLE IF NOT EXISTS {table} (stream {text} NOT NULL, partition_key {key_text} NOT NULL, "
+        f"binding {text} NOT NULL, seq BIGINT NOT NULL, generation BIGINT NOT NULL, "
+        f"updated_at {stamp} NOT NULL, PRIMARY KEY (stream, partition_key))"
     )
     return str(table)
+
+
+def _is_mysql(client: Any) -> bool:
+    return getattr(client, "dialect_name", None) in ("mysql", "mariadb")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import json
 import logging
 import time
 import zlib
@@ -21,6 +23,7 @@ from ingestion_assets.catalog import Destination
 from ingestion_assets.loading.naming import TargetNames
 from ingestion_assets.loading.native_types import DuckDbNativeTypes, PostgresNativeTypes
 from ingestion_assets.loading.postgres_copy import ExactPostgres
+from ingestion_assets.loading.sql_targets import MYSQL_IDENTIFIER_LENGTH, is_mysql, mysql_lock, sqlalchemy_destination
 from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
 
@@ -49,15 +52,60 @@ def make_destination(settings: Settings, destination: Destination) -> Any:
         return dlt.destinations.duckdb(
             duckdb_credentials, type_mapper=DuckDbNativeTypes, naming_convention=destination.naming
         )
+    if destination.type == "sqlalchemy":
+        return sqlalchemy_destination(destination_url(settings, destination), destination.naming)
+    if destination.type == "filesystem":
+        from ingestion_assets.loading.lake import lake_destination  # the lake's packages load only when used
+
+        return lake_destination(destination, dlt_credentials(settings, destination))
+    if destination.type == "dlt":
+        assert destination.name is not None
+        extra: dict[str, Any] = dict(destination.options)
+        if (referenced := dlt_credentials(settings, destination)) is not None:
+            extra["credentials"] = referenced
+        return dlt.destination(destination.name, naming_convention=destination.naming, **extra)
     credentials = PostgresCredentials(destination_url(settings, destination))
     credentials.password = credentials.password or ""  # trust or peer auth: dlt insists on a password field
     return ExactPostgres(credentials=credentials, type_mapper=PostgresNativeTypes, naming_convention=destination.naming)
+
+
+def dlt_credentials(settings: Settings, destination: Destination) -> str | dict[str, Any] | None:
+    """The referenced credentials as dlt takes them: a connection URL, or a JSON object's fields. Without a
+    reference dlt reads its own configuration (environment, secrets.toml): also never a catalog literal."""
+    if destination.credentials is None:
+        return None
+    value = destination_url(settings, destination)
+    if not value.lstrip().startswith("{"):
+        return value
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:  # the message must not echo the secret
+        raise ValueError(
+            f"destination.credentials ({destination.credentials.describe()}) is not a JSON object: line {exc.lineno}"
+        ) from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"destination.credentials ({destination.credentials.describe()}) is not a JSON object")
+    return parsed
+
+
+def describe_destination(settings: Settings, destination: Destination) -> str:
+    """The destination, for messages and checkpoints (never a secret)."""
+    if destination.type == "duckdb":
+        return f"duckdb:{duckdb_path(settings, destination)}"
+    if destination.type == "filesystem":
+        return f"{destination.table_format}:{destination.bucket_url}"
+    if destination.type == "dlt":
+        return f"dlt:{destination.name}"
+    assert destination.credentials is not None
+    return f"{destination.type}:{destination.credentials.describe()}"
 
 
 def target_names(destination: Destination) -> TargetNames:
     """How source column names land in this destination (see loading/naming.py)."""
     if destination.type == "postgres":
         return TargetNames(destination.naming, POSTGRES_IDENTIFIER_LENGTH, case_sensitive=True)
+    if destination.type == "sqlalchemy":  # MySQL column names are case-insensitive, 64 characters at most
+        return TargetNames(destination.naming, MYSQL_IDENTIFIER_LENGTH, case_sensitive=False)
     return TargetNames(destination.naming, None, case_sensitive=False)
 
 
@@ -66,9 +114,21 @@ def writer_lock(settings: Settings, destination: Destination, dataset: str, tabl
     """One writer at a time per target: the version check and the load it guards are then atomic.
 
     DuckDB admits one writing process per file: a file lock. PostgreSQL: an advisory lock per table,
-    so different tables still load in parallel. Reading from sources never waits on this lock.
+    so different tables still load in parallel; MySQL: a named lock per table. Lakes and passed-through
+    destinations: a file lock per table on this machine (writers on other machines are not held off: run
+    one code location per lake table). Reading from sources never waits on this lock.
     """
     started = time.monotonic()
+    if destination.type == "sqlalchemy" and is_mysql(url := destination_url(settings, destination)):
+        with mysql_lock(url, dataset, table):
+            _note_wait(started, f"{dataset}.{table}")
+            yield
+        return
+    if destination.type != "postgres" and destination.type != "duckdb":
+        with _file_lock(settings.home / "locks" / _lock_name(settings, destination, dataset, table)):
+            _note_wait(started, f"{dataset}.{table}")
+            yield
+        return
     if destination.type == "duckdb":
         path = duckdb_path(settings, destination)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,3 +178,19 @@ def _note_wait(started: float, what: str) -> None:
     waited = time.monotonic() - started
     if waited > 1:
         log.info("waited %.1fs for the writer lock on %s", waited, what)
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _lock_name(settings: Settings, destination: Destination, dataset: str, table: str) -> str:
+    where = describe_destination(settings, destination)
+    return hashlib.sha256(f"{where}|{dataset}.{table}".encode()).hexdigest()[:24] + ".lock"

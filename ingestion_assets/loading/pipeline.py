@@ -20,7 +20,7 @@ from dlt.destinations.exceptions import DatabaseUndefinedRelation
 from ingestion_assets.catalog import Destination
 from ingestion_assets.loading.bindings import Marker, read_marker, set_generation, write_marker
 from ingestion_assets.loading.dead_letters import record_keys
-from ingestion_assets.loading.destinations import duckdb_path, make_destination, target_names, writer_lock
+from ingestion_assets.loading.destinations import describe_destination, make_destination, target_names, writer_lock
 from ingestion_assets.loading.metadata_columns import DLT_HINTS, GENERATION
 from ingestion_assets.loading.migrate import migration_statements
 from ingestion_assets.loading.naming import TargetNames
@@ -29,7 +29,8 @@ from ingestion_assets.loading.parked import dead_letter_resource, delete_parked,
 from ingestion_assets.loading.postgres_copy import LOADER_FILE_FORMAT as POSTGRES_FILE_FORMAT
 from ingestion_assets.loading.postgres_load import load_slice as load_postgres_slice
 from ingestion_assets.loading.relations import table_exists
-from ingestion_assets.loading.versions import check_keys
+from ingestion_assets.loading.sql_targets import refuse_retype
+from ingestion_assets.loading.versions import KeyCheck, check_keys
 from ingestion_assets.schema.changes import SchemaChange
 from ingestion_assets.settings import Settings
 
@@ -173,8 +174,7 @@ class Loader:
             table = for_postgres(table)
         with self._lock():
             if self.guard_versions and table is not None:
-                with self._pipeline.sql_client() as client:
-                    check = check_keys(client, self.destination.type, self.target.table, self.key, table)
+                check = self._check_versions(table)
                 table = check.rows
                 if check.existing == 0 and disposition == "merge" and _keys_unique(table, self.key):
                     disposition = "append"  # none of its keys is there yet and no one else writes now
@@ -185,7 +185,7 @@ class Loader:
                 resources.append(dead_letter_resource(dead_letters))
                 self._parked_keys = None  # re-read: the table now holds new entries
             if resources:
-                self._pipeline.run(resources, loader_file_format=self._file_format)
+                self._run(resources, self._file_format)
             self._advance_marker()
             if table is not None and table.num_rows:
                 self._release_parked(table)
@@ -217,10 +217,17 @@ class Loader:
 
     def where(self) -> str:
         """The destination, for messages and checkpoints (never a secret)."""
-        if self.destination.type == "duckdb":
-            return f"duckdb:{duckdb_path(self.settings, self.destination)}"
-        assert self.destination.credentials is not None
-        return f"postgres:{self.destination.credentials.describe()}"
+        return describe_destination(self.settings, self.destination)
+
+    def _check_versions(self, table: pa.Table) -> KeyCheck:
+        with self._pipeline.sql_client() as client:
+            return check_keys(client, self.destination.type, self.target.table, self.key, table)
+
+    def _run(self, resources: list[Any], file_format: str | None) -> None:
+        options: dict[str, Any] = {} if file_format is None else {"loader_file_format": file_format}
+        if self.destination.is_lake:
+            options["table_format"] = self.destination.table_format
+        self._pipeline.run(resources, **options)
 
     def _advance_marker(self) -> None:
         """After the data committed and before the checkpoint: the target holds one more slice."""
@@ -235,7 +242,7 @@ class Loader:
         if not (self._known_to_exist or self.targettable_exists()):
             with self._lock():
                 resource = dlt.resource([self._with_target_names(empty)], **self._resource_hints("append"))
-                self._pipeline.run([resource], loader_file_format=self._file_format)
+                self._run([resource], self._file_format)
 
     def forget_stored_schema(self) -> None:
         """The table was dropped behind dlt's back: dlt skips its migration while the destination still holds
@@ -302,7 +309,7 @@ class Loader:
                 resources.append(dead_letter_resource(dead_letters))
                 self._parked_keys = None
             if resources:
-                self._pipeline.run(resources)
+                self._run(resources, None)
             self._advance_marker()
             keys = ["|".join(str(r.get(k)) for k in self.target.primary_key) for r in records]
             self._release_parked_keys(keys)
@@ -343,6 +350,7 @@ class Loader:
 
         dlt never alters a column type, and it merges through a staging table it creates from its own
         schema: the tables change here, and dlt's schema learns the new type for the tables it creates."""
+        refuse_retype(self.destination, f"{self.target.dataset}.{self.stream_name}", [c for c, _, _ in changes])
         changes = [(replace(change, column=self.names.column(change.column)), t, a) for change, t, a in changes]
         self._retype_in_dlt_schema([(change.column, arrow) for change, _, arrow in changes])
         done: list[str] = []

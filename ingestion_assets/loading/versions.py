@@ -18,7 +18,7 @@ from ingestion_assets.loading.metadata_columns import POSITION
 from ingestion_assets.loading.native_types import for_postgres
 from ingestion_assets.loading.relations import table_exists
 
-_INCOMING = "_ingest_incoming"
+INCOMING = "_ingest_incoming"
 _ROW = "_ingest_row"
 STALE = "_ingest_stale"
 
@@ -33,6 +33,11 @@ def check_keys(
     client: Any, destination_type: str, table: str, primary_key: tuple[str, ...], rows: pa.Table
 ) -> KeyCheck:
     found = existing_keys(client, destination_type, table, primary_key, rows.select([*primary_key, POSITION]))
+    return keep_newest(rows, found, primary_key)
+
+
+def keep_newest(rows: pa.Table, found: pa.Table | None, primary_key: tuple[str, ...]) -> KeyCheck:
+    """The slice without the rows whose key the target holds at a newer version (`found`: existing_keys)."""
     if found is None:
         return KeyCheck(rows, 0)
     stale = found.filter(found[STALE]).select(list(primary_key))
@@ -52,33 +57,38 @@ def existing_keys(
 ) -> pa.Table | None:
     """The keys of `keys` (primary key + `_ingest_position`) the target holds, each with `STALE`: whether the
     target's version is newer. None when the target table does not exist yet."""
+    if destination_type not in ("duckdb", "postgres"):
+        raise NotImplementedError(
+            f"the version guard (partitions, a live tail) is built for DuckDB, PostgreSQL and lakes, not for a "
+            f"{destination_type} destination: load this stream without partitions there"
+        )
     if not table_exists(client, client.make_qualified_table_name(table)):
         return None
     qualified = client.make_qualified_table_name(table)
     # Several cursor columns make a text version (metadata_columns.sortable_text) whose byte order is its order.
     bytewise = destination_type == "postgres" and pa.types.is_string(keys.schema.field(POSITION).type)
-    statement = _existing_sql(qualified, primary_key, ' COLLATE "C"' if bytewise else "")
+    statement = existing_sql(qualified, primary_key, ' COLLATE "C"' if bytewise else "")
     if destination_type == "duckdb":
         return _query_duckdb(client.native_connection, statement, keys)
     return _query_postgres(client.native_connection, statement, qualified, primary_key, keys)
 
 
-def _existing_sql(qualified: str, primary_key: tuple[str, ...], collate: str) -> str:
+def existing_sql(qualified: str, primary_key: tuple[str, ...], collate: str) -> str:
     using = ", ".join(_quote(k) for k in primary_key)
     columns = ", ".join(f"i.{_quote(k)}" for k in primary_key)
     return (
         f"SELECT {columns}, t.{POSITION}{collate} > i.{POSITION}{collate} AS {STALE} "
-        f"FROM {_INCOMING} i JOIN {qualified} t USING ({using})"
+        f"FROM {INCOMING} i JOIN {qualified} t USING ({using})"
     )
 
 
 def _query_duckdb(con: Any, statement: str, keys: pa.Table) -> pa.Table:
-    con.register(_INCOMING, keys)
+    con.register(INCOMING, keys)
     try:
         result: pa.Table = con.sql(statement).to_arrow_table()
         return result
     finally:
-        con.unregister(_INCOMING)
+        con.unregister(INCOMING)
 
 
 def _query_postgres(
@@ -89,13 +99,13 @@ def _query_postgres(
     pacsv.write_csv(for_postgres(keys), buffer, write_options=pacsv.WriteOptions(include_header=False))
     buffer.seek(0)
     with conn.cursor() as cur:
-        cur.execute(f"CREATE TEMP TABLE {_INCOMING} AS SELECT {columns}, {POSITION} FROM {qualified} LIMIT 0")
+        cur.execute(f"CREATE TEMP TABLE {INCOMING} AS SELECT {columns}, {POSITION} FROM {qualified} LIMIT 0")
         try:
-            cur.copy_expert(f"COPY {_INCOMING} FROM STDIN WITH (FORMAT csv)", buffer)
+            cur.copy_expert(f"COPY {INCOMING} FROM STDIN WITH (FORMAT csv)", buffer)
             cur.execute(statement)
             found = cur.fetchall()
         finally:
-            cur.execute(f"DROP TABLE IF EXISTS {_INCOMING}")
+            cur.execute(f"DROP TABLE IF EXISTS {INCOMING}")
     names = [*primary_key, STALE]
     arrays = [pa.array([row[i] for row in found]) for i in range(len(names))]
     schema = pa.schema([*keys.select(list(primary_key)).schema, pa.field(STALE, pa.bool_())])

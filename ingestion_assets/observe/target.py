@@ -8,11 +8,19 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+import dlt
 import duckdb
 import psycopg2
+import sqlalchemy as sa
 
 from ingestion_assets.catalog import Destination
-from ingestion_assets.loading.destinations import destination_url, duckdb_path, target_names, writer_lock
+from ingestion_assets.loading.destinations import (
+    destination_url,
+    duckdb_path,
+    make_destination,
+    target_names,
+    writer_lock,
+)
 from ingestion_assets.settings import Settings
 
 _COLUMNS = (
@@ -47,6 +55,12 @@ def read_target(settings: Settings, destination: Destination, dataset: str, tabl
     admits no reader beside a writing process)."""
     names = target_names(destination)
     schema, name = names.column(dataset), names.column(table)
+    if destination.type == "sqlalchemy":
+        return _read_sqlalchemy(destination_url(settings, destination), schema, name)
+    if destination.type == "filesystem":
+        return _read_lake(settings, destination, schema, name)
+    if destination.type == "dlt":  # passed through: its SQL is not ours to guess
+        return TargetTableFacts(schema, name, None, ())
     if destination.type == "duckdb":
         path = duckdb_path(settings, destination)
         if not path.exists():
@@ -70,3 +84,48 @@ def read_target(settings: Settings, destination: Destination, dataset: str, tabl
         int(rows[0]) if rows is not None else None,
         tuple(TargetColumn(str(c), str(t), str(n).upper() == "YES") for c, t, n in columns),
     )
+
+
+class TargetUnavailable(OSError):
+    """The target could not be asked (the run's data is committed either way)."""
+
+
+def _read_sqlalchemy(url: str, schema: str, name: str) -> TargetTableFacts:
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            statement = sa.text(_COLUMNS.replace("%s", ":schema", 1).replace("%s", ":name"))
+            found = conn.execute(statement, {"schema": schema, "name": name})
+            columns = [tuple(row) for row in found]
+            count = None
+            if columns:
+                quote = engine.dialect.identifier_preparer.quote
+                count = conn.execute(sa.text(f"SELECT count(*) FROM {quote(schema)}.{quote(name)}")).scalar()
+    except sa.exc.SQLAlchemyError as exc:
+        raise TargetUnavailable(str(exc).splitlines()[0]) from exc
+    finally:
+        engine.dispose()
+    return TargetTableFacts(
+        schema,
+        name,
+        None if count is None else int(count),
+        tuple(TargetColumn(str(c), str(t), str(n).upper() == "YES") for c, t, n in columns),
+    )
+
+
+def _read_lake(settings: Settings, destination: Destination, schema: str, name: str) -> TargetTableFacts:
+    """The Delta table's row count (from the Parquet footers) and its columns."""
+    from ingestion_assets.loading.lake_tables import LakeTables
+
+    pipeline = dlt.pipeline(
+        pipeline_name=f"ingest_observe__{schema}",
+        pipelines_dir=str(settings.dlt_dir),
+        destination=make_destination(settings, destination),
+        dataset_name=schema,
+    )
+    delta = LakeTables.of(pipeline).open(name)
+    if delta is None:
+        return TargetTableFacts(schema, name, None, ())
+    dataset = delta.to_pyarrow_dataset()
+    columns = tuple(TargetColumn(f.name, str(f.type), f.nullable) for f in dataset.schema)
+    return TargetTableFacts(schema, name, int(dataset.count_rows()), columns)

@@ -16,6 +16,7 @@ from ingestion_assets.catalog import Destination, FilesSource, FilesStream
 from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA, dead_letter_limit
 from ingestion_assets.loading.metadata_columns import with_metadata
 from ingestion_assets.loading.pipeline import Loader, TargetTable, pipeline_name
+from ingestion_assets.loading.targets import make_loader
 from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.files import FILE, ROW, BadRow, CorruptFile, FileInfo, filesystem, list_files, read_file
@@ -62,7 +63,7 @@ class FileSourceStream:
         return position  # always incremental: the position says which files were read
 
     def loader(self, target: Target, partition: str | None, plan: Any = None) -> Loader:
-        return Loader(
+        return make_loader(
             settings=self.settings,
             destination=self.destination,
             target=TargetTable(

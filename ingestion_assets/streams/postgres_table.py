@@ -12,6 +12,7 @@ from ingestion_assets.catalog import Destination, PostgresSource, PostgresStream
 from ingestion_assets.loading.dead_letters import dead_letter_limit, split_bad_rows
 from ingestion_assets.loading.metadata_columns import with_metadata
 from ingestion_assets.loading.pipeline import Loader, TargetTable, pipeline_name
+from ingestion_assets.loading.targets import make_loader
 from ingestion_assets.observe.commit_latency import CommitLatency
 from ingestion_assets.partitions import UnknownPartition, window_for
 from ingestion_assets.references import resolve
@@ -90,7 +91,7 @@ class PostgresTableStream:
     ) -> Loader:
         """`guard`: keep the newest version even if the stream has no partitions (another writer shares it)."""
         plan = plan or self.plan()
-        return Loader(
+        return make_loader(
             settings=self.settings,
             destination=self.destination,
             target=TargetTable(
@@ -113,7 +114,7 @@ class PostgresTableStream:
         """The table's columns as they are now, without checking the catalog's names against them."""
         conn = connect(self.source_url(), "ingest-discover")
         try:
-            return discover_table(conn, self.spec.schema_name, self.spec.table_name, self.destination.type)
+            return discover_table(conn, self.spec.schema_name, self.spec.table_name, self.destination.landing)
         except LookupError as exc:
             raise StreamError(f"stream {self.qualified_name}: {exc}") from exc
         finally:
@@ -129,7 +130,7 @@ class PostgresTableStream:
                 tuple(self.spec.primary_key),
                 max_value_bytes=self.spec.dead_letters.max_value_bytes,
                 skip_columns=skip_columns,
-                destination=self.destination.type,
+                destination=self.destination.landing,
             )
         except LookupError as exc:
             raise StreamError(f"stream {self.qualified_name}: {exc}") from exc

@@ -24,6 +24,7 @@ from ingestion_assets.loading.metadata_columns import (
     version_text,
 )
 from ingestion_assets.loading.pipeline import Loader, TargetTable, pipeline_name
+from ingestion_assets.loading.targets import make_loader
 from ingestion_assets.observe.commit_latency import CommitLatency
 from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
@@ -68,7 +69,7 @@ class RestApiStream:
         return position
 
     def loader(self, target: Target, partition: str | None, plan: Any = None) -> Loader:
-        return Loader(
+        return make_loader(
             settings=self.settings,
             destination=self.destination,
             target=TargetTable(

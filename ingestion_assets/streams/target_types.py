@@ -36,6 +36,9 @@ def fit_plan(plan: ReadPlan, loader: Loader) -> ReadPlan:
 def fit_shape(shape: TableShape, loader: Loader) -> TableShape:
     """The shape as the target holds it; the loader's column hints follow."""
     kind = loader.destination.type
+    if kind not in _COLUMNS:  # no table there predates native types: the shape lands as it is
+        loader.target = replace(loader.target, type_hints=type_hints(shape))
+        return shape
     with loader.client() as client:
         target = _column_types(client, kind, loader.target.table)
         names = {c.name: _NAMING.normalize_identifier(c.name) for c in shape.columns}  # as dlt names columns

@@ -44,7 +44,7 @@ def copy_as_of(
     the run's loader of the stream (bound to its target), else one of its own."""
     spec = stream.spec
     plan = plan_table_read(
-        url, spec.schema_name, spec.table_name, (), tuple(spec.primary_key), destination=stream.destination.type
+        url, spec.schema_name, spec.table_name, (), tuple(spec.primary_key), destination=stream.destination.landing
     )
     if loader is None:
         loader = stream.loader(Target(stream.name, 1), None, plan, guard=rules.guard)

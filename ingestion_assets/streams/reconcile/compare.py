@@ -24,7 +24,7 @@ from ingestion_assets.streams.reconcile.diff import DELETED, MISSING, NEWER, STA
 from ingestion_assets.streams.reconcile.figures import Reconciliation, summarize
 from ingestion_assets.streams.reconcile.relation import Buckets, Scope, key_alias, version_alias
 from ingestion_assets.streams.reconcile.source_side import SourceSide
-from ingestion_assets.streams.reconcile.target_side import TargetSide
+from ingestion_assets.streams.reconcile.target_side import TargetSide, comparable_target
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -59,6 +59,7 @@ def reconcile(request: Request) -> Reconciliation:
     """Under the target's writer lock from before the source is read to after the deletions: the target then
     holds still while both sides are compared (a load of another partition cannot pass for a deleted row)."""
     began = time.monotonic()
+    comparable_target(request.loader.destination)
     with request.loader.client() as client, SourceSide.open(request.url, request.plan, request.scope) as source:
         target = TargetSide(request.loader, request.plan, request.scope, source.shape, client)
         found = _compare(request, source, target)

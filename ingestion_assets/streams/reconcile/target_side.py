@@ -19,13 +19,14 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 from dlt.destinations.exceptions import DatabaseUndefinedRelation
 
+from ingestion_assets.catalog import Destination
 from ingestion_assets.loading.metadata_columns import DELETED_AT, POSITION
 from ingestion_assets.loading.parked import parked_keys_in
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.sources.postgres.introspect import TableShape
 from ingestion_assets.sources.postgres.query import ReadPlan
 from ingestion_assets.sources.postgres.reader import SESSION_SETTINGS, csv_options
-from ingestion_assets.streams.reconcile.canonical import Expr, kind_of
+from ingestion_assets.streams.reconcile.canonical import Expr, NotComparable, kind_of
 from ingestion_assets.streams.reconcile.relation import (
     Buckets,
     Relation,
@@ -37,6 +38,18 @@ from ingestion_assets.streams.reconcile.relation import (
 from ingestion_assets.streams.reconcile.source_side import parsed_temporals
 
 KEYS_TABLE = "_ingest_reconcile_keys"
+
+
+COMPARED = ("duckdb", "postgres")  # destinations whose SQL the canonical forms are written in
+
+
+def comparable_target(destination: Destination) -> None:
+    """Reconciliation compares canonical SQL forms on both sides; elsewhere it says it was skipped and why."""
+    if destination.type not in COMPARED:
+        raise NotComparable(
+            f"reconciliation compares in DuckDB's or PostgreSQL's SQL; a {destination.type} target is not compared "
+            "(deletes the polling cannot see are not found there: README, Destinations)"
+        )
 
 
 @dataclasses.dataclass

@@ -1,0 +1,77 @@
+"""The catalog's `destination`: DuckDB, PostgreSQL, MariaDB/MySQL (sqlalchemy), a lake (filesystem) or any dlt one."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from ingestion_assets.catalog.base import Reference, _Model
+
+DestinationType = Literal["duckdb", "postgres", "sqlalchemy", "filesystem", "dlt"]
+TESTED_SQLALCHEMY = ("mysql", "mariadb")  # dialects the test suite loads into (MariaDB 10.11)
+_URL_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*://")
+
+
+class Destination(_Model):
+    type: DestinationType = "duckdb"
+    path: str | None = Field(None, description="DuckDB file; default INGEST_HOME/warehouse.duckdb")
+    memory_limit: str = Field("512MB", description="DuckDB memory_limit while loading (bounded memory)")
+    credentials: Reference | None = Field(
+        None,
+        description="a reference to the connection URL (postgres, sqlalchemy, dlt) or to a JSON object of dlt "
+        "credentials (filesystem: aws_access_key_id, aws_secret_access_key, endpoint_url, ...; dlt)",
+    )
+    naming: Literal["snake_case", "direct"] = Field(
+        "snake_case",
+        description="target column names: snake_case (dlt's default: `Order ID` -> `order_id`) or direct (the "
+        "source's names kept exactly: case, spaces, unicode)",
+    )
+    bucket_url: str | None = Field(None, description="filesystem: a local folder or an fsspec URL (s3://, gs://, az://)")
+    table_format: Literal["delta", "iceberg", "parquet"] = Field(
+        "delta", description="filesystem: Delta (merge on the key), Iceberg, or plain Parquet files (append/replace)"
+    )
+    name: str | None = Field(None, description="dlt: the dlt destination's name (snowflake, bigquery, clickhouse ...)")
+    options: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="dlt: settings passed to the destination as they are (never secrets)"
+    )
+
+    @model_validator(mode="after")
+    def _required_per_type(self) -> Destination:
+        if self.type in ("postgres", "sqlalchemy") and self.credentials is None:
+            raise ValueError(f"a {self.type} destination needs `credentials` (a reference: env or file)")
+        if self.type == "filesystem" and not self.bucket_url:
+            raise ValueError("a filesystem destination needs `bucket_url` (a folder or an s3://, gs://, az:// URL)")
+        if self.type == "dlt" and not self.name:
+            raise ValueError("a dlt destination needs `name` (the dlt destination: snowflake, bigquery ...)")
+        if self.type == "dlt" and self.name in ("duckdb", "postgres", "sqlalchemy", "filesystem"):
+            raise ValueError(f"destination.name: use `type: {self.name}` for {self.name!r}, which is built in")
+        unused = [key for key in ("bucket_url", "name") if getattr(self, key) and not _uses(self.type, key)]
+        if self.options and self.type != "dlt":
+            unused.append("options")
+        if unused:
+            raise ValueError(f"destination: {', '.join(unused)} do not apply to a {self.type} destination")
+        return self
+
+    @property
+    def is_lake(self) -> bool:
+        """Tables as files (Delta, Iceberg, Parquet): no SQL engine to run our own statements in."""
+        return self.type == "filesystem"
+
+    @property
+    def landing(self) -> Literal["duckdb", "postgres"]:
+        """Which landing of PostgreSQL values the destination takes (sources/postgres/landing.py): PostgreSQL's
+        own types; exact text for what has no native equal (SQL targets other than DuckDB); or Arrow-native
+        lists and intervals (DuckDB, and lakes, whose Parquet holds lists)."""
+        return "postgres" if self.type in ("postgres", "sqlalchemy", "dlt") else "duckdb"
+
+    @property
+    def is_local_path(self) -> bool:
+        return self.bucket_url is not None and (
+            self.bucket_url.startswith("file://") or not _URL_SCHEME.match(self.bucket_url)
+        )
+
+
+def _uses(kind: str, key: str) -> bool:
+    return (kind, key) in (("filesystem", "bucket_url"), ("dlt", "name"))

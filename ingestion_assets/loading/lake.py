@@ -1,0 +1,178 @@
+"""A lake destination (`type: filesystem`): Delta tables merged on the key by dlt, everything else in Delta.
+
+The order of the checkpoint protocol holds as for SQL targets: dlt's load returns after the Delta log
+entry of the slice is committed; the binding row is a second Delta commit after it, and the checkpoint
+is written after both. A kill between the two commits leaves a table one slice ahead of its binding:
+the next run re-reads that slice from the checkpoint and the merge on the key absorbs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import dlt
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ingestion_assets.catalog import Destination
+from ingestion_assets.loading.bindings import Marker
+from ingestion_assets.loading.dead_letters import DEAD_LETTER_TABLE, record_keys
+from ingestion_assets.loading.lake_tables import LakeTables, _literal
+from ingestion_assets.loading.metadata_columns import DELETED_AT, GENERATION, POSITION
+from ingestion_assets.loading.pipeline import Loader, TargetState
+from ingestion_assets.loading.versions import INCOMING, KeyCheck, existing_sql, keep_newest
+
+
+class LakeUnsupported(RuntimeError):
+    """What a lake destination does not do; the message says what to do instead."""
+
+    transient = False
+
+
+def lake_destination(destination: Destination, credentials: str | dict[str, Any] | None) -> Any:
+    if destination.table_format != "delta":
+        raise LakeUnsupported(
+            f"destination.table_format {destination.table_format!r} is not built yet: use `delta` (README, "
+            "Destinations)"
+        )
+    options: dict[str, Any] = {"bucket_url": destination.bucket_url, "naming_convention": destination.naming}
+    if credentials is not None:
+        options["credentials"] = credentials
+    return dlt.destinations.filesystem(**options)
+
+
+@dataclass
+class LakeLoader(Loader):
+    """The Loader's operations on a lake: reads, deletes, bindings and the refresh swap through deltalake."""
+
+    lake: LakeTables = field(init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.lake = LakeTables.of(self._pipeline)
+
+    @property
+    def run_options(self) -> dict[str, Any]:
+        return {"loader_file_format": "parquet", "table_format": self.destination.table_format}
+
+    def target_is_empty(self) -> bool:
+        with self._lock():
+            return not self.lake.has_rows(self.target.table)
+
+    def max_generation(self, table: str) -> int | None:
+        with self._lock():
+            delta = self.lake.open(table)
+            if delta is None:
+                return None
+            found = pc.max(delta.to_pyarrow_dataset().to_table(columns=[GENERATION])[GENERATION]).as_py()
+        return None if found is None else int(found)
+
+    def inspect(self, partition: str | None) -> TargetState:
+        with self._lock():
+            rows = self.lake.has_rows(self.target.table)
+            self._known_to_exist = rows is not None
+            return TargetState(rows is not None, bool(rows), self.lake.read_marker(self.stream_name, partition))
+
+    def bind(self, marker: Marker, partition: str | None, record_now: bool = False) -> None:
+        self.bound, self._bound_partition = marker, partition
+        if record_now:
+            with self._lock():
+                self.lake.write_marker(self.stream_name, partition, marker)
+
+    def _advance_marker(self) -> None:
+        if self.bound is None:
+            return
+        self.bound = Marker(self.bound.binding, self.bound.seq + 1, self.bound.generation)
+        self.lake.write_marker(self.stream_name, self._bound_partition, self.bound)
+
+    def targettable_exists(self) -> bool:
+        with self._lock():
+            return self.lake.open(self.target.table) is not None
+
+    def forget_stored_schema(self) -> None:
+        """dlt's delta job creates a table that is gone again: nothing to forget."""
+
+    def delete_all(self) -> None:
+        with self._lock():
+            self.lake.delete(self.target.table)
+
+    def purge_deleted(self) -> None:
+        with self._lock():
+            self.lake.delete(self.target.table, f"{DELETED_AT} IS NOT NULL")
+
+    def retire_below(self, position: Decimal, soft: bool, within: tuple[str, int, int] | None = None) -> None:
+        where = f"{POSITION} < {position}"
+        if within is not None:
+            column, low, high = within
+            where += f" AND {self.names.column(column)} BETWEEN {int(low)} AND {int(high)}"
+        with self._lock():
+            if soft:
+                self.lake.update(self.target.table, {DELETED_AT: "now()"}, f"{where} AND {DELETED_AT} IS NULL")
+            else:
+                self.lake.delete(self.target.table, where)
+
+    def _check_versions(self, table: pa.Table) -> KeyCheck:
+        """The version guard against the Delta table, joined in an in-memory DuckDB (byte order for text)."""
+        delta = self.lake.open(self.target.table)
+        if delta is None:
+            return keep_newest(table, None, self.key)
+        with contextlib.closing(duckdb.connect()) as con:
+            con.register("_ingest_target", delta.to_pyarrow_dataset())
+            con.register(INCOMING, table.select([*self.key, POSITION]))
+            found = con.sql(existing_sql("_ingest_target", self.key, "")).to_arrow_table()
+        return keep_newest(table, found, self.key)
+
+    def swap_in(self, shadow: str, table: str, generation: int | None = None) -> None:
+        """The shadow's rows replace the table's in one Delta commit; then the shadow's folder goes."""
+        with self._lock():
+            if not self.lake.overwrite_with(table, shadow):
+                self.lake.delete(table)  # the refresh read no row
+            if generation is not None:
+                self.lake.set_generation(table, generation)
+            with self._pipeline.destination_client() as client:
+                shadow_dir = client.make_remote_url(f"{client.dataset_path.rstrip('/')}/{shadow}")
+                if client.fs_client.exists(shadow_dir):
+                    client.fs_client.rm(shadow_dir, recursive=True)
+        self._pipeline.drop()
+
+    @contextlib.contextmanager
+    def client(self) -> Iterator[Any]:
+        raise LakeUnsupported(
+            f"target {self.target.dataset}.{self.stream_name} ({self.where()}) is a lake: this step needs SQL on "
+            "the target (reconciliation, key checks), which lakes do not offer (README, Destinations)"
+        )
+        yield  # pragma: no cover
+
+    def parked(self) -> set[str]:
+        with self._lock():
+            return self._lake_parked()
+
+    def _release_parked(self, loaded: pa.Table) -> None:
+        if self._parked_keys is None:
+            self._parked_keys = self._lake_parked()
+        if self._parked_keys:
+            keys = record_keys(loaded, self.key)
+            self._release_parked_keys(keys.filter(pc.is_in(keys, pa.array(sorted(self._parked_keys)))).to_pylist())
+
+    def _release_parked_keys(self, keys: list[str]) -> None:
+        if self._parked_keys is None:
+            self._parked_keys = self._lake_parked()
+        released = sorted(set(keys) & self._parked_keys)
+        for start in range(0, len(released), 500):
+            listed = ", ".join(_literal(k) for k in released[start : start + 500])
+            predicate = f"stream = {_literal(self.stream_name)} AND record_key IN ({listed})"
+            self.lake.delete(DEAD_LETTER_TABLE, predicate)
+        self._parked_keys -= set(released)
+
+    def _lake_parked(self) -> set[str]:
+        delta = self.lake.open(DEAD_LETTER_TABLE)
+        if delta is None:
+            return set()
+        rows = delta.to_pyarrow_dataset().to_table(columns=["stream", "record_key"])
+        mine = rows.filter(pc.equal(rows["stream"], self.stream_name))["record_key"]
+        return {str(key) for key in mine.to_pylist()}

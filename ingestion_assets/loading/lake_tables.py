@@ -1,0 +1,143 @@
+"""Delta tables of a lake destination, opened with deltalake directly: what dlt's filesystem client cannot do.
+
+dlt writes the stream's rows (merge = a Delta MERGE on the key); reading what a table holds, deleting rows,
+swapping a refresh in and recording the binding need no SQL engine here (dlt's SQL view of a lake needs
+DuckDB's delta extension, which a machine without internet cannot install).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+from dlt.common.libs.deltalake import deltalake_storage_options
+
+from ingestion_assets.loading.bindings import TABLE as BINDINGS
+from ingestion_assets.loading.bindings import Marker
+
+_BINDINGS_SCHEMA = pa.schema(
+    [
+        pa.field("stream", pa.string(), nullable=False),
+        pa.field("partition_key", pa.string(), nullable=False),
+        pa.field("binding", pa.string(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("generation", pa.int64(), nullable=False),
+        pa.field("updated_at", pa.timestamp("us", "UTC"), nullable=False),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class LakeTables:
+    """The dataset's folder in the lake and how to reach it (object-store options from dlt's credentials)."""
+
+    dataset_url: str
+    storage_options: dict[str, str]
+    local: bool
+
+    @classmethod
+    def of(cls, pipeline: Any) -> LakeTables:
+        with pipeline.destination_client() as client:
+            url = client.make_remote_url(client.dataset_path)
+            options = deltalake_storage_options(client.config.credentials, client.config.deltalake_storage_options)
+            return cls(url.rstrip("/"), dict(options), bool(client.config.is_local_filesystem))
+
+    def url(self, table: str) -> str:
+        return f"{self.dataset_url}/{table}"
+
+    def open(self, table: str) -> DeltaTable | None:
+        try:
+            return DeltaTable(self.url(table), storage_options=self.storage_options)
+        except TableNotFoundError:
+            return None
+
+    def has_rows(self, table: str) -> bool | None:
+        """None: no such table."""
+        delta = self.open(table)
+        if delta is None:
+            return None
+        return any(batch.num_rows for batch in delta.to_pyarrow_dataset().to_batches(columns=[]))
+
+    def read_marker(self, stream: str, partition: str | None) -> Marker | None:
+        delta = self.open(BINDINGS)
+        if delta is None:
+            return None
+        rows = delta.to_pyarrow_table().to_pylist()
+        found = [r for r in rows if r["stream"] == stream and r["partition_key"] == (partition or "")]
+        return Marker(found[0]["binding"], int(found[0]["seq"]), int(found[0]["generation"])) if found else None
+
+    def write_marker(self, stream: str, partition: str | None, marker: Marker) -> None:
+        """One Delta commit: merged on (stream, partition_key); durable when this returns (see `sync`)."""
+        row = {
+            "stream": [stream],
+            "partition_key": [partition or ""],
+            "binding": [marker.binding],
+            "seq": [marker.seq],
+            "generation": [marker.generation],
+            "updated_at": [dt.datetime.now(dt.UTC)],
+        }
+        source = pa.table(row, schema=_BINDINGS_SCHEMA)
+        delta = self.open(BINDINGS)
+        if delta is None:
+            write_deltalake(self.url(BINDINGS), source, storage_options=self.storage_options)
+        else:
+            predicate = "t.stream = s.stream AND t.partition_key = s.partition_key"
+            merge = delta.merge(source, predicate, source_alias="s", target_alias="t")
+            merge.when_matched_update_all().when_not_matched_insert_all().execute()
+        self.sync(BINDINGS)
+
+    def set_generation(self, stream: str, generation: int) -> None:
+        delta = self.open(BINDINGS)
+        if delta is not None:
+            delta.update(updates={"generation": str(int(generation))}, predicate=f"stream = {_literal(stream)}")
+            self.sync(BINDINGS)
+
+    def delete(self, table: str, predicate: str | None = None) -> None:
+        delta = self.open(table)
+        if delta is not None:
+            delta.delete(predicate)
+            self.sync(table)
+
+    def update(self, table: str, updates: dict[str, str], predicate: str) -> None:
+        delta = self.open(table)
+        if delta is not None:
+            delta.update(updates=updates, predicate=predicate)
+            self.sync(table)
+
+    def overwrite_with(self, table: str, shadow: str) -> bool:
+        """The refresh's swap: the shadow's rows become the table's in one Delta commit (readers see the old
+        or the new version; time travel keeps the old one). False when there is no shadow."""
+        source = self.open(shadow)
+        if source is None:
+            return False
+        reader = source.to_pyarrow_dataset().scanner().to_reader()
+        write_deltalake(
+            self.url(table), reader, mode="overwrite", schema_mode="overwrite", storage_options=self.storage_options
+        )
+        self.sync(table)
+        return True
+
+    def sync(self, table: str) -> None:
+        """On a local disk, force the Delta log to the device: an object store's PUT is durable when it
+        returns, a local rename is not until the directory is flushed (a power cut could lose the commit
+        that a checkpoint written right after it already counts)."""
+        if not self.local:
+            return
+        log_dir = os.path.join(self.url(table).removeprefix("file://"), "_delta_log")
+        for name in sorted(os.listdir(log_dir))[-2:]:
+            with open(os.path.join(log_dir, name), "rb") as handle:
+                os.fsync(handle.fileno())
+        descriptor = os.open(log_dir, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"

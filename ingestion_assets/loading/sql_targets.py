@@ -1,0 +1,115 @@
+"""MariaDB/MySQL through dlt's `sqlalchemy` destination: exact types, byte-exact keys, a lock per table.
+
+MariaDB differs from the targets the loader was first written for in ways that would lose rows quietly if
+left alone: its default collation compares `'a'` and `'A '` equal (dlt's delete-insert merge would then
+delete another key's row), TEXT holds 64 KiB, and DATETIME spans years 1000-9999 without a time zone.
+Each is either fixed here (binary no-pad collation, LONGTEXT/LONGBLOB) or parked with a reason
+(loading/sql_fidelity.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import dlt
+import sqlalchemy as sa
+from dlt.destinations.impl.sqlalchemy.type_mapper import SqlalchemyTypeMapper
+from sqlalchemy.dialects import mysql
+
+STAGING_SUFFIX = "_staging"  # dlt's staging dataset beside each dataset (a database of its own in MySQL)
+COLLATION = "utf8mb4_nopad_bin"  # byte-exact, trailing spaces significant: keys compare as the source's do
+MYSQL_IDENTIFIER_LENGTH = 64
+LOCK_SECONDS = 300
+
+
+class JsonText(sa.types.TypeDecorator[Any]):
+    """JSON as its exact text: PostgreSQL's JSON arrives as text, which sqlalchemy's JSON type would encode
+    a second time (`"{\\"n\\": 1}"`); objects from API records are encoded once."""
+
+    impl = mysql.LONGTEXT
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> Any:
+        return value if value is None or isinstance(value, str) else json.dumps(value)
+
+
+class ExactMysqlTypes(SqlalchemyTypeMapper):
+    """Unbounded text and bytes: dlt's TEXT and BLOB would cut (or refuse) values above 64 KiB."""
+
+    def db_type_from_text_type(self, column: Any, table: Any = None) -> sa.types.TypeEngine:
+        if self.dialect.name in ("mysql", "mariadb") and column.get("precision") is None:
+            return mysql.LONGTEXT(collation=COLLATION)
+        return super().db_type_from_text_type(column, table)
+
+    def db_type_from_json_type(self, column: Any, table: Any = None) -> sa.types.TypeEngine:
+        if self.dialect.name in ("mysql", "mariadb"):
+            return JsonText(collation=COLLATION)
+        return super().db_type_from_json_type(column, table)
+
+    def db_type_from_binary_type(self, column: Any, table: Any = None) -> sa.types.TypeEngine:
+        if self.dialect.name in ("mysql", "mariadb") and column.get("precision") is None:
+            return mysql.LONGBLOB()
+        return super().db_type_from_binary_type(column, table)
+
+
+def is_mysql(url: str) -> bool:
+    return sa.engine.make_url(url).get_backend_name() in ("mysql", "mariadb")
+
+
+def sqlalchemy_destination(url: str, naming: str) -> Any:
+    return dlt.destinations.sqlalchemy(credentials=url, type_mapper=ExactMysqlTypes, naming_convention=naming)
+
+
+def prepare_databases(url: str, dataset: str) -> None:
+    """Create the dataset's databases (its own and dlt's staging one) with a byte-exact collation before dlt
+    creates them with the server's default, which matches keys case- and space-insensitively."""
+    if not is_mysql(url):
+        return
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            for name in (dataset, dataset + STAGING_SUFFIX):
+                quoted = "`" + name.replace("`", "``") + "`"
+                create = f"CREATE DATABASE IF NOT EXISTS {quoted} CHARACTER SET utf8mb4 COLLATE {COLLATION}"
+                conn.execute(sa.text(create))
+    finally:
+        engine.dispose()
+
+
+@contextlib.contextmanager
+def mysql_lock(url: str, dataset: str, table: str) -> Iterator[None]:
+    """A named lock per target table (GET_LOCK), held on its own connection for the load it guards."""
+    name = f"ingest:{zlib.crc32(f'{dataset}.{table}'.encode()):08x}"
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            got = conn.execute(sa.text("SELECT GET_LOCK(:name, :wait)"), {"name": name, "wait": LOCK_SECONDS}).scalar()
+            if got != 1:
+                raise TimeoutError(f"the writer lock on {dataset}.{table} was held for over {LOCK_SECONDS}s")
+            try:
+                yield
+            finally:
+                conn.execute(sa.text("SELECT RELEASE_LOCK(:name)"), {"name": name})
+    finally:
+        engine.dispose()
+
+
+class RetypeRefused(RuntimeError):
+    """A schema change needs a column type changed where the loader does not alter types."""
+
+    transient = False
+
+
+def refuse_retype(destination: Any, table: str, changes: list[Any]) -> None:
+    """DuckDB and PostgreSQL columns are altered in place (loading/migrate.py); elsewhere a type change stops
+    the stream with what to do, instead of loading values into a column of the old type."""
+    if destination.type in ("duckdb", "postgres"):
+        return
+    listed = "; ".join(change.describe() for change in changes)
+    raise RetypeRefused(
+        f"target {table} ({destination.type}): the loader does not change column types there ({listed}); "
+        "refresh the stream to rebuild the table with the new types"
+    )
