@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from ingestion_assets.catalog.base import DeadLetters, Reference, Retries, _Model
+from ingestion_assets.catalog.base import DeadLetters, Reference, Retries, Tls, _Model
 from ingestion_assets.catalog.postgres import KeyPartitions, PostgresSource, PostgresStream, Reconcile, TimePartitions
 from ingestion_assets.catalog.rest import RestAuth, RestSource, RestStream
 
@@ -31,6 +31,7 @@ __all__ = [
     "RestStream",
     "Retries",
     "TimePartitions",
+    "Tls",
     "load_catalog",
 ]
 
@@ -51,6 +52,7 @@ class Destination(_Model):
     path: str | None = Field(None, description="DuckDB file; default INGEST_HOME/warehouse.duckdb")
     memory_limit: str = Field("512MB", description="DuckDB memory_limit while loading (bounded memory)")
     credentials: Reference | None = Field(None, description="connection URL reference for postgres")
+    tls: Tls | None = Field(None, description="postgres: verify-full TLS and client certificates")
     naming: Literal["snake_case", "direct"] = Field(
         "snake_case",
         description="target column names: snake_case (dlt's default: `Order ID` -> `order_id`) or direct (the "

@@ -47,7 +47,9 @@ def _parser() -> argparse.ArgumentParser:
 
         return action
 
-    command("up", stack.up, "start the embedded PostgreSQL (Dagster storage, demo source) and print the env")
+    stack_up = command("up", stack.up, "start the embedded PostgreSQL (Dagster storage, demo source) and print the env")
+    stack_up.add_argument("--tls", action="store_true", help="TLS only, client certificates (a throwaway CA)")
+    stack_up.add_argument("--pg-bin", help="PostgreSQL binaries to use (a build with OpenSSL, for --tls)")
     command("down", stack.down, "stop the embedded PostgreSQL")
     command("env", stack.env, "print `export` lines that point dagster commands at this instance")
     demo = command("demo", stack.demo, "seed the demo shop, materialize every stream twice, print a summary")

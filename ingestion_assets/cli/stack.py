@@ -7,6 +7,7 @@ import os
 import shlex
 import sys
 import time
+from pathlib import Path
 
 from ingestion_assets.catalog import load_catalog
 from ingestion_assets.cli.common import DEFINITIONS_MODULE, bring_up, exports, sibling, uses_demo_api
@@ -15,7 +16,18 @@ from ingestion_assets.cli.supervise import run_supervised
 from ingestion_assets.settings import Settings
 
 
-def up(settings: Settings, _args: argparse.Namespace) -> int:
+def up(settings: Settings, args: argparse.Namespace) -> int:
+    from ingestion_assets.stack.embedded import EmbeddedServerError
+    from ingestion_assets.stack.server_tls import TlsSetupError
+
+    try:
+        if args.pg_bin:
+            settings.embedded.use_binaries(Path(args.pg_bin).resolve())
+        if args.tls:
+            settings.embedded.enable_tls()
+    except (EmbeddedServerError, TlsSetupError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     env = bring_up(settings)
     print(exports(env))
     return 0

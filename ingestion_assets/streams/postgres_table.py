@@ -13,7 +13,7 @@ from ingestion_assets.loading.dead_letters import dead_letter_limit, split_bad_r
 from ingestion_assets.loading.metadata_columns import with_metadata
 from ingestion_assets.loading.pipeline import Loader, TargetTable, pipeline_name
 from ingestion_assets.partitions import UnknownPartition, window_for
-from ingestion_assets.references import resolve
+from ingestion_assets.references import postgres_url
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres import plan_table_read, table_slices
 from ingestion_assets.sources.postgres.introspect import TableShape, discover_table, type_hints
@@ -106,7 +106,9 @@ class PostgresTableStream:
         )
 
     def source_url(self) -> str:
-        return resolve(self.source.connection, self.settings, f"sources.{self.source_name}.connection")
+        return postgres_url(
+            self.source.connection, self.source.tls, self.settings, f"sources.{self.source_name}.connection"
+        )
 
     def discover(self) -> TableShape:
         """The table's columns as they are now, without checking the catalog's names against them."""

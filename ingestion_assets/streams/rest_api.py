@@ -24,7 +24,7 @@ from ingestion_assets.loading.metadata_columns import (
     version_text,
 )
 from ingestion_assets.loading.pipeline import Loader, TargetTable, pipeline_name
-from ingestion_assets.references import resolve
+from ingestion_assets.references import resolve, tls_files
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.rest import (
     Clock,
@@ -119,6 +119,7 @@ class RestApiStream:
             timeout=self.source.timeout_seconds,
             clock=self.clock,
             transport=self.transport,
+            tls=None if self.source.tls is None else tls_files(self.source.tls, self.settings, f"{where}.tls"),
         )
 
     def run(self, after: dict[str, Any] | None, sink: CheckpointSink, options: RunOptions) -> SyncResult:
