@@ -79,14 +79,9 @@ def write_server_config(server: EmbeddedPostgres, owner: tuple[int, int] | None)
     data = server.data_dir
     (data / CONF_FILE).write_text("".join(f"{name} = {value}\n" for name, value in settings.items()))
     (data / "pg_hba.conf").write_text(HBA)
-    conf = data / "postgresql.conf"
-    include = f"include_if_exists = '{CONF_FILE}'"
-    if include not in conf.read_text():
-        with conf.open("a") as handle:
-            handle.write(f"\n# ingestion_assets: TLS\n{include}\n")
+    server.include_conf(CONF_FILE)
     if owner is not None:
-        for path in (data / CONF_FILE, data / "pg_hba.conf"):
-            os.chown(path, *owner)
+        os.chown(data / "pg_hba.conf", *owner)
 
 
 def _require_ssl_build(server: EmbeddedPostgres) -> None:
