@@ -5,10 +5,11 @@ from __future__ import annotations
 from ingestion_assets.catalog import Catalog, FilesSource, PostgresSource, PostgresStream, RestSource
 from ingestion_assets.loading.destinations import target_names
 from ingestion_assets.loading.naming import NameCollision
-from ingestion_assets.references import UnresolvedReference, resolve
+from ingestion_assets.references import UnresolvedReference, postgres_url
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres import dry_run, plan_table_read
 from ingestion_assets.sources.postgres.query import ReadPlan
+from ingestion_assets.sources.tls import TlsError
 
 
 def check_catalog(settings: Settings, catalog: Catalog) -> list[str]:
@@ -44,8 +45,8 @@ def _check_postgres(settings: Settings, catalog: Catalog, source_name: str, sour
 
     where = f"sources.{source_name}.connection"
     try:
-        url = resolve(source.connection, settings, where)
-    except UnresolvedReference as exc:
+        url = postgres_url(source.connection, source.tls, settings, where)
+    except (UnresolvedReference, TlsError) as exc:
         return [str(exc)]
     problems: list[str] = _check_cdc(url, source_name, source) if source.mode == "cdc" else []
     for stream_name, stream in source.streams.items():
@@ -111,7 +112,7 @@ def _check_rest(settings: Settings, catalog: Catalog, source_name: str, source: 
                 pages = read_pages(client, stream.endpoint(), None)
                 next(pages, None)
                 pages.close()
-        except (ApiError, UnresolvedReference) as exc:
+        except (ApiError, UnresolvedReference, TlsError) as exc:
             problems.append(f"stream {stream.qualified_name}: {exc}")
     return problems
 

@@ -25,7 +25,7 @@ _ADVICE = {
     "42703": "check the catalog's column names against the table (`ingest check` lists what it finds)",
     "3D000": "check the database name in the source's connection",
     "28P01": "check the credentials the connection reference holds",
-    "28000": "check the credentials the connection reference holds",
+    "28000": "check the credentials the connection reference holds (TLS: the CA, host name and client certificate)",
     "42601": "the generated query did not parse: report it with the message",
 }
 
@@ -42,6 +42,15 @@ _REFUSED_CONNECTIONS = (
     (re.compile(r'database "[^"]*" does not exist', re.I), "3D000"),
     (re.compile(r"permission denied for database|must have CONNECT privilege|does not have CONNECT", re.I), "42501"),
     (re.compile(r"certificate verify failed|server certificate for .* does not match", re.I), "28000"),
+    # TLS: a refused or missing client certificate, unreadable certificate files, a server without TLS
+    (
+        re.compile(
+            r"requires a valid client certificate|alert (unknown ca|bad certificate|certificate required)|"
+            r"(root )?certificate (file|present)|private key file|server does not support SSL",
+            re.I,
+        ),
+        "28000",
+    ),
 )
 
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
-from ingestion_assets.catalog import Reference
+from ingestion_assets.catalog import Reference, Tls
 from ingestion_assets.settings import Settings
+from ingestion_assets.sources.tls import TlsFiles, with_verified_tls
+
+PEM_PREFIX = "-----BEGIN "
 
 
 class UnresolvedReference(LookupError):
@@ -44,3 +48,47 @@ def reference_path(ref: Reference, settings: Settings) -> Path:
     """A `file` reference's path; `${INGEST_HOME}` in it is this installation's home folder."""
     assert ref.file is not None
     return Path(ref.file.replace("${INGEST_HOME}", str(settings.home))).expanduser()
+
+
+def postgres_url(connection: Reference, tls: Tls | None, settings: Settings, where: str) -> str:
+    """The connection URL of `where` (a catalog key such as sources.shop.connection), with the catalog's
+    `tls` applied: sslmode verify-full, the CA file and the client certificate; a weaker URL is refused."""
+    url = resolve(connection, settings, where)
+    if tls is None:
+        return url
+    tls_where = f"{where.rsplit('.', 1)[0]}.tls"
+    return with_verified_tls(url, tls_files(tls, settings, tls_where), tls_where)
+
+
+def tls_files(tls: Tls, settings: Settings, where: str) -> TlsFiles:
+    ca, cert, key = (
+        None if ref is None else resolve_file(ref, settings, f"{where}.{name}")
+        for name, ref in (("ca", tls.ca), ("cert", tls.cert), ("key", tls.key))
+    )
+    return TlsFiles(ca=ca, cert=cert, key=key)
+
+
+def resolve_file(ref: Reference, settings: Settings, where: str) -> Path:
+    """A certificate or key as a file libpq and OpenSSL can read.
+
+    A `file` reference is used in place (it must be readable); an `env` reference holds a path, or the PEM
+    text itself (as secret stores inject it), which is written once to a 0600 file under INGEST_HOME/tls."""
+    if ref.file:
+        path = reference_path(ref, settings)
+        if not os.access(path, os.R_OK):
+            raise UnresolvedReference(f"{where}: cannot read the file {path} (missing, or not readable by us)")
+        return path
+    if not ref.env:
+        raise UnresolvedReference(f"{where}: a certificate or key is a `file` or `env` reference")
+    value = resolve(ref, settings, where)
+    if not value.startswith(PEM_PREFIX):
+        return resolve_file(Reference(file=value), settings, f"{where} (env {ref.env})")
+    folder = settings.home / "tls"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = folder / f"{hashlib.sha256(value.encode()).hexdigest()[:24]}.pem"
+    if not path.exists():
+        staged = path.with_suffix(f".{os.getpid()}.tmp")
+        staged.write_text(value + "\n")
+        staged.chmod(0o600)  # libpq refuses a private key others can read
+        staged.replace(path)
+    return path

@@ -6,8 +6,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ingestion_assets.stack.embedded import EmbeddedPostgres
+if TYPE_CHECKING:
+    from ingestion_assets.stack.embedded import EmbeddedPostgres
 
 DEFAULT_HOME = ".ingest"
 
@@ -32,7 +34,10 @@ class Settings:
 
     @property
     def embedded(self) -> EmbeddedPostgres:
-        return EmbeddedPostgres(self.home / "pg")
+        """INGEST_HOME/pg, or the server a standby promotion or a storage restore made primary."""
+        from ingestion_assets.stack.durability import active_server
+
+        return active_server(self.home)
 
     @property
     def warehouse_path(self) -> Path:

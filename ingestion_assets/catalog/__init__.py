@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from ingestion_assets.catalog.base import DeadLetters, Freshness, Reference, Retries, _Model
+from ingestion_assets.catalog.base import DeadLetters, Freshness, Reference, Retries, Tls, _Model
 from ingestion_assets.catalog.destination import Destination
 from ingestion_assets.catalog.files import CsvOptions, FilesSource, FilesStream
 from ingestion_assets.catalog.postgres import KeyPartitions, PostgresSource, PostgresStream, Reconcile, TimePartitions
@@ -37,6 +37,7 @@ __all__ = [
     "RestStream",
     "Retries",
     "TimePartitions",
+    "Tls",
     "load_catalog",
 ]
 

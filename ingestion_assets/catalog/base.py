@@ -38,6 +38,26 @@ class Reference(_Model):
         return "(none)"
 
 
+class Tls(_Model):
+    """Verified TLS on a connection: the server's certificate must chain to `ca` and name the host it was
+    reached by (libpq sslmode verify-full); `cert` and `key` are this machine's identity (mutual TLS), in
+    place of a password. Each is a reference to a PEM file (`file`), or an env var holding a path or PEM text."""
+
+    ca: Reference | None = Field(None, description="CA certificate(s) that signed the server's; unset: the system's")
+    cert: Reference | None = Field(None, description="client certificate (PEM) for mutual TLS")
+    key: Reference | None = Field(None, description="the client certificate's private key (PEM, unencrypted)")
+
+    @model_validator(mode="after")
+    def _cert_with_key(self) -> Tls:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("give `cert` and `key` together (a client certificate needs its private key)")
+        for name in ("cert", "key", "ca"):
+            ref = getattr(self, name)
+            if ref is not None and (ref.embedded or ref.service):
+                raise ValueError(f"`{name}`: a certificate is a `file` or `env` reference")
+        return self
+
+
 def as_list(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from ingestion_assets.catalog.base import Reference, _Model
+from ingestion_assets.catalog.base import Reference, Tls, _Model
 
 DestinationType = Literal["duckdb", "postgres", "sqlalchemy", "filesystem", "dlt"]
 TESTED_SQLALCHEMY = ("mysql", "mariadb")  # dialects the test suite loads into (MariaDB 10.11)
@@ -23,6 +23,7 @@ class Destination(_Model):
         description="a reference to the connection URL (postgres, sqlalchemy, dlt) or to a JSON object of dlt "
         "credentials (filesystem: aws_access_key_id, aws_secret_access_key, endpoint_url, ...; dlt)",
     )
+    tls: Tls | None = Field(None, description="postgres: verify-full TLS and client certificates")
     naming: Literal["snake_case", "direct"] = Field(
         "snake_case",
         description="target column names: snake_case (dlt's default: `Order ID` -> `order_id`) or direct (the "
@@ -48,6 +49,8 @@ class Destination(_Model):
         if self.type == "dlt" and self.name in ("duckdb", "postgres", "sqlalchemy", "filesystem"):
             raise ValueError(f"destination.name: use `type: {self.name}` for {self.name!r}, which is built in")
         unused = [key for key in ("bucket_url", "name") if getattr(self, key) and not _uses(self.type, key)]
+        if self.tls is not None and self.type != "postgres":
+            unused.append("tls")  # refused, not ignored: a user who asked for TLS must not load in plaintext
         if self.options and self.type != "dlt":
             unused.append("options")
         if unused:

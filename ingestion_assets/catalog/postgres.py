@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ingestion_assets.catalog.base import DeadLetters, Freshness, Reference, Retries, _Model, as_list, valid_cron
+from ingestion_assets.catalog.base import DeadLetters, Freshness, Reference, Retries, Tls, _Model, as_list, valid_cron
 
 
 class TimePartitions(_Model):
@@ -229,6 +229,7 @@ class Cdc(_Model):
 class PostgresSource(_Model):
     type: Literal["postgres"]
     connection: Reference
+    tls: Tls | None = Field(None, description="verify-full TLS (and client certificates) on every connection")
     mode: Literal["tables", "cdc"] = "tables"
     cdc: Cdc = Field(default_factory=lambda: Cdc())
     max_concurrency: Annotated[int, Field(gt=0)] = 4

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ingestion_assets.catalog.base import DeadLetters, Freshness, Reference, Retries, _Model, as_list, valid_cron
+from ingestion_assets.catalog.base import DeadLetters, Freshness, Reference, Retries, Tls, _Model, as_list, valid_cron
 
 
 class RestAuth(_Model):
@@ -148,6 +148,7 @@ class RestSource(_Model):
     type: Literal["rest"]
     base_url: str | Reference = Field(description="the API root; a literal URL or a reference")
     auth: RestAuth = Field(default_factory=lambda: RestAuth())
+    tls: Tls | None = Field(None, description="a custom CA bundle and client certificates (https:// only)")
     rate_limit: RateLimit = Field(default_factory=lambda: RateLimit())
     http_retries: HttpRetries = Field(default_factory=lambda: HttpRetries())
     timeout_seconds: Annotated[float, Field(gt=0)] = 30.0

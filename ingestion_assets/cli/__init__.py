@@ -47,7 +47,17 @@ def _parser() -> argparse.ArgumentParser:
 
         return action
 
-    command("up", stack.up, "start the embedded PostgreSQL (Dagster storage, demo source) and print the env")
+    stack_up = command("up", stack.up, "start the embedded PostgreSQL (Dagster storage, demo source) and print the env")
+    stack_up.add_argument("--tls", action="store_true", help="TLS only, client certificates (a throwaway CA)")
+    stack_up.add_argument("--pg-bin", help="PostgreSQL binaries to use (a build with OpenSSL, for --tls)")
+    stack_up.add_argument("--archive", action="store_true", help="archive WAL for Dagster's storage (PITR)")
+    stack_up.add_argument("--standby", action="store_true", help="start a streaming standby of the storage server")
+    storage_action = actions(command("storage", None, "Dagster's storage: backups, standby promotion, PITR"))
+    storage_action("backup", stack.storage_backup, "archive WAL and take a base backup of the storage server")
+    storage_action("promote", stack.storage_promote, "make the standby the storage primary (failover)")
+    restore = storage_action("restore", stack.storage_restore, "point-in-time recovery of Dagster's storage")
+    restore.add_argument("--to", required=True, help="ISO time (UTC if no offset), at or before the target's own")
+    restore.add_argument("--force", action="store_true", help="restore even if checkpoints are ahead of the target")
     command("down", stack.down, "stop the embedded PostgreSQL")
     command("env", stack.env, "print `export` lines that point dagster commands at this instance")
     demo = command("demo", stack.demo, "seed the demo shop, materialize every stream twice, print a summary")

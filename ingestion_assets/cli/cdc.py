@@ -21,14 +21,14 @@ class CdcSource:
 
 
 def _source(settings: Settings, name: str) -> CdcSource:
-    from ingestion_assets.references import resolve
+    from ingestion_assets.references import postgres_url
 
     catalog = load_catalog(settings.catalog_path)
     source = catalog.sources.get(name)
     if not isinstance(source, PostgresSource) or source.mode != "cdc":
         cdc = sorted(n for n, s in catalog.sources.items() if isinstance(s, PostgresSource) and s.mode == "cdc")
         raise SystemExit(f"error: {name!r} is not a cdc source of the catalog; cdc sources: {', '.join(cdc) or 'none'}")
-    url = resolve(source.connection, settings, f"sources.{name}.connection")
+    url = postgres_url(source.connection, source.tls, settings, f"sources.{name}.connection")
     slot = source.cdc.slot or f"ingest_{name}"
     return CdcSource(name, source, url, slot, source.cdc.publication or f"ingest_{name}")
 

@@ -7,6 +7,7 @@ import os
 import shlex
 import sys
 import time
+from pathlib import Path
 
 from ingestion_assets.catalog import load_catalog
 from ingestion_assets.cli.common import DEFINITIONS_MODULE, bring_up, exports, sibling, uses_demo_api
@@ -15,9 +16,74 @@ from ingestion_assets.cli.supervise import run_supervised
 from ingestion_assets.settings import Settings
 
 
-def up(settings: Settings, _args: argparse.Namespace) -> int:
+def up(settings: Settings, args: argparse.Namespace) -> int:
+    from ingestion_assets.stack.embedded import EmbeddedServerError
+    from ingestion_assets.stack.server_tls import TlsSetupError
+
+    try:
+        if args.pg_bin:
+            settings.embedded.use_binaries(Path(args.pg_bin).resolve())
+        if args.tls:
+            settings.embedded.enable_tls()
+    except (EmbeddedServerError, TlsSetupError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     env = bring_up(settings)
+    if args.archive or args.standby:
+        from ingestion_assets.stack import durability
+
+        server, archive = settings.embedded, durability.archive_for(settings.home)
+        if args.archive:
+            durability.enable_archiving(server, archive)
+            if not archive.backups():
+                print(f"base backup: {durability.base_backup(server, archive)}", file=sys.stderr)
+        if args.standby:
+            standby = durability.start_standby(server, settings.home)
+            print(f"streaming standby: {standby.root} on port {standby.port()}", file=sys.stderr)
     print(exports(env))
+    return 0
+
+
+def storage_backup(settings: Settings, _args: argparse.Namespace) -> int:
+    from ingestion_assets.stack import durability
+
+    archive = durability.archive_for(settings.home)
+    durability.enable_archiving(settings.embedded, archive)
+    print(f"base backup: {durability.base_backup(settings.embedded, archive)}")
+    return 0
+
+
+def storage_promote(settings: Settings, _args: argparse.Namespace) -> int:
+    from ingestion_assets.stack import durability
+    from ingestion_assets.stack.embedded import EmbeddedPostgres
+
+    standby = EmbeddedPostgres(settings.home / durability.STANDBY_ROOT)
+    if not (standby.data_dir / "PG_VERSION").exists():
+        print("error: there is no standby (`ingest up --standby` starts one)", file=sys.stderr)
+        return 2
+    settings.embedded.stop("immediate")  # if the old primary still runs, it must take no more checkpoints
+    durability.promote(standby.ensure_running(), settings.home)
+    bring_up(settings)  # dagster.yaml now names the promoted server
+    print(f"promoted {standby.root}; Dagster's storage is there now")
+    return 0
+
+
+def storage_restore(settings: Settings, args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
+    from ingestion_assets.stack.restore import RestoreRefused, restore_storage
+
+    to = datetime.fromisoformat(args.to)
+    to = to if to.tzinfo else to.replace(tzinfo=UTC)
+    try:
+        restored = restore_storage(settings, to, force=args.force)
+    except RestoreRefused as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return 2
+    for warning in restored.warnings:
+        print(f"WARNING (--force): {warning}", file=sys.stderr)
+    print(f"restored Dagster's storage to {to.isoformat()} (base backup of {restored.backup_started_at.isoformat()})")
+    print(f"the replaced server is stopped and kept in {restored.previous}; rebuild the standby from the new primary")
     return 0
 
 

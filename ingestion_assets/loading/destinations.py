@@ -24,7 +24,7 @@ from ingestion_assets.loading.naming import TargetNames
 from ingestion_assets.loading.native_types import DuckDbNativeTypes, PostgresNativeTypes
 from ingestion_assets.loading.postgres_copy import ExactPostgres
 from ingestion_assets.loading.sql_targets import MYSQL_IDENTIFIER_LENGTH, is_mysql, mysql_lock, sqlalchemy_destination
-from ingestion_assets.references import resolve
+from ingestion_assets.references import postgres_url
 from ingestion_assets.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def duckdb_path(settings: Settings, destination: Destination) -> Path:
 
 def destination_url(settings: Settings, destination: Destination) -> str:
     assert destination.credentials is not None
-    return resolve(destination.credentials, settings, "destination.credentials")
+    return postgres_url(destination.credentials, destination.tls, settings, "destination.credentials")
 
 
 def make_destination(settings: Settings, destination: Destination) -> Any:

@@ -17,7 +17,7 @@ from ingestion_assets.defs.cdc import SLOT_HEALTH
 from ingestion_assets.defs.checks import DEAD_LETTERS, RECONCILIATION, SCHEMA
 from ingestion_assets.defs.freshness import FRESHNESS, stored_evaluation
 from ingestion_assets.observe.freshness import HISTOGRAM, merged, percentiles
-from ingestion_assets.references import resolve
+from ingestion_assets.references import postgres_url
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import latest_checkpoint
 from ingestion_assets.state.summary import partitions_with_state
@@ -186,9 +186,9 @@ def _slot(settings: Settings, name: str, source: PostgresSource) -> SlotFigures:
 
     limit = source.cdc.max_retained_wal_mb * 1024 * 1024
     try:
-        url = resolve(source.connection, settings, f"sources.{name}.connection")
+        url = postgres_url(source.connection, source.tls, settings, f"sources.{name}.connection")
         health = slot_health(url, source.cdc.slot or f"ingest_{name}")
-    except (CdcError, psycopg2.Error, OSError) as exc:
+    except (CdcError, psycopg2.Error, OSError, ValueError, LookupError) as exc:
         return SlotFigures(0, 0, limit, error=str(exc).splitlines()[0][:80])
     return SlotFigures(health.lag_bytes, health.retained_wal_bytes, limit)
 

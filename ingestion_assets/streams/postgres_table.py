@@ -15,7 +15,7 @@ from ingestion_assets.loading.pipeline import Loader, TargetTable, pipeline_name
 from ingestion_assets.loading.targets import make_loader
 from ingestion_assets.observe.commit_latency import CommitLatency
 from ingestion_assets.partitions import UnknownPartition, window_for
-from ingestion_assets.references import resolve
+from ingestion_assets.references import postgres_url
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres import plan_table_read, table_slices
 from ingestion_assets.sources.postgres.introspect import TableShape, discover_table, type_hints
@@ -108,7 +108,9 @@ class PostgresTableStream:
         )
 
     def source_url(self) -> str:
-        return resolve(self.source.connection, self.settings, f"sources.{self.source_name}.connection")
+        return postgres_url(
+            self.source.connection, self.source.tls, self.settings, f"sources.{self.source_name}.connection"
+        )
 
     def discover(self) -> TableShape:
         """The table's columns as they are now, without checking the catalog's names against them."""

@@ -26,7 +26,7 @@ from ingestion_assets.loading.metadata_columns import (
 from ingestion_assets.loading.pipeline import Loader, TargetTable, pipeline_name
 from ingestion_assets.loading.targets import make_loader
 from ingestion_assets.observe.commit_latency import CommitLatency
-from ingestion_assets.references import resolve
+from ingestion_assets.references import resolve, tls_files
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.rest import (
     Clock,
@@ -121,6 +121,7 @@ class RestApiStream:
             timeout=self.source.timeout_seconds,
             clock=self.clock,
             transport=self.transport,
+            tls=None if self.source.tls is None else tls_files(self.source.tls, self.settings, f"{where}.tls"),
         )
 
     def run(self, after: dict[str, Any] | None, sink: CheckpointSink, options: RunOptions) -> SyncResult:

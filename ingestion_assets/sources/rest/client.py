@@ -25,6 +25,7 @@ from ingestion_assets.sources.rest.governor import (
     retry_after_seconds,
 )
 from ingestion_assets.sources.rest.payload import CutOff, parse_json
+from ingestion_assets.sources.tls import TlsFiles, VerifiedTransport, http_ssl_context
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +113,7 @@ class RestClient:
         buckets: BucketRegistry | None = None,
         transport: httpx.BaseTransport | None = None,
         seed: int | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         self.auth: Auth = auth or NoAuth()
         self.retry = retry or RetryPolicy()
@@ -120,6 +122,9 @@ class RestClient:
         self._bucket = (buckets or SHARED_BUCKETS).bucket(self.auth.key, rate, burst, self._clock)
         self._targets: dict[str, tuple[httpx.URL, str]] = {}  # path -> its absolute URL, and the text for messages
         self.figures = HttpFigures()
+        if tls is not None and transport is None:  # verification stays on; handshake failures are permanent
+            where = f"API {httpx.URL(base_url).host}"  # the host only: a base URL may carry a key in its query
+            transport = VerifiedTransport(http_ssl_context(tls, where), where)
         self._http = httpx.Client(
             base_url=base_url,
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),

@@ -16,7 +16,7 @@ from typing import Any
 
 from ingestion_assets.catalog import Destination, PostgresSource
 from ingestion_assets.partitions import LIVE, key_range
-from ingestion_assets.references import resolve
+from ingestion_assets.references import postgres_url
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres.cdc import (
     ChangeBatch,
@@ -105,7 +105,9 @@ class CdcSync:
         return self.source.cdc.publication or f"ingest_{self.source_name}"
 
     def url(self) -> str:
-        return resolve(self.source.connection, self.settings, f"sources.{self.source_name}.connection")
+        return postgres_url(
+            self.source.connection, self.source.tls, self.settings, f"sources.{self.source_name}.connection"
+        )
 
     def tables(self) -> list[tuple[str, str]]:
         return [(s.spec.schema_name, s.spec.table_name) for s in self.streams]

@@ -1,0 +1,130 @@
+"""Verified TLS for outgoing connections: libpq URL parameters (verify-full) and an SSL context for httpx."""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+import httpx
+import psycopg2.extensions
+
+VERIFY_FULL = "verify-full"
+_FILE_PARAMETERS = ("sslrootcert", "sslcert", "sslkey")
+
+
+class TlsError(ValueError):
+    """A TLS setting that would allow plaintext or an unverified server, or a handshake that failed:
+    retrying does not change either, so it is permanent. The message names files, never their contents."""
+
+    transient = False
+    advice = "fix the TLS setting the message names (catalog `tls`, the certificate files), then run again"
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The files of one connection's TLS: the CA that signs the server, our certificate and key (mutual TLS)."""
+
+    ca: Path | None
+    cert: Path | None = None
+    key: Path | None = None
+
+    def libpq_parameters(self) -> dict[str, str]:
+        """`sslrootcert=system` (libpq 16+) trusts the system's CAs when no CA file is given."""
+        parameters = {"sslmode": VERIFY_FULL, "sslrootcert": str(self.ca) if self.ca else "system"}
+        if self.cert is not None and self.key is not None:
+            parameters |= {"sslcert": str(self.cert), "sslkey": str(self.key)}
+        return parameters
+
+
+def with_verified_tls(url: str, files: TlsFiles, where: str) -> str:
+    """`url` with sslmode=verify-full and the catalog's files.
+
+    A URL that asks for a weaker mode (disable, allow, prefer, require, verify-ca) contradicts the catalog's
+    `tls` and is refused rather than silently upgraded or obeyed: one of the two is wrong, and a weaker
+    mode would accept plaintext or a certificate of any host. A file parameter given in both places must agree.
+    """
+    given = _parameters(url, where)
+    mode = given.get("sslmode")
+    if mode is not None and mode != VERIFY_FULL:
+        raise TlsError(
+            f"{where}: the connection URL asks for sslmode={mode}, which accepts plaintext or an unverified "
+            f"certificate, while the catalog's `tls` requires {VERIFY_FULL}: drop sslmode from the URL"
+        )
+    wanted = files.libpq_parameters()
+    for name in _FILE_PARAMETERS:
+        if name in given and name in wanted and given[name] != wanted[name]:
+            raise TlsError(f"{where}: the connection URL sets {name} to another file than the catalog's `tls`")
+    missing = {name: value for name, value in wanted.items() if name not in given}
+    if not url.startswith(("postgresql://", "postgres://", "postgresql+")):
+        return psycopg2.extensions.make_dsn(url, **missing)
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True) + list(missing.items())
+    return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote, safe="/")))
+
+
+def require_verified(url: str, where: str) -> None:
+    """Refuse a URL that would fall back to plaintext or accept an unverified certificate."""
+    mode = _parameters(url, where).get("sslmode")
+    if mode != VERIFY_FULL:
+        raise TlsError(
+            f"{where}: TLS is required but the connection would use sslmode={mode or 'prefer (the default)'}; "
+            f"give the connection a catalog `tls` block (sslmode {VERIFY_FULL} with a CA file)"
+        )
+
+
+def _parameters(url: str, where: str) -> dict[str, str]:
+    plain = url.replace("postgresql+psycopg2://", "postgresql://", 1)
+    try:
+        return {key: str(value) for key, value in psycopg2.extensions.parse_dsn(plain).items()}
+    except psycopg2.ProgrammingError as exc:
+        raise TlsError(f"{where}: the connection string does not parse as a libpq URL or DSN") from exc
+
+
+def http_ssl_context(files: TlsFiles, where: str) -> ssl.SSLContext:
+    """Verification always on (host name, chain to `ca` or the system's CAs), TLS 1.2 at least,
+    and our certificate when the API asks for one."""
+    try:
+        context = ssl.create_default_context(cafile=str(files.ca) if files.ca else None)
+        if files.cert is not None:
+            context.load_cert_chain(str(files.cert), str(files.key) if files.key else None)
+    except (OSError, ssl.SSLError) as exc:
+        raise TlsError(f"{where}: cannot load the TLS files ({exc.__class__.__name__}: {exc.strerror or exc})") from exc
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
+class VerifiedTransport(httpx.HTTPTransport):
+    """An HTTPS transport whose failed handshakes (unknown CA, wrong host, certificate refused) are permanent
+    TlsErrors instead of the ConnectErrors a client retries: no retry makes a certificate valid."""
+
+    def __init__(self, context: ssl.SSLContext, where: str, http2: bool = True) -> None:
+        super().__init__(verify=context, http2=http2)
+        self._where = where
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.scheme != "https":
+            raise TlsError(f"{self._where}: {request.url.scheme}:// is plaintext; the source's `tls` needs https://")
+        try:
+            return super().handle_request(request)
+        except httpx.TransportError as exc:  # TLS 1.3: a refused client certificate shows on the first read
+            cause = _ssl_cause(exc)
+            if cause is None:
+                raise
+            raise TlsError(f"{self._where}: TLS handshake with {request.url.host} failed: {cause}") from exc
+
+
+_PERMANENT_REASONS = ("CERTIFICATE", "UNKNOWN_CA", "HANDSHAKE_FAILURE", "WRONG_VERSION_NUMBER")
+
+
+def _ssl_cause(exc: BaseException) -> ssl.SSLError | None:
+    """The certificate or handshake error behind a transport error; an EOF or reset is no such error."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return seen
+        if isinstance(seen, ssl.SSLError) and any(r in str(seen.reason or "").upper() for r in _PERMANENT_REASONS):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None

