@@ -10,6 +10,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from ingestion_assets.catalog.base import DeadLetters, Reference, Retries, _Model
+from ingestion_assets.catalog.execution import CeleryExecution, Execution, host_bound
 from ingestion_assets.catalog.postgres import KeyPartitions, PostgresSource, PostgresStream, Reconcile, TimePartitions
 from ingestion_assets.catalog.rest import RestAuth, RestSource, RestStream
 
@@ -19,8 +20,10 @@ __all__ = [
     "AnyStream",
     "Catalog",
     "CatalogError",
+    "CeleryExecution",
     "DeadLetters",
     "Destination",
+    "Execution",
     "KeyPartitions",
     "PostgresSource",
     "PostgresStream",
@@ -67,6 +70,7 @@ class Destination(_Model):
 class Catalog(_Model):
     destination: Destination = Field(default_factory=lambda: Destination())
     sources: dict[str, Source] = Field(min_length=1)
+    execution: Execution = Field(default_factory=lambda: Execution())
 
     @model_validator(mode="after")
     def _names(self) -> Catalog:
@@ -82,6 +86,12 @@ class Catalog(_Model):
                     f"schema {stem!r}; DuckDB then cannot tell the file from the schema in `{stem}.<table>`. "
                     "Rename the file or the source"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _one_host_parts(self) -> Catalog:
+        if self.execution.distributed and (problems := host_bound(self)):
+            raise ValueError("; ".join(problems))
         return self
 
     def streams(self) -> list[tuple[str, PostgresSource | RestSource, str, AnyStream]]:

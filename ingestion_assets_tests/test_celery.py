@@ -1,0 +1,62 @@
+"""Steps of one run on two Celery workers (real worker processes, the machine's Redis), into PostgreSQL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from dagster._serdes import serialize_value
+
+from ingestion_assets.catalog import CatalogError, load_catalog
+from ingestion_assets_tests.celery_workers import celery_deployment, step_workers, with_execution
+from ingestion_assets_tests.helpers import StreamHarness
+
+TABLES = """
+CREATE TABLE orders (id bigint PRIMARY KEY, amount numeric(12,2), note text, updated_at timestamptz NOT NULL);
+INSERT INTO orders SELECT g, g * 1.25, CASE WHEN g % 7 = 0 THEN NULL ELSE 'n' || g END,
+    timestamptz '2024-01-01 00:00:00+00' + g * interval '1 s' FROM generate_series(1, 3000) g;
+CREATE TABLE "select" (id int PRIMARY KEY, "from" text, updated_at timestamptz NOT NULL);
+INSERT INTO "select" SELECT g, repeat('x', g % 13), timestamptz '2024-02-01 00:00:00+00' + g * interval '1 ms'
+FROM generate_series(1, 2000) g;
+"""
+
+
+def _streams() -> dict[str, dict[str, object]]:
+    return {
+        "orders": {"table": "orders", "primary_key": "id", "cursor": "updated_at", "slice_rows": 1000},
+        "keywords": {"table": '"select"', "primary_key": "id", "cursor": "updated_at", "slice_rows": 500},
+    }
+
+
+def test_two_workers_run_the_steps_of_one_run(harness: StreamHarness, tmp_path: Path) -> None:
+    harness.source.execute(TABLES)
+    harness.write_catalog(_streams(), destination="postgres", max_concurrency=2)
+    with celery_deployment(tmp_path / "celery") as deployment:
+        with_execution(harness.catalog_path, deployment.execution())  # type: ignore[arg-type]
+        for _ in range(2):
+            deployment.start_worker(harness.settings.catalog_path, harness.settings.dagster_home)
+        deployment.wait_ready()
+        # materialize_cli selects `source/<stream>`: a second key after a comma makes it one run of both
+        process = harness.materialize_cli(f"orders,{harness.source_name}/keywords")
+        harness.wait_ok(process, timeout=240)
+
+        run = harness.instance.get_runs(limit=1)[0]
+        workers = step_workers(harness.instance, run.run_id)
+        assert set(workers) == {f"{harness.source_name}__orders", f"{harness.source_name}__keywords"}
+        names = {worker for ran in workers.values() for worker in ran}
+        assert len(names) == 2, f"both steps ran on one worker: {workers}"
+        assert {name.split("@")[0] for name in names} == {w.name for w in deployment.workers}
+        snapshot = serialize_value(harness.instance.get_job_snapshot(run.job_snapshot_id))  # type: ignore[arg-type]
+        assert deployment.redis_url not in snapshot + serialize_value(run), "the broker URL leaked"
+
+    harness.assert_target_equals_source("orders", "orders", "id")
+    harness.assert_target_equals_source("keywords", '"select"', "id")
+
+
+def test_a_celery_deployment_refuses_a_local_duckdb_file(harness: StreamHarness, tmp_path: Path) -> None:
+    catalog = harness.write_catalog(_streams(), destination="duckdb")
+    with_execution(catalog, {"executor": "celery", "celery": {"broker": {"env": "SOME_BROKER_URL"}}})
+    with pytest.raises(CatalogError) as raised:
+        load_catalog(catalog)
+    message = str(raised.value)
+    assert "destination.type: duckdb is a local file" in message and "type: postgres" in message
