@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import dagster as dg
 import pytest
+from dagster._core.definitions.reconstruct import ReconstructableRepository
 from dagster._serdes import serialize_value
 
 from ingestion_assets.catalog import CatalogError, load_catalog
 from ingestion_assets_tests.celery_workers import celery_deployment, step_workers, with_execution
-from ingestion_assets_tests.helpers import StreamHarness
+from ingestion_assets_tests.helpers import REPO, StreamHarness
 
 TABLES = """
 CREATE TABLE orders (id bigint PRIMARY KEY, amount numeric(12,2), note text, updated_at timestamptz NOT NULL);
@@ -28,20 +30,24 @@ def _streams() -> dict[str, dict[str, object]]:
     }
 
 
-def test_two_workers_run_the_steps_of_one_run(harness: StreamHarness, tmp_path: Path) -> None:
+def test_two_workers_run_the_steps_of_one_run(
+    harness: StreamHarness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     harness.source.execute(TABLES)
     harness.write_catalog(_streams(), destination="postgres", max_concurrency=2)
     with celery_deployment(tmp_path / "celery") as deployment:
         with_execution(harness.catalog_path, deployment.execution())  # type: ignore[arg-type]
         for _ in range(2):
             deployment.start_worker(harness.settings.catalog_path, harness.settings.dagster_home)
-        # started beside the workers: a worker holds one step at a time (prefetch 1, acknowledged at its end),
-        # so the second step waits for the second worker however their start-ups interleave
-        # materialize_cli selects `source/<stream>`: a second key after a comma makes it one run of both
-        process = harness.materialize_cli(f"orders,{harness.source_name}/keywords")
-        harness.wait_ok(process, timeout=240)
-
-        run = harness.instance.get_runs(limit=1)[0]
+        deployment.wait_ready()  # a worker holds one step at a time (prefetch 1, acknowledged at its end):
+        # with both consuming before the run publishes, each takes one of its two steps
+        for name, value in harness.cli_env().items():  # the run orchestrates from here, as `dagster asset
+            monkeypatch.setenv(name, value)  # materialize` would: it loads the code location from its module
+        job = ReconstructableRepository.for_module("ingestion_assets.definitions", "defs", str(REPO))
+        keys = [harness.key("orders"), harness.key("keywords")]
+        with dg.execute_job(job.get_reconstructable_job("__ASSET_JOB"), harness.instance, asset_selection=keys) as done:
+            assert done.success
+            run = done.dagster_run
         workers = step_workers(harness.instance, run.run_id)
         assert set(workers) == {f"{harness.source_name}__orders", f"{harness.source_name}__keywords"}
         names = {worker for ran in workers.values() for worker in ran}
