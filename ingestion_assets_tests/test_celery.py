@@ -10,6 +10,8 @@ from dagster._core.definitions.reconstruct import ReconstructableRepository
 from dagster._serdes import serialize_value
 
 from ingestion_assets.catalog import CatalogError, load_catalog
+from ingestion_assets.settings import Settings
+from ingestion_assets.worker import worker_app
 from ingestion_assets_tests.celery_workers import celery_deployment, step_workers, with_execution
 from ingestion_assets_tests.helpers import REPO, StreamHarness
 
@@ -67,3 +69,27 @@ def test_a_celery_deployment_refuses_a_local_duckdb_file(harness: StreamHarness,
         load_catalog(catalog)
     message = str(raised.value)
     assert "destination.type: duckdb is a local file" in message and "type: postgres" in message
+
+
+def test_a_celery_deployment_refuses_references_to_one_hosts_loopback(tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(
+        "execution: {executor: celery, celery: {broker: {env: BROKER_URL}}}\n"
+        "destination: {type: postgres, credentials: {env: WAREHOUSE_URL}}\n"
+        "sources:\n  shop:\n    type: postgres\n    connection: {embedded: shop}\n"
+        "    streams: {orders: {table: public.orders, primary_key: id}}\n"
+    )
+    with pytest.raises(CatalogError, match=r"sources\.shop\.connection: embedded:shop is a server on one host"):
+        load_catalog(catalog)
+
+
+def test_celery_needs_its_broker_and_a_worker_needs_a_celery_catalog(tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog.yaml"
+    body = "sources:\n  shop:\n    type: postgres\n    connection: {env: SHOP_URL}\n"
+    body += "    streams: {orders: {table: public.orders, primary_key: id}}\n"
+    catalog.write_text("execution: {executor: celery}\n" + body)
+    with pytest.raises(CatalogError, match=r"execution\.celery: required with `executor: celery`"):
+        load_catalog(catalog)
+    catalog.write_text(body)
+    with pytest.raises(SystemExit, match="no run publishes steps for a worker"):
+        worker_app(Settings(home=tmp_path, catalog_path=catalog))
