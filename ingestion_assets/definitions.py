@@ -10,6 +10,7 @@ import dagster as dg
 from ingestion_assets.catalog import load_catalog
 from ingestion_assets.defs.assets import catalog_streams, is_cdc, stream_asset
 from ingestion_assets.defs.cdc import build_cdc_assets
+from ingestion_assets.defs.executors import build_executor
 from ingestion_assets.defs.freshness import cdc_freshness_checks, freshness_sensor, with_cdc_policies
 from ingestion_assets.defs.jobs import build_jobs
 from ingestion_assets.defs.metadata import known_column_schemas
@@ -37,7 +38,8 @@ def defs() -> dg.Definitions:
 
 def _build(settings: Settings) -> dg.Definitions:
     catalog = load_catalog(settings.catalog_path)
-    release_dead_runs_on_this_machine(settings)  # a killed run's pool slots would block its source for good
+    if not catalog.execution.distributed:  # on workers a run's process ids name processes of other hosts
+        release_dead_runs_on_this_machine(settings)  # a killed run's pool slots would block its source for good
     streams = [s for s in catalog_streams(settings, catalog) if not is_cdc(s)]
     columns = known_column_schemas(settings, [dg.AssetKey([s.source_name, s.name]) for s in streams])
     assets = [stream_asset(s, columns.get(dg.AssetKey([s.source_name, s.name]))) for s in streams]
@@ -50,4 +52,5 @@ def _build(settings: Settings) -> dg.Definitions:
         jobs=list(jobs.values()),
         schedules=build_schedules(streams, jobs),
         sensors=[*build_sensors(streams), *cdc_sensors, *([freshness] if freshness else [])],
+        executor=build_executor(settings, catalog),
     )

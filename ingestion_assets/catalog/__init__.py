@@ -11,6 +11,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from ingestion_assets.catalog.base import DeadLetters, Freshness, Reference, Retries, Tls, _Model
 from ingestion_assets.catalog.destination import Destination
+from ingestion_assets.catalog.execution import CeleryExecution, Execution, host_bound
 from ingestion_assets.catalog.files import CsvOptions, FilesSource, FilesStream
 from ingestion_assets.catalog.postgres import KeyPartitions, PostgresSource, PostgresStream, Reconcile, TimePartitions
 from ingestion_assets.catalog.rest import RestAuth, RestSource, RestStream
@@ -21,9 +22,11 @@ __all__ = [
     "AnyStream",
     "Catalog",
     "CatalogError",
+    "CeleryExecution",
     "CsvOptions",
     "DeadLetters",
     "Destination",
+    "Execution",
     "FilesSource",
     "FilesStream",
     "Freshness",
@@ -56,6 +59,7 @@ class CatalogError(ValueError):
 class Catalog(_Model):
     destination: Destination = Field(default_factory=lambda: Destination())
     sources: dict[str, Source] = Field(min_length=1)
+    execution: Execution = Field(default_factory=lambda: Execution())
 
     @model_validator(mode="after")
     def _names(self) -> Catalog:
@@ -71,6 +75,12 @@ class Catalog(_Model):
                     f"schema {stem!r}; DuckDB then cannot tell the file from the schema in `{stem}.<table>`. "
                     "Rename the file or the source"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _one_host_parts(self) -> Catalog:
+        if self.execution.distributed and (problems := host_bound(self)):
+            raise ValueError("; ".join(problems))
         return self
 
     def streams(self) -> list[tuple[str, PostgresSource | RestSource | FilesSource, str, AnyStream]]:

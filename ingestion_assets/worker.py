@@ -1,0 +1,52 @@
+"""A Celery worker that runs the steps of ingestion runs: `python -m ingestion_assets.worker [celery options]`."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from celery import Celery
+
+from ingestion_assets.catalog import load_catalog
+from ingestion_assets.defs.executors import celery_config
+from ingestion_assets.settings import Settings
+
+QUEUE = "dagster"  # dagster-celery's queue: the executor publishes every step there unless a step's tag says other
+
+
+def worker_app(settings: Settings) -> Celery:
+    """The same Celery app as the runs' executor (broker, backend, acks), with dagster-celery's step task.
+
+    The worker reads the same catalog (INGEST_CATALOG) as the runs: its steps load the definitions from it."""
+    from dagster_celery.executor import CeleryExecutor
+    from dagster_celery.make_app import make_app
+    from dagster_celery.tasks import create_task
+
+    catalog = load_catalog(settings.catalog_path)
+    celery = catalog.execution.celery
+    if catalog.execution.executor != "celery" or celery is None:
+        raise SystemExit(
+            f"{settings.catalog_path}: `execution.executor` is {catalog.execution.executor}, so no run publishes "
+            "steps for a worker: set `execution: {executor: celery, celery: {broker: {env: ...}}}`"
+        )
+    app = make_app(CeleryExecutor.for_cli(**celery_config(settings, celery)).app_args())
+    create_task(app)
+    return app
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Extra arguments go to `celery worker` (`--concurrency 2`, `-n name@%h`, `--loglevel INFO`)."""
+    app = worker_app(Settings.from_env())
+    _warm_up()
+    app.worker_main(["worker", "--queues", QUEUE, *(sys.argv[1:] if argv is None else argv)])
+
+
+def _warm_up() -> None:
+    """Import what every step imports before the pool processes fork: each step then starts seconds sooner."""
+    import dagster_postgres  # noqa: F401  the instance storage every step opens
+
+    import ingestion_assets.definitions  # noqa: F401  the code location each step reconstructs its job from
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Steps of one run on two Celery workers (real worker processes, the machine's Redis), into PostgreSQL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from dagster._core.definitions.reconstruct import ReconstructableRepository
+from dagster._serdes import serialize_value
+
+from ingestion_assets.catalog import CatalogError, load_catalog
+from ingestion_assets.settings import Settings
+from ingestion_assets.worker import worker_app
+from ingestion_assets_tests.celery_workers import celery_deployment, step_workers, with_execution
+from ingestion_assets_tests.helpers import REPO, StreamHarness
+
+TABLES = """
+CREATE TABLE orders (id bigint PRIMARY KEY, amount numeric(12,2), note text, updated_at timestamptz NOT NULL);
+INSERT INTO orders SELECT g, g * 1.25, CASE WHEN g % 7 = 0 THEN NULL ELSE 'n' || g END,
+    timestamptz '2024-01-01 00:00:00+00' + g * interval '1 s' FROM generate_series(1, 3000) g;
+CREATE TABLE "select" (id int PRIMARY KEY, "from" text, updated_at timestamptz NOT NULL);
+INSERT INTO "select" SELECT g, repeat('x', g % 13), timestamptz '2024-02-01 00:00:00+00' + g * interval '1 ms'
+FROM generate_series(1, 2000) g;
+"""
+
+
+def _streams() -> dict[str, dict[str, object]]:
+    return {
+        "orders": {"table": "orders", "primary_key": "id", "cursor": "updated_at"},
+        "keywords": {"table": '"select"', "primary_key": "id", "cursor": "updated_at"},
+    }
+
+
+def test_two_workers_run_the_steps_of_one_run(
+    harness: StreamHarness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    harness.source.execute(TABLES)
+    harness.write_catalog(_streams(), destination="postgres", max_concurrency=2)
+    with celery_deployment(tmp_path / "celery") as deployment:
+        with_execution(harness.catalog_path, deployment.execution())  # type: ignore[arg-type]
+        for _ in range(2):
+            deployment.start_worker(harness.settings.catalog_path, harness.settings.dagster_home)
+        deployment.wait_ready()  # a worker holds one step at a time (prefetch 1, acknowledged at its end):
+        # with both consuming before the run publishes, each takes one of its two steps
+        for name, value in harness.cli_env().items():  # the run orchestrates from here, as `dagster asset
+            monkeypatch.setenv(name, value)  # materialize` would: it loads the code location from its module
+        job = ReconstructableRepository.for_module("ingestion_assets.definitions", "defs", str(REPO))
+        keys = [harness.key("orders"), harness.key("keywords")]
+        with dg.execute_job(job.get_reconstructable_job("__ASSET_JOB"), harness.instance, asset_selection=keys) as done:
+            assert done.success
+            run = done.dagster_run
+        workers = step_workers(harness.instance, run.run_id)
+        assert set(workers) == {f"{harness.source_name}__orders", f"{harness.source_name}__keywords"}
+        names = {worker for ran in workers.values() for worker in ran}
+        assert len(names) == 2, f"both steps ran on one worker: {workers}"
+        assert {name.split("@")[0] for name in names} == {w.name for w in deployment.workers}
+        snapshot = serialize_value(harness.instance.get_job_snapshot(run.job_snapshot_id))  # type: ignore[arg-type]
+        assert deployment.redis_url not in snapshot + serialize_value(run), "the broker URL leaked"
+
+    harness.assert_target_equals_source("orders", "orders", "id")
+    harness.assert_target_equals_source("keywords", '"select"', "id")
+
+
+def test_a_celery_deployment_refuses_a_local_duckdb_file(harness: StreamHarness, tmp_path: Path) -> None:
+    catalog = harness.write_catalog(_streams(), destination="duckdb")
+    with_execution(catalog, {"executor": "celery", "celery": {"broker": {"env": "SOME_BROKER_URL"}}})
+    with pytest.raises(CatalogError) as raised:
+        load_catalog(catalog)
+    message = str(raised.value)
+    assert "destination.type: duckdb is a local file" in message and "type: postgres" in message
+
+
+def test_a_celery_deployment_refuses_references_to_one_hosts_loopback(tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(
+        "execution: {executor: celery, celery: {broker: {env: BROKER_URL}}}\n"
+        "destination: {type: postgres, credentials: {env: WAREHOUSE_URL}}\n"
+        "sources:\n  shop:\n    type: postgres\n    connection: {embedded: shop}\n"
+        "    streams: {orders: {table: public.orders, primary_key: id}}\n"
+    )
+    with pytest.raises(CatalogError, match=r"sources\.shop\.connection: embedded:shop is a server on one host"):
+        load_catalog(catalog)
+
+
+def test_celery_needs_its_broker_and_a_worker_needs_a_celery_catalog(tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog.yaml"
+    body = "sources:\n  shop:\n    type: postgres\n    connection: {env: SHOP_URL}\n"
+    body += "    streams: {orders: {table: public.orders, primary_key: id}}\n"
+    catalog.write_text("execution: {executor: celery}\n" + body)
+    with pytest.raises(CatalogError, match=r"execution\.celery: required with `executor: celery`"):
+        load_catalog(catalog)
+    catalog.write_text(body)
+    with pytest.raises(SystemExit, match="no run publishes steps for a worker"):
+        worker_app(Settings(home=tmp_path, catalog_path=catalog))
