@@ -77,6 +77,8 @@ def test_ingest_dev_stops_its_whole_process_tree(harness: StreamHarness, signum:
         survivors = [pid for pid, started in members if _alive((pid, started))]
         assert not survivors, f"still running after ingest dev stopped: {survivors}"
         assert not _answers(f"http://127.0.0.1:{port}/server_info")
+        # started from the repository root, beside the deployment's dagster.yaml: no warning about it
+        assert "in the current folder" not in (harness.tmp_path / "dev.log").read_text()
     finally:
         if process.poll() is None:
             process.kill()

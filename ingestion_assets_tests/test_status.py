@@ -81,3 +81,32 @@ def test_freshness_histograms_of_runs_merge_exactly() -> None:
     assert together.get_total_count() == 100
     assert percentiles(together)["p50"] == 10 and 4990 <= percentiles(together)["p99"] <= 5010
     assert percentiles(merged([encode(fast)])) == {"p50": 10, "p95": 10, "p99": 10}  # p99 of one run survives
+
+
+def test_partitions_plan_says_when_nothing_is_partitioned(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness.source.execute("CREATE TABLE items (id int PRIMARY KEY, updated_at timestamptz NOT NULL)")
+    harness.write_catalog({"items": {"table": "items", "primary_key": "id", "cursor": "updated_at"}})
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["partitions", "plan"]) == 0
+    assert "nothing to plan: the catalog has no key-partitioned stream" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # two `dagster asset materialize` processes: about a minute here
+def test_ingest_refresh_ends_with_the_generation_and_the_rows(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness.source.execute(
+        "CREATE TABLE items (id int PRIMARY KEY, updated_at timestamptz NOT NULL);"
+        "INSERT INTO items SELECT g, now() FROM generate_series(1, 321) g"
+    )
+    harness.write_catalog({"items": {"table": "items", "primary_key": "id", "cursor": "updated_at"}})
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    harness.materialize()
+    assert main(["refresh", f"{harness.source_name}.items"]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith(f"{harness.source_name}.items: generation 2 swapped in, the target holds 321 rows")
+    assert "dlt" not in out.lower().replace("(log:", "")  # dlt's own lines stay in the log file

@@ -11,6 +11,7 @@ import sys
 
 from ingestion_assets.catalog import Catalog, KeyPartitions, PostgresStream, load_catalog
 from ingestion_assets.cli.common import DEFINITIONS_MODULE, sibling
+from ingestion_assets.cli.progress import wait_for
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
 
@@ -18,7 +19,8 @@ from ingestion_assets.settings import Settings
 def materialize_all(settings: Settings, env: dict[str, str], round_number: int) -> int:
     catalog = load_catalog(settings.catalog_path)
     plain, ranged = _streams(catalog)
-    status = _materialize(settings, env, f"{round_number}", ["--select", ",".join(plain)]) if plain else 0
+    label = f"demo-round-{round_number}"
+    status = materialize_logged(settings, env, label, ["--select", ",".join(plain)]) if plain else 0
     for key in ranged:
         if status != 0:
             return status
@@ -26,9 +28,9 @@ def materialize_all(settings: Settings, env: dict[str, str], round_number: int) 
             ranges = _plan(settings, catalog, key)
             if not ranges:
                 continue
-            status = _materialize(settings, env, f"{round_number}-history", _range_args(key, ranges))
+            status = materialize_logged(settings, env, f"{label}-history", _range_args(key, ranges))
         else:
-            status = _materialize(settings, env, f"{round_number}-live", ["--select", key, "--partition", LIVE])
+            status = materialize_logged(settings, env, f"{label}-live", ["--select", key, "--partition", LIVE])
     return status
 
 
@@ -69,15 +71,17 @@ def _range_args(key: str, ranges: list[str]) -> list[str]:
     return ["--select", key, "--partition-range", f"{ranges[0]}...{ranges[-1]}"]
 
 
-def _materialize(settings: Settings, env: dict[str, str], label: str, selection: list[str]) -> int:
-    """Run `dagster asset materialize` exactly as a CI job would, logging to INGEST_HOME/logs."""
+def materialize_logged(settings: Settings, env: dict[str, str], label: str, selection: list[str]) -> int:
+    """Run `dagster asset materialize` exactly as a CI job would, logging to INGEST_HOME/logs (its dlt and
+    Dagster lines stay there; the last ones are shown if it fails); a terminal sees the slices go by."""
     logs = settings.home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    log_file = logs / f"demo-round-{label}.log"
+    log_file = logs / f"{label}.log"
     command = [sibling("dagster"), "asset", "materialize", "-m", DEFINITIONS_MODULE, *selection]
     print(f"\n$ {shlex.join(command)}   (log: {log_file})")
     with log_file.open("w") as handle:
-        status = subprocess.call(command, env={**os.environ, **env}, stdout=handle, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, env={**os.environ, **env}, stdout=handle, stderr=subprocess.STDOUT)
+        status = wait_for(process, f"materializing {' '.join(selection[1:2])}", log_file)
     if status != 0:
         print(f"materialization failed (exit {status}); last lines of {log_file}:", file=sys.stderr)
         print("\n".join(log_file.read_text().splitlines()[-30:]), file=sys.stderr)

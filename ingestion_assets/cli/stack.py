@@ -12,6 +12,7 @@ from pathlib import Path
 from ingestion_assets.catalog import load_catalog
 from ingestion_assets.cli.common import DEFINITIONS_MODULE, bring_up, exports, sibling, uses_demo_api
 from ingestion_assets.cli.demo_runs import materialize_all
+from ingestion_assets.cli.progress import working
 from ingestion_assets.cli.supervise import run_supervised
 from ingestion_assets.settings import Settings
 
@@ -108,7 +109,16 @@ def dev(settings: Settings, args: argparse.Namespace) -> int:
     extra = args.dagster_args[1:] if args.dagster_args[:1] == ["--"] else args.dagster_args
     command = [sibling("dagster"), "dev", "-m", DEFINITIONS_MODULE, *extra]
     print(f"DAGSTER_HOME={env['DAGSTER_HOME']} {shlex.join(command)}", file=sys.stderr)
-    return run_supervised(command, {**os.environ, **env})  # SIGTERM or Ctrl-C stops every process it started
+    # SIGTERM or Ctrl-C stops every process it started
+    return run_supervised(command, {**os.environ, **env}, cwd=_away_from_other_config(Path(env["DAGSTER_HOME"])))
+
+
+def _away_from_other_config(home: Path) -> Path | None:
+    """`dagster dev` warns about a dagster.yaml in the current folder that is not DAGSTER_HOME's (the repository
+    root holds the deployment's): run it from DAGSTER_HOME then; elsewhere from here (relative arguments work)."""
+    here = Path.cwd()
+    found = any((here / name).exists() for name in ("dagster.yaml", "dagster.yml"))
+    return home if found and here.resolve() != home.resolve() else None
 
 
 def demo(settings: Settings, args: argparse.Namespace) -> int:
@@ -117,7 +127,8 @@ def demo(settings: Settings, args: argparse.Namespace) -> int:
     env = bring_up(settings)
     shop_url = settings.embedded.ensure_database("shop")
     began = time.monotonic()
-    seed_shop(shop_url, ShopSize(orders=args.orders))
+    with working(f"seeding the demo database `shop` ({args.orders:,} orders)"):
+        seed_shop(shop_url, ShopSize(orders=args.orders))
     print(f"seeded the demo database `shop` ({args.orders:,} orders) in {time.monotonic() - began:.1f}s")
     for round_number, title in ((1, "first sync (full history)"), (2, "second sync (incremental)")):
         if round_number == 2:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 from typing import Any
 
 from ingestion_assets.catalog import Catalog, load_catalog
-from ingestion_assets.cli.common import DEFINITIONS_MODULE, bring_up, sibling, stream_key
+from ingestion_assets.cli.common import bring_up, stream_key
 from ingestion_assets.settings import Settings
 
 
@@ -52,8 +50,27 @@ def refresh(settings: Settings, args: argparse.Namespace) -> int:
     print(f"{source}.{stream}: refresh requested ({mode}): a new generation is read in full, {what}")
     if args.later:
         return 0
-    command = [sibling("dagster"), "asset", "materialize", "-m", DEFINITIONS_MODULE, "--select", f"{source}/{stream}"]
-    return subprocess.call(command, env={**os.environ, **env})
+    from ingestion_assets.cli.demo_runs import materialize_logged
+
+    status = materialize_logged(settings, env, f"refresh-{source}-{stream}", ["--select", f"{source}/{stream}"])
+    if status == 0:
+        print(refreshed_summary(settings, source, stream))
+    return status
+
+
+def refreshed_summary(settings: Settings, source: str, stream: str) -> str:
+    """What the refresh left: the generation now in the target and the rows it holds."""
+    import dagster as dg
+
+    from ingestion_assets.state.summary import open_instance
+
+    with open_instance(settings) as instance:
+        event = instance.get_latest_materialization_event(dg.AssetKey([source, stream]))
+    metadata = event.asset_materialization.metadata if event and event.asset_materialization else {}
+    generation = metadata["generation"].value if "generation" in metadata else "?"
+    rows = metadata["dagster/row_count"].value if "dagster/row_count" in metadata else None
+    held = f"{rows:,} rows" if isinstance(rows, int) else "its rows"
+    return f"{source}.{stream}: generation {generation} swapped in, the target holds {held}"
 
 
 def plan_cdc_history(
@@ -94,6 +111,7 @@ def partitions_plan(settings: Settings, args: argparse.Namespace) -> int:
     catalog = load_catalog(settings.catalog_path)
     wanted = stream_key(catalog, args.stream) if args.stream else None
     bring_up(settings)
+    planned = 0
     with open_instance(settings) as instance:
         for stream in catalog_streams(settings, catalog):
             if not isinstance(stream.spec.partitions, KeyPartitions):
@@ -103,7 +121,15 @@ def partitions_plan(settings: Settings, args: argparse.Namespace) -> int:
             added = plan_key_partitions(stream, instance)
             more = " ..." if len(added) > 3 else ""
             print(f"{stream.qualified_name}: added {len(added)} partition(s) {added[:3]}{more}")
+            planned += 1
         for source_name, added in plan_cdc_history(settings, catalog, instance, wanted):
             more = " ..." if len(added) > 3 else ""
             print(f"{source_name} (cdc history): added {len(added)} partition(s) {added[:3]}{more}")
+            planned += 1
+    if not planned:
+        what = args.stream or "the catalog"
+        print(
+            f"nothing to plan: {what} has no key-partitioned stream (`partitions: {{by: key, chunk: N}}`) and no CDC "
+            "source with `cdc.history_chunk`; time partitions need no planning"
+        )
     return 0

@@ -21,7 +21,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _POLL = 0.2
 
 
-def run_supervised(command: Sequence[str], env: Mapping[str, str], grace: float = 15.0) -> int:
+def run_supervised(
+    command: Sequence[str], env: Mapping[str, str], grace: float = 15.0, cwd: Path | None = None
+) -> int:
     """Run `command` until it exits or `ingest` is told to stop; returns its exit status (128 + signal
     when stopped). No process of its tree outlives this call."""
     received: list[int] = []
@@ -30,7 +32,7 @@ def run_supervised(command: Sequence[str], env: Mapping[str, str], grace: float 
         received.append(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
-    process = subprocess.Popen(list(command), env=dict(env), start_new_session=True)
+    process = subprocess.Popen(list(command), env=dict(env), start_new_session=True, cwd=cwd)
     try:
         while process.poll() is None and not received:
             time.sleep(_POLL)
