@@ -63,6 +63,8 @@ class Destination(_Model):
     def _credentials_for_postgres(self) -> Destination:
         if self.type == "postgres" and self.credentials is None:
             raise ValueError("a postgres destination needs `credentials` (a reference: env or file)")
+        if self.type != "postgres" and self.tls is not None:
+            raise ValueError("`tls` applies to a postgres destination (a DuckDB file is opened locally)")
         return self
 
 
