@@ -185,3 +185,25 @@ def test_missing_certificate_file_names_the_catalog_key(tls_stack: TlsStack, tmp
         postgres_url(
             Reference(embedded="source"), Tls.model_validate(block), tls_stack.settings, "sources.shop.connection"
         )
+
+
+def test_catalog_tls_needs_cert_with_key_and_a_postgres_destination() -> None:
+    from ingestion_assets.catalog import Catalog
+
+    api = {"type": "rest", "base_url": "https://api.test", "streams": {"s": {"path": "/s", "primary_key": "id"}}}
+    with pytest.raises(ValueError, match="give `cert` and `key` together"):
+        Catalog.model_validate({"sources": {"a": api | {"tls": {"cert": {"file": "/c.crt"}}}}})
+    with pytest.raises(ValueError, match="`tls` applies to a postgres destination"):
+        Catalog.model_validate({"destination": {"type": "duckdb", "tls": {"ca": {"file": "/ca"}}}, "sources": {"a": api}})
+
+
+def test_an_env_reference_may_hold_the_pem_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ingestion_assets.references import resolve_file
+
+    ca = make_ca(tmp_path / "ca", "env-ca")
+    monkeypatch.setenv("TEST_CA_PEM", ca.cert.read_text())
+    monkeypatch.setenv("TEST_CA_PATH", str(ca.cert))
+    settings = Settings(home=tmp_path / "home", catalog_path=tmp_path / "c.yaml")
+    written = resolve_file(Reference(env="TEST_CA_PEM"), settings, "sources.shop.tls.ca")
+    assert written.read_text().strip() == ca.cert.read_text().strip() and written.stat().st_mode & 0o077 == 0
+    assert resolve_file(Reference(env="TEST_CA_PATH"), settings, "sources.shop.tls.ca") == ca.cert

@@ -128,6 +128,9 @@ def wait_until_primary(server: EmbeddedPostgres, timeout: float) -> None:
             row = cur.fetchone()
             if row is not None and not row[0]:
                 return
+        if not server.is_running():
+            tail = server.log_file.read_text(errors="replace").strip().splitlines()[-3:]
+            raise EmbeddedServerError(f"the server under {server.root} stopped in recovery: {' | '.join(tail)}")
         if time.monotonic() > deadline:
             raise EmbeddedServerError(f"the server under {server.root} is still in recovery; see {server.log_file}")
         time.sleep(0.2)

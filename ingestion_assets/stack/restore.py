@@ -43,6 +43,8 @@ def restore_storage(settings: Settings, to: dt.datetime, force: bool = False, ti
     """Recover the storage as it was at `to` into a new server folder; refuse if any restored checkpoint is
     ahead of what the target holds (the next run would skip rows), unless `force`. Only then does the
     recovered server replace the current one, which is stopped and kept."""
+    if to > dt.datetime.now(dt.UTC):
+        raise RestoreRefused(f"{to.isoformat()} is in the future: nothing has been archived up to it yet")
     current = settings.embedded
     archive = archive_for(settings.home)
     if current.is_running():
@@ -84,6 +86,8 @@ def _archive_up_to_now(server: EmbeddedPostgres, timeout: float) -> None:
     """Close the current WAL segment and wait until the archive holds it: recovery can then reach now."""
     with contextlib.closing(psycopg2.connect(server.url())) as conn, conn.cursor() as cur:
         conn.autocommit = True
+        # Recovery to a time stops at the first commit after it, and fails if it meets none: commit one now.
+        cur.execute("SELECT txid_current()")
         cur.execute("SELECT pg_walfile_name(pg_switch_wal())")
         row = cur.fetchone()
         assert row is not None
