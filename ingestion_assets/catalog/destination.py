@@ -44,13 +44,16 @@ class Destination(_Model):
             raise ValueError(f"a {self.type} destination needs `credentials` (a reference: env or file)")
         if self.type == "filesystem" and not self.bucket_url:
             raise ValueError("a filesystem destination needs `bucket_url` (a folder or an s3://, gs://, az:// URL)")
+        if self.tls is not None and self.type != "postgres":  # refused, not ignored: no plaintext load by surprise
+            raise ValueError(
+                f"`tls` applies to a postgres destination (a {self.type} destination takes its TLS settings from "
+                "its own URL or credentials)"
+            )
         if self.type == "dlt" and not self.name:
             raise ValueError("a dlt destination needs `name` (the dlt destination: snowflake, bigquery ...)")
         if self.type == "dlt" and self.name in ("duckdb", "postgres", "sqlalchemy", "filesystem"):
             raise ValueError(f"destination.name: use `type: {self.name}` for {self.name!r}, which is built in")
         unused = [key for key in ("bucket_url", "name") if getattr(self, key) and not _uses(self.type, key)]
-        if self.tls is not None and self.type != "postgres":
-            unused.append("tls")  # refused, not ignored: a user who asked for TLS must not load in plaintext
         if self.options and self.type != "dlt":
             unused.append("options")
         if unused:
