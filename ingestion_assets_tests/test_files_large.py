@@ -34,6 +34,7 @@ def _write_big_csv(path: Path) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # 22M rows: minutes on a loaded 2-core machine
 def test_a_1gb_csv_loads_with_flat_memory(tmp_path: Path) -> None:
     drops = Drops(tmp_path)
     rows = _write_big_csv(drops.folder / "big.csv")
