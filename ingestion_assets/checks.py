@@ -35,7 +35,7 @@ def _check_files(settings: Settings, catalog: Catalog, source_name: str, source:
         files = FileSourceStream(settings, catalog.destination, source_name, source, stream_name, stream)
         try:
             files.files()
-        except (UnresolvedReference, StorageError, ValueError) as exc:
+        except (UnresolvedReference, StorageError, ValueError, ImportError) as exc:  # ImportError: no fsspec driver
             problems.append(f"stream {source_name}.{stream_name}: cannot list {stream.path}: {exc}")
     return problems
 

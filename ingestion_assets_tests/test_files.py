@@ -212,3 +212,23 @@ def test_materialized_through_dagster_with_an_asset_per_stream(drops: Drops) -> 
         result = dg.materialize(assets, instance=instance)
         assert result.success
     assert drops.rows() == sorted(_rows(1, 10))
+
+
+def test_the_catalog_and_check_name_what_is_wrong_with_a_files_source(drops: Drops) -> None:
+    from ingestion_assets.catalog import CatalogError, load_catalog
+    from ingestion_assets.checks import check_catalog
+
+    drops.catalog(path="*.csv", csv={"header": False})
+    with pytest.raises(CatalogError, match=r"csv\.header is false: give csv\.column_names"):
+        load_catalog(drops.root / "catalog.yaml")
+    drops.url = "s3://user:secret@bucket/x"
+    drops.catalog(path="*.csv")
+    with pytest.raises(CatalogError, match=r"sources\.drops\.url: .*must not carry credentials"):
+        load_catalog(drops.root / "catalog.yaml")
+    drops.url = "gs://bucket/x"  # no gcsfs here: a problem named, not a traceback
+    drops.catalog(path="*.csv")
+    problems = check_catalog(drops.settings, load_catalog(drops.root / "catalog.yaml"))
+    assert len(problems) == 1 and problems[0].startswith("stream drops.orders: cannot list *.csv")
+    drops.url = None
+    drops.catalog(path="*.csv")
+    assert check_catalog(drops.settings, load_catalog(drops.root / "catalog.yaml")) == []

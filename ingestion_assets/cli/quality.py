@@ -25,12 +25,13 @@ def check(settings: Settings, _args: argparse.Namespace) -> int:
 def schema_show(settings: Settings, args: argparse.Namespace) -> int:
     from ingestion_assets.schema.changes import ColumnType, diff, parse_stored
     from ingestion_assets.schema.policy import decide
+    from ingestion_assets.streams.files import FileSourceStream
     from ingestion_assets.streams.rest_api import RestApiStream
 
     stream, store = _stream_and_store(settings, args.stream)
     latest = store.latest(None)
     stored = parse_stored(latest.details.get("schema") if latest else None)
-    if isinstance(stream, RestApiStream):
+    if isinstance(stream, RestApiStream | FileSourceStream):  # learnt as they load: nothing to discover first
         return _api_schema_show(stream, stored, latest)
     plan = stream.plan()
     discovered = {c.name: ColumnType(c.type_name, c.sql_type) for c in plan.shape.columns}
