@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +15,6 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from ingestion_assets_tests.destination_targets import delta_rows, use_destination
 from ingestion_assets_tests.helpers import StreamHarness
@@ -19,16 +23,39 @@ KEYS = {"aws_access_key_id": "testing-key", "aws_secret_access_key": "testing-se
 
 
 @pytest.fixture
-def s3_endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
+def s3_endpoint(tmp_path: Path) -> Iterator[str]:
+    """moto's S3 server in its own process: delta-rs holds the GIL while it waits on S3, so a server thread in
+    this process could never answer it."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = Path(sys.executable).parent / "moto_server"
+    log = (tmp_path / "moto.log").open("wb")
+    process = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log)
+    endpoint = f"http://127.0.0.1:{port}"
     try:
-        yield f"http://{host}:{port}"
+        _wait_until_up(endpoint, process)
+        yield endpoint
     finally:
-        server.stop()
+        process.kill()  # a test server: nothing of it is kept
+        process.wait(timeout=30)
+        log.close()
 
 
+def _wait_until_up(endpoint: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"moto_server exited with {process.returncode}")
+        try:
+            urllib.request.urlopen(endpoint, timeout=2).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(f"moto_server did not answer on {endpoint}")
+
+
+@pytest.mark.slow
 def test_a_table_stream_merges_into_delta_on_s3(harness: StreamHarness, s3_endpoint: str, tmp_path: Path) -> None:
     bucket = f"lake-{uuid.uuid4().hex[:8]}"
     boto3.client("s3", endpoint_url=s3_endpoint, **KEYS).create_bucket(Bucket=bucket)
