@@ -91,3 +91,12 @@ def mariadb(tmp_path: Path) -> Iterator[MariaDb]:
 
 def json_value(text: str | None) -> Any:
     return None if text is None else json.loads(text)
+
+
+def delta_rows(url: str, columns: Sequence[str], key: str, storage_options: dict[str, str] | None = None) -> list[Any]:
+    """A Delta table's rows (the newest version) in key order, normalized like the source's."""
+    from deltalake import DeltaTable
+
+    table = DeltaTable(url, storage_options=storage_options).to_pyarrow_table(columns=list(columns))
+    rows = sorted(table.to_pylist(), key=lambda row: row[key])
+    return [tuple(normalize(row[c]) for c in columns) for row in rows]

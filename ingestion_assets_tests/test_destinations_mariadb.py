@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 from decimal import Decimal
 
+import pytest
+
 from ingestion_assets_tests.destination_targets import MariaDb, json_value, mariadb, use_destination
 from ingestion_assets_tests.helpers import StreamHarness
 
@@ -51,6 +53,7 @@ def _assert_equal(harness: StreamHarness, mariadb: MariaDb) -> None:
     assert not differ, f"first differences (source, target): {differ[:3]}"
 
 
+@pytest.mark.slow
 def test_a_table_stream_merges_into_mariadb_value_for_value(harness: StreamHarness, mariadb: MariaDb) -> None:
     harness.source.execute(ORDERS)
     _catalog(harness, mariadb)
@@ -86,6 +89,7 @@ def test_keys_differing_only_in_case_or_trailing_spaces_stay_distinct(harness: S
     ]
 
 
+@pytest.mark.slow
 def test_a_refresh_swaps_in_a_new_generation_without_the_deleted_rows(harness: StreamHarness, mariadb: MariaDb) -> None:
     harness.source.execute(ORDERS)
     _catalog(harness, mariadb, "replace")
@@ -97,6 +101,7 @@ def test_a_refresh_swaps_in_a_new_generation_without_the_deleted_rows(harness: S
     assert generations == [(2,)]
 
 
+@pytest.mark.slow
 def test_values_mariadb_cannot_hold_are_parked_with_their_reason(harness: StreamHarness, mariadb: MariaDb) -> None:
     harness.source.execute(
         "CREATE TABLE odd (id int PRIMARY KEY, score float8, day date, updated_at timestamptz NOT NULL);"

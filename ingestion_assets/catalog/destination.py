@@ -29,7 +29,9 @@ class Destination(_Model):
         description="target column names: snake_case (dlt's default: `Order ID` -> `order_id`) or direct (the "
         "source's names kept exactly: case, spaces, unicode)",
     )
-    bucket_url: str | None = Field(None, description="filesystem: a local folder or an fsspec URL (s3://, gs://, az://)")
+    bucket_url: str | None = Field(
+        None, description="filesystem: a local folder or an fsspec URL (s3://, gs://, az://)"
+    )
     table_format: Literal["delta", "iceberg", "parquet"] = Field(
         "delta", description="filesystem: Delta (merge on the key), Iceberg, or plain Parquet files (append/replace)"
     )

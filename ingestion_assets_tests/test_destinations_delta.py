@@ -1,0 +1,97 @@
+"""A lake destination: Delta tables merged on the key, equal to the source value by value; kills replay."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from ingestion_assets.sync import FAULT_ENV
+from ingestion_assets_tests.destination_targets import delta_rows, use_destination
+from ingestion_assets_tests.helpers import StreamHarness
+
+ORDERS = """
+CREATE TABLE orders (
+    id bigint PRIMARY KEY, "Customer Name" text, note text, amount numeric(12, 2), paid boolean, placed date,
+    payload jsonb, blob bytea, score double precision, tags int[], updated_at timestamptz NOT NULL
+);
+INSERT INTO orders SELECT g, 'customer ' || g, CASE WHEN g % 3 = 0 THEN '' WHEN g % 3 = 1 THEN NULL ELSE 'ü ✓ ' || g END,
+    g * 1.25, g % 2 = 0, date '2024-01-01' + g, jsonb_build_object('n', g), decode(lpad(to_hex(g), 8, '0'), 'hex'),
+    CASE WHEN g = 7 THEN 'NaN'::float8 ELSE g / 7.0 END, ARRAY[g, NULL, 3],
+    timestamptz '2024-01-01 00:00:00.123456+00' + g * interval '1 s'
+FROM generate_series(1, 900) g;
+"""
+COLUMNS = ["id", "customer_name", "note", "amount", "paid", "placed", "payload", "blob", "score", "tags", "updated_at"]
+
+
+def _catalog(harness: StreamHarness, lake: Path, disposition: str = "merge", attempts: int = 4) -> str:
+    harness.write_catalog(
+        {
+            "orders": {
+                "table": "orders",
+                "primary_key": "id",
+                "cursor": "updated_at",
+                "write_disposition": disposition,
+                "slice_rows": 500,
+                "retries": {"max_attempts": attempts, "delay_seconds": 0.1},
+            }
+        }
+    )
+    use_destination(harness, {"type": "filesystem", "bucket_url": str(lake), "table_format": "delta"})
+    return str(lake / harness.source_name / "orders")
+
+
+def _assert_equal(harness: StreamHarness, url: str) -> None:
+    expected = [(*row[:6], row[6], *row[7:]) for row in harness.source.rows("orders", "id")]
+    actual = [(*row[:6], json.loads(row[6]), *row[7:]) for row in delta_rows(url, COLUMNS, "id")]
+    assert len(actual) == len(expected)
+    differ = [(e, a) for e, a in zip(expected, actual, strict=True) if e != a]
+    assert not differ, f"first differences (source, target): {differ[:3]}"
+
+
+def test_a_table_stream_merges_into_a_delta_table_value_for_value(harness: StreamHarness, tmp_path: Path) -> None:
+    harness.source.execute(ORDERS)
+    url = _catalog(harness, tmp_path / "lake")
+    harness.materialize()
+    _assert_equal(harness, url)
+    harness.source.execute(
+        "UPDATE orders SET note = 'changed', amount = -1.5, tags = '{}', updated_at = now() WHERE id % 100 = 0;"
+        "INSERT INTO orders VALUES (6000, 'new', 'A', 1, true, '2025-01-01', '{}', '\\x00', 0, NULL, now())"
+    )
+    harness.materialize()
+    _assert_equal(harness, url)
+    checkpoint = harness.checkpoint("orders")
+    assert checkpoint is not None and checkpoint.details["target"]["where"] == f"delta:{tmp_path / 'lake'}"
+    bindings = DeltaTable(str(tmp_path / "lake" / harness.source_name / "_ingest_bindings")).to_pyarrow_table()
+    assert bindings.column("seq").to_pylist() == [checkpoint.details["target"]["seq"]]
+
+
+@pytest.mark.slow
+def test_a_refresh_replaces_the_delta_table_in_one_commit(harness: StreamHarness, tmp_path: Path) -> None:
+    harness.source.execute(ORDERS)
+    url = _catalog(harness, tmp_path / "lake", "replace")
+    harness.materialize()
+    harness.source.execute("DELETE FROM orders WHERE id <= 100; UPDATE orders SET note = 'renamed' WHERE id > 1100")
+    harness.materialize()
+    _assert_equal(harness, url)
+    generations = DeltaTable(url).to_pyarrow_table(columns=["_ingest_generation_id"]).column(0).unique().to_pylist()
+    assert generations == [2]
+    assert sorted(p.name for p in (tmp_path / "lake" / harness.source_name).iterdir() if "refresh" in p.name) == []
+
+
+@pytest.mark.slow
+def test_a_kill_between_the_delta_commit_and_the_checkpoint_replays_harmlessly(
+    harness: StreamHarness, tmp_path: Path
+) -> None:
+    harness.source.execute(ORDERS)
+    url = _catalog(harness, tmp_path / "lake", attempts=1)  # the kill ends the run, no retry within it
+    process = harness.materialize_cli("orders", **{FAULT_ENV: "after_load:1:kill"})
+    assert process.wait(timeout=300) != 0
+    checkpoint = harness.checkpoint("orders")
+    assert checkpoint is not None and checkpoint.details["slice"] == 0  # slice 1 committed in Delta, not here
+    assert len(delta_rows(url, ["id"], "id")) == 900
+    harness.source.execute("UPDATE orders SET note = 'after the kill', updated_at = now() WHERE id IN (10, 700)")
+    harness.materialize()
+    _assert_equal(harness, url)  # slice 1 read again, merged on the key: no duplicate, no gap
