@@ -15,9 +15,13 @@ from dataclasses import dataclass
 import duckdb
 import httpx
 import psycopg2
+import pymysql
 
 # SQLSTATE classes (https://www.postgresql.org/docs/current/errcodes-appendix.html) that heal by themselves.
 _TRANSIENT_CLASSES = {"08", "40", "53", "58"}  # connection, rollback (serialization, deadlock), resources, I/O
+# MySQL/MariaDB (a sqlalchemy destination): connection lost or refused by load, server shutting down, lock
+# wait timeout, deadlock, too many connections; its other codes (access denied, unknown database, ...) are not
+_MYSQL_TRANSIENT = {1040, 1053, 1205, 1213, 2002, 2003, 2006, 2013, 2055}
 _TRANSIENT_CODES = {"57014", "57P01", "57P02", "57P03", "55P03", "55006", "XX000"}  # canceled, shutdown, lock
 _ADVICE = {
     "42501": "grant the connecting user the privilege the message names (e.g. SELECT on the table)",
@@ -81,6 +85,9 @@ def _judge(error: BaseException) -> Verdict | None:
         return Verdict(said, getattr(error, "advice", "") or "fix its cause, then run again")
     if isinstance(error, psycopg2.Error):
         return _judge_postgres(error)
+    if isinstance(error, pymysql.err.MySQLError):
+        code = error.args[0] if error.args and isinstance(error.args[0], int) else None
+        return Verdict(code in _MYSQL_TRANSIENT, "fix what the server's message names, then run again")
     if isinstance(error, httpx.TransportError | TimeoutError | ConnectionError):
         return Verdict(True, "")
     if isinstance(error, duckdb.IOException | duckdb.TransactionException):
@@ -107,7 +114,8 @@ def _refusal_code(message: str) -> str | None:
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """The error, then its causes (dlt wraps a load's error in PipelineStepFailed.exception)."""
+    """The error, then its causes (dlt wraps a load's error in PipelineStepFailed.exception, SQLAlchemy the
+    driver's in `.orig`)."""
     seen: set[int] = set()
     pending: list[BaseException] = [exc]
     while pending:
@@ -116,6 +124,6 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
             continue
         seen.add(id(error))
         yield error
-        for nested in (getattr(error, "exception", None), error.__cause__, error.__context__):
+        for nested in (getattr(error, "exception", None), getattr(error, "orig", None), error.__cause__, error.__context__):
             if isinstance(nested, BaseException):
                 pending.append(nested)

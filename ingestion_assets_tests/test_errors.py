@@ -93,3 +93,14 @@ def test_an_http_404_fails_in_one_attempt_although_retries_are_allowed(harness: 
     assert [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_RESTARTED] == []
     failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
     assert "404" in failure.step_failure_data.error.message and "not retried" in failure.step_failure_data.error.message
+
+
+def test_mysql_errors_lost_connections_retry_refusals_do_not() -> None:
+    import pymysql
+    import sqlalchemy.exc
+
+    lost = sqlalchemy.exc.OperationalError("INSERT ...", {}, pymysql.err.OperationalError(2013, "Lost connection"))
+    assert classify(lost).transient
+    assert classify(pymysql.err.OperationalError(2003, "Can't connect to MySQL server on '127.0.0.1'")).transient
+    denied = sqlalchemy.exc.OperationalError("connect", {}, pymysql.err.OperationalError(1045, "Access denied"))
+    assert not classify(denied).transient
