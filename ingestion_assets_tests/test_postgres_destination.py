@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from ingestion_assets.cli import main
 from ingestion_assets.loading.destinations import POSTGRES_IDENTIFIER_LENGTH
 from ingestion_assets.loading.naming import TargetNames
 from ingestion_assets_tests.helpers import StreamHarness
@@ -53,3 +56,35 @@ def test_names_types_and_evolution_land_exactly(harness: StreamHarness) -> None:
         f"SELECT count(*) FROM pg_index WHERE indisunique AND indrelid = to_regclass('\"{harness.source_name}\".items')"
     )
     assert unique == [(1,)]  # the merge's ON CONFLICT key
+
+
+@pytest.mark.slow
+def test_dead_letters_replay_and_refresh_on_a_postgres_target(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness.source.execute(
+        "CREATE TABLE readings (id int PRIMARY KEY, memo text, updated_at timestamptz NOT NULL);"
+        "INSERT INTO readings SELECT g, 'memo ' || g, timestamptz '2024-02-01 00:00:00+00' + g * interval '1 s' "
+        "FROM generate_series(1, 2000) g; UPDATE readings SET memo = repeat('x', 5000) WHERE id IN (7, 1999)"
+    )
+    spec = {"table": "readings", "primary_key": "id", "cursor": "updated_at", "slice_rows": 700}
+    harness.write_catalog({"readings": {**spec, "dead_letters": {"max_value_bytes": 1000}}}, destination="postgres")
+    harness.materialize()
+    parked = harness.query_target(f'SELECT record_key FROM "{harness.source_name}"._ingest_dead_letter ORDER BY 1')
+    assert parked == [("1999",), ("7",)]
+    assert harness.target_count("readings") == 1998
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    harness.source.execute("UPDATE readings SET memo = 'short' WHERE id IN (7, 1999)")  # the cursor stays
+    assert main(["dlq", "replay", f"{harness.source_name}.readings"]) == 0
+    capsys.readouterr()
+    assert harness.query_target(f'SELECT count(*) FROM "{harness.source_name}"._ingest_dead_letter') == [(0,)]
+    assert harness.assert_target_equals_source("readings", "readings", "id") == 2000
+
+    harness.source.execute("DELETE FROM readings WHERE id <= 10")
+    assert main(["refresh", f"{harness.source_name}.readings", "--later"]) == 0
+    harness.materialize()  # a shadow table loaded and swapped in: the deleted rows are gone
+    assert harness.assert_target_equals_source("readings", "readings", "id") == 1990
+    harness.source.execute("UPDATE readings SET memo = 'after', updated_at = now() WHERE id = 11")
+    harness.materialize()  # merges into the swapped-in table through its own (renamed) unique index
+    assert harness.assert_target_equals_source("readings", "readings", "id") == 1990
