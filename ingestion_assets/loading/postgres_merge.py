@@ -45,18 +45,19 @@ class CsvStream:
     def __init__(self, table: pa.Table) -> None:
         self._batches = iter(table.to_batches(max_chunksize=65536))
         self._buffer = b""
+        self._offset = 0
 
     def read(self, size: int = -1) -> bytes:
-        while size < 0 or len(self._buffer) < size:
+        """At most `size` bytes (fewer at a batch's end: COPY reads until it gets nothing)."""
+        while self._offset >= len(self._buffer):
             batch = next(self._batches, None)
             if batch is None:
-                break
+                return b""
             sink = pa.BufferOutputStream()
             pacsv.write_csv(batch, sink, write_options=_CSV)
-            self._buffer += sink.getvalue().to_pybytes()
-        if size < 0:
-            size = len(self._buffer)
-        chunk, self._buffer = self._buffer[:size], self._buffer[size:]
+            self._buffer, self._offset = sink.getvalue().to_pybytes(), 0
+        end = len(self._buffer) if size < 0 else min(self._offset + size, len(self._buffer))
+        chunk, self._offset = self._buffer[self._offset : end], end
         return chunk
 
 
