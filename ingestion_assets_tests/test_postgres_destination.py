@@ -7,6 +7,7 @@ import pytest
 from ingestion_assets.cli import main
 from ingestion_assets.loading.destinations import POSTGRES_IDENTIFIER_LENGTH
 from ingestion_assets.loading.naming import TargetNames
+from ingestion_assets.sync import FAULT_ENV
 from ingestion_assets_tests.helpers import StreamHarness
 
 LONG = "ThisColumnNameIsCamelCaseAndGrowsPastTheLimitWhenSnakeCased"  # 59 bytes; snake_case makes it 66
@@ -88,3 +89,24 @@ def test_dead_letters_replay_and_refresh_on_a_postgres_target(
     harness.source.execute("UPDATE readings SET memo = 'after', updated_at = now() WHERE id = 11")
     harness.materialize()  # merges into the swapped-in table through its own (renamed) unique index
     assert harness.assert_target_equals_source("readings", "readings", "id") == 1990
+
+
+@pytest.mark.slow
+def test_a_crash_after_the_first_copy_is_merged_over_not_appended_twice(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first full read COPYs straight into the empty target; a crash before its checkpoint leaves the
+    slice there, and the next run (no checkpoint, a target with rows) must merge, not append again."""
+    harness.source.execute(
+        "CREATE TABLE events (id bigint PRIMARY KEY, body text, updated_at timestamptz NOT NULL);"
+        "INSERT INTO events SELECT g, 'e' || g, timestamptz '2024-03-01 00:00:00+00' + g * interval '1 ms' "
+        "FROM generate_series(1, 3000) g"
+    )
+    spec = {"table": "events", "primary_key": "id", "cursor": "updated_at", "slice_rows": 1000}
+    harness.write_catalog({"events": {**spec, "retries": {"max_attempts": 1}}}, destination="postgres")
+    monkeypatch.setenv(FAULT_ENV, "after_load:0")
+    assert not harness.materialize(raise_on_error=False).success
+    assert harness.target_count("events") == 1000
+    monkeypatch.delenv(FAULT_ENV)
+    harness.materialize()
+    assert harness.assert_target_equals_source("events", "events", "id") == 3000
