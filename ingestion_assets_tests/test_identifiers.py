@@ -29,9 +29,7 @@ def _create(harness: StreamHarness, table: str, key: str, cursor: str, others: l
     ]
     with harness.source.connect() as conn, conn.cursor() as cur:
         cur.execute(
-            sql.SQL("CREATE TABLE {} ({})").format(
-                sql.Identifier(harness.source.schema, table), sql.SQL(", ").join(columns)
-            )
+            sql.SQL("CREATE TABLE {} ({})").format(sql.Identifier(harness.source.schema, table), sql.SQL(", ").join(columns))
         )
         names = sql.SQL(", ").join(sql.Identifier(c) for c in [key, cursor, *others, "amount"])
         values = sql.SQL(", ").join(
@@ -54,21 +52,18 @@ def _create(harness: StreamHarness, table: str, key: str, cursor: str, others: l
     ("table", "key", "cursor"),
     [("t", "t", "select"), ("Order Lines", "Order ID", "Updated At"), ("row", "i", "t")],
 )
-def test_hostile_names_load_exactly_and_incrementally(
-    harness: StreamHarness, table: str, key: str, cursor: str
-) -> None:
+def test_hostile_names_load_exactly_and_incrementally(harness: StreamHarness, table: str, key: str, cursor: str) -> None:
     others = [c for c in HOSTILE if c not in (key, cursor)]
     _create(harness, table, key, cursor, others)
-    harness.write_catalog({"s": {"table": table, "primary_key": key, "cursor": cursor, "slice_rows": 120}})
+    harness.write_catalog(
+        {"s": {"table": table, "primary_key": key, "cursor": cursor, "slice_rows": 120}}
+    )
     harness.materialize()
     assert harness.target_count("s") == 500
     with harness.source.connect() as conn, conn.cursor() as cur:
         cur.execute(
             sql.SQL("UPDATE {} SET amount = -1, {} = {} + interval '1 day' WHERE {} % 7 = 0").format(
-                sql.Identifier(harness.source.schema, table),
-                sql.Identifier(cursor),
-                sql.Identifier(cursor),
-                sql.Identifier(key),
+                sql.Identifier(harness.source.schema, table), sql.Identifier(cursor), sql.Identifier(cursor), sql.Identifier(key)
             )
         )
         conn.commit()
@@ -114,18 +109,13 @@ def test_columns_landing_under_one_name_are_refused_and_direct_naming_keeps_them
     message = str(result.all_events)
     assert "'Order ID' and 'order_id' both land as column 'order_id'" in message
     assert "destination.naming: direct" in message
-    assert (
-        not harness.warehouse.exists()
-        or harness.query_target_if_exists(f'SELECT * FROM "{harness.source_name}".clash') == []
-    )
+    assert not harness.warehouse.exists() or harness.query_target_if_exists(f'SELECT * FROM "{harness.source_name}".clash') == []
 
     catalog = yaml.safe_load(harness.catalog_path.read_text())  # type: ignore[union-attr]
     catalog["destination"]["naming"] = "direct"
     harness.catalog_path.write_text(yaml.safe_dump(catalog))  # type: ignore[union-attr]
     harness.materialize()
-    assert harness.query_target(f'SELECT "Order ID", "order_id" FROM "{harness.source_name}".clash') == [
-        ("upper", "lower")
-    ]
+    assert harness.query_target(f'SELECT "Order ID", "order_id" FROM "{harness.source_name}".clash') == [("upper", "lower")]
 
 
 def test_names_apart_only_by_case_are_refused_on_duckdb_without_advising_direct_naming() -> None:
@@ -139,18 +129,14 @@ def test_names_apart_only_by_case_are_refused_on_duckdb_without_advising_direct_
 
 
 def test_a_source_column_named_like_a_metadata_column_is_refused(harness: StreamHarness) -> None:
-    harness.source.execute(
-        "CREATE TABLE meta (id int PRIMARY KEY, _ingest_position text); INSERT INTO meta VALUES (1, 'x')"
-    )
+    harness.source.execute("CREATE TABLE meta (id int PRIMARY KEY, _ingest_position text); INSERT INTO meta VALUES (1, 'x')")
     harness.write_catalog({"meta": {"table": "meta", "primary_key": "id", "retries": {"max_attempts": 1}}})
     result = harness.materialize(raise_on_error=False)
     assert not result.success
     assert "a column the product writes itself" in str(result.all_events)
 
 
-_NAME_PARTS = st.sampled_from(
-    ["t", "i", "select", "row", "from", "Order", "a b", 'q"t', "ü", "é", "x.y", "_", "1", "Z"]
-)
+_NAME_PARTS = st.sampled_from(["t", "i", "select", "row", "from", "Order", "a b", 'q"t', "ü", "é", "x.y", "_", "1", "Z"])
 _names = st.lists(_NAME_PARTS, min_size=1, max_size=3).map("".join)
 
 
@@ -167,9 +153,7 @@ def test_generated_names_read_and_load_exactly(source_db: SourceDb, tmp_path: Pa
         *(sql.SQL("{} text").format(sql.Identifier(c)) for c in others),
     ]
     with source_db.connect() as conn, conn.cursor() as cur:
-        cur.execute(
-            sql.SQL("CREATE TABLE {} ({})").format(sql.Identifier(source_db.schema, table), sql.SQL(", ").join(columns))
-        )
+        cur.execute(sql.SQL("CREATE TABLE {} ({})").format(sql.Identifier(source_db.schema, table), sql.SQL(", ").join(columns)))
         for row in range(1, 6):
             cur.execute(
                 sql.SQL("INSERT INTO {} VALUES (%s, %s{})").format(

@@ -152,9 +152,7 @@ def test_a_refresh_of_an_emptied_table_empties_the_target_and_runs_on(
 
 
 def test_a_replace_stream_of_a_table_that_was_always_empty_creates_an_empty_target(harness: StreamHarness) -> None:
-    harness.source.execute(
-        "CREATE TABLE items (id int PRIMARY KEY, name text NOT NULL, price numeric(10,2), updated_at timestamptz NOT NULL)"
-    )
+    harness.source.execute("CREATE TABLE items (id int PRIMARY KEY, name text NOT NULL, price numeric(10,2), updated_at timestamptz NOT NULL)")
     _catalog(harness, "replace")
     harness.materialize()
     harness.materialize()

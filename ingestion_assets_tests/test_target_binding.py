@@ -32,13 +32,9 @@ def _catalog_at(harness: StreamHarness, warehouse: Path) -> None:
 
 def _prepare(harness: StreamHarness) -> None:
     harness.source.execute(ITEMS)
-    harness.write_catalog(
-        {"items": {"table": "items", "primary_key": "id", "cursor": "updated_at", "slice_rows": 1000}}
-    )
+    harness.write_catalog({"items": {"table": "items", "primary_key": "id", "cursor": "updated_at", "slice_rows": 1000}})
     harness.materialize()
-    harness.source.execute(
-        "INSERT INTO items VALUES (5001, 'late', now()); UPDATE items SET name = 'x', updated_at = now() WHERE id = 3"
-    )
+    harness.source.execute("INSERT INTO items VALUES (5001, 'late', now()); UPDATE items SET name = 'x', updated_at = now() WHERE id = 3")
     harness.materialize()
 
 
@@ -87,9 +83,7 @@ def test_a_dropped_or_emptied_target_table_is_read_again(harness: StreamHarness)
 
 def test_a_target_restored_from_an_older_copy_is_read_again(harness: StreamHarness) -> None:
     harness.source.execute(ITEMS)
-    harness.write_catalog(
-        {"items": {"table": "items", "primary_key": "id", "cursor": "updated_at", "slice_rows": 1000}}
-    )
+    harness.write_catalog({"items": {"table": "items", "primary_key": "id", "cursor": "updated_at", "slice_rows": 1000}})
     harness.materialize()
     backup = harness.tmp_path / "backup.duckdb"
     shutil.copy(harness.warehouse, backup)
@@ -138,7 +132,7 @@ def test_a_postgres_target_records_its_binding_and_a_dropped_table_is_read_again
     state = harness.checkpoint("items")
     assert state is not None
     marker = harness.query_target(
-        f"SELECT binding, seq FROM \"{harness.source_name}\"._ingest_bindings WHERE stream = 'items'"
+        f'SELECT binding, seq FROM "{harness.source_name}"._ingest_bindings WHERE stream = \'items\''
     )
     assert marker == [(state.details["target"]["binding"], state.details["target"]["seq"])]
     harness.source.execute(f'DROP TABLE "{harness.source_name}".items')
