@@ -10,7 +10,8 @@ updated and each path runs its incremental upsert. Paths:
   full-refresh, then incremental with primary key and update key;
 - dlt: stock `sql_table` (pyarrow backend, incremental on updated_at, merge) into dlt's postgres destination;
 - product: the stream's Dagster asset materialized in-process (`dg.materialize`, checkpoints in the
-  PostgreSQL-backed instance), i.e. the product's run path without the CLI's process start;
+  PostgreSQL-backed instance), i.e. the product's run path without the CLI's process start; with the
+  default `reconcile: window` (the first run's window is the whole table) unless `--reconcile off`;
 - backfill1 / backfill2: the product on 10 key-range partitions, in one run or in two worker processes.
 
     .venv/bin/python bench/postgres_to_postgres.py --rows 1000000
@@ -43,12 +44,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--paths", default=DEFAULT_PATHS)
+    parser.add_argument("--reconcile", default="window", help="the stream's reconcile scope (window: the default)")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # internal: run one path in this process
     args = parser.parse_args()
     if args.run:
         print(json.dumps(_run_path(args.run)))
         return
-    env = _prepare(args.rows)
+    env = _prepare(args.rows, args.reconcile)
     results: dict[str, dict[str, float]] = {}
     for path in args.paths.split(","):
         if path == "update":
@@ -66,7 +68,7 @@ def main() -> None:
     _ratios(results)
 
 
-def _prepare(rows: int) -> dict[str, str]:
+def _prepare(rows: int, reconcile: str) -> dict[str, str]:
     import psycopg2
 
     from ingestion_assets.settings import Settings
@@ -90,6 +92,7 @@ def _prepare(rows: int) -> dict[str, str]:
     (WORK / "source_url").write_text(source)
     (WORK / "target_url").write_text(target)
     stream = "{table: public.bench_orders, primary_key: id, cursor: updated_at, slice_rows: 500000"
+    stream += f", reconcile: {{scope: '{reconcile}'}}"  # quoted: YAML reads a bare off as false
     head = f"destination: {{type: postgres, credentials: {{file: {WORK / 'target_url'}}}}}\nsources:\n"
     connection = f"    type: postgres\n    connection: {{file: {WORK / 'source_url'}}}\n    streams:\n"
     (WORK / "catalog.yaml").write_text(head + "  bench:\n" + connection + f"      orders: {stream}}}\n")

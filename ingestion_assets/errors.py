@@ -124,6 +124,7 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
             continue
         seen.add(id(error))
         yield error
-        for nested in (getattr(error, "exception", None), getattr(error, "orig", None), error.__cause__, error.__context__):
+        wrapped = (getattr(error, "exception", None), getattr(error, "orig", None))
+        for nested in (*wrapped, error.__cause__, error.__context__):
             if isinstance(nested, BaseException):
                 pending.append(nested)

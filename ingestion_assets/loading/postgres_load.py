@@ -36,12 +36,13 @@ def load_slice(loader: Loader, table: pa.Table | None, dead_letters: pa.Table | 
         loader._parked_keys = None
     rows = table if table is not None and table.num_rows else None
     mode = disposition
-    columns = _prepared(loader, rows, mode)
+    columns = _prepared(loader, rows)
     write = SliceWrite(
         table=_qualified(loader),
         key=loader.key,
         mode=mode,
         guard=loader.guard_versions,
+        keyed=loader._unique_key_known,
         bytewise=rows is not None
         and POSITION in rows.column_names
         and pa.types.is_string(rows.schema.field(POSITION).type),
@@ -63,7 +64,7 @@ def load_slice(loader: Loader, table: pa.Table | None, dead_letters: pa.Table | 
     return loaded
 
 
-def _prepared(loader: Loader, rows: pa.Table | None, mode: str) -> list[str]:
+def _prepared(loader: Loader, rows: pa.Table | None) -> list[str]:
     """The target's columns once the slice's are all there: dlt creates or alters the table from an empty
     slice with the same hints (native types, key) as a load; a merge target also gets its unique key."""
     if rows is None and loader.bound is None:
@@ -71,7 +72,8 @@ def _prepared(loader: Loader, rows: pa.Table | None, mode: str) -> list[str]:
     qualified = _qualified(loader)
     with _client(loader) as client, client.native_connection.cursor() as cursor:
         columns = target_columns(cursor, qualified)
-        ready = rows is None or (set(rows.column_names) <= set(columns) and loader._unique_key_known)
+        keyed = not _merged(loader) or loader._unique_key_known
+        ready = rows is None or (set(rows.column_names) <= set(columns) and keyed)
         if ready and (loader.bound is None or loader._bindings_known):
             return columns
     with loader._lock():
@@ -82,13 +84,18 @@ def _prepared(loader: Loader, rows: pa.Table | None, mode: str) -> list[str]:
             loader.pipeline.run([empty], loader_file_format=LOADER_FILE_FORMAT)
         with _client(loader) as client, client.native_connection.cursor() as cursor:
             columns = target_columns(cursor, qualified)
-            if rows is not None and mode == "merge" and loader.key:
+            if rows is not None and _merged(loader):  # with its first rows: an index on an empty table is free
                 ensure_unique_key(cursor, qualified, loader.target.table, loader.key)
                 loader._unique_key_known = True
             if loader.bound is not None:
                 ensure_table(client)  # here, not in the slice's transaction: two first writers would collide
                 loader._bindings_known = True
     return columns
+
+
+def _merged(loader: Loader) -> bool:
+    """A stream merged on its key (also while its first full read appends)."""
+    return loader.target.write_disposition == "merge" and bool(loader.key)
 
 
 def _next_marker(loader: Loader) -> Marker | None:

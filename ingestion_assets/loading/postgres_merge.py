@@ -15,6 +15,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg2
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
@@ -35,6 +36,7 @@ class SliceWrite:
     mode: str  # append | replace | merge
     guard: bool = False  # keep the target's row where its version is newer (several writers)
     bytewise: bool = False  # the version is text: compare it with COLLATE "C"
+    keyed: bool = False  # the target has its unique index on the key (a merge may then try COPY straight in)
 
 
 class CsvStream:
@@ -43,18 +45,19 @@ class CsvStream:
     def __init__(self, table: pa.Table) -> None:
         self._batches = iter(table.to_batches(max_chunksize=65536))
         self._buffer = b""
+        self._offset = 0
 
     def read(self, size: int = -1) -> bytes:
-        while size < 0 or len(self._buffer) < size:
+        """At most `size` bytes (fewer at a batch's end: COPY reads until it gets nothing)."""
+        while self._offset >= len(self._buffer):
             batch = next(self._batches, None)
             if batch is None:
-                break
+                return b""
             sink = pa.BufferOutputStream()
             pacsv.write_csv(batch, sink, write_options=_CSV)
-            self._buffer += sink.getvalue().to_pybytes()
-        if size < 0:
-            size = len(self._buffer)
-        chunk, self._buffer = self._buffer[:size], self._buffer[size:]
+            self._buffer, self._offset = sink.getvalue().to_pybytes(), 0
+        end = len(self._buffer) if size < 0 else min(self._offset + size, len(self._buffer))
+        chunk, self._offset = self._buffer[self._offset : end], end
         return chunk
 
 
@@ -99,6 +102,8 @@ def write_slice(cursor: Any, write: SliceWrite, table: pa.Table, target_columns:
     if write.mode in ("append", "replace"):
         cursor.copy_expert(_copy_sql(write.table, columns), CsvStream(csv_ready(table)), size=1 << 20)
         return int(table.num_rows)
+    if write.keyed and _new_keys_only(cursor, write, table) and _copied_straight_in(cursor, write, table, columns):
+        return int(table.num_rows)
     unique = newest_per_key(table, write.key)
     cursor.execute("SET LOCAL work_mem = '256MB'")  # the stage's hash join and sort stay in memory
     cursor.execute(f"CREATE TEMP TABLE {STAGE} (LIKE {write.table}) ON COMMIT DROP")
@@ -106,6 +111,31 @@ def write_slice(cursor: Any, write: SliceWrite, table: pa.Table, target_columns:
     cursor.execute(upsert_sql(write, table.column_names, target_columns))
     taken = int(cursor.rowcount)
     return int(table.num_rows) - (int(unique.num_rows) - taken)
+
+
+def _new_keys_only(cursor: Any, write: SliceWrite, table: pa.Table) -> bool:
+    """Whether the target holds no key within the slice's range (an integer key: a backfill range, a first
+    snapshot): then the slice needs no stage. Only a hint: the unique index is what guarantees it."""
+    if len(write.key) != 1 or not pa.types.is_integer(table.schema.field(write.key[0]).type):
+        return False
+    bounds = pc.min_max(table.column(write.key[0]))
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    key = quote(write.key[0])
+    cursor.execute(f"SELECT 1 FROM {write.table} WHERE {key} BETWEEN %s AND %s LIMIT 1", (low, high))
+    return cursor.fetchone() is None
+
+
+def _copied_straight_in(cursor: Any, write: SliceWrite, table: pa.Table, columns: str) -> bool:
+    """COPY into the target under a savepoint; a key that is there after all (another writer, a key twice
+    in the slice) violates the unique index and the slice goes through the stage instead."""
+    cursor.execute("SAVEPOINT _ingest_direct")
+    try:
+        cursor.copy_expert(_copy_sql(write.table, columns), CsvStream(csv_ready(table)), size=1 << 20)
+    except psycopg2.errors.UniqueViolation:
+        cursor.execute("ROLLBACK TO SAVEPOINT _ingest_direct")
+        return False
+    cursor.execute("RELEASE SAVEPOINT _ingest_direct")
+    return True
 
 
 def upsert_sql(write: SliceWrite, slice_columns: list[str], target_columns: list[str]) -> str:

@@ -1,0 +1,112 @@
+"""A PostgreSQL destination end to end through the COPY + merge path: names, evolution, the merge's key."""
+
+from __future__ import annotations
+
+import pytest
+
+from ingestion_assets.cli import main
+from ingestion_assets.loading.destinations import POSTGRES_IDENTIFIER_LENGTH
+from ingestion_assets.loading.naming import TargetNames
+from ingestion_assets.sync import FAULT_ENV
+from ingestion_assets_tests.helpers import StreamHarness
+
+LONG = "ThisColumnNameIsCamelCaseAndGrowsPastTheLimitWhenSnakeCased"  # 59 bytes; snake_case makes it 66
+TABLE = f"""
+CREATE TABLE "Items" (id int PRIMARY KEY, "select" text, qty int, note text, "{LONG}" text,
+    payload jsonb, updated_at timestamptz NOT NULL);
+INSERT INTO "Items" SELECT g, CASE WHEN g % 3 = 0 THEN '' WHEN g % 3 = 1 THEN NULL ELSE 'k' || g END, g, 'n' || g,
+    repeat('x', g % 5), jsonb_build_object('g', g), timestamptz '2024-01-01 00:00:00+00' + g * interval '1 s'
+FROM generate_series(1, 300) g;
+"""
+CHANGE = """
+ALTER TABLE "Items" ADD COLUMN color text; ALTER TABLE "Items" ALTER COLUMN qty TYPE bigint;
+ALTER TABLE "Items" DROP COLUMN note;
+UPDATE "Items" SET color = 'red', qty = qty * 10000000000, "select" = '', updated_at = now() WHERE id <= 20;
+"""
+
+
+def _target(harness: StreamHarness, columns: list[str]) -> list[tuple[object, ...]]:
+    names = TargetNames("snake_case", POSTGRES_IDENTIFIER_LENGTH, case_sensitive=True)  # as the loader names them
+    listed = ", ".join(f'"{names.column(c)}"' for c in columns)
+    return harness.query_target(f'SELECT {listed} FROM "{harness.source_name}".items ORDER BY id')
+
+
+def test_names_types_and_evolution_land_exactly(harness: StreamHarness) -> None:
+    harness.source.execute(TABLE)
+    harness.write_catalog(
+        {"items": {"table": '"Items"', "primary_key": "id", "cursor": "updated_at", "schema_policy": "evolve"}},
+        destination="postgres",
+    )
+    harness.materialize()
+    harness.source.execute(CHANGE)
+    harness.materialize()
+    columns = ["id", "select", "qty", LONG, "color", "updated_at"]
+    listed = ", ".join(f'"{c}"' for c in columns)
+    expected = harness.query_source(f'SELECT {listed} FROM "Items" ORDER BY id')
+    assert _target(harness, columns) == expected  # '' stays '', NULL stays NULL, the long name is found
+    notes = harness.query_target(f'SELECT count(*) FROM "{harness.source_name}".items WHERE note IS NULL')
+    assert notes == [(20,)]  # a dropped column is kept; rows read after the drop carry NULL
+    types = dict(
+        harness.query_target(
+            "SELECT column_name, data_type FROM information_schema.columns "
+            f"WHERE table_schema = '{harness.source_name}' AND table_name = 'items'"
+        )
+    )
+    assert types["qty"] == "bigint" and types["payload"] == "jsonb" and types["color"] == types["select"]
+    unique = harness.query_target(
+        f"SELECT count(*) FROM pg_index WHERE indisunique AND indrelid = to_regclass('\"{harness.source_name}\".items')"
+    )
+    assert unique == [(1,)]  # the merge's ON CONFLICT key
+
+
+@pytest.mark.slow
+def test_dead_letters_replay_and_refresh_on_a_postgres_target(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness.source.execute(
+        "CREATE TABLE readings (id int PRIMARY KEY, memo text, updated_at timestamptz NOT NULL);"
+        "INSERT INTO readings SELECT g, 'memo ' || g, timestamptz '2024-02-01 00:00:00+00' + g * interval '1 s' "
+        "FROM generate_series(1, 2000) g; UPDATE readings SET memo = repeat('x', 5000) WHERE id IN (7, 1999)"
+    )
+    spec = {"table": "readings", "primary_key": "id", "cursor": "updated_at", "slice_rows": 700}
+    harness.write_catalog({"readings": {**spec, "dead_letters": {"max_value_bytes": 1000}}}, destination="postgres")
+    harness.materialize()
+    parked = harness.query_target(f'SELECT record_key FROM "{harness.source_name}"._ingest_dead_letter ORDER BY 1')
+    assert parked == [("1999",), ("7",)]
+    assert harness.target_count("readings") == 1998
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    harness.source.execute("UPDATE readings SET memo = 'short' WHERE id IN (7, 1999)")  # the cursor stays
+    assert main(["dlq", "replay", f"{harness.source_name}.readings"]) == 0
+    capsys.readouterr()
+    assert harness.query_target(f'SELECT count(*) FROM "{harness.source_name}"._ingest_dead_letter') == [(0,)]
+    assert harness.assert_target_equals_source("readings", "readings", "id") == 2000
+
+    harness.source.execute("DELETE FROM readings WHERE id <= 10")
+    assert main(["refresh", f"{harness.source_name}.readings", "--later"]) == 0
+    harness.materialize()  # a shadow table loaded and swapped in: the deleted rows are gone
+    assert harness.assert_target_equals_source("readings", "readings", "id") == 1990
+    harness.source.execute("UPDATE readings SET memo = 'after', updated_at = now() WHERE id = 11")
+    harness.materialize()  # merges into the swapped-in table through its own (renamed) unique index
+    assert harness.assert_target_equals_source("readings", "readings", "id") == 1990
+
+
+@pytest.mark.slow
+def test_a_crash_after_the_first_copy_is_merged_over_not_appended_twice(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first full read COPYs straight into the empty target; a crash before its checkpoint leaves the
+    slice there, and the next run (no checkpoint, a target with rows) must merge, not append again."""
+    harness.source.execute(
+        "CREATE TABLE events (id bigint PRIMARY KEY, body text, updated_at timestamptz NOT NULL);"
+        "INSERT INTO events SELECT g, 'e' || g, timestamptz '2024-03-01 00:00:00+00' + g * interval '1 ms' "
+        "FROM generate_series(1, 3000) g"
+    )
+    spec = {"table": "events", "primary_key": "id", "cursor": "updated_at", "slice_rows": 1000}
+    harness.write_catalog({"events": {**spec, "retries": {"max_attempts": 1}}}, destination="postgres")
+    monkeypatch.setenv(FAULT_ENV, "after_load:0")
+    assert not harness.materialize(raise_on_error=False).success
+    assert harness.target_count("events") == 1000
+    monkeypatch.delenv(FAULT_ENV)
+    harness.materialize()
+    assert harness.assert_target_equals_source("events", "events", "id") == 3000
