@@ -183,3 +183,22 @@ class ReadSampler:
                     time.sleep(self.interval)
         finally:
             conn.close()
+
+
+def most_steps_at_once(instance: dg.DagsterInstance, run_ids: list[str]) -> int:
+    """The most steps of these runs between their start and their end at one moment, from the event log.
+
+    A step starts after it claimed its pool slot and ends before it frees it, so with the pool honoured
+    this never exceeds the pool's size, whichever workers ran the steps."""
+    moments: list[tuple[float, int]] = []
+    for run_id in run_ids:
+        for entry in instance.all_logs(run_id, of_type={dg.DagsterEventType.STEP_START}):
+            moments.append((entry.timestamp, 1))
+        ends = {dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE}
+        for entry in instance.all_logs(run_id, of_type=ends):
+            moments.append((entry.timestamp, -1))
+    running = most = 0
+    for _, change in sorted(moments):  # an end before a start at the same moment
+        running += change
+        most = max(most, running)
+    return most
