@@ -4,6 +4,7 @@ from an older copy makes the next run re-read from the start, never load a silen
 from __future__ import annotations
 
 import shutil
+import uuid
 from pathlib import Path
 
 import dagster as dg
@@ -14,7 +15,7 @@ __all__ = ["api"]  # the demo API fixture
 
 from ingestion_assets.demo.api_server import DemoApi
 from ingestion_assets.state.checkpoints import InstanceStateStore
-from ingestion_assets_tests.helpers import StreamHarness
+from ingestion_assets_tests.helpers import SourceDb, StreamHarness
 from ingestion_assets_tests.test_api_streams import _assert_target_equals_server, _catalog, api
 
 ITEMS = """
@@ -139,3 +140,39 @@ def test_a_postgres_target_records_its_binding_and_a_dropped_table_is_read_again
     result = harness.materialize()
     assert _rows_read(harness, result) == 5000 and "missing or empty" in _started_over(harness, result)
     harness.assert_target_equals_source("items", "items", "id")
+
+
+def test_first_loads_into_one_postgres_schema_at_once_create_the_bindings_table_once(source_db: SourceDb) -> None:
+    """Backfill workers' first slices race on CREATE TABLE IF NOT EXISTS (pg_type's unique index): none fails."""
+    import threading
+
+    import dlt
+    from dlt.destinations.impl.postgres.configuration import PostgresCredentials
+
+    from ingestion_assets.loading.bindings import ensure_table
+
+    errors: list[BaseException] = []
+    start = threading.Barrier(6)
+
+    def create() -> None:
+        try:
+            credentials = PostgresCredentials(source_db.url)
+            credentials.password = credentials.password or ""  # trust auth, as make_destination does
+            pipeline = dlt.pipeline(
+                pipeline_name=f"race_{uuid.uuid4().hex[:8]}",
+                destination=dlt.destinations.postgres(credentials),
+                dataset_name=source_db.schema,
+            )
+            with pipeline.sql_client() as client:
+                start.wait(timeout=60)
+                ensure_table(client)
+        except Exception as exc:  # noqa: BLE001 - every failure is the finding
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert source_db.rows("_ingest_bindings", "stream") == []

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlt.destinations.exceptions import DatabaseUndefinedRelation
+from dlt.destinations.impl.postgres.sql_client import Psycopg2SqlClient
 
 TABLE = "_ingest_bindings"
+_DDL_LOCK = 0x1D6E57  # pg_advisory_xact_lock key of the bindings table's creation
 _COLUMNS = "stream, partition_key, binding, seq, generation, updated_at"
 
 
@@ -79,11 +81,16 @@ def ensure_table(client: Any) -> str:
     text, key_text, stamp = ("VARCHAR", "VARCHAR", "TIMESTAMP WITH TIME ZONE")
     if _is_mysql(client):  # key columns need a length there; its DATETIME has no zone (UTC is written)
         text, key_text, stamp = ("VARCHAR(255)", "VARCHAR(500)", "DATETIME(6)")
-    client.execute_sql(
+    create = (
         f"CREATE TABLE IF NOT EXISTS {table} (stream {text} NOT NULL, partition_key {key_text} NOT NULL, "
         f"binding {text} NOT NULL, seq BIGINT NOT NULL, generation BIGINT NOT NULL, "
         f"updated_at {stamp} NOT NULL, PRIMARY KEY (stream, partition_key))"
     )
+    if isinstance(client, Psycopg2SqlClient):
+        # Two first loads into one schema at once (backfill workers) both pass IF NOT EXISTS and one fails on
+        # pg_type's unique index: one statement that takes a transaction lock first makes the second wait.
+        create = f"DO $ingest$ BEGIN PERFORM pg_advisory_xact_lock({_DDL_LOCK}); {create}; END $ingest$"
+    client.execute_sql(create)
     return str(table)
 
 
