@@ -4,6 +4,7 @@ finished and checkpointed, then the run ends)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,7 @@ from ingestion_assets.sync import Faults, checkpoint_first
 if TYPE_CHECKING:
     from ingestion_assets.streams.cdc.sync import CdcOutcome, CdcSync
 
+log = logging.getLogger(__name__)
 IDLE_CHECKPOINT_SECONDS = 10.0  # a run that sees only WAL without published changes checkpoints this often
 
 
@@ -45,11 +47,20 @@ def apply_live(sync: CdcSync, url: str, outcome: CdcOutcome) -> None:
             if unsafe:  # never in production: checkpoint first, so a crash in the load loses the batch
                 sync._commit(batch.end_lsn)
             faults.hit("before_load", index)
+            began = time.monotonic()
             sync._apply(url, batch, outcome, None)
             faults.hit("after_load", index)
+            loaded = time.monotonic()
             if not unsafe:
                 sync._commit(batch.end_lsn)
             faults.hit("after_checkpoint", index)
             reader.acknowledge(batch.end_lsn)  # only behind stored checkpoints
             outcome.lsn, stored_at, index = batch.end_lsn, time.monotonic(), index + 1
+            (sync.log or log).debug(
+                "live batch %d: %d changes, load %.0f ms, checkpoint and acknowledge %.0f ms",
+                index,
+                len(batch),
+                (loaded - began) * 1000,
+                (stored_at - loaded) * 1000,
+            )
     outcome.health = slot_health(url, sync.slot)

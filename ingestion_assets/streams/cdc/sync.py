@@ -403,6 +403,10 @@ class CdcSync:
         mark_deleted(loader, changes.marks)
         if stream.spec.deletes == "hard":
             loader.purge_deleted()
+        if changes.truncated_at is not None or (stream.spec.deletes == "hard" and changes.marks):  # emptied?
+            self._parts(stream).empty = not loader.inspect(LIVE if self.history else None).has_rows
+        elif rows is not None:
+            self._parts(stream).empty = False
         now = dt.datetime.now(dt.UTC)
         outcome.latency_ms += [(now - t).total_seconds() * 1000 for t in changes.commit_times]
         outcome.rows[stream.name] = outcome.rows.get(stream.name, 0) + len(changes.rows) + len(changes.marks)
