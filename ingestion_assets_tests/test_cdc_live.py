@@ -115,3 +115,23 @@ def test_a_sigkill_mid_live_run_resumes_and_the_target_equals_the_source(writing
     _live_catalog(harness, seconds=None)
     harness.materialize()  # resumes from the last stored checkpoint; the merge absorbs the replay
     _assert_exact(harness)
+
+
+def test_the_sensor_keeps_one_live_run_up(cdc: StreamHarness) -> None:  # noqa: F811
+    import dagster as dg
+
+    from ingestion_assets.catalog import load_catalog
+    from ingestion_assets.defs.cdc import build_cdc_assets
+
+    harness = cdc
+    harness.source.execute(TABLE)
+    _live_catalog(harness, seconds=60)
+    sensor = build_cdc_assets(harness.settings, load_catalog(harness.catalog_path))[1][0]
+    request = sensor(dg.build_sensor_context(instance=harness.instance))
+    assert isinstance(request, dg.RunRequest)  # no run yet, no slot yet: the first live run is asked for
+    job = sensor.job_name
+    run = harness.instance.create_run_for_job(
+        dg.JobDefinition(name=job, graph_def=dg.GraphDefinition(name=job)), status=dg.DagsterRunStatus.STARTED
+    )
+    skip = sensor(dg.build_sensor_context(instance=harness.instance))
+    assert isinstance(skip, dg.SkipReason) and run.run_id in str(skip.skip_message)

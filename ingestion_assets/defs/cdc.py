@@ -251,6 +251,8 @@ def _slot_sensor(
         try:
             health = slot_health(sync.url(), sync.slot)
         except SlotError as exc:
+            if source.cdc.live_seconds is not None and not started:  # its first live run creates the slot
+                return _keep_live(context, job_name(source_name), live)
             return dg.SkipReason(f"slot not readable yet: {exc}")
         context.instance.report_runless_asset_event(
             dg.AssetObservation(
