@@ -348,6 +348,7 @@ def test_a_cli_backfill_of_history_ranges_runs_them_in_one_run(cdc: StreamHarnes
     _assert_exact(harness)
 
 
+@pytest.mark.slow  # ~24 s: a live run of a history source
 def test_schema_show_reads_a_history_source_s_live_checkpoint(
     cdc: StreamHarness, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
