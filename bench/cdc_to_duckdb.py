@@ -15,6 +15,7 @@ Phase 3 (added table, `--added-rows`, default 1M): a table with that many rows j
 live source while the writer keeps changing the first table; reported: the run that copies it (seconds,
 rows/s) and the first table's commit-to-target latency in that run and the next (`--only-added` runs this
 phase alone).
+`--live`: a live run (`cdc.live_seconds`) through `dagster asset materialize` instead; see bench/cdc_live.py.
 The syncs run in this process with checkpoints in the PostgreSQL-backed Dagster instance (the asset's
 body without the ~1-4 s of starting a Dagster run).
 """
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 WORK = Path(__file__).resolve().parent / ".work"
 SEED_SQL = """
@@ -52,6 +54,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--added-rows", type=int, default=1_000_000)
     parser.add_argument("--only-added", action="store_true")
+    parser.add_argument("--live", action="store_true", help="only the live phase: a live run through Dagster")
     parser.add_argument("--writer", help=argparse.SUPPRESS)  # internal: url, run the writer in this process
     args = parser.parse_args()
     if args.writer:
@@ -59,6 +62,11 @@ def main() -> None:
         return
     bench = Bench(args.seconds, args.rate, args.rows)
     bench.prepare()
+    if args.live:
+        import cdc_live  # bench/cdc_live.py, beside this file
+
+        cdc_live.report(args, cdc_live.steady(bench), cdc_live.drain(bench))
+        return
     if args.only_added:
         _report_added(args, bench.added_table(args.added_rows))
         return

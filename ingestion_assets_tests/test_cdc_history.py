@@ -346,3 +346,21 @@ def test_a_cli_backfill_of_history_ranges_runs_them_in_one_run(cdc: StreamHarnes
     harness.source.execute("UPDATE orders SET status = 'after' WHERE id % 7 = 0")
     _run(harness, LIVE)
     _assert_exact(harness)
+
+
+@pytest.mark.slow  # ~24 s: a live run of a history source
+def test_schema_show_reads_a_history_source_s_live_checkpoint(
+    cdc: StreamHarness, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its schema lives on `live`, where `ingest schema show` did not look ("no schema stored yet")."""
+    from ingestion_assets.cli import main
+
+    harness = cdc
+    harness.source.execute(TABLE)
+    _catalog(harness)
+    _run(harness, LIVE)
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["schema", "show", f"{harness.source_name}.orders"]) == 0
+    shown = capsys.readouterr().out
+    assert "status" in shown and "no schema stored yet" not in shown

@@ -390,3 +390,23 @@ def test_a_permanent_error_fails_at_once_without_retries(cdc: StreamHarness) -> 
     assert harness.query_source(
         f"SELECT count(*) FROM pg_publication WHERE pubname = 'ingest_{harness.source_name}'"
     ) == [(0,)]
+
+
+@pytest.mark.slow
+def test_a_target_the_log_emptied_is_not_copied_again(cdc: StreamHarness) -> None:
+    """Hard deletes can leave a target legitimately empty: that is no sign of a target lost or replaced."""
+    harness = cdc
+    harness.source.execute("CREATE TABLE emptied (id int PRIMARY KEY, v text); INSERT INTO emptied VALUES (1, 'a')")
+    _catalog(harness, {"emptied": {}})
+    harness.materialize()
+    harness.source.execute("INSERT INTO emptied VALUES (2, 'b'); DELETE FROM emptied")
+    harness.materialize()
+    assert harness.target_count("emptied") == 0
+    harness.source.execute("INSERT INTO emptied VALUES (3, 'c')")
+    after = _metadata(harness.materialize(), harness, "emptied")
+    assert not after.get("copied") and after["rows read"] == 1  # the one change, not a copy
+    _assert_exact(harness, "emptied")
+    harness.execute_target(f'DELETE FROM "{harness.source_name}".emptied')  # emptied outside us: copied again
+    again = _metadata(harness.materialize(), harness, "emptied")
+    assert again.get("copied") or again["mode"] == "snapshot"  # its source's only stream: a new snapshot
+    _assert_exact(harness, "emptied")

@@ -224,6 +224,15 @@ class Cdc(_Model):
     )
     retries: Retries = Field(default_factory=lambda: Retries())
     drain_seconds: Annotated[float, Field(gt=0)] = 60.0
+    live_seconds: Annotated[float, Field(gt=0)] | None = Field(
+        None,
+        description="a log run stays up this long holding the replication session, loading and checkpointing "
+        "each batch as it fills (cdc.max_changes or cdc.batch_seconds); SIGTERM drains it; unset: a run "
+        "reads at most max_batches_per_run batches and ends when caught up",
+    )
+    batch_seconds: Annotated[float, Field(gt=0)] = Field(
+        0.5, description="live runs: a batch is loaded at most this long after its first transaction arrived"
+    )
 
 
 class PostgresSource(_Model):

@@ -29,7 +29,7 @@ def schema_show(settings: Settings, args: argparse.Namespace) -> int:
     from ingestion_assets.streams.rest_api import RestApiStream
 
     stream, store = _stream_and_store(settings, args.stream)
-    latest = store.latest(None)
+    latest = store.latest(_schema_partition(stream))
     stored = parse_stored(latest.details.get("schema") if latest else None)
     if isinstance(stream, RestApiStream | FileSourceStream):  # learnt as they load: nothing to discover first
         return _api_schema_show(stream, stored, latest)
@@ -49,6 +49,16 @@ def schema_show(settings: Settings, args: argparse.Namespace) -> int:
     if not changes:
         print("no change in the source since the last run")
     return 0
+
+
+def _schema_partition(stream: Any) -> str | None:
+    """A CDC source with history partitions keeps each stream's schema on its `live` partition."""
+    from ingestion_assets.partitions import LIVE
+
+    source = getattr(stream, "source", None)
+    cdc = getattr(source, "cdc", None)
+    history = getattr(source, "mode", None) == "cdc" and getattr(cdc, "history_chunk", None) is not None
+    return LIVE if history else None
 
 
 def _api_schema_show(stream: Any, stored: dict[str, Any] | None, latest: Any) -> int:

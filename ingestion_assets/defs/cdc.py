@@ -8,10 +8,11 @@ from typing import Any
 
 import dagster as dg
 from dagster import AssetExecutionContext
+from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES
 
 from ingestion_assets.catalog import Catalog, PostgresSource
 from ingestion_assets.defs.failures import permanent_failure
-from ingestion_assets.defs.jobs import cdc_job
+from ingestion_assets.defs.jobs import cdc_job, job_name
 from ingestion_assets.defs.metadata import POSITION, ROWS_READ, definition_metadata, target_metadata
 from ingestion_assets.defs.run_tags import SOURCE
 from ingestion_assets.defs.sources import slot_key
@@ -250,6 +251,8 @@ def _slot_sensor(
         try:
             health = slot_health(sync.url(), sync.slot)
         except SlotError as exc:
+            if source.cdc.live_seconds is not None and not started:  # its first live run creates the slot
+                return _keep_live(context, job_name(source_name), live)
             return dg.SkipReason(f"slot not readable yet: {exc}")
         context.instance.report_runless_asset_event(
             dg.AssetObservation(
@@ -259,9 +262,21 @@ def _slot_sensor(
             )
         )
         context.instance.report_runless_asset_event(slot_health_evaluation(source, keys[0], health))
+        if source.cdc.live_seconds is not None:  # keep one live run up: the next starts as the last one ends
+            return _keep_live(context, job_name(source_name), live)
         waiting = started and health.lag_bytes > 0
         if not waiting:
             return dg.SkipReason("no changes waiting in the slot")
         return dg.RunRequest(run_key=f"{health.confirmed_flush_lsn}-{health.lag_bytes}", partition_key=live)
 
     return _sensor
+
+
+def _keep_live(context: dg.SensorEvaluationContext, job: str, partition: str | None) -> Any:
+    """A run of the source's job unless one is queued or going (each live run ends after cdc.live_seconds)."""
+    going = context.instance.get_run_records(
+        dg.RunsFilter(job_name=job, statuses=[*IN_PROGRESS_RUN_STATUSES, dg.DagsterRunStatus.QUEUED]), limit=1
+    )
+    if going:
+        return dg.SkipReason(f"live run {going[0].dagster_run.run_id} is up")
+    return dg.RunRequest(partition_key=partition)

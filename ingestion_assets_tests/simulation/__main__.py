@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import shutil
 import sys
 import tempfile
@@ -55,7 +56,8 @@ def main() -> int:
                 continue
             crashes += sum(e.startswith("crash") for e in events)
             print(
-                f"ok   seed {seed} ({simulation.mode}{_detection(simulation)}): {len(events)} events, "
+                f"ok   seed {seed} ({simulation.mode}{_detection(simulation)}): {len(events)} events "
+                f"[{hashlib.sha256(chr(10).join(events).encode()).hexdigest()[:10]}], "
                 f"{sum(e.startswith('crash') for e in events)} crashes survived, {time.monotonic() - seed_began:.0f}s"
             )
     finally:

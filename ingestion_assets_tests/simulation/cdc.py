@@ -10,7 +10,12 @@ acknowledged past the stored checkpoint; at the end, that the target equals the 
 With `history` the source copies its history as key-range partitions (`cdc.history_chunk`): runs of `live`
 and of ranges (new, retried or done again) interleave in a seeded order, a transaction is held open across
 each range's snapshot and committed right after it, and the target is checked at the end (a checkpoint
-then stands for the log only: ranges not copied yet are missing by design)."""
+then stands for the log only: ranges not copied yet are missing by design).
+
+A seed replays identically on any machine: a run's draws come from generators of their own (seeded by the
+seed and the run's number), drawn only at events the data decides (a new read position, a slice, a
+checkpoint), never at a read repeated because the server had not caught up yet; and reads stop on their
+change count or on catching up, not on time (max_seconds is far above what a read needs)."""
 
 from __future__ import annotations
 
@@ -83,6 +88,8 @@ class CdcSimulation:
         self.events: list[str] = []
         self.rounds = DEFAULT_ROUNDS
         self.store = SimCdcStore(self.rng, 0.05, self._check_checkpoint)
+        self.runs = 0  # attempts so far: each has its own generators (see _sync_until_done)
+        self.source_rng = self.rng  # the draws of source changes: the run's own generator while a run goes
         self._conn: Any = None
         # DDL draws come from their own generator, so the other draws of a seed stay what they were.
         self.ddl = random.Random(seed * 7919 + 13)
@@ -136,23 +143,24 @@ class CdcSimulation:
     def _mutate(self, count: int) -> None:
         """Each change its own transaction, stamped with the WAL position right after its commit."""
         table = f'"{self.name}".items'
+        rng = self.source_rng
         for _ in range(count):
-            roll = self.rng.random()
+            roll = rng.random()
             if self.rows and roll < 0.4:
-                key, value = self.rng.choice(sorted(self.rows)), self.rng.randint(0, 10**6)
+                key, value = rng.choice(sorted(self.rows)), rng.randint(0, 10**6)
                 self._sql(f"UPDATE {table} SET value = %s WHERE id = %s", (value, key))
                 self.rows[key] = value
             elif self.rows and roll < 0.55:
-                key = self.rng.choice(sorted(self.rows))
+                key = rng.choice(sorted(self.rows))
                 self._sql(f"DELETE FROM {table} WHERE id = %s", (key,))
                 del self.rows[key]
             elif self.rows and roll < 0.6:  # a primary-key change: a delete of the old key, an insert of the new
-                key, new = self.rng.choice(sorted(self.rows)), self.next_id
+                key, new = rng.choice(sorted(self.rows)), self.next_id
                 self.next_id += 1
                 self._sql(f"UPDATE {table} SET id = %s WHERE id = %s", (new, key))
                 self.rows[new] = self.rows.pop(key)
             else:
-                key, value = self.next_id, self.rng.randint(0, 10**6)
+                key, value = self.next_id, rng.randint(0, 10**6)
                 self.next_id += 1
                 self._sql(f"INSERT INTO {table} (id, value) VALUES (%s, %s)", (key, value))
                 self.rows[key] = value
@@ -183,7 +191,7 @@ class CdcSimulation:
         if self._cdc_options is None:  # drawn once: a stream added later keeps the seed's other draws
             self._cdc_options = {
                 "max_changes": self.rng.randint(3, 40),
-                "max_seconds": 2,
+                "max_seconds": 60,  # a read ends on max_changes or on catching up, never on the machine's speed
                 "max_batches_per_run": self.rng.randint(3, 10),
                 "snapshot_slice_rows": self.rng.randint(5, 60),
             }
@@ -214,14 +222,19 @@ class CdcSimulation:
     def _sync_until_done(self, fault_rate: float, changing: bool, partition: str | None = None) -> int:
         """Runs until one completes; returns the changes (or snapshot rows) it applied."""
         for _ in range(60):
+            self.runs += 1
+            own = lambda purpose: random.Random(f"{self.seed}:{self.runs}:{purpose}")  # noqa: E731
+            self.store.rng, self.source_rng = own("checkpoints"), own("source")
             try:
                 with self._changes_between_reads(changing), unsafe_order(self.unsafe):
-                    outcome = self._sync(SimFaults(self.rng, fault_rate)).run(partition)
+                    outcome = self._sync(SimFaults(own("faults"), fault_rate)).run(partition)
                 if partition is not None and partition != LIVE:
                     self.copied.add(partition)
                 return sum(outcome.rows.values())
             except Crash as crash:
                 self.events.append(f"crash: {crash}")
+            finally:
+                self.source_rng = self.rng
         raise SimulationFailure(f"seed {self.seed}: no run completed in 60 attempts")
 
     def _sync(self, faults: SimFaults) -> CdcSync:
@@ -248,17 +261,21 @@ class CdcSimulation:
             cdc_module.chunk_snapshot,
         )
         simulation = self
+        starts: set[int] = set()  # read positions seen in this run: a repeated read draws nothing
 
         def table_slices(*args: Any, **kwargs: Any) -> Iterator[Any]:
             for piece in real_slices(*args, **kwargs):
                 yield piece
-                if changing and simulation.rng.random() < 0.4:
-                    simulation._mutate(simulation.rng.randint(1, 5))
+                if changing and simulation.source_rng.random() < 0.4:
+                    simulation._mutate(simulation.source_rng.randint(1, 5))
 
-        def read_changes(*args: Any, **kwargs: Any) -> Any:
-            if changing and simulation.rng.random() < 0.5:
-                simulation._mutate(simulation.rng.randint(1, 8))
-            return real_changes(*args, **kwargs)
+        def read_changes(url: str, slot: str, publication: str, start: int, **kwargs: Any) -> Any:
+            # Waiting for the server to reach a copy's snapshot re-reads from one position as often as the
+            # machine's speed makes it: only the first read from a position may change the source.
+            if changing and start not in starts and simulation.source_rng.random() < 0.5:
+                simulation._mutate(simulation.source_rng.randint(1, 8))
+            starts.add(start)
+            return real_changes(url, slot, publication, start, **kwargs)
 
         @contextlib.contextmanager
         def chunk_snapshot(url: str) -> Iterator[Any]:
@@ -279,8 +296,8 @@ class CdcSimulation:
         """An update and a delete in a transaction open until `commit` is called (or the block ends)."""
         conn = psycopg2.connect(self.url)
         table = f'"{self.name}".items'
-        keys = self.rng.sample(sorted(self.rows), min(2, len(self.rows)))
-        value = self.rng.randint(0, 10**6)
+        keys = self.source_rng.sample(sorted(self.rows), min(2, len(self.rows)))
+        value = self.source_rng.randint(0, 10**6)
         with conn.cursor() as cur:
             if keys:
                 cur.execute(f"UPDATE {table} SET value = %s WHERE id = %s", (value, keys[0]))

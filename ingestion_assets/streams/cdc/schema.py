@@ -23,6 +23,7 @@ from ingestion_assets.streams.target_binding import TARGET, binding_details, set
 
 SCHEMA = "schema"  # the checkpoint detail the table streams keep too (`ingest schema show` reads it)
 PARTITIONS = "partitions"  # a partitioned table's partitions when the stream last settled
+EMPTY = "target_empty"  # the log left the target empty (hard deletes, a truncate): an empty target is no loss
 
 _PARTITIONS_SQL = """
 WITH RECURSIVE tree(oid) AS (
@@ -44,9 +45,12 @@ class StreamParts:
     schema: dict[str, list[str]] | None = None
     recopy: str | None = None
     partitions: list[str] | None = None
+    empty: bool = False  # the last load left the target without rows
 
     def checkpoint_details(self) -> dict[str, Any]:
         details = binding_details(self.loader)
+        if self.empty:
+            details[EMPTY] = True
         if self.schema is not None:
             details[SCHEMA] = self.schema
         if self.partitions:
@@ -72,12 +76,13 @@ def settle_stream(
     assert step.plan is not None
     parts = StreamParts(loader, step.plan.shape, step.stored)
     lsn = details.get("lsn") if details.get("snapshot_done") else None
+    left_empty = bool(lsn) and _left_empty(loader, partition, details)  # before settle_target binds anew
     settled = settle_target(loader, partition, details, {"lsn": lsn} if lsn else None, 1)
     rewritten = [c for c in step.applied if c.kind != "dropped"]
     loaded = int((details.get(TARGET) or {}).get("seq", 1)) > 0  # a log run that changed nothing loads nothing
     parts.partitions = partitions_of(stream)
     moved = _partitions_moved(details.get(PARTITIONS), parts.partitions) if PARTITIONS in details else None
-    if lsn and settled.reason and loaded:
+    if lsn and settled.reason and loaded and not left_empty:
         parts.recopy = f"its target changed: {settled.reason}"
     elif lsn and rewritten:
         what = "; ".join(c.describe() for c in rewritten)
@@ -85,6 +90,23 @@ def settle_stream(
     elif lsn and moved:
         parts.recopy = f"{moved}: the log carries neither the rows a partition brings nor those it takes away"
     return parts
+
+
+def _left_empty(loader: Loader, partition: str | None, details: dict[str, Any]) -> bool:
+    """The target is empty because the log emptied it: its checkpoint says so and the target still holds
+    the binding and every slice that checkpoint counts (a table emptied or dropped outside us does not)."""
+    stored = details.get(TARGET)
+    if not details.get(EMPTY) or not isinstance(stored, dict):
+        return False
+    state = loader.inspect(partition)
+    marker = state.marker
+    return (
+        state.exists
+        and not state.has_rows
+        and marker is not None
+        and marker.binding == str(stored.get("binding"))
+        and marker.seq >= int(stored.get("seq", 0))
+    )
 
 
 def partitions_of(stream: PostgresTableStream) -> list[str]:

@@ -35,6 +35,7 @@ from ingestion_assets.sources.postgres.cdc.chunks import chunk_snapshot, reading
 from ingestion_assets.sources.postgres.cdc.publication import await_older_writers
 from ingestion_assets.streams.cdc.copy import CopyRules, copy_as_of
 from ingestion_assets.streams.cdc.history import HISTORY, Fences, fences_for, history_keys, plan_history
+from ingestion_assets.streams.cdc.live import apply_live
 from ingestion_assets.streams.cdc.rows import TableChanges, dead_letter_table, mark_deleted, toast_lookup, version_of
 from ingestion_assets.streams.cdc.schema import PARTITIONS, SCHEMA, StreamParts, settle_stream
 from ingestion_assets.streams.cdc.state import CdcStore, SourceState
@@ -139,7 +140,7 @@ class CdcSync:
             self._settle_streams()
         if not self._state.started:
             if not self.history:
-                return self._snapshot(url)
+                return self._live_after(url, self._snapshot(url))
             self._start_log(url)
         self._space = next((c[HISTORY] for c in self._state.checkpoints.values() if c and c.get(HISTORY)), self._space)
         if self.history and self.add_partitions is not None:
@@ -156,7 +157,15 @@ class CdcSync:
         outcome = CdcOutcome("changes", lsn)
         if self._state.copying():
             self._copy_streams(url, outcome)
-        self._changes(url, outcome)
+        if self.source.cdc.live_seconds is None:
+            self._changes(url, outcome)
+            return outcome
+        return self._live_after(url, outcome)
+
+    def _live_after(self, url: str, outcome: CdcOutcome) -> CdcOutcome:
+        """With cdc.live_seconds the run stays up applying the log (after its snapshot, too)."""
+        if self.source.cdc.live_seconds is not None and not self.stop():
+            apply_live(self, url, outcome)
         return outcome
 
     def _settle_streams(self) -> None:
@@ -396,6 +405,10 @@ class CdcSync:
         mark_deleted(loader, changes.marks)
         if stream.spec.deletes == "hard":
             loader.purge_deleted()
+        if changes.truncated_at is not None or (stream.spec.deletes == "hard" and changes.marks):  # emptied?
+            self._parts(stream).empty = not loader.inspect(LIVE if self.history else None).has_rows
+        elif rows is not None:
+            self._parts(stream).empty = False
         now = dt.datetime.now(dt.UTC)
         outcome.latency_ms += [(now - t).total_seconds() * 1000 for t in changes.commit_times]
         outcome.rows[stream.name] = outcome.rows.get(stream.name, 0) + len(changes.rows) + len(changes.marks)

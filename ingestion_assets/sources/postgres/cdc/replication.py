@@ -152,6 +152,15 @@ class ReplicationStream:
             return None
         return message.data_start, self.decoder.decode(message.payload)
 
+    def send_flush(self, lsn: int) -> None:
+        """Report everything before `lsn` stored. psycopg2 may send a higher position it took from a
+        keepalive read since, but only when no data message came after `lsn`: WAL in which nothing was
+        published, which the caller's next stored position covers too (it includes `wal_end`)."""
+        try:
+            self._cur.send_feedback(write_lsn=lsn, flush_lsn=lsn, force=True)
+        except psycopg2.Error as exc:
+            raise CdcError(f"acknowledging {format_lsn(lsn)} on slot {self.slot!r} failed: {str(exc).strip()}") from exc
+
     def _read(self) -> Any:
         try:
             message = self._cur.read_message()
