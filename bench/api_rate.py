@@ -7,6 +7,7 @@ latency the benchmark runs, one after another in the same run:
 - **asset**: the product's stream (`PartitionJob`: read, load into DuckDB by merge, checkpoint per slice)
   with the catalog's rate limit set to the server's;
 - **coalesce**: the same with `max_pages_per_slice: 40`: a slice also takes the pages already waiting;
+- **eager**: the same with `gather_seconds: 0`: a slice loads as soon as it is read, while the read goes on;
 - **dlt**: stock dlt `rest_api_source` (cursor paginator, OAuth 2 client credentials, merge into DuckDB);
   it has no rate limiter of its own and relies on retrying 429s;
 - **httpx**: the floor, latency-bound settings only: a bare httpx loop following the cursor with nothing
@@ -86,7 +87,7 @@ def _requests(url: str) -> list[dict[str, Any]]:
     return [e for e in log if e["path"] == "/v1/orders" and e["client"]]
 
 
-def _run_asset(url: str, rate: float, burst: int, page_size: int, warehouse: Path, coalesce: bool = False) -> int:
+def _run_asset(url: str, rate: float, burst: int, page_size: int, warehouse: Path, variant: str = "asset") -> int:
     import yaml
 
     from ingestion_assets.catalog import load_catalog
@@ -101,8 +102,10 @@ def _run_asset(url: str, rate: float, burst: int, page_size: int, warehouse: Pat
     auth = {"type": "oauth2_client_credentials", "token_url": "/oauth/token"}
     auth |= {"client_id": {"file": str(secrets / "id")}, "client_secret": {"file": str(secrets / "secret")}}
     stream = {"path": "/v1/orders", "primary_key": "id", "page_size": page_size, "pages_per_slice": 10}
-    if coalesce:  # a slice also takes the pages waiting: fewer, larger loads
+    if variant == "coalesce":  # a slice also takes the pages waiting: fewer, larger loads
         stream["max_pages_per_slice"] = 40
+    if variant == "eager":  # a slice loads as soon as it is read, while the read goes on (the former default)
+        stream["gather_seconds"] = 0
     source = {"type": "rest", "base_url": url, "auth": auth, "streams": {"orders": stream}}
     source["rate_limit"] = {"requests_per_second": rate, "burst": burst}
     catalog = {"destination": {"type": "duckdb", "path": str(warehouse)}, "sources": {"bench": source}}
@@ -175,7 +178,7 @@ def _measure(path: str, latency: float, rate: float, burst: int, orders: int, pa
         elif path == "httpx":
             rows = _run_bare(url, page_size)
         else:
-            rows = _run_asset(url, client_rate, burst or 1000, page_size, warehouse, coalesce=path == "coalesce")
+            rows = _run_asset(url, client_rate, burst or 1000, page_size, warehouse, variant=path)
         seconds = time.monotonic() - began
         log = _requests(url)
     finally:

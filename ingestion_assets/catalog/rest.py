@@ -122,6 +122,12 @@ class RestStream(_Model):
         description="a slice also takes pages already waiting, up to this many: a loader slower than the API "
         "catches up with fewer loads, at the cost of larger re-reads after a crash (default: pages_per_slice)",
     )
+    gather_seconds: Annotated[float, Field(ge=0)] = Field(
+        10.0,
+        description="while pages are read ahead, a slice waits up to this long for the read-ahead queue to fill "
+        "or the read to end before it loads, leaving the page reader the CPU (0: load as soon as "
+        "pages_per_slice pages wait)",
+    )
     params: dict[str, str | int] = Field(default_factory=dict)
     write_disposition: Literal["merge", "append"] = "merge"
     max_table_nesting: Annotated[int, Field(ge=0)] = 1

@@ -177,7 +177,10 @@ class RestApiStream:
         """Slices of `pages_per_slice` pages, a slice's position its last page's. With `read_ahead`, pages are
         fetched into a bounded queue in a thread while the loader works, and a slice also takes the pages
         already waiting (up to `max_pages_per_slice`, if set): reading does not wait on loading, and a loader
-        that falls behind may catch up with fewer, larger loads. Without it (the simulation) all runs in one thread."""
+        that falls behind may catch up with fewer, larger loads. A slice first waits (up to `gather_seconds`)
+        for the queue to fill or the read to end: loads that start while the read is ahead take the cores
+        the page reader needs between an answer and the next request. Without `read_ahead` (the simulation)
+        all runs in one thread."""
         pages = read_pages(client, self.endpoint(), after)
         spec = self.spec
         if not read_ahead:
@@ -187,7 +190,7 @@ class RestApiStream:
         try:
             index = 0
             most = max(spec.pages_per_slice, spec.max_pages_per_slice or 0)
-            while batch := ahead.take(spec.pages_per_slice, most):
+            while batch := ahead.take(spec.pages_per_slice, most, gather=spec.gather_seconds):
                 yield Slice([r for page in batch for r in page.records], dict(batch[-1].position), index)
                 index += 1
         finally:

@@ -60,6 +60,30 @@ def test_read_ahead_is_bounded_and_a_take_gets_what_waits() -> None:
     assert len(advanced) < 100  # closing stopped the reader
 
 
+def test_a_gathering_take_waits_for_a_full_queue_the_end_or_an_old_page() -> None:
+    def trickle(release: threading.Event) -> Iterator[int]:
+        yield from range(8)
+        release.wait(30)  # a read that goes quiet: the pages waiting are loaded once old enough
+        yield 8
+
+    release = threading.Event()
+    ahead = ReadAhead(trickle(release), depth=5)
+    try:
+        assert ahead.take(1, 1, gather=30) == [0] and ahead.waiting() >= 4  # the queue had filled first
+        assert ahead.take(1, 10, gather=30)[:5] == [1, 2, 3, 4, 5]  # full: taken at once
+    finally:
+        release.set()
+        ahead.close()
+    release = threading.Event()
+    quiet = ReadAhead(trickle(release), depth=50)
+    try:
+        assert quiet.take(1, 50, gather=1.0) == list(range(8))  # the oldest waited 1 s: taken, not 30 s
+        release.set()
+        assert quiet.take(1, 50, gather=30) == [8] and quiet.take(1, 50, gather=30) == []  # the read ended
+    finally:
+        quiet.close()
+
+
 def test_a_failure_in_the_reader_comes_after_the_items_before_it() -> None:
     def items() -> Iterator[int]:
         yield 1

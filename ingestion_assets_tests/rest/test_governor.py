@@ -93,6 +93,8 @@ def test_retry_after_in_seconds_and_as_an_http_date() -> None:
     assert retry_after_seconds("Sat, 01 Mar 2025 11:59:00 GMT", now) == 0.0  # already past
     assert retry_after_seconds(None, now) is None
     assert retry_after_seconds("soon", now) is None
+    assert retry_after_seconds(" 1.5 ", now) == 1.5  # decimal seconds, as some APIs send them
+    assert retry_after_seconds("-3", now) is None and retry_after_seconds("1e3", now) is None
 
 
 def test_the_server_never_sees_more_than_the_configured_rate(api: DemoApi, buckets: BucketRegistry) -> None:

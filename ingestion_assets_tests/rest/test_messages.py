@@ -3,6 +3,7 @@ lists the keys the body has, a page that is not JSON names what came, a paginati
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import httpx
@@ -69,3 +70,15 @@ def test_a_pagination_loop_is_permanent(start_api: StartApi, buckets: BucketRegi
         list(read_pages(rest, ORDERS, None))
     assert not raised.value.transient
     assert len(resource_requests(api)) == 2
+
+
+def test_bodies_the_fast_parser_refuses_read_as_json_reads_them() -> None:
+    """orjson reads pages first; what it refuses and JSON still allows must come out as json.loads has it."""
+    bodies = {
+        b'{"data": [{"id": 18446744073709551616, "v": NaN}]}': "application/json",  # over 64 bits, NaN
+        '{"data": [{"id": 1, "name": "Müller"}]}'.encode("latin-1"): "application/json; charset=iso-8859-1",
+        b'\xef\xbb\xbf{"data": []}': "application/json; charset=utf-8-sig",  # a byte order mark
+    }
+    for content, kind in bodies.items():
+        response = httpx.Response(200, content=content, headers={"Content-Type": kind})
+        assert repr(parse_json(response, "GET /v1/orders")) == repr(json.loads(response.text))

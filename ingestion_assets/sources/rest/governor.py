@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from email.utils import parsedate_to_datetime
 from typing import Protocol
 
 logger = logging.getLogger(__name__)
+_DECIMAL_SECONDS = re.compile(r"[0-9]+\.[0-9]+")
 
 
 class Clock(Protocol):
@@ -130,6 +132,8 @@ def retry_after_seconds(value: str | None, now: datetime) -> float | None:
         return None
     text = value.strip()
     if text.isdigit():
+        return float(text)
+    if _DECIMAL_SECONDS.fullmatch(text):  # not RFC 9110, but APIs send "1.5": read as asked
         return float(text)
     try:
         when = parsedate_to_datetime(text)

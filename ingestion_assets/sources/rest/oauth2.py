@@ -36,6 +36,18 @@ def client_auth_method(method: str | None, has_secret: bool) -> str:
     return chosen
 
 
+def _lifetime(value: Any) -> float:
+    """`expires_in` in seconds: a number, or the same as text (`"3600"`, `"3599.5"`), as endpoints send it;
+    anything else (absent, negative, not a number) means: use the token until the API answers 401."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return math.inf
+    try:
+        seconds = float(value)
+    except ValueError:
+        return math.inf
+    return seconds if math.isfinite(seconds) and seconds >= 0 else math.inf
+
+
 class _OAuth2:
     """An access token from a token endpoint, renewed `refresh_margin` seconds before it expires.
 
@@ -95,10 +107,15 @@ class _OAuth2:
         token, lifetime = body.get("access_token"), body.get("expires_in")
         if not isinstance(token, str) or not token:
             raise ApiError(f"token endpoint {self.token_url} answered without an access_token")
+        kind = body.get("token_type")
+        if kind is not None and str(kind).lower() != "bearer":  # RFC 6749 §5.1: case-insensitive
+            raise AuthError(
+                f"token endpoint {self.token_url} issued a token of type {str(kind)[:40]!r}; only Bearer tokens "
+                "(RFC 6750) can be sent: does the endpoint need a parameter to issue them?"
+            )
         self._accept(body)
         self._token = Secret(token, source=f"token endpoint {self.token_url}")
-        readable = isinstance(lifetime, int | float) or (isinstance(lifetime, str) and lifetime.isdigit())
-        seconds = float(lifetime) if readable and lifetime is not None else math.inf
+        seconds = _lifetime(lifetime)
         self._renew_at = self._clock.monotonic() + seconds - min(self._margin, seconds / 2)
 
     def _accept(self, body: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import httpx
+import orjson
 
 from ingestion_assets.sources.rest.errors import BadPayload
 
@@ -15,7 +16,15 @@ class CutOff(Exception):
 
 
 def parse_json(response: httpx.Response, where: str) -> Any:
-    """The parsed body; CutOff if it was cut short, BadPayload if it is complete and still not JSON."""
+    """The parsed body; CutOff if it was cut short, BadPayload if it is complete and still not JSON.
+
+    orjson reads the UTF-8 bytes as they came, at about a fifth of `json.loads`'s time, on the page reader's
+    thread between one answer and the next request. What it refuses (another encoding, NaN, integers over
+    64 bits, or no JSON at all) goes through `json.loads` of the decoded text, which decides and explains."""
+    try:
+        return orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        pass
     kind = response.headers.get("Content-Type") or "no Content-Type"
     text = response.text
     try:

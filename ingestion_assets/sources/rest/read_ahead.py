@@ -11,6 +11,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -41,18 +42,22 @@ class ReadAhead(Generic[T]):
     """
 
     def __init__(self, items: Iterator[T], depth: int) -> None:
-        self._queue: queue.Queue[object] = queue.Queue(maxsize=max(1, depth))
+        self._queue: queue.Queue[tuple[float, object]] = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
         self._ended = False
         self._pending: object | None = None  # an end or a failure met after the items taken so far
         self._worker = threading.Thread(target=self._pump, args=(items,), name="read-ahead", daemon=True)
         self._worker.start()
 
-    def take(self, at_least: int, at_most: int) -> list[T]:
+    def take(self, at_least: int, at_most: int, gather: float = 0.0) -> list[T]:
+        """With `gather` > 0, first wait until the queue is full, the read has ended or the oldest waiting item
+        is `gather` seconds old: a consumer that holds off while the reader is ahead leaves it the cores."""
+        if gather > 0:
+            self._gather(gather)
         taken: list[T] = []
         while len(taken) < at_most and not self._ended:
             try:
-                item = self._queue.get(block=len(taken) < at_least, timeout=None)
+                _, item = self._queue.get(block=len(taken) < at_least, timeout=None)
             except queue.Empty:
                 break
             if item is _DONE or isinstance(item, _Failure):
@@ -65,6 +70,14 @@ class ReadAhead(Generic[T]):
 
     def waiting(self) -> int:
         return self._queue.qsize()
+
+    def _gather(self, seconds: float) -> None:
+        while not self._ended and not self._queue.full() and self._worker.is_alive():
+            with self._queue.mutex:
+                oldest = self._queue.queue[0][0] if self._queue.queue else None
+            if oldest is not None and time.monotonic() - oldest >= seconds:
+                return
+            time.sleep(0.02)
 
     def close(self) -> None:
         self._stop.set()
@@ -90,9 +103,10 @@ class ReadAhead(Generic[T]):
                 close()
 
     def _offer(self, item: object) -> bool:
+        arrived = time.monotonic()
         while not self._stop.is_set():
             try:
-                self._queue.put(item, timeout=0.05)
+                self._queue.put((arrived, item), timeout=0.05)
                 return True
             except queue.Full:
                 continue
