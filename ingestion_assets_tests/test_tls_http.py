@@ -99,9 +99,24 @@ def test_certificate_problems_fail_at_once_with_a_clear_message(https_api: Https
     assert not classify(caught.value).transient
 
 
-def test_api_stream_end_to_end_over_https_with_client_certificate(harness: StreamHarness, https_api: HttpsApi) -> None:
+@pytest.mark.parametrize("auth", ["api_key", "oauth2"])
+def test_api_stream_end_to_end_over_https_with_client_certificate(
+    harness: StreamHarness, https_api: HttpsApi, auth: str
+) -> None:
+    """With OAuth the token endpoint (the same TLS server) is verified with the source's `tls` block too."""
     key_file = harness.tmp_path / "api_key"
     key_file.write_text(https_api.api.config.api_key)
+    (harness.tmp_path / "client_id").write_text(https_api.api.config.client_id)
+    (harness.tmp_path / "client_secret").write_text(https_api.api.config.client_secret)
+    methods = {
+        "api_key": {"type": "api_key", "token": {"file": str(key_file)}},
+        "oauth2": {
+            "type": "oauth2_client_credentials",
+            "token_url": "/oauth/token",
+            "client_id": {"file": str(harness.tmp_path / "client_id")},
+            "client_secret": {"file": str(harness.tmp_path / "client_secret")},
+        },
+    }
     files = https_api.files
     catalog = {
         "destination": {"type": "duckdb", "path": str(harness.warehouse)},
@@ -109,7 +124,7 @@ def test_api_stream_end_to_end_over_https_with_client_certificate(harness: Strea
             harness.source_name: {
                 "type": "rest",
                 "base_url": https_api.url(),
-                "auth": {"type": "api_key", "token": {"file": str(key_file)}},
+                "auth": methods[auth],
                 "tls": {
                     "ca": {"file": str(files.ca)},
                     "cert": {"file": str(files.cert)},

@@ -108,9 +108,10 @@ class RestApiStream:
         base = self.source.base_url
         base_url = base if isinstance(base, str) else resolve(base, self.settings, f"{where}.base_url")
         limits = self.source.http_retries
+        tls = None if self.source.tls is None else tls_files(self.source.tls, self.settings, f"{where}.tls")
         return RestClient(
             base_url,
-            build_auth(self.source.auth, base_url, self.settings, f"{where}.auth"),
+            build_auth(self.source.auth, base_url, self.settings, f"{where}.auth", tls),
             rate=self.source.rate_limit.requests_per_second,
             burst=self.source.rate_limit.burst,
             retry=RetryPolicy(
@@ -121,7 +122,7 @@ class RestApiStream:
             timeout=self.source.timeout_seconds,
             clock=self.clock,
             transport=self.transport,
-            tls=None if self.source.tls is None else tls_files(self.source.tls, self.settings, f"{where}.tls"),
+            tls=tls,
         )
 
     def run(self, after: dict[str, Any] | None, sink: CheckpointSink, options: RunOptions) -> SyncResult:

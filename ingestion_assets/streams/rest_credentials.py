@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
+
 from ingestion_assets.catalog import RestAuth
 from ingestion_assets.references import reference_path, resolve
 from ingestion_assets.settings import Settings
@@ -17,10 +19,13 @@ from ingestion_assets.sources.rest import (
     OAuth2RefreshToken,
     Secret,
 )
+from ingestion_assets.sources.tls import TlsFiles, VerifiedTransport, http_ssl_context
 
 
-def build_auth(auth: RestAuth, base_url: str, settings: Settings, where: str) -> Auth:
-    """Credentials from their references; none of them ever reaches a log line or an error message."""
+def build_auth(auth: RestAuth, base_url: str, settings: Settings, where: str, tls: TlsFiles | None = None) -> Auth:
+    """Credentials from their references; none of them ever reaches a log line or an error message.
+    `tls`: the source's CA and client certificate, which the token endpoint is verified with too (a bundle may
+    hold several CAs: the API's and an identity provider's)."""
 
     def secret(name: str) -> Secret | None:
         ref = getattr(auth, name)
@@ -36,6 +41,9 @@ def build_auth(auth: RestAuth, base_url: str, settings: Settings, where: str) ->
     token_url = auth.token_url if "://" in auth.token_url else base_url.rstrip("/") + "/" + auth.token_url.lstrip("/")
     client_id = resolve(auth.client_id, settings, f"{where}.client_id")
     options: dict[str, Any] = {"scope": auth.scope, "client_auth": auth.token_endpoint_auth_method}
+    if tls is not None:
+        context = http_ssl_context(tls, f"{where}.token_url")
+        options["http"] = httpx.Client(timeout=30.0, transport=VerifiedTransport(context, f"{where}.token_url"))
     if auth.type == "oauth2_client_credentials":
         return OAuth2ClientCredentials(token_url, client_id, secret("client_secret"), **options)
     assert auth.refresh_token is not None
