@@ -19,6 +19,7 @@ change count or on catching up, not on time (max_seconds is far above what a rea
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import random
 import uuid
@@ -235,7 +236,10 @@ class CdcSimulation:
                 self.events.append(f"crash: {crash}")
             finally:
                 self.source_rng = self.rng
-        raise SimulationFailure(f"seed {self.seed}: no run completed in 60 attempts")
+        points = collections.Counter(e.removeprefix("crash: ") for e in self.events[-60:] if e.startswith("crash: "))
+        raise SimulationFailure(
+            f"seed {self.seed}: no run completed in 60 attempts; where they crashed: {dict(points.most_common(8))}"
+        )
 
     def _sync(self, faults: SimFaults) -> CdcSync:
         settings = Settings(home=self.home, catalog_path=self.home / f"{self.name}.yaml")
