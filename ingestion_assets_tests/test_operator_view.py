@@ -13,7 +13,7 @@ import pytest
 from ingestion_assets.catalog import Freshness
 from ingestion_assets.cli import main
 from ingestion_assets.definitions import defs
-from ingestion_assets.defs.freshness import FRESHNESS, evaluate_all
+from ingestion_assets.defs.freshness import FRESHNESS, evaluate_all, freshness_policy, verdict
 from ingestion_assets.defs.metadata import COLUMN_SCHEMA, POSITION, ROW_COUNT, ROWS_READ, ROWS_WRITTEN, TABLE_NAME
 from ingestion_assets.defs.run_tags import GENERATION, MODE, SOURCE, _joined, _modes
 from ingestion_assets.observe.commit_latency import MEASURED_TO, CommitLatency, record_counts
@@ -192,3 +192,15 @@ def test_freshness_in_the_catalog() -> None:
     for bad in ({"max_lag": "0s"}, {"max_lag": "1h", "warn_lag": "2h"}, {"max_lag": "soon"}):
         with pytest.raises(ValueError):
             Freshness.model_validate(bad)
+
+
+def test_a_freshness_window_under_a_minute_loads_dagster_shows_the_shortest_it_takes() -> None:
+    """Dagster refuses policy windows under a minute: the definitions still load, the check keeps the value."""
+    short = Freshness.model_validate({"max_lag": "45s", "warn_lag": "30s"})
+    policy = freshness_policy(short)
+    assert policy is not None and policy.fail_window.to_timedelta() == dt.timedelta(minutes=1)
+    assert policy.warn_window is None
+    passed, _, figures = verdict(short, 50.0, None)
+    assert not passed and figures["max lag seconds"] == 45
+    both = freshness_policy(Freshness.model_validate({"max_lag": "90s", "warn_lag": "30s"}))
+    assert both is not None and both.fail_window.to_timedelta() == dt.timedelta(seconds=90)

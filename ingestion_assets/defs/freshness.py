@@ -19,10 +19,18 @@ DESCRIPTION = "the stream's last sync and its rows' commit-to-target latency (p9
 P99 = "freshness p99 ms"
 
 
+POLICY_FLOOR = dt.timedelta(minutes=1)  # Dagster's freshness policies refuse shorter windows
+
+
 def freshness_policy(freshness: Freshness | None) -> dg.FreshnessPolicy | None:
+    """Dagster's policy takes windows of a minute or more: a shorter `max_lag` shows there as one minute (and
+    a `warn_lag` under a minute is left out), while the `freshness` check still enforces the catalog's value."""
     if freshness is None:
         return None
-    return dg.FreshnessPolicy.time_window(fail_window=freshness.max_lag, warn_window=freshness.warn_lag)
+    fail = max(freshness.max_lag, POLICY_FLOOR)
+    warn = freshness.warn_lag if freshness.warn_lag is not None and freshness.warn_lag >= POLICY_FLOOR else None
+    warn = warn if warn is not None and warn < fail else None
+    return dg.FreshnessPolicy.time_window(fail_window=fail, warn_window=warn)
 
 
 def verdict(
