@@ -129,6 +129,8 @@ def test_hard_deletes_key_changes_and_toast_are_exact(cdc: StreamHarness) -> Non
     )
     result = _materialize(harness)
     assert result.asset_materializations_for_node(f"{harness.source_name}__cdc")[0].metadata["mode"].value == "changes"
+    tags = harness.instance.get_run_by_id(result.run_id).tags  # type: ignore[union-attr]
+    assert tags["ingest/mode"] == "cdc" and tags["ingest/source"] == harness.source_name  # also without the job
     assert harness.query_target(
         f'SELECT count(*) FROM "{harness.source_name}".orders WHERE _ingest_deleted_at IS NOT NULL'
     ) == [(0,)]

@@ -14,7 +14,7 @@ from ingestion_assets.catalog import Catalog, PostgresSource
 from ingestion_assets.defs.failures import permanent_failure
 from ingestion_assets.defs.jobs import cdc_job, job_name
 from ingestion_assets.defs.metadata import POSITION, ROWS_READ, definition_metadata, target_metadata
-from ingestion_assets.defs.run_tags import SOURCE
+from ingestion_assets.defs.run_tags import MODE, SOURCE
 from ingestion_assets.defs.sources import slot_key
 from ingestion_assets.drain import Drain
 from ingestion_assets.observe.freshness import freshness_metadata
@@ -150,6 +150,7 @@ def _cdc_asset(
         partitions = list(context.partition_keys) if context.has_partition_key_range else [None]
         if context.has_partition_key and not context.has_partition_key_range:
             partitions = [context.partition_key]
+        _tag_run(context, source_name, partitions)
         outcomes = [_run_partition(context, partition) for partition in partitions]
         outcome = outcomes[-1]
         for earlier in outcomes[:-1]:
@@ -280,3 +281,13 @@ def _keep_live(context: dg.SensorEvaluationContext, job: str, partition: str | N
     if going:
         return dg.SkipReason(f"live run {going[0].dagster_run.run_id} is up")
     return dg.RunRequest(partition_key=partition)
+
+
+def _tag_run(context: AssetExecutionContext, source_name: str, partitions: list[str | None]) -> None:
+    """`dagster asset materialize --select` runs carry no job tags: the asset says what it is (history ranges
+    are a backfill). Tags are for people: a storage error is logged, never the reason a run fails."""
+    mode = "backfill" if any(p not in (None, LIVE) for p in partitions) else "cdc"
+    try:
+        context.instance.add_run_tags(context.run_id, {SOURCE: source_name, MODE: mode})
+    except dg.DagsterError as exc:
+        context.log.warning(f"could not tag run {context.run_id}: {exc}")
