@@ -67,6 +67,7 @@ class Verdict:
 def describe_permanent(where: str, exc: BaseException, verdict: Verdict) -> str:
     """`where: <the source's own words> (permanent: ...) <what to do>`."""
     text = " ".join(line.strip() for line in str(exc).strip().splitlines()[:2]) or type(exc).__name__
+    text = text.removeprefix(f"{where}: ")  # our own errors often name the stream already
     return f"{where}: {text} — a permanent error, not retried; {verdict.advice}"
 
 

@@ -104,3 +104,10 @@ def test_mysql_errors_lost_connections_retry_refusals_do_not() -> None:
     assert classify(pymysql.err.OperationalError(2003, "Can't connect to MySQL server on '127.0.0.1'")).transient
     denied = sqlalchemy.exc.OperationalError("connect", {}, pymysql.err.OperationalError(1045, "Access denied"))
     assert not classify(denied).transient
+
+
+def test_a_permanent_error_that_names_its_stream_is_not_prefixed_twice() -> None:
+    from ingestion_assets.errors import Verdict, describe_permanent
+
+    message = describe_permanent("stream s.t", ValueError("stream s.t: table public.t does not exist"), Verdict(False, "x"))
+    assert message.startswith("stream s.t: table public.t does not exist — a permanent error")

@@ -32,7 +32,8 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
     if needing and not args.json:
         print(f"\n{len(needing)} stream(s) need attention:", file=sys.stderr)
         for each in needing:
-            print(f"  {each.stream}: {each.status}: {each.detail}", file=sys.stderr)
+            detail = each.detail.removeprefix(f"{each.status}: ")  # a detail may begin with the status itself
+            print(f"  {each.stream}: {each.status}: {detail}", file=sys.stderr)
     return 1 if needing else 0
 
 
