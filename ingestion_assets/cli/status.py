@@ -13,6 +13,7 @@ from ingestion_assets.cli.common import bring_up
 from ingestion_assets.observe.status import ATTENTION, OK, StreamStatus, age_text, stream_statuses
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
+from ingestion_assets.state.runs import release_dead_runs_on_this_machine
 from ingestion_assets.state.summary import open_instance
 
 _COLOURS = {OK: "32", "running": "36"}  # green, cyan; anything needing attention is red
@@ -22,6 +23,8 @@ _POSITION_CHARS = 48
 def status(settings: Settings, args: argparse.Namespace) -> int:
     catalog = load_catalog(settings.catalog_path)
     bring_up(settings)  # the instance's storage (started if it is not running, as every state command does)
+    if not catalog.execution.distributed:  # a run whose processes died here (ingest dev stopped) is not `running`
+        release_dead_runs_on_this_machine(settings)
     with open_instance(settings) as instance:
         found = stream_statuses(settings, catalog, instance)
     if args.json:
