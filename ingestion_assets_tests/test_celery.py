@@ -93,3 +93,24 @@ def test_celery_needs_its_broker_and_a_worker_needs_a_celery_catalog(tmp_path: P
     catalog.write_text(body)
     with pytest.raises(SystemExit, match="no run publishes steps for a worker"):
         worker_app(Settings(home=tmp_path, catalog_path=catalog))
+
+
+def test_a_celery_catalog_refuses_local_folders_for_lakes_and_files() -> None:
+    from ingestion_assets.catalog import Catalog
+
+    celery = {"executor": "celery", "celery": {"broker": {"env": "BROKER"}}}
+    files = {"type": "files", "url": "/data/drops", "streams": {"d": {"path": "*.csv"}}}
+    lake = {"type": "filesystem", "bucket_url": "/data/lake", "table_format": "delta"}
+    with pytest.raises(ValueError, match=r"destination.bucket_url: /data/lake is a folder on one host's disk"):
+        Catalog.model_validate({"execution": celery, "destination": lake, "sources": {"drops": {**files, "url": "s3://b/d"}}})
+    with pytest.raises(ValueError, match=r"sources.drops.url: /data/drops is a folder on one host's disk"):
+        Catalog.model_validate(
+            {"execution": celery, "destination": {**lake, "bucket_url": "s3://b/lake"}, "sources": {"drops": files}}
+        )
+    Catalog.model_validate(
+        {
+            "execution": celery,
+            "destination": {**lake, "bucket_url": "s3://b/lake"},
+            "sources": {"drops": {**files, "url": "s3://b/drops"}},
+        }
+    )

@@ -147,3 +147,12 @@ def _load(path: Path) -> object:
     from ingestion_assets.catalog import load_catalog
 
     return load_catalog(path)
+
+
+def test_a_private_ca_without_a_tls_block_fails_at_once_naming_the_fix(https_api: HttpsApi) -> None:
+    """Without a `tls` block the system's CAs cannot verify the server: permanent, not five retries."""
+    with RestClient(https_api.url()) as client:
+        with pytest.raises(TlsError, match="needs the source's `tls` block") as raised:
+            client.request_json("GET", "/v1/customers", {"limit": 5})
+        assert client.figures.retries == 0
+    assert not classify(raised.value).transient

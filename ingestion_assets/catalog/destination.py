@@ -48,8 +48,12 @@ class Destination(_Model):
             raise ValueError("a filesystem destination needs `bucket_url` (a folder or an s3://, gs://, az:// URL)")
         if self.tls is not None and self.type != "postgres":  # refused, not ignored: no plaintext load by surprise
             raise ValueError(
-                f"`tls` applies to a postgres destination (a {self.type} destination takes its TLS settings from "
-                "its own URL or credentials)"
+                "`tls` applies to a postgres destination"
+                + (
+                    " (a DuckDB file is opened locally)"
+                    if self.type == "duckdb"
+                    else f" (a {self.type} destination takes its TLS settings from its own URL or credentials)"
+                )
             )
         if self.type == "dlt" and not self.name:
             raise ValueError("a dlt destination needs `name` (the dlt destination: snowflake, bigquery ...)")

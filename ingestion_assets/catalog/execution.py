@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
@@ -40,6 +41,9 @@ class Execution(_Model):
         return self.executor == "celery"
 
 
+_REMOTE = re.compile(r"^(?!file://)[a-z][a-z0-9+.-]*://")  # fsspec URLs other than file://
+
+
 def host_bound(catalog: Any) -> list[str]:
     """What a deployment whose steps run on several hosts cannot use, each with what to do instead.
 
@@ -52,6 +56,19 @@ def host_bound(catalog: Any) -> list[str]:
             "and `execution.executor: celery` runs steps on workers that cannot share it: load into a warehouse "
             "every worker reaches (`type: postgres` with `credentials`), or use `executor: multiprocess`"
         )
+    if catalog.destination.type == "filesystem" and catalog.destination.is_local_path:
+        problems.append(
+            f"destination.bucket_url: {catalog.destination.bucket_url} is a folder on one host's disk (its writer "
+            "lock is per host) and `execution.executor: celery` runs steps on other workers: use an object store "
+            "URL (s3://, gs://, az://) every worker reaches, or `executor: multiprocess`"
+        )
+    for name, source in catalog.sources.items():
+        url = getattr(source, "url", None)  # a files source
+        if getattr(source, "type", None) == "files" and isinstance(url, str) and not _REMOTE.match(url):
+            problems.append(
+                f"sources.{name}.url: {url} is a folder on one host's disk, which Celery workers on other hosts "
+                "do not see: use an object store URL (s3://, gs://, az://) or `executor: multiprocess`"
+            )
     for where, ref in _references(catalog, ()):
         if ref.embedded or ref.service:
             problems.append(

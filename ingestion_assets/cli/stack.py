@@ -74,7 +74,11 @@ def storage_restore(settings: Settings, args: argparse.Namespace) -> int:
 
     from ingestion_assets.stack.restore import RestoreRefused, restore_storage
 
-    to = datetime.fromisoformat(args.to)
+    try:
+        to = datetime.fromisoformat(args.to)
+    except ValueError:
+        print(f"--to {args.to!r} is not an ISO time: give e.g. 2026-12-01T09:30:00Z", file=sys.stderr)
+        return 2
     to = to if to.tzinfo else to.replace(tzinfo=UTC)
     try:
         restored = restore_storage(settings, to, force=args.force)

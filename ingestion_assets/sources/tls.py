@@ -109,7 +109,7 @@ class VerifiedTransport(httpx.HTTPTransport):
         try:
             return super().handle_request(request)
         except httpx.TransportError as exc:  # TLS 1.3: a refused client certificate shows on the first read
-            cause = _ssl_cause(exc)
+            cause = ssl_cause(exc)
             if cause is None:
                 raise
             raise TlsError(f"{self._where}: TLS handshake with {request.url.host} failed: {cause}") from exc
@@ -118,7 +118,7 @@ class VerifiedTransport(httpx.HTTPTransport):
 _PERMANENT_REASONS = ("CERTIFICATE", "UNKNOWN_CA", "HANDSHAKE_FAILURE", "WRONG_VERSION_NUMBER")
 
 
-def _ssl_cause(exc: BaseException) -> ssl.SSLError | None:
+def ssl_cause(exc: BaseException) -> ssl.SSLError | None:
     """The certificate or handshake error behind a transport error; an EOF or reset is no such error."""
     seen: BaseException | None = exc
     while seen is not None:
