@@ -40,6 +40,8 @@ class CommitLatency:
         if self.cursor is None:
             return
         micros = _arrow_micros(rows, self.cursor) if isinstance(rows, pa.Table) else _record_micros(rows, self.cursor)
+        if micros is not None:  # ±infinity (the int64 extremes) and years past 9999 are no moment of commit
+            micros = micros.filter(pc.and_(pc.greater_equal(micros, _FIRST), pc.less_equal(micros, _LAST)))
         if micros is None or len(micros) == 0:
             return
         newest = _EPOCH + dt.timedelta(microseconds=pc.max(micros).as_py())
@@ -104,3 +106,7 @@ def _moment(value: Any) -> dt.datetime | None:
 def _to_micros(moment: dt.datetime) -> int:
     delta = moment - _EPOCH
     return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+_FIRST = _to_micros(dt.datetime.min.replace(tzinfo=dt.UTC))
+_LAST = _to_micros(dt.datetime.max.replace(tzinfo=dt.UTC))
