@@ -9,8 +9,10 @@ import json
 import logging
 import math
 import random
+import signal
 import socket
 import struct
+import sys
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -300,6 +302,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, default=DemoConfig.rate, help="requests/s the API allows a client")
     parser.add_argument("--burst", type=int, default=DemoConfig.burst)
     args = parser.parse_args(argv)
+    # A parent that ignores SIGTERM (a background job, a CI runner) passes that on: `ingest down` must stop us.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     limits = {"orders": args.orders, "latency": args.latency, "rate": args.rate, "burst": args.burst}
     api = start_demo_api(args.port, args.data_dir, token_ttl=args.token_ttl, **limits)

@@ -36,6 +36,7 @@ class DemoApiProcess:
         with self._lock():
             self._write_client_secrets()
             if not self.is_running():
+                self.stop()  # one that did not answer in time (a loaded machine) would be left behind for good
                 self._start()
         return self
 
