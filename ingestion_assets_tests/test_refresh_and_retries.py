@@ -190,3 +190,27 @@ def test_no_progress_counts_one_retry_sequence_not_every_run(
         failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
         assert "injected fault" in str(failure.step_failure_data.error)
         assert "made no progress" not in str(failure.step_failure_data.error)
+
+
+def test_a_failed_run_that_committed_nothing_keeps_the_datas_commit_time(harness: StreamHarness) -> None:
+    """Its failure note is a checkpoint (it counts attempts), but `ingest state show` and the status lag say when
+    the rows were committed, not when the failure was noted."""
+    from ingestion_assets.state.checkpoints import latest_checkpoint
+
+    harness.source.execute(ITEMS)
+    _catalog(harness, max_attempts=1)
+    harness.materialize()
+    good = latest_checkpoint(harness.instance, harness.key("items"))
+    assert good is not None and good.data_committed_at == good.committed_at
+    harness.source.execute("ALTER TABLE items RENAME TO items_gone")
+    assert not harness.materialize(raise_on_error=False).success
+    noted = latest_checkpoint(harness.instance, harness.key("items"))
+    assert noted is not None and noted.committed_at > good.committed_at and "last_error" in noted.details
+    assert noted.data_committed_at == good.committed_at and noted.position == good.position
+    assert not harness.materialize(raise_on_error=False).success  # a second failure keeps it too
+    again = latest_checkpoint(harness.instance, harness.key("items"))
+    assert again is not None and again.data_committed_at == good.committed_at
+    harness.source.execute("ALTER TABLE items_gone RENAME TO items; INSERT INTO items VALUES (9001, 'new', 1, now())")
+    harness.materialize()
+    fresh = latest_checkpoint(harness.instance, harness.key("items"))
+    assert fresh is not None and fresh.data_committed_at == fresh.committed_at > again.committed_at

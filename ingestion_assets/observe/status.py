@@ -112,7 +112,7 @@ def _status(
         last_run=last.isoformat(timespec="seconds") if last else None,
         age_seconds=round((now - last).total_seconds(), 1) if last else None,
         position=checkpoint.position if checkpoint else None,
-        lag=_lag(slot, checkpoint.committed_at if checkpoint else None, now),
+        lag=_lag(slot, checkpoint.data_committed_at if checkpoint else None, now),
         freshness=_freshness(instance, key),
         dead_letters=int(dead) if isinstance(dead, int) else None,
         failed_checks=failed,
@@ -149,7 +149,7 @@ def _partition_lines(instance: dg.DagsterInstance, key: dg.AssetKey, now: dt.dat
             PartitionLine(
                 partition,
                 bool(checkpoint.details.get("complete", False)),
-                round((now - checkpoint.committed_at).total_seconds(), 1),
+                round((now - checkpoint.data_committed_at).total_seconds(), 1),
                 checkpoint.position,
             )
         )

@@ -14,3 +14,13 @@ class Checkpoint:
     committed_at: dt.datetime
     storage_id: int
     details: dict[str, Any]  # everything else stored with it (rows, slice, generation, refresh ...)
+
+    @property
+    def data_committed_at(self) -> dt.datetime:
+        """When the rows it covers were last committed: a failure note (a run that committed nothing, stored to
+        count its attempts) keeps the time of the commit before it instead of its own."""
+        noted = self.details.get(DATA_COMMITTED_AT)
+        return dt.datetime.fromisoformat(noted) if isinstance(noted, str) else self.committed_at
+
+
+DATA_COMMITTED_AT = "data_committed_at"

@@ -56,7 +56,7 @@ def checkpoint_rows(
                     CheckpointRow(
                         stream=f"{source}.{stream}",
                         partition=each or "-",
-                        committed_at=found.committed_at.isoformat(timespec="seconds") if found else "never",
+                        committed_at=found.data_committed_at.isoformat(timespec="seconds") if found else "never",
                         run_id=(found.run_id or "(cli)")[:8] if found else "-",
                         position=_position_text(found.position) if found else "(start)",
                     )

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from ingestion_assets.errors import classify
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.observe.commit_latency import MEASURED_TO
-from ingestion_assets.state.model import Checkpoint
+from ingestion_assets.state.model import DATA_COMMITTED_AT, Checkpoint
 from ingestion_assets.streams.files import FileSourceStream
 from ingestion_assets.streams.files_schema import files_schema_step
 from ingestion_assets.streams.late_commits import PROBES
@@ -117,6 +117,8 @@ class PartitionJob:
             try:
                 return self._attempt(details, position, sink)
             except Exception as exc:
+                if state is not None and not sink.commits:  # nothing new committed: the data is as old as before
+                    details[DATA_COMMITTED_AT] = state.data_committed_at.isoformat()
                 self._record_failure(details, sink, exc)
                 raise
 
@@ -285,6 +287,8 @@ class PartitionJob:
     def _record_failure(self, details: dict[str, Any], sink: _Sink, exc: Exception) -> None:
         """Keep the checkpoint, note the failure; several failed attempts without a commit in a row stop."""
         carried = {k: v for k, v in details.items() if k in CARRIED}
+        if not sink.commits and DATA_COMMITTED_AT in details:  # the data is still as old as the last commit
+            carried[DATA_COMMITTED_AT] = details[DATA_COMMITTED_AT]
         carried.update(sink.details)
         carried.update(sink.binding())
         failures = 0 if sink.commits else _attempts_of_this_run(details, self.run_id) + 1
