@@ -85,5 +85,8 @@ def two_workers(script: str, env: dict[str, str]) -> dict[str, float]:
     for worker, (out, err) in zip(workers, outputs, strict=True):
         if worker.returncode != 0:
             raise SystemExit(f"backfill worker failed:\n{out[-2000:]}\n{err[-3000:]}")
-    rows = sum(json.loads(out.strip().splitlines()[-1])["rows"] for out, _ in outputs)
-    return {"rows": rows, "seconds": seconds}
+    parts = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    result = {"rows": sum(p["rows"] for p in parts), "seconds": seconds}
+    if all("peak_rss_mb" in p for p in parts):  # workers that report their memory
+        result["peak_rss_mb"] = max(p["peak_rss_mb"] for p in parts)
+    return result

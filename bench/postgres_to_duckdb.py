@@ -224,38 +224,10 @@ def _asset(reset: bool) -> dict[str, float]:
 
 def _backfill_two_workers(env: dict[str, str]) -> dict[str, float]:
     """Ten key-range partitions, two worker processes with half of them each, as two backfill runs."""
-    backfill_env = {**os.environ, **env, "INGEST_CATALOG": str(WORK / "catalog_backfill.yaml")}
-    plan = subprocess.run(
-        [sys.executable, __file__, "--run", "backfill_plan"], env=backfill_env, capture_output=True, text=True
-    )
-    if plan.returncode != 0:
-        raise SystemExit(f"backfill planning failed:\n{plan.stderr[-3000:]}")
-    keys = json.loads(plan.stdout.strip().splitlines()[-1])["keys"]
-    halves = [keys[: len(keys) // 2], keys[len(keys) // 2 :]]
-    began = time.monotonic()
-    workers = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--run", f"backfill_worker:{half[0]}:{half[-1]}"],
-            env=backfill_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for half in halves
-    ]
-    outputs = [w.communicate() for w in workers]
-    seconds = time.monotonic() - began
-    for worker, (out, err) in zip(workers, outputs, strict=True):
-        if worker.returncode != 0:
-            raise SystemExit(f"backfill worker failed:\n{out[-2000:]}\n{err[-3000:]}")
-    parts = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
-    rows = sum(p["rows"] for p in parts)
-    return {
-        "rows": rows,
-        "seconds": seconds,
-        "rows_per_s": rows / seconds,
-        "peak_rss_mb": max(p["peak_rss_mb"] for p in parts),
-    }
+    from bench_backfill import two_workers  # beside this script
+
+    result = two_workers(__file__, {**os.environ, **env, "INGEST_CATALOG": str(WORK / "catalog_backfill.yaml")})
+    return {**result, "rows_per_s": result["rows"] / result["seconds"]}
 
 
 def _backfill_plan() -> dict[str, object]:
