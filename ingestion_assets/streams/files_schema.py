@@ -18,7 +18,7 @@ from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.schema.changes import ColumnType, SchemaChange, classify, parse_stored
 from ingestion_assets.schema.policy import decide
 from ingestion_assets.sources.postgres.landing import sql_type_of_arrow
-from ingestion_assets.streams.schema_step import SchemaPaused, SchemaStep
+from ingestion_assets.streams.schema_step import InferredSchemaStep, SchemaPaused
 
 
 def column_type(kind: pa.DataType) -> ColumnType | None:
@@ -67,15 +67,9 @@ _ARROW = {
 
 
 @dataclass
-class FilesSchemaStep(SchemaStep):
+class FilesSchemaStep(InferredSchemaStep):
     """The run's schema step for a file stream: `stored` grows in place as files load (checkpointed with each
     slice), `applied` lists what changed for the run's report."""
-
-    policy: str = "evolve"
-    accepted: bool = False
-    name: str = ""
-    key_fields: frozenset[str] = frozenset()
-    learning: bool = False
 
     def settle(self, table: pa.Table, loader: Loader, where: str) -> pa.Table:
         """One file's batch, in the target's types; raises SchemaPaused before anything of it loads."""
@@ -144,12 +138,4 @@ def _arrow(change: SchemaChange) -> pa.DataType:
 def files_schema_step(stream: Any, details: dict[str, Any]) -> FilesSchemaStep:
     """The step a file stream's run starts with: the stored schema of its last checkpoint."""
     spec = stream.spec
-    return FilesSchemaStep(
-        plan=None,
-        stored={k: list(v) for k, v in (details.get("schema") or {}).items()},
-        policy=spec.schema_policy,
-        accepted=bool(details.get("schema_accepted")),
-        name=stream.qualified_name,
-        key_fields=frozenset(spec.primary_key),
-        learning=not details.get("schema"),
-    )
+    return FilesSchemaStep.resumed(stream, details, frozenset(spec.primary_key))

@@ -18,7 +18,7 @@ from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.schema.changes import ColumnType, SchemaChange, classify, parse_stored
 from ingestion_assets.schema.policy import decide
 from ingestion_assets.sources.postgres.landing import sql_type_of_arrow
-from ingestion_assets.streams.schema_step import SchemaPaused, SchemaStep
+from ingestion_assets.streams.schema_step import InferredSchemaStep, SchemaPaused
 
 _TYPES = {  # JSON value kind -> (type name as `classify` knows it, SQL spelling, Arrow type)
     "bool": ("bool", "boolean", pa.bool_()),
@@ -67,15 +67,9 @@ def _is_timestamp(text: str) -> bool:
 
 
 @dataclass
-class ApiSchemaStep(SchemaStep):
+class ApiSchemaStep(InferredSchemaStep):
     """The run's schema step for an API stream. `stored` and `applied` grow in place as slices load: the
     runner checkpoints `stored` with every slice and reports `applied` at the end."""
-
-    policy: str = "evolve"
-    accepted: bool = False
-    name: str = ""
-    key_fields: frozenset[str] = frozenset()
-    learning: bool = False  # no schema stored yet: the first run learns the fields without reporting them
 
     def settle(self, records: list[dict[str, Any]], loader: Loader) -> list[dict[str, Any]]:
         """Check a slice before it loads: record new fields, widen the target for widened types, strip
@@ -153,12 +147,5 @@ def _arrow(change: SchemaChange) -> pa.DataType:
 def api_schema_step(stream: Any, details: dict[str, Any]) -> ApiSchemaStep:
     """The step an API stream's run starts with: the stored schema of its last checkpoint."""
     spec = stream.spec
-    return ApiSchemaStep(
-        plan=None,
-        stored={k: list(v) for k, v in (details.get("schema") or {}).items()},
-        policy=spec.schema_policy,
-        accepted=bool(details.get("schema_accepted")),
-        name=stream.qualified_name,
-        key_fields=frozenset([*spec.primary_key, *([spec.cursor] if spec.cursor else [])]),
-        learning=not details.get("schema"),
-    )
+    keys = frozenset([*spec.primary_key, *([spec.cursor] if spec.cursor else [])])
+    return ApiSchemaStep.resumed(stream, details, keys)

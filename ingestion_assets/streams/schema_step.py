@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from ingestion_assets.loading.migrate import sql_type
 from ingestion_assets.loading.pipeline import Loader
@@ -35,6 +35,31 @@ class SchemaStep:
 
     def describe(self) -> list[str]:
         return [c.describe() for c in self.applied] + [f"{c.describe()} (not read: ignored)" for c in self.skipped]
+
+
+@dataclass
+class InferredSchemaStep(SchemaStep):
+    """A schema step of a source whose types come from the rows themselves (API records, files): `stored`
+    grows in place as slices load (checkpointed with each), `applied` lists what changed for the run's report."""
+
+    policy: str = "evolve"
+    accepted: bool = False
+    name: str = ""
+    key_fields: frozenset[str] = frozenset()
+    learning: bool = False  # no schema stored yet: the first run learns the fields without reporting them
+
+    @classmethod
+    def resumed(cls, stream: Any, details: dict[str, Any], key_fields: frozenset[str]) -> Self:
+        """The step a run starts with: the stored schema of the stream's last checkpoint."""
+        return cls(
+            plan=None,
+            stored={k: list(v) for k, v in (details.get("schema") or {}).items()},
+            policy=stream.spec.schema_policy,
+            accepted=bool(details.get("schema_accepted")),
+            name=stream.qualified_name,
+            key_fields=key_fields,
+            learning=not details.get("schema"),
+        )
 
 
 def settle_schema(stream: PostgresTableStream, details: dict[str, Any]) -> SchemaStep:
