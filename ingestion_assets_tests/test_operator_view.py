@@ -75,6 +75,17 @@ def test_the_asset_page_shows_the_table_not_the_read(orders: StreamHarness) -> N
     assert idle.metadata[ROW_COUNT].value == 1520
 
 
+def test_a_first_run_of_an_empty_table_does_not_speak_of_a_checkpoint(harness: StreamHarness) -> None:
+    harness.source.execute("CREATE TABLE orders (id bigint PRIMARY KEY, updated_at timestamptz NOT NULL)")
+    harness.write_catalog({"orders": {"table": "orders", "primary_key": "id", "cursor": "updated_at"}})
+    first = _materialization(harness, harness.materialize())
+    assert first.metadata["summary"].value == "no changes: the source holds no rows to read yet"
+    harness.source.execute("INSERT INTO orders VALUES (1, now())")
+    harness.materialize()
+    idle = _materialization(harness, harness.materialize())
+    assert idle.metadata["summary"].value == "no changes: nothing new in the source since the last checkpoint"
+
+
 def test_lineage_jobs_and_run_tags(orders: StreamHarness) -> None:
     harness = orders
     harness.materialize()

@@ -182,6 +182,8 @@ def run_metadata(stream: Stream, outcomes: list[PartitionOutcome]) -> dict[str, 
 def _summary(stream: Stream, outcomes: list[PartitionOutcome], read: int, written: int) -> str:
     """One line on top of the asset page; a run that found nothing new says so."""
     if read == 0 and not any(o.mode.startswith("refresh") for o in outcomes):
+        if all(o.result.started_from is None for o in outcomes):  # a first read: there is no checkpoint yet
+            return f"{NO_CHANGES}: the source holds no rows to read yet"
         return f"{NO_CHANGES}: nothing new in the source since the last checkpoint"
     where = ", ".join(str(o.partition) for o in outcomes if o.partition) or stream.name
     return f"{', '.join(sorted({o.mode for o in outcomes}))} of {where}: {read:,} rows read, {written:,} written"
