@@ -42,6 +42,10 @@ def test_status_names_a_lagging_cdc_source_and_exits_non_zero(
     stream = f"{harness.source_name}.orders"
     assert main(["status"]) == 1  # never synced
     assert f"{stream}: never synced" in capsys.readouterr().err
+    assert main(["status", "--json"]) == 1
+    (line,) = json.loads(capsys.readouterr().out)  # the whole sentence, naming no function of ours
+    source = harness.source_name
+    assert line["lag"] == f"slot: no slot ingest_{source} (`ingest cdc status {source}` says what a run does)"
 
     harness.materialize()  # the snapshot: the slot exists and the target holds 200 rows
     assert main(["status", "--json"]) == 0

@@ -182,12 +182,15 @@ def _lag(slot: SlotFigures | None, committed: dt.datetime | None, now: dt.dateti
 
 
 def _slot(settings: Settings, name: str, source: PostgresSource) -> SlotFigures:
-    from ingestion_assets.sources.postgres.cdc import CdcError, slot_health
+    from ingestion_assets.sources.postgres.cdc import CdcError, SlotMissingError, slot_health
 
     limit = source.cdc.max_retained_wal_mb * 1024 * 1024
+    slot = source.cdc.slot or f"ingest_{name}"
     try:
         url = postgres_url(source.connection, source.tls, settings, f"sources.{name}.connection")
-        health = slot_health(url, source.cdc.slot or f"ingest_{name}")
+        health = slot_health(url, slot)
+    except SlotMissingError:  # what the next run does about it depends on the checkpoints: `ingest cdc status` says
+        return SlotFigures(0, 0, limit, error=f"no slot {slot} (`ingest cdc status {name}` says what a run does)")
     except (CdcError, psycopg2.Error, OSError, ValueError, LookupError) as exc:
         return SlotFigures(0, 0, limit, error=str(exc).splitlines()[0][:80])
     return SlotFigures(health.lag_bytes, health.retained_wal_bytes, limit)

@@ -68,7 +68,7 @@ def slot_health(url: str, slot: str) -> SlotHealth:
     finally:
         conn.close()
     if row is None:
-        raise SlotMissingError(f"replication slot {slot!r} does not exist; create it with create_slot_with_snapshot")
+        raise SlotMissingError(f"replication slot {slot!r} does not exist")
     restart, confirmed = _lsn(row["restart_lsn"]), _lsn(row["confirmed_flush_lsn"])
     reason = row.get("invalidation_reason") or ("conflicting" if row.get("conflicting") else None)
     return SlotHealth(
@@ -132,7 +132,8 @@ def wait_until_free(cur: PgCursor, slot: str, seconds: float) -> dict[str, Any]:
         row = slot_row(cur, slot)
         if row is None:
             raise SlotMissingError(
-                f"replication slot {slot!r} does not exist in this server; create it with create_slot_with_snapshot"
+                f"replication slot {slot!r} does not exist in this server (dropped while the run held it?): `ingest "
+                "cdc status SOURCE` says what the next run does"
             )
         if not row["active"] or time.monotonic() >= deadline:
             break
