@@ -8,7 +8,7 @@ import os
 import dagster as dg
 
 from ingestion_assets.catalog import load_catalog
-from ingestion_assets.defs.assets import catalog_streams, is_cdc, stream_asset
+from ingestion_assets.defs.assets import stream_asset
 from ingestion_assets.defs.cdc import build_cdc_assets
 from ingestion_assets.defs.executors import build_executor
 from ingestion_assets.defs.freshness import cdc_freshness_checks, freshness_sensor, with_cdc_policies
@@ -17,8 +17,8 @@ from ingestion_assets.defs.metadata import known_column_schemas
 from ingestion_assets.defs.schedules import build_schedules
 from ingestion_assets.defs.sensors import build_sensors
 from ingestion_assets.defs.sources import source_specs
+from ingestion_assets.defs.streams import catalog_refs, is_cdc
 from ingestion_assets.settings import Settings
-from ingestion_assets.state.runs import release_dead_runs_on_this_machine
 
 _built: dict[tuple[Settings, str, str], dg.Definitions] = {}
 
@@ -38,10 +38,10 @@ def defs() -> dg.Definitions:
 
 def _build(settings: Settings) -> dg.Definitions:
     catalog = load_catalog(settings.catalog_path)
-    if not catalog.execution.distributed:  # on workers a run's process ids name processes of other hosts
-        release_dead_runs_on_this_machine(settings)  # a killed run's pool slots would block its source for good
-    streams = [s for s in catalog_streams(settings, catalog) if not is_cdc(s)]
-    columns = known_column_schemas(settings, [dg.AssetKey([s.source_name, s.name]) for s in streams])
+    streams = [s for s in catalog_refs(settings, catalog) if not is_cdc(s)]
+    keys = [dg.AssetKey([s.source_name, s.name]) for s in streams]
+    # on workers a run's process ids name processes of other hosts: no dead runs are released there
+    columns = known_column_schemas(settings, keys, release_dead_runs=not catalog.execution.distributed)
     assets = [stream_asset(s, columns.get(dg.AssetKey([s.source_name, s.name]))) for s in streams]
     cdc_assets, cdc_sensors = build_cdc_assets(settings, catalog)
     freshness = freshness_sensor(catalog)

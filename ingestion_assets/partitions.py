@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from typing import TYPE_CHECKING
 
 from ingestion_assets.catalog import KeyPartitions, PostgresStream, TimePartitions
-from ingestion_assets.sources.postgres.query import Window
+
+if TYPE_CHECKING:  # the readers' package imports dlt: the definitions use the keys, not the windows
+    from ingestion_assets.sources.postgres.query import Window
 
 LIVE = "live"
 KEY_FORMATS = {"hourly": "%Y-%m-%d-%H:%M", "daily": "%Y-%m-%d", "weekly": "%Y-%m-%d", "monthly": "%Y-%m-%d"}
@@ -21,6 +24,8 @@ class UnknownPartition(ValueError):
 
 def window_for(spec: PostgresStream, partition: str | None) -> Window | None:
     """The rows a partition reads; None reads the whole table (unpartitioned, or the live tail)."""
+    from ingestion_assets.sources.postgres.query import Window
+
     partitions = spec.partitions
     if partitions is None or partition is None or partition == LIVE:
         if partition == LIVE and not (isinstance(partitions, KeyPartitions) and partitions.live):

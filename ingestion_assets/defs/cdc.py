@@ -4,7 +4,7 @@ watches the slot (retained WAL, lag) and asks for a run when changes wait."""
 # No `from __future__ import annotations` here: Dagster inspects the asset's `context` annotation at runtime.
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 from dagster import AssetExecutionContext
@@ -16,15 +16,17 @@ from ingestion_assets.defs.jobs import cdc_job, job_name
 from ingestion_assets.defs.metadata import POSITION, ROWS_READ, definition_metadata, target_metadata
 from ingestion_assets.defs.run_tags import MODE, SOURCE
 from ingestion_assets.defs.sources import slot_key
+from ingestion_assets.defs.streams import StreamRef
 from ingestion_assets.drain import Drain
 from ingestion_assets.observe.freshness import freshness_metadata
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
-from ingestion_assets.sources.postgres.cdc import CdcError as SlotError
-from ingestion_assets.sources.postgres.cdc import SlotHealth, format_lsn, slot_health
 from ingestion_assets.state.checkpoints import InstanceStateStore, checkpoint_metadata, latest_checkpoint
-from ingestion_assets.streams.cdc import CdcError, CdcOutcome, CdcSync
-from ingestion_assets.streams.postgres_table import PostgresTableStream
+
+if TYPE_CHECKING:  # the slot's reader and the CDC sync load in a step or a sensor tick, not with the definitions
+    from ingestion_assets.sources.postgres.cdc import SlotHealth
+    from ingestion_assets.streams.cdc import CdcOutcome, CdcSync
+    from ingestion_assets.streams.postgres_table import PostgresTableStream
 
 SLOT_HEALTH = "slot_health"
 
@@ -51,6 +53,8 @@ class DagsterCdcStore:
         }
 
     def commit(self, lsn: int, details: Mapping[str, Mapping[str, Any]]) -> None:
+        from ingestion_assets.sources.postgres.cdc import format_lsn
+
         for name, extra in details.items():
             self._stores[name].commit(self._partition, {"lsn": format_lsn(lsn)}, **extra)
 
@@ -67,11 +71,13 @@ def cdc_sync(
     catalog: Catalog,
     source_name: str,
     source: PostgresSource,
-    streams: list[PostgresTableStream],
+    streams: "list[PostgresTableStream]",
     instance: dg.DagsterInstance,
     log_event: Any = None,
-) -> CdcSync:
+) -> "CdcSync":
     """The source's sync on a Dagster instance: its checkpoint store, and where history partitions go."""
+    from ingestion_assets.streams.cdc import CdcSync
+
     partitions = history_partitions(source_name, source)
     keys = dict(zip([s.name for s in streams], _keys(source_name, streams), strict=True))
     store = DagsterCdcStore(instance, keys, log_event, LIVE if partitions else None)
@@ -95,7 +101,9 @@ def build_cdc_assets(
     assets, sensors = [], []
     for source_name, source in catalog.sources.items():
         if isinstance(source, PostgresSource) and source.mode == "cdc":
-            streams = cdc_streams(settings, catalog, source_name, source)
+            streams = [
+                StreamRef(settings, catalog.destination, source_name, source, n, s) for n, s in source.streams.items()
+            ]
             assets.append(_cdc_asset(settings, catalog, source_name, source, streams))
             sensors.append(_slot_sensor(settings, catalog, source_name, source, streams))
     return assets, sensors
@@ -103,19 +111,21 @@ def build_cdc_assets(
 
 def cdc_streams(
     settings: Settings, catalog: Catalog, source_name: str, source: PostgresSource
-) -> list[PostgresTableStream]:
+) -> "list[PostgresTableStream]":
+    from ingestion_assets.streams.postgres_table import PostgresTableStream
+
     return [
         PostgresTableStream(settings, catalog.destination, source_name, source, name, spec)
         for name, spec in source.streams.items()
     ]
 
 
-def _keys(source_name: str, streams: list[PostgresTableStream]) -> list[dg.AssetKey]:
+def _keys(source_name: str, streams: "list[StreamRef] | list[PostgresTableStream]") -> list[dg.AssetKey]:
     return [dg.AssetKey([source_name, s.name]) for s in streams]
 
 
 def _cdc_asset(
-    settings: Settings, catalog: Catalog, source_name: str, source: PostgresSource, streams: list[PostgresTableStream]
+    settings: Settings, catalog: Catalog, source_name: str, source: PostgresSource, streams: list[StreamRef]
 ) -> dg.AssetsDefinition:
     keys = _keys(source_name, streams)
     specs = [
@@ -123,7 +133,7 @@ def _cdc_asset(
             key,
             group_name=source_name,
             kinds={"postgres", "cdc", catalog.destination.type},
-            description=f"changes of {s.spec.table} from the slot of source {source_name}",
+            description=f"changes of {source.streams[s.name].table} from the slot of source {source_name}",
             deps=[slot_key(source_name, source)],
             metadata={**definition_metadata(s), "slot": slot_key(source_name, source).path[-1]},
             tags={SOURCE: source_name},
@@ -159,8 +169,12 @@ def _cdc_asset(
             outcome.dead_letters += earlier.dead_letters
         yield from _results(source, keys, streams, outcome)
 
-    def _run_partition(context: AssetExecutionContext, partition: str | None) -> CdcOutcome:
-        sync = cdc_sync(settings, catalog, source_name, source, streams, context.instance, context.log_event)
+    def _run_partition(context: AssetExecutionContext, partition: str | None) -> "CdcOutcome":
+        from ingestion_assets.sources.postgres.cdc import CdcError as SlotError
+        from ingestion_assets.streams.cdc import CdcError
+
+        running = cdc_streams(settings, catalog, source_name, source)
+        sync = cdc_sync(settings, catalog, source_name, source, running, context.instance, context.log_event)
         with Drain(source.cdc.drain_seconds, context.log) as drain:
             sync.stop, sync.log, sync.run_id = drain, context.log, context.run_id
             try:
@@ -178,8 +192,10 @@ def _cdc_asset(
 
 
 def _results(
-    source: PostgresSource, keys: list[dg.AssetKey], streams: list[PostgresTableStream], outcome: CdcOutcome
+    source: PostgresSource, keys: list[dg.AssetKey], streams: list[StreamRef], outcome: "CdcOutcome"
 ) -> Iterator[Any]:
+    from ingestion_assets.sources.postgres.cdc import format_lsn
+
     health = outcome.health
     retained = health.retained_wal_bytes if health is not None else 0
     limit = source.cdc.max_retained_wal_mb * 1024 * 1024
@@ -213,7 +229,7 @@ def _results(
     )
 
 
-def slot_health_evaluation(source: PostgresSource, key: dg.AssetKey, health: SlotHealth) -> dg.AssetCheckEvaluation:
+def slot_health_evaluation(source: PostgresSource, key: dg.AssetKey, health: "SlotHealth") -> dg.AssetCheckEvaluation:
     """The slot_health check as the sensor sees it, without a run: a slot nobody reads fails it too."""
     limit = source.cdc.max_retained_wal_mb * 1024 * 1024
     lost = bool(health.invalidation_reason) or health.wal_status == "lost"
@@ -231,7 +247,7 @@ def slot_health_evaluation(source: PostgresSource, key: dg.AssetKey, health: Slo
 
 
 def _slot_sensor(
-    settings: Settings, catalog: Catalog, source_name: str, source: PostgresSource, streams: list[PostgresTableStream]
+    settings: Settings, catalog: Catalog, source_name: str, source: PostgresSource, streams: list[StreamRef]
 ) -> dg.SensorDefinition:
     keys = _keys(source_name, streams)
 
@@ -243,7 +259,11 @@ def _slot_sensor(
         description="records the slot's retained WAL and lag; asks for a run when changes are waiting",
     )
     def _sensor(context: dg.SensorEvaluationContext) -> Any:
-        sync = cdc_sync(settings, catalog, source_name, source, streams, context.instance)
+        from ingestion_assets.sources.postgres.cdc import CdcError as SlotError
+        from ingestion_assets.sources.postgres.cdc import slot_health
+
+        running = cdc_streams(settings, catalog, source_name, source)
+        sync = cdc_sync(settings, catalog, source_name, source, running, context.instance)
         live = LIVE if sync.history else None
         started = any(c is not None for c in sync.store.latest().values())
         if live is not None and sync.add_partitions is not None and not started:

@@ -3,6 +3,8 @@ its source's keys with the target (database streams, API streams with a key list
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import dagster as dg
 
 from ingestion_assets.catalog import Freshness
@@ -10,7 +12,9 @@ from ingestion_assets.defs.freshness import DESCRIPTION as FRESHNESS_DESCRIPTION
 from ingestion_assets.defs.freshness import FRESHNESS, run_result
 from ingestion_assets.defs.metadata import run_histogram
 from ingestion_assets.observe.freshness import percentiles
-from ingestion_assets.streams.runner import PartitionOutcome
+
+if TYPE_CHECKING:
+    from ingestion_assets.streams.runner import PartitionOutcome
 
 SCHEMA = "schema"
 DEAD_LETTERS = "dead_letters"

@@ -4,12 +4,17 @@ name the source instead of an anonymous asset job."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from ingestion_assets.catalog import PostgresStream
 from ingestion_assets.defs.run_tags import MODE, SOURCE
-from ingestion_assets.streams.runner import Stream
+from ingestion_assets.defs.streams import StreamRef
+
+if TYPE_CHECKING:
+    from ingestion_assets.streams.runner import Stream
 
 Jobs = dict[str, UnresolvedAssetJobDefinition]
 
@@ -18,7 +23,7 @@ def job_name(source_name: str, stream_name: str | None = None) -> str:
     return f"{source_name}__{stream_name}__job" if stream_name else f"{source_name}__job"
 
 
-def build_jobs(streams: list[Stream]) -> Jobs:
+def build_jobs(streams: list[StreamRef] | list[Stream]) -> Jobs:
     """The jobs of the table and API sources, by name: one per source for its plain streams, one per
     partitioned stream."""
     plain: dict[str, list[dg.AssetKey]] = {}

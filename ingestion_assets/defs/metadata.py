@@ -8,7 +8,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 import duckdb
@@ -18,11 +18,15 @@ from hdrh.histogram import HdrHistogram
 from sqlalchemy.exc import SQLAlchemyError
 
 from ingestion_assets.catalog import FilesStream, PostgresSource, RestStream
+from ingestion_assets.defs.streams import StreamRef
 from ingestion_assets.observe.freshness import HISTOGRAM, histogram_metadata, merged
-from ingestion_assets.observe.target import TargetTableFacts, read_target
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import checkpoint_metadata
-from ingestion_assets.streams.runner import PartitionOutcome, Stream
+from ingestion_assets.state.runs import release_dead_runs as release_dead_runs_of
+
+if TYPE_CHECKING:
+    from ingestion_assets.observe.target import TargetTableFacts
+    from ingestion_assets.streams.runner import PartitionOutcome, Stream
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +45,7 @@ def table_name(source_name: str, stream_name: str) -> str:
     return f"{source_name}.{stream_name}"
 
 
-def definition_metadata(stream: Stream, columns: dg.TableSchema | None = None) -> dict[str, Any]:
+def definition_metadata(stream: StreamRef | Stream, columns: dg.TableSchema | None = None) -> dict[str, Any]:
     """What the asset is, before any run: where it lands, what it reads and how. `columns` is the column
     schema the last materialization recorded (the definitions cannot ask the source without reaching it)."""
     spec = stream.spec
@@ -101,7 +105,7 @@ def column_schema(facts: TargetTableFacts, primary_key: list[str]) -> dg.TableSc
     )
 
 
-def target_metadata(stream: Stream, step_timing: bool = True) -> dict[str, Any]:
+def target_metadata(stream: StreamRef | Stream, step_timing: bool = True) -> dict[str, Any]:
     """Row count and column schema of the stream's target table as it is after the run; nothing (and a
     warning) when the destination cannot be asked: the run's data is committed either way. With
     `step_timing` (what a CDC run's materializations use), also `seconds`: how long the step has run."""
@@ -109,6 +113,8 @@ def target_metadata(stream: Stream, step_timing: bool = True) -> dict[str, Any]:
     seconds = step_seconds() if step_timing else None
     if seconds is not None:
         figures[SECONDS] = seconds
+    from ingestion_assets.observe.target import read_target  # the destination's client: only in a step
+
     try:
         facts = read_target(stream.settings, stream.destination, stream.source_name, stream.name)
     except (duckdb.Error, psycopg2.Error, OSError) as exc:
@@ -203,17 +209,27 @@ def _http_figures(outcomes: list[PartitionOutcome]) -> dict[str, Any]:
     return {name: round(value, 3) if isinstance(value, float) else value for name, value in totals.items()}
 
 
-def known_column_schemas(settings: Settings, keys: list[dg.AssetKey]) -> dict[dg.AssetKey, dg.TableSchema]:
+def known_column_schemas(
+    settings: Settings, keys: list[dg.AssetKey], release_dead_runs: bool = False
+) -> dict[dg.AssetKey, dg.TableSchema]:
     """For the asset definitions: the column schemas the streams' last materializations recorded, read from
-    this machine's instance (as `release_dead_runs_on_this_machine` does); nothing elsewhere or on errors."""
+    this machine's instance; nothing elsewhere or on errors. `release_dead_runs`: first free the pool slots
+    of runs whose processes died on this machine (a killed run's slots would block its source for good), on
+    the same instance (opening one costs more than both reads)."""
     home = os.environ.get("DAGSTER_HOME")
-    if not keys or not home or Path(home).resolve() != settings.dagster_home.resolve():
+    if (not keys and not release_dead_runs) or not home or Path(home).resolve() != settings.dagster_home.resolve():
         return {}
     try:
         with dg.DagsterInstance.get() as instance:
-            return latest_column_schemas(instance, keys)
+            if release_dead_runs:
+                released = release_dead_runs_of(instance)
+                if released:
+                    log.warning(
+                        "released the pool slots of %d run(s) whose processes died: %s", len(released), released
+                    )
+            return latest_column_schemas(instance, keys) if keys else {}
     except (DagsterError, SQLAlchemyError, OSError) as exc:  # the definitions load without them
-        log.warning("could not read the streams' column schemas: %s", exc)
+        log.warning("could not read the instance for the definitions: %s", exc)
         return {}
 
 

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import TYPE_CHECKING
 
 import dagster as dg
 
 from ingestion_assets.catalog import KeyPartitions, PostgresStream, TimePartitions
 from ingestion_assets.partitions import KEY_FORMATS, LIVE, key_range, key_range_keys, key_ranges_below
-from ingestion_assets.sources.postgres import key_bounds
 from ingestion_assets.state.checkpoints import InstanceStateStore, latest_checkpoint
-from ingestion_assets.streams.late_commits import PROBES, settled_now
-from ingestion_assets.streams.postgres_table import PostgresTableStream
+
+if TYPE_CHECKING:
+    from ingestion_assets.streams.postgres_table import PostgresTableStream
 
 _TIME_DEFS = {
     "hourly": dg.HourlyPartitionsDefinition,
@@ -38,10 +39,10 @@ def partitions_def(source_name: str, stream_name: str, spec: PostgresStream) -> 
     return None
 
 
-def newest_partition(stream: PostgresTableStream, partitions: dg.PartitionsDefinition) -> str | None:
+def newest_partition(spec: PostgresStream, partitions: dg.PartitionsDefinition) -> str | None:
     """What a schedule keeps syncing: the `live` key partition, or the current time window."""
-    if isinstance(stream.spec.partitions, KeyPartitions):
-        return LIVE if stream.spec.partitions.live else None
+    if isinstance(spec.partitions, KeyPartitions):
+        return LIVE if spec.partitions.live else None
     keys = partitions.get_partition_keys()
     return keys[-1] if keys else None
 
@@ -53,6 +54,9 @@ def plan_key_partitions(stream: PostgresTableStream, instance: dg.DagsterInstanc
     (no transaction open now can still commit behind it): every change after it reaches `live`, every row
     before it belongs to a range, so none falls between.
     """
+    from ingestion_assets.sources.postgres import key_bounds  # the source's reader: at planning time only
+    from ingestion_assets.streams.late_commits import PROBES, settled_now
+
     spec = stream.spec
     assert isinstance(spec.partitions, KeyPartitions)
     name = dynamic_partitions_name(stream.source_name, stream.name)

@@ -7,11 +7,14 @@ learns (a refresh found in the state, the generation it wrote) while it runs."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import dagster as dg
 
 from ingestion_assets.partitions import LIVE
-from ingestion_assets.streams.runner import PartitionOutcome
+
+if TYPE_CHECKING:
+    from ingestion_assets.streams.runner import PartitionOutcome
 
 log = logging.getLogger(__name__)
 

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import dagster as dg
 
 from ingestion_assets.catalog import PostgresStream
 from ingestion_assets.defs.jobs import Jobs, job_name
 from ingestion_assets.defs.partitions import newest_partition, partitions_def
-from ingestion_assets.streams.postgres_table import PostgresTableStream
-from ingestion_assets.streams.runner import Stream
+from ingestion_assets.defs.streams import StreamRef, is_table
+
+if TYPE_CHECKING:
+    from ingestion_assets.streams.runner import Stream
 
 
-def build_schedules(streams: list[Stream], jobs: Jobs) -> list[dg.ScheduleDefinition]:
+def build_schedules(streams: list[StreamRef] | list[Stream], jobs: Jobs) -> list[dg.ScheduleDefinition]:
     """Every schedule targets a named job (defs/jobs.py), so the runs it starts carry the source's name."""
     schedules: list[dg.ScheduleDefinition] = []
-    by_source: dict[str, list[Stream]] = {}
+    by_source: dict[str, list[StreamRef | Stream]] = {}
     for stream in streams:
         if stream.source.schedule:
             by_source.setdefault(stream.source_name, []).append(stream)
@@ -33,17 +37,19 @@ def build_schedules(streams: list[Stream], jobs: Jobs) -> list[dg.ScheduleDefini
                 )
             )
         for stream in members:
-            if isinstance(stream, PostgresTableStream) and _partitioned(stream):
+            if is_table(stream) and _partitioned(stream):
                 schedules.append(_newest_partition_schedule(stream, cron, jobs))
     return schedules
 
 
-def _partitioned(stream: Stream) -> bool:
+def _partitioned(stream: StreamRef | Stream) -> bool:
     return isinstance(stream.spec, PostgresStream) and stream.spec.partitions is not None
 
 
-def _newest_partition_schedule(stream: PostgresTableStream, cron: str, jobs: Jobs) -> dg.ScheduleDefinition:
-    partitions = partitions_def(stream.source_name, stream.name, stream.spec)
+def _newest_partition_schedule(stream: StreamRef | Stream, cron: str, jobs: Jobs) -> dg.ScheduleDefinition:
+    spec = stream.spec
+    assert isinstance(spec, PostgresStream)
+    partitions = partitions_def(stream.source_name, stream.name, spec)
     assert partitions is not None
 
     @dg.schedule(
@@ -58,7 +64,7 @@ def _newest_partition_schedule(stream: PostgresTableStream, cron: str, jobs: Job
             keys = context.instance.get_dynamic_partitions(partitions.name or "")
             if not keys:
                 return dg.SkipReason("no key ranges planned yet: the planning sensor adds them")
-        partition = newest_partition(stream, partitions)
+        partition = newest_partition(spec, partitions)
         if partition is None:
             return dg.SkipReason("no partition to sync")
         return dg.RunRequest(partition_key=partition)

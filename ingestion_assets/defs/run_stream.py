@@ -1,0 +1,72 @@
+"""The body of a stream's asset: run its partitions, turn failures into Dagster's, report the metadata.
+
+Imported by the asset only when its step runs: the readers, loaders and dlt come in here, not with the
+definitions."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from ingestion_assets.defs.checks import DEAD_LETTERS, SCHEMA, check_results, failed_check
+from ingestion_assets.defs.failures import permanent_failure
+from ingestion_assets.defs.metadata import run_metadata
+from ingestion_assets.defs.run_tags import mark_run
+from ingestion_assets.defs.streams import StreamRef, open_stream
+from ingestion_assets.drain import Drain
+from ingestion_assets.loading.dead_letters import DeadLetterThreshold
+from ingestion_assets.state.checkpoints import InstanceStateStore
+from ingestion_assets.streams.runner import NoProgress, PartitionJob, PartitionOutcome, Stream, StreamBusy
+from ingestion_assets.streams.schema_step import SchemaPaused
+
+
+def materialize_stream(
+    context: dg.AssetExecutionContext, ref: StreamRef | Stream, key_ranged: bool, reconciles: bool
+) -> dg.MaterializeResult:
+    stream = open_stream(ref)
+    spec = stream.spec
+    store = InstanceStateStore(context.instance, context.asset_key, context.log_event)
+    mark_run(context, stream.source_name, key_ranges=key_ranged)
+    outcomes: list[PartitionOutcome] = []
+    with Drain(spec.drain_seconds, context.log) as drain:
+        for partition in _partitions_of(context):
+            if drain.requested:
+                break
+            job = PartitionJob(stream, store, partition, stop=drain, log=context.log, run_id=context.run_id)
+            outcomes.append(_run_partition(context, stream, job))
+        if drain.requested:
+            done = ", ".join(str(o.partition or stream.name) for o in outcomes) or "nothing"
+            raise dg.Failure(
+                description=f"{stream.qualified_name} drained ({drain.describe()}): the slice in flight was "
+                f"committed and checkpointed ({done}); the next run resumes from there",
+                allow_retries=False,
+            )
+    mark_run(context, stream.source_name, key_ranges=key_ranged, outcomes=outcomes)
+    return dg.MaterializeResult(
+        metadata=run_metadata(stream, outcomes), check_results=check_results(outcomes, reconciles, spec.freshness)
+    )
+
+
+def _run_partition(context: dg.AssetExecutionContext, stream: Stream, job: PartitionJob) -> PartitionOutcome:
+    try:
+        return job.run()
+    except SchemaPaused as exc:
+        changes = dg.MetadataValue.json([c.as_json() for c in exc.changes])
+        context.log_event(failed_check(context.asset_key, SCHEMA, str(exc), changes=changes))
+        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+    except DeadLetterThreshold as exc:
+        context.log_event(failed_check(context.asset_key, DEAD_LETTERS, str(exc)))
+        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+    except (NoProgress, StreamBusy) as exc:
+        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+    except Exception as exc:
+        where = f"stream {stream.qualified_name}" + (f" partition {job.partition}" if job.partition else "")
+        failure = permanent_failure(where, exc)
+        if failure is None:
+            raise
+        raise failure from exc
+
+
+def _partitions_of(context: dg.AssetExecutionContext) -> list[str | None]:
+    if not context.has_partition_key and not context.has_partition_key_range:
+        return [None]
+    return list(context.partition_keys)
