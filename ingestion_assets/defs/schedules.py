@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dagster as dg
 
-from ingestion_assets.catalog import PostgresStream
+from ingestion_assets.catalog import FilesStream, PostgresStream
 from ingestion_assets.defs.jobs import Jobs, job_name
 from ingestion_assets.defs.partitions import newest_partition, partitions_def
+from ingestion_assets.streams.files import FileSourceStream
 from ingestion_assets.streams.postgres_table import PostgresTableStream
 from ingestion_assets.streams.runner import Stream
 
@@ -33,16 +34,18 @@ def build_schedules(streams: list[Stream], jobs: Jobs) -> list[dg.ScheduleDefini
                 )
             )
         for stream in members:
-            if isinstance(stream, PostgresTableStream) and _partitioned(stream):
+            if isinstance(stream, PostgresTableStream | FileSourceStream) and _partitioned(stream):
                 schedules.append(_newest_partition_schedule(stream, cron, jobs))
     return schedules
 
 
 def _partitioned(stream: Stream) -> bool:
-    return isinstance(stream.spec, PostgresStream) and stream.spec.partitions is not None
+    return isinstance(stream.spec, PostgresStream | FilesStream) and stream.spec.partitions is not None
 
 
-def _newest_partition_schedule(stream: PostgresTableStream, cron: str, jobs: Jobs) -> dg.ScheduleDefinition:
+def _newest_partition_schedule(
+    stream: PostgresTableStream | FileSourceStream, cron: str, jobs: Jobs
+) -> dg.ScheduleDefinition:
     partitions = partitions_def(stream.source_name, stream.name, stream.spec)
     assert partitions is not None
 

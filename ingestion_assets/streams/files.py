@@ -21,6 +21,8 @@ from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.files import FILE, ROW, BadRow, CorruptFile, FileInfo, filesystem, list_files, read_file
 from ingestion_assets.sources.slices import Slice
+from ingestion_assets.streams.files_deletes import retire_deleted_files
+from ingestion_assets.streams.files_partitions import PartitionScope
 from ingestion_assets.streams.files_progress import Progress
 from ingestion_assets.streams.files_schema import FilesSchemaStep, files_schema_step
 from ingestion_assets.streams.postgres_table import RunOptions, Target
@@ -107,7 +109,7 @@ class FileSourceStream:
             loaded = loader.load(rows, dead_letters=dead)
             return SliceOutcome(loaded=loaded, dead_letters=len(piece.dead))
 
-        return run_slices(
+        result = run_slices(
             self._slices(after, options),
             load,
             sink,
@@ -118,13 +120,33 @@ class FileSourceStream:
             after_commit=lambda result: dead_letter_limit(self.qualified_name, self.spec.dead_letters, result),
             read_ahead=options.read_ahead,
         )
+        if self.spec.deletes != "keep" and not result.stopped:
+            self._retire_deleted(loader, result, options)
+        return result
+
+    def _retire_deleted(self, loader: Loader, result: SyncResult, options: RunOptions) -> None:
+        """After the read: rows of files gone from the source go (or are flagged); a file that comes back
+        under the same name is then read again (its fingerprint leaves the position)."""
+        fs, root = self.filesystem()
+        listed = {relative_path(f.path, root) for f in list_files(fs, root, self.spec.path)}
+        scope = PartitionScope.of(self.spec, options.partition)
+        retired = retire_deleted_files(loader, listed, scope.holds, self.spec.deletes, self.qualified_name, options.log)
+        if retired.files and result.position is not None:
+            seen = {k: v for k, v in (result.position.get("seen") or {}).items() if k not in set(retired.files)}
+            result.position = {**result.position, "seen": seen}
+        result.figures["files_deleted"] = len(retired.files)
+        result.figures["rows_retired"] = retired.rows
+        if retired.refused:
+            result.note = retired.refused
 
     def _slices(self, after: dict[str, Any] | None, options: RunOptions) -> Iterator[FileSlice]:
         """Whole files up to `files_per_slice` (or `slice_rows` rows) per slice; a file longer than a slice
         ends a slice inside it, the checkpoint then saying how many of its rows were given."""
+        scope = PartitionScope.of(self.spec, options.partition)
         fs, root = self.filesystem()
-        files = list_files(fs, root, self.spec.path)
-        name = {f.path: _relative(f.path, root) for f in files}
+        listed = list_files(fs, root, self.spec.path)
+        name = {f.path: relative_path(f.path, root) for f in listed}
+        files, window = scope.select(listed, name), scope.rows()
         progress = Progress.of(after)
         lookback = self.spec.lookback_seconds
         batch = _Batch()
@@ -132,7 +154,7 @@ class FileSourceStream:
         for info in progress.due(files, name, lookback):
             relative = name[info.path]
             try:
-                for piece in read_file(fs, info, self.spec, progress.resume(relative, info)):
+                for piece in read_file(fs, info, self.spec, progress.resume(relative, info), window):
                     batch.add(piece.table, relative, info, piece.bad)
                     progress.inside(relative, info, piece.rows_done, piece.bad_done)
                     if batch.rows >= self.spec.slice_rows:
@@ -222,5 +244,5 @@ def _when(info: FileInfo) -> dict[str, Any]:
     return {"modified_at": info.modified_at.isoformat()}
 
 
-def _relative(path: str, root: str) -> str:
+def relative_path(path: str, root: str) -> str:
     return path[len(root) + 1 :] if root and path.startswith(root + "/") else path
