@@ -81,3 +81,22 @@ def test_a_deleted_file_in_one_partition_retires_only_there(drops: Drops) -> Non
     assert len(drops.rows("_ingest_file, _ingest_file_row")) == 4
     assert drops.run("2026-01-02").result.figures["files_deleted"] == 1
     assert drops.rows("_ingest_file, _ingest_file_row") == [("dt=2026-01-01/a.csv", 1), ("dt=2026-01-01/a.csv", 2)]
+
+
+def test_dead_letter_replay_loads_the_fixed_file_and_keeps_what_is_still_bad(drops: Drops) -> None:
+    from ingestion_assets.streams.files_replay import replay_file_dead_letters
+
+    drops.catalog(path="*.csv", primary_key="id", csv={"column_types": {"amount": "float64"}})
+    drops.write("a.csv", "id,name,amount\n1,a,1.5\n2,b,oops\n3,c,2.5\n", BASE)
+    drops.write("b.csv", "id,name,amount\n4,d,1.0\n5,e\n", BASE + 1)
+    drops.write("c.csv", "id,name,amount\n6,f,nope\n", BASE + 2)
+    drops.run()
+    assert [k for k, _ in drops.dead_letters()] == ["a.csv:row2", "b.csv:line3", "c.csv:row1"]
+    drops.write("a.csv", "id,name,amount\n1,a,1.5\n2,b,2.0\n3,c,2.5\n", BASE)  # fixed by the user
+    (drops.folder / "c.csv").unlink()  # gone: its dead letter stays for a person to decide
+    details = drops.store.latest(None).details  # type: ignore[union-attr]
+    replay = replay_file_dead_letters(drops.stream(), int(details["generation"]), dict(details))
+    assert (replay.parked, replay.loaded, replay.still_bad, replay.gone) == (3, 4, 1, ["c.csv:row1"])
+    assert drops.rows() == [(1, "a", 1.5), (2, "b", 2.0), (3, "c", 2.5), (4, "d", 1.0)]
+    parked = dict(drops.dead_letters())
+    assert sorted(parked) == ["b.csv:line3", "c.csv:row1"] and "2 fields" in parked["b.csv:line3"]

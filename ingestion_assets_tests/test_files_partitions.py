@@ -78,6 +78,7 @@ def test_a_month_of_drops_is_backfilled_as_dagster_partitions(drops: Drops) -> N
     assert drops.rows() == sorted(expected)  # nothing of the stray file nor of the fifth day
 
 
+@pytest.mark.slow  # five loads: beyond the default suite's time budget
 def test_each_partition_reads_only_its_files_and_a_late_file_by_its_next_run(drops: Drops) -> None:
     partitions = {"by": "time", "pattern": "dt={date}/", "start": "2026-01-01"}
     drops.catalog(path="**/*.csv", primary_key="id", partitions=partitions)
