@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from ingestion_assets.catalog import FilesStream, PostgresStream
+from ingestion_assets.catalog import FilesStream, PathKeyPartitions, PostgresStream
 from ingestion_assets.defs.jobs import Jobs, job_name
 from ingestion_assets.defs.partitions import newest_partition, partitions_def
 from ingestion_assets.streams.files import FileSourceStream
@@ -35,6 +35,8 @@ def build_schedules(streams: list[Stream], jobs: Jobs) -> list[dg.ScheduleDefini
             )
         for stream in members:
             if isinstance(stream, PostgresTableStream | FileSourceStream) and _partitioned(stream):
+                if isinstance(stream.spec.partitions, PathKeyPartitions):
+                    continue  # ranges of path numbers have no newest one: they are backfilled
                 schedules.append(_newest_partition_schedule(stream, cron, jobs))
     return schedules
 
