@@ -6,7 +6,7 @@ import datetime as dt
 import re
 from typing import TYPE_CHECKING
 
-from ingestion_assets.catalog import KeyPartitions, PostgresStream, TimePartitions
+from ingestion_assets.catalog import KeyPartitions, PathTimePartitions, PostgresStream, TimePartitions
 
 if TYPE_CHECKING:  # the readers' package imports dlt: the definitions use the keys, not the windows
     from ingestion_assets.sources.postgres.query import Window
@@ -40,7 +40,7 @@ def window_for(spec: PostgresStream, partition: str | None) -> Window | None:
     return Window(column, str(low), str(high + 1))
 
 
-def time_window(partitions: TimePartitions, key: str) -> tuple[dt.datetime, dt.datetime]:
+def time_window(partitions: TimePartitions | PathTimePartitions, key: str) -> tuple[dt.datetime, dt.datetime]:
     try:
         start = dt.datetime.strptime(key, KEY_FORMATS[partitions.granularity]).replace(tzinfo=dt.UTC)
     except ValueError as exc:

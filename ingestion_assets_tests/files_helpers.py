@@ -25,19 +25,24 @@ from ingestion_assets.streams.runner import PartitionJob, PartitionOutcome
 class FileStore:
     """The runner's state store in a JSON file, replaced atomically on every commit."""
 
-    path: Path
+    path: Path  # the unpartitioned stream's file; a partition's is beside it, named after the partition
+
+    def file(self, partition: str | None) -> Path:
+        return self.path if partition is None else self.path.with_name(f"{self.path.stem}.{partition}.json")
 
     def latest(self, partition: str | None) -> Checkpoint | None:
-        if not self.path.exists():
+        path = self.file(partition)
+        if not path.exists():
             return None
-        saved = json.loads(self.path.read_text())
+        saved = json.loads(path.read_text())
         return Checkpoint(saved["position"], "test", dt.datetime.now(dt.UTC), saved["seq"], saved["details"])
 
     def commit(self, partition: str | None, position: dict[str, Any] | None, **details: Any) -> None:
-        seq = (self.latest(partition).storage_id + 1) if self.path.exists() else 1  # type: ignore[union-attr]
-        temporary = self.path.with_suffix(".tmp")
+        path = self.file(partition)
+        seq = (self.latest(partition).storage_id + 1) if path.exists() else 1  # type: ignore[union-attr]
+        temporary = path.with_suffix(".tmp")
         temporary.write_text(json.dumps({"position": position, "details": details, "seq": seq}, default=str))
-        os.replace(temporary, self.path)
+        os.replace(temporary, path)
 
 
 @dataclass
@@ -81,8 +86,8 @@ class Drops:
     def store(self) -> FileStore:
         return FileStore(self.root / "state.json")
 
-    def run(self) -> PartitionOutcome:
-        return PartitionJob(self.stream(), self.store, run_id="test").run()
+    def run(self, partition: str | None = None) -> PartitionOutcome:
+        return PartitionJob(self.stream(), self.store, partition, run_id="test").run()
 
     def write(self, name: str, text: str | bytes, modified: float | None = None) -> Path:
         path = self.folder / name

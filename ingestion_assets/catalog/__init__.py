@@ -12,7 +12,7 @@ from pydantic import Field, ValidationError, model_validator
 from ingestion_assets.catalog.base import DeadLetters, Freshness, Reference, Retries, Tls, _Model
 from ingestion_assets.catalog.destination import Destination
 from ingestion_assets.catalog.execution import CeleryExecution, Execution, host_bound
-from ingestion_assets.catalog.files import CsvOptions, FilesSource, FilesStream
+from ingestion_assets.catalog.files import CsvOptions, FilesSource, FilesStream, PathKeyPartitions, PathTimePartitions
 from ingestion_assets.catalog.postgres import KeyPartitions, PostgresSource, PostgresStream, Reconcile, TimePartitions
 from ingestion_assets.catalog.rest import RestAuth, RestSource, RestStream
 
@@ -31,6 +31,8 @@ __all__ = [
     "FilesStream",
     "Freshness",
     "KeyPartitions",
+    "PathKeyPartitions",
+    "PathTimePartitions",
     "PostgresSource",
     "PostgresStream",
     "Reconcile",

@@ -3,6 +3,8 @@ Parquet files, read incrementally by file."""
 
 from __future__ import annotations
 
+import datetime as dt
+import re
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -11,6 +13,57 @@ from ingestion_assets.catalog.base import DeadLetters, Freshness, Reference, Ret
 
 FORMAT_SUFFIXES = {".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
 COMPRESSION_SUFFIXES = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+TIME_TOKENS = {"date", "year", "month", "day", "hour"}
+_TOKEN = re.compile(r"\{(\w+)\}")
+
+
+class PathTimePartitions(_Model):
+    """One Dagster partition per hour, day, week or month (UTC). A partition reads either the files whose path
+    names a moment in its window (`pattern`, e.g. dt={date}/), or the rows of every file whose `column` is in
+    its window (Parquet row groups whose statistics exclude the window are then not read)."""
+
+    by: Literal["time"]
+    pattern: str | None = Field(
+        None,
+        description="where the date is in the path: {date} (YYYY-MM-DD) or {year} {month} {day} {hour}, "
+        "e.g. dt={date}/ or year={year}/month={month}/",
+    )
+    column: str | None = Field(None, description="or: a timestamp column of the rows that places each row")
+    start: dt.date
+    granularity: Literal["hourly", "daily", "weekly", "monthly"] = "daily"
+
+    @model_validator(mode="after")
+    def _one_way(self) -> PathTimePartitions:
+        if (self.pattern is None) == (self.column is None):
+            raise ValueError(
+                "partitions: give `pattern` (files by the date in their path) or `column` (rows by their value), "
+                "one of them (with both, a row dated outside its file's partition would belong nowhere)"
+            )
+        if self.pattern is None:
+            return self
+        tokens = set(_TOKEN.findall(self.pattern))
+        if tokens - TIME_TOKENS:
+            raise ValueError(f"partitions.pattern: unknown {sorted(tokens - TIME_TOKENS)}; use {sorted(TIME_TOKENS)}")
+        if "date" not in tokens and "year" not in tokens:
+            raise ValueError("partitions.pattern needs {date} or {year} (with {month} {day} ...) to date a file")
+        if self.granularity == "hourly" and "hour" not in tokens:
+            raise ValueError("hourly partitions need {hour} in partitions.pattern")
+        return self
+
+
+class PathKeyPartitions(_Model):
+    """Ranges of `chunk` integers in the files' paths (e.g. `customer={key}/`), planned from the listing as
+    new numbers appear; a partition reads the files whose number falls in its range."""
+
+    by: Literal["key"]
+    pattern: str = Field(description="where the number is in the path: {key}, e.g. shard={key}/")
+    chunk: Annotated[int, Field(gt=0)]
+
+    @model_validator(mode="after")
+    def _tokens(self) -> PathKeyPartitions:
+        if _TOKEN.findall(self.pattern) != ["key"]:
+            raise ValueError("partitions.pattern of `by: key` takes exactly one {key}, e.g. shard={key}/")
+        return self
 
 
 class CsvOptions(_Model):
@@ -64,10 +117,20 @@ class FilesStream(_Model):
 
     _listify = field_validator("primary_key", mode="before")(as_list)
 
-    # what the shared runner asks of every stream
-    partitions: None = None
-    partition_column: None = None
-    reconcile: Literal["off"] = "off"
+    partitions: Annotated[PathTimePartitions | PathKeyPartitions, Field(discriminator="by")] | None = Field(
+        None,
+        description="backfill chunks by a date or number in the path: {by: time, pattern, start, granularity} "
+        "or {by: key, pattern, chunk}; each partition its own checkpoint",
+    )
+    deletes: Literal["keep", "hard", "soft"] = Field(
+        "keep", description="rows of a file deleted at the source: keep them, delete them, or set _ingest_deleted_at"
+    )
+    reconcile: Literal["off"] = "off"  # what the shared runner asks of every stream
+
+    @property
+    def partition_column(self) -> str | None:
+        partitions = self.partitions
+        return partitions.column if isinstance(partitions, PathTimePartitions) else None
 
 
 class FilesSource(_Model):

@@ -101,12 +101,17 @@ def dlq_list(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def dlq_replay(settings: Settings, args: argparse.Namespace) -> int:
+    from ingestion_assets.streams.files import FileSourceStream
+    from ingestion_assets.streams.files_replay import replay_file_dead_letters
     from ingestion_assets.streams.replay import replay_dead_letters
 
     stream, store = _stream_and_store(settings, args.stream)
     latest = store.latest(None)
     generation = int(latest.details.get("generation", 1)) if latest else 1
-    replay = replay_dead_letters(stream, max(generation, 1))
+    if isinstance(stream, FileSourceStream):
+        replay = replay_file_dead_letters(stream, max(generation, 1), dict(latest.details) if latest else {})
+    else:
+        replay = replay_dead_letters(stream, max(generation, 1))
     print(
         f"{stream.qualified_name}: {replay.parked} parked, {replay.loaded} loaded and released, "
         f"{replay.still_bad} still bad (parked again with today's error), {len(replay.gone)} gone from the source"

@@ -103,10 +103,11 @@ def plan_cdc_history(
 
 
 def partitions_plan(settings: Settings, args: argparse.Namespace) -> int:
-    from ingestion_assets.catalog import KeyPartitions
+    from ingestion_assets.catalog import KeyPartitions, PathKeyPartitions
     from ingestion_assets.defs.assets import catalog_streams
-    from ingestion_assets.defs.partitions import plan_key_partitions
+    from ingestion_assets.defs.partitions import plan_file_key_partitions, plan_key_partitions
     from ingestion_assets.state.summary import open_instance
+    from ingestion_assets.streams.files import FileSourceStream
 
     catalog = load_catalog(settings.catalog_path)
     wanted = stream_key(catalog, args.stream) if args.stream else None
@@ -114,11 +115,14 @@ def partitions_plan(settings: Settings, args: argparse.Namespace) -> int:
     planned = 0
     with open_instance(settings) as instance:
         for stream in catalog_streams(settings, catalog):
-            if not isinstance(stream.spec.partitions, KeyPartitions):
+            if not isinstance(stream.spec.partitions, KeyPartitions | PathKeyPartitions):
                 continue
             if wanted is not None and (stream.source_name, stream.name) != wanted:
                 continue
-            added = plan_key_partitions(stream, instance)
+            if isinstance(stream, FileSourceStream):
+                added = plan_file_key_partitions(stream, instance)
+            else:
+                added = plan_key_partitions(stream, instance)
             more = " ..." if len(added) > 3 else ""
             print(f"{stream.qualified_name}: added {len(added)} partition(s) {added[:3]}{more}")
             planned += 1

@@ -39,7 +39,7 @@ def stream_asset(stream: "StreamRef | Stream", columns: dg.TableSchema | None = 
     """The stream's asset; `columns`: the column schema its last materialization recorded, if known."""
     spec = stream.spec
     retries = spec.retries
-    partitions = partitions_def(stream.source_name, stream.name, spec) if isinstance(spec, PostgresStream) else None
+    partitions = partitions_def(stream.source_name, stream.name, spec) if not isinstance(spec, RestStream) else None
     reconciles = is_table(stream) or (
         isinstance(spec, RestStream) and spec.deletes is not None and spec.deletes.key_listing is not None
     )
@@ -73,6 +73,8 @@ def stream_asset(stream: "StreamRef | Stream", columns: dg.TableSchema | None = 
 
 
 def _backfill_policy(stream: "StreamRef | Stream") -> dg.BackfillPolicy | None:
+    if isinstance(stream.spec, FilesStream) and stream.spec.partitions is not None:
+        return dg.BackfillPolicy.single_run()  # a range of partitions in one run, one partition after another
     if not isinstance(stream.spec, PostgresStream) or stream.spec.partitions is None:
         return None
     per_run = stream.spec.max_partitions_per_run

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
-from ingestion_assets.catalog import PostgresStream
+from ingestion_assets.catalog import FilesStream, PostgresStream
 from ingestion_assets.defs.run_tags import MODE, SOURCE
 from ingestion_assets.defs.streams import StreamRef
 
@@ -30,7 +30,7 @@ def build_jobs(streams: list[StreamRef] | list[Stream]) -> Jobs:
     jobs: Jobs = {}
     for stream in streams:
         key = dg.AssetKey([stream.source_name, stream.name])
-        if isinstance(stream.spec, PostgresStream) and stream.spec.partitions is not None:
+        if isinstance(stream.spec, PostgresStream | FilesStream) and stream.spec.partitions is not None:
             job = source_job(stream.source_name, [key], stream.name)
             jobs[job.name] = job
         else:

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from ingestion_assets.catalog import KeyPartitions, PostgresStream, TimePartitions
+from ingestion_assets.catalog import (
+    FilesStream,
+    KeyPartitions,
+    PathKeyPartitions,
+    PathTimePartitions,
+    PostgresStream,
+    TimePartitions,
+)
 from ingestion_assets.partitions import KEY_FORMATS, LIVE, key_range, key_range_keys, key_ranges_below
 from ingestion_assets.state.checkpoints import InstanceStateStore, latest_checkpoint
 
 if TYPE_CHECKING:
+    from ingestion_assets.streams.files import FileSourceStream
     from ingestion_assets.streams.postgres_table import PostgresTableStream
 
 _TIME_DEFS = {
@@ -26,23 +35,28 @@ def dynamic_partitions_name(source_name: str, stream_name: str) -> str:
     return f"{source_name}__{stream_name}__keys"
 
 
-def partitions_def(source_name: str, stream_name: str, spec: PostgresStream) -> dg.PartitionsDefinition | None:
+def partitions_def(
+    source_name: str, stream_name: str, spec: PostgresStream | FilesStream
+) -> dg.PartitionsDefinition | None:
     partitions = spec.partitions
-    if isinstance(partitions, TimePartitions):
+    if isinstance(partitions, TimePartitions | PathTimePartitions):
         start = dt.datetime.combine(partitions.start, dt.time(), tzinfo=dt.UTC)
         # end_offset=1: the current, still-filling window is a partition too: it is the live one
         return _TIME_DEFS[partitions.granularity](
             start_date=start.strftime(KEY_FORMATS[partitions.granularity]), timezone="UTC", end_offset=1
         )
-    if isinstance(partitions, KeyPartitions):
+    if isinstance(partitions, KeyPartitions | PathKeyPartitions):
         return dg.DynamicPartitionsDefinition(name=dynamic_partitions_name(source_name, stream_name))
     return None
 
 
-def newest_partition(spec: PostgresStream, partitions: dg.PartitionsDefinition) -> str | None:
-    """What a schedule keeps syncing: the `live` key partition, or the current time window."""
+def newest_partition(spec: PostgresStream | FilesStream, partitions: dg.PartitionsDefinition) -> str | None:
+    """What a schedule keeps syncing: the `live` key partition, or the current time window (key ranges of
+    file paths have no newest one: their runs are backfills)."""
     if isinstance(spec.partitions, KeyPartitions):
         return LIVE if spec.partitions.live else None
+    if isinstance(spec.partitions, PathKeyPartitions):
+        return None
     keys = partitions.get_partition_keys()
     return keys[-1] if keys else None
 
@@ -65,15 +79,7 @@ def plan_key_partitions(stream: PostgresTableStream, instance: dg.DagsterInstanc
     column = spec.partition_column
     assert column is not None
     bounds = key_bounds(stream.source_url(), plan, column)
-    ranges = [k for k in existing if k != LIVE]
-    added: list[str] = []
-    if bounds is not None:  # existing ranges stay as they are; new ones continue them without a gap
-        chunk = spec.partitions.chunk
-        highest = max(key_range(k)[1] for k in ranges) if ranges else None
-        lowest = min(key_range(k)[0] for k in ranges) if ranges else None
-        if lowest is not None and bounds[0] < lowest:
-            added += key_ranges_below(bounds[0], lowest, chunk)
-        added += key_range_keys(bounds[0], bounds[1], chunk, after=highest)
+    added = _new_ranges(existing, bounds, spec.partitions.chunk)
     if spec.partitions.live and LIVE not in existing:
         key = dg.AssetKey([stream.source_name, stream.name])
         if latest_checkpoint(instance, key, LIVE) is None:
@@ -82,6 +88,36 @@ def plan_key_partitions(stream: PostgresTableStream, instance: dg.DagsterInstanc
                 LIVE, start, complete=True, planned=True, generation=1, **{PROBES: probes}
             )
         added.append(LIVE)
+    if added:
+        instance.add_dynamic_partitions(name, added)
+    return added
+
+
+def _new_ranges(existing: Sequence[str], bounds: tuple[int, int] | None, chunk: int) -> list[str]:
+    """Ranges for keys in `bounds` no existing range covers: existing ones stay, new ones continue them."""
+    ranges = [k for k in existing if k != LIVE]
+    if bounds is None:
+        return []
+    added: list[str] = []
+    highest = max(key_range(k)[1] for k in ranges) if ranges else None
+    lowest = min(key_range(k)[0] for k in ranges) if ranges else None
+    if lowest is not None and bounds[0] < lowest:
+        added += key_ranges_below(bounds[0], lowest, chunk)
+    return added + key_range_keys(bounds[0], bounds[1], chunk, after=highest)
+
+
+def plan_file_key_partitions(stream: FileSourceStream, instance: dg.DagsterInstance) -> list[str]:
+    """Add the key ranges the numbers in the stream's file paths now need; returns the keys added."""
+    from ingestion_assets.streams.files import relative_path  # the files' reader: at planning time only
+    from ingestion_assets.streams.files_partitions import path_numbers
+
+    partitions = stream.spec.partitions
+    assert isinstance(partitions, PathKeyPartitions)
+    name = dynamic_partitions_name(stream.source_name, stream.name)
+    _, root = stream.filesystem()
+    numbers = path_numbers(stream.spec, [relative_path(f.path, root) for f in stream.files()])
+    bounds = (min(numbers), max(numbers)) if numbers else None
+    added = _new_ranges(instance.get_dynamic_partitions(name), bounds, partitions.chunk)
     if added:
         instance.add_dynamic_partitions(name, added)
     return added

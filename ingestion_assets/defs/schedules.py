@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from ingestion_assets.catalog import PostgresStream
+from ingestion_assets.catalog import FilesStream, PathKeyPartitions, PostgresStream
 from ingestion_assets.defs.jobs import Jobs, job_name
 from ingestion_assets.defs.partitions import newest_partition, partitions_def
-from ingestion_assets.defs.streams import StreamRef, is_table
+from ingestion_assets.defs.streams import StreamRef
 
 if TYPE_CHECKING:
     from ingestion_assets.streams.runner import Stream
@@ -37,18 +37,20 @@ def build_schedules(streams: list[StreamRef] | list[Stream], jobs: Jobs) -> list
                 )
             )
         for stream in members:
-            if is_table(stream) and _partitioned(stream):
+            if _partitioned(stream):
+                if isinstance(stream.spec, FilesStream) and isinstance(stream.spec.partitions, PathKeyPartitions):
+                    continue  # ranges of path numbers have no newest one: they are backfilled
                 schedules.append(_newest_partition_schedule(stream, cron, jobs))
     return schedules
 
 
 def _partitioned(stream: StreamRef | Stream) -> bool:
-    return isinstance(stream.spec, PostgresStream) and stream.spec.partitions is not None
+    return isinstance(stream.spec, PostgresStream | FilesStream) and stream.spec.partitions is not None
 
 
 def _newest_partition_schedule(stream: StreamRef | Stream, cron: str, jobs: Jobs) -> dg.ScheduleDefinition:
     spec = stream.spec
-    assert isinstance(spec, PostgresStream)
+    assert isinstance(spec, PostgresStream | FilesStream)
     partitions = partitions_def(stream.source_name, stream.name, spec)
     assert partitions is not None
 

@@ -3,30 +3,25 @@ checkpointed in slices of whole files (or of a part of one big file), bad rows a
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from ingestion_assets.catalog import Destination, FilesSource, FilesStream
-from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA, dead_letter_limit
-from ingestion_assets.loading.metadata_columns import with_metadata
+from ingestion_assets.loading.dead_letters import dead_letter_limit
 from ingestion_assets.loading.pipeline import Loader, TargetTable, pipeline_name
 from ingestion_assets.loading.targets import make_loader
 from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
-from ingestion_assets.sources.files import FILE, ROW, BadRow, CorruptFile, FileInfo, filesystem, list_files, read_file
+from ingestion_assets.sources.files import FILE, ROW, CorruptFile, FileInfo, filesystem, list_files, read_file
 from ingestion_assets.sources.slices import Slice
+from ingestion_assets.streams.files_batch import FileBatch, load_files
+from ingestion_assets.streams.files_deletes import retire_deleted_files
+from ingestion_assets.streams.files_partitions import PartitionScope
 from ingestion_assets.streams.files_progress import Progress
 from ingestion_assets.streams.files_schema import FilesSchemaStep, files_schema_step
 from ingestion_assets.streams.postgres_table import RunOptions, Target
 from ingestion_assets.sync import CheckpointSink, Faults, SliceOutcome, SyncResult, run_slices
-
-_VERSION = "_ingest_file_version"
 
 
 @dataclass(frozen=True)
@@ -98,16 +93,11 @@ class FileSourceStream:
 
         def load(piece: Slice) -> SliceOutcome:
             assert isinstance(piece, FileSlice)
-            now = dt.datetime.now(dt.UTC)
-            settled = [schema.settle(t, loader, where) for t, where in piece.table]
-            # a later file may have widened a column: every file of the slice in the types as they are now
-            tables = [with_metadata(schema.cast(t), [_VERSION], now, options.target.generation) for t in settled]
-            rows = pa.concat_tables(tables, promote_options="default").drop_columns([_VERSION]) if tables else None
-            dead = self._dead_letters(piece.dead, options, now)
-            loaded = loader.load(rows, dead_letters=dead)
+            where = (self.name, options.partition or "", options.run_id)
+            loaded = load_files(loader, schema, piece.table, piece.dead, options.target.generation, where)
             return SliceOutcome(loaded=loaded, dead_letters=len(piece.dead))
 
-        return run_slices(
+        result = run_slices(
             self._slices(after, options),
             load,
             sink,
@@ -118,26 +108,46 @@ class FileSourceStream:
             after_commit=lambda result: dead_letter_limit(self.qualified_name, self.spec.dead_letters, result),
             read_ahead=options.read_ahead,
         )
+        if self.spec.deletes != "keep" and not result.stopped:
+            self._retire_deleted(loader, result, options)
+        return result
+
+    def _retire_deleted(self, loader: Loader, result: SyncResult, options: RunOptions) -> None:
+        """After the read: rows of files gone from the source go (or are flagged); a file that comes back
+        under the same name is then read again (its fingerprint leaves the position)."""
+        fs, root = self.filesystem()
+        listed = {relative_path(f.path, root) for f in list_files(fs, root, self.spec.path)}
+        scope = PartitionScope.of(self.spec, options.partition)
+        retired = retire_deleted_files(loader, listed, scope.holds, self.spec.deletes, self.qualified_name, options.log)
+        if retired.files and result.position is not None:
+            seen = {k: v for k, v in (result.position.get("seen") or {}).items() if k not in set(retired.files)}
+            result.position = {**result.position, "seen": seen}
+        result.figures["files_deleted"] = len(retired.files)
+        result.figures["rows_retired"] = retired.rows
+        if retired.refused:
+            result.note = retired.refused
 
     def _slices(self, after: dict[str, Any] | None, options: RunOptions) -> Iterator[FileSlice]:
         """Whole files up to `files_per_slice` (or `slice_rows` rows) per slice; a file longer than a slice
         ends a slice inside it, the checkpoint then saying how many of its rows were given."""
+        scope = PartitionScope.of(self.spec, options.partition)
         fs, root = self.filesystem()
-        files = list_files(fs, root, self.spec.path)
-        name = {f.path: _relative(f.path, root) for f in files}
+        listed = list_files(fs, root, self.spec.path)
+        name = {f.path: relative_path(f.path, root) for f in listed}
+        files, window = scope.select(listed, name), scope.rows()
         progress = Progress.of(after)
         lookback = self.spec.lookback_seconds
-        batch = _Batch()
+        batch = FileBatch()
         index = 0
         for info in progress.due(files, name, lookback):
             relative = name[info.path]
             try:
-                for piece in read_file(fs, info, self.spec, progress.resume(relative, info)):
+                for piece in read_file(fs, info, self.spec, progress.resume(relative, info), window):
                     batch.add(piece.table, relative, info, piece.bad)
                     progress.inside(relative, info, piece.rows_done, piece.bad_done)
                     if batch.rows >= self.spec.slice_rows:
-                        yield batch.slice(progress.position(), index)
-                        batch, index = _Batch(), index + 1
+                        yield _slice(batch, progress.position(), index)
+                        batch, index = FileBatch(), index + 1
             except CorruptFile as exc:
                 batch.park(relative, info, str(exc))
                 if options.log is not None:
@@ -149,78 +159,16 @@ class FileSourceStream:
             progress.done(relative, info, lookback)
             batch.files += 1
             if batch.files >= self.spec.files_per_slice or batch.rows >= self.spec.slice_rows:
-                yield batch.slice(progress.position(), index)
-                batch, index = _Batch(), index + 1
+                yield _slice(batch, progress.position(), index)
+                batch, index = FileBatch(), index + 1
         if batch.files or batch.tables or batch.dead:
-            yield batch.slice(progress.position(), index)
-
-    def _dead_letters(self, dead: list[dict[str, Any]], options: RunOptions, now: dt.datetime) -> pa.Table | None:
-        if not dead:
-            return None
-        records = [
-            {
-                "stream": self.name,
-                "partition": options.partition or "",
-                "record_key": d["key"],
-                "run_id": options.run_id,
-                "position": json.dumps(d["position"]),
-                "error": d["error"],
-                "raw_record": json.dumps(d["raw"]),
-                "dead_lettered_at": now,
-            }
-            for d in dead
-        ]
-        return pa.Table.from_pylist(records, schema=DEAD_LETTER_SCHEMA)
+            yield _slice(batch, progress.position(), index)
 
 
-@dataclass
-class _Batch:
-    tables: list[tuple[pa.Table, str]] = field(default_factory=list)
-    dead: list[dict[str, Any]] = field(default_factory=list)
-    rows: int = 0
-    files: int = 0
 
-    def add(self, table: pa.Table | None, relative: str, info: FileInfo, bad: list[BadRow]) -> None:
-        for row in bad:
-            where = f"line {row.line}" if row.line is not None else f"row {row.row}" if row.row else "line unknown"
-            self.dead.append(
-                {
-                    "key": f"{relative}:{where.replace(' ', '')}" if row.line or row.row else f"{relative}:{row.raw}",
-                    "position": {"file": relative, "row": row.row, "line": row.line, **_when(info)},
-                    "error": f"file {relative} {where}: {row.error}",
-                    "raw": {"file": relative, "row": row.row, "line": row.line, "text": row.raw},
-                }
-            )
-        if table is not None and table.num_rows:
-            self.tables.append((_labelled(table, relative, info), f"file {relative}"))
-            self.rows += table.num_rows
-
-    def park(self, relative: str, info: FileInfo, reason: str) -> None:
-        self.dead.append(
-            {
-                "key": f"{relative}:file",
-                "position": {"file": relative, **_when(info)},
-                "error": f"file {relative} parked as a whole: {reason}",
-                "raw": {"file": relative, "size": info.size, "etag": info.etag, **_when(info)},
-            }
-        )
-
-    def slice(self, position: dict[str, Any], index: int) -> FileSlice:
-        return FileSlice(self.tables, position, index, dead=self.dead, row_count=self.rows)
+def _slice(batch: FileBatch, position: dict[str, Any], index: int) -> FileSlice:
+    return FileSlice(batch.tables, position, index, dead=batch.dead, row_count=batch.rows)
 
 
-def _labelled(table: pa.Table, relative: str, info: FileInfo) -> pa.Table:
-    """The file's name, and each row's version: newer files win, then later paths, then later rows."""
-    rows = table.num_rows
-    prefix = f"{info.modified_at.strftime('%Y-%m-%dT%H:%M:%S.%f')}|{relative}|"
-    numbers = pc.utf8_lpad(pc.cast(table.column(ROW), pa.string()), width=12, padding="0")
-    version = pc.binary_join_element_wise(pa.repeat(pa.scalar(prefix), rows), numbers, "")
-    return table.append_column(FILE, pa.repeat(pa.scalar(relative), rows)).append_column(_VERSION, version)
-
-
-def _when(info: FileInfo) -> dict[str, Any]:
-    return {"modified_at": info.modified_at.isoformat()}
-
-
-def _relative(path: str, root: str) -> str:
+def relative_path(path: str, root: str) -> str:
     return path[len(root) + 1 :] if root and path.startswith(root + "/") else path

@@ -95,7 +95,7 @@ class FilesSchemaStep(InferredSchemaStep):
         if decision.pause:
             raise SchemaPaused(self._paused(decision.pause, where), decision.pause)
         retyped = [c for c in decision.apply if c.old is not None and c.new is not None]
-        if retyped:
+        if retyped and loader.targettable_exists():  # else nothing to retype: the first load creates it so
             kind = loader.destination.type
             loader.migrate([(c, sql_type_of_arrow(_arrow(c), kind), _arrow(c)) for c in retyped])
         for change in decision.apply:

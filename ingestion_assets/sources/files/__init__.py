@@ -20,7 +20,8 @@ from ingestion_assets.sources.files.listing import (
     open_seekable,
 )
 from ingestion_assets.sources.files.parquet import read_parquet
-from ingestion_assets.sources.files.pieces import FILE, ROW, BadRow, CorruptFile, Piece, Resume
+from ingestion_assets.sources.files.pieces import FILE, ROW, BadRow, CorruptFile, Piece, Resume, RowWindow
+from ingestion_assets.sources.files.window import within
 
 __all__ = [
     "FILE",
@@ -30,6 +31,7 @@ __all__ = [
     "FileInfo",
     "Piece",
     "Resume",
+    "RowWindow",
     "StorageError",
     "filesystem",
     "list_files",
@@ -37,9 +39,22 @@ __all__ = [
 ]
 
 
-def read_file(fs: fsspec.AbstractFileSystem, info: FileInfo, spec: FilesStream, resume: Resume) -> Iterator[Piece]:
-    """The file's rows after `resume`, piece by piece. Raises CorruptFile for bytes that are not the format
-    (the caller parks the file), StorageError / FileNotFoundError for the storage (the run retries or skips)."""
+def read_file(
+    fs: fsspec.AbstractFileSystem, info: FileInfo, spec: FilesStream, resume: Resume, window: RowWindow | None = None
+) -> Iterator[Piece]:
+    """The file's rows after `resume` (within `window`, if given), piece by piece. Raises CorruptFile for bytes
+    that are not the format (the caller parks the file), StorageError / FileNotFoundError for the storage."""
+    for piece in _read(fs, info, spec, resume, window):
+        if window is None or piece.table is None:
+            yield piece
+            continue
+        kept, outside = within(piece.table, window)
+        yield Piece(kept, piece.bad + outside, piece.rows_done, piece.bad_done)
+
+
+def _read(
+    fs: fsspec.AbstractFileSystem, info: FileInfo, spec: FilesStream, resume: Resume, window: RowWindow | None
+) -> Iterator[Piece]:
     kind, suffix_compression = file_format(info.path, spec.format)
     compression = suffix_compression if spec.compression == "auto" else None
     compression = spec.compression if spec.compression in ("gzip", "zstd") else compression
@@ -47,7 +62,7 @@ def read_file(fs: fsspec.AbstractFileSystem, info: FileInfo, spec: FilesStream, 
         raise CorruptFile("the format is not known from the file's name: set the stream's `format`")
     try:
         if kind == "parquet":
-            yield from read_parquet(lambda: open_seekable(fs, info.path), spec.batch_rows, resume)
+            yield from read_parquet(lambda: open_seekable(fs, info.path), spec.batch_rows, resume, window)
         elif kind == "jsonl":
             yield from read_jsonl(lambda: open_bytes(fs, info.path, compression), spec.batch_rows, resume)
         else:

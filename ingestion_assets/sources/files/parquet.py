@@ -1,4 +1,5 @@
-"""Parquet files row group by row group, in bounded batches; a resume skips whole row groups by their counts."""
+"""Parquet files row group by row group, in bounded batches; a resume skips whole row groups by their counts, and
+a row window skips the row groups whose statistics exclude it (their bytes are never read)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ingestion_assets.sources.files.listing import StorageError
-from ingestion_assets.sources.files.pieces import ROW, CorruptFile, Piece, Resume
+from ingestion_assets.sources.files.pieces import ROW, CorruptFile, Piece, Resume, RowWindow
+from ingestion_assets.sources.files.window import excluded
 
 
-def read_parquet(open_file: Callable[[], pa.NativeFile], batch_rows: int, resume: Resume) -> Iterator[Piece]:
+def read_parquet(
+    open_file: Callable[[], pa.NativeFile], batch_rows: int, resume: Resume, window: RowWindow | None = None
+) -> Iterator[Piece]:
     try:
         parquet = pq.ParquetFile(open_file())
     except (pa.ArrowInvalid, OSError) as exc:
@@ -23,6 +27,10 @@ def read_parquet(open_file: Callable[[], pa.NativeFile], batch_rows: int, resume
         count = parquet.metadata.row_group(group).num_rows
         if offset + count <= resume.rows:
             offset += count  # read before: its metadata is enough to skip it
+            continue
+        if window is not None and excluded(parquet, group, window):
+            offset += count  # none of its rows is in the window: counted as given, not read
+            yield Piece(None, [], offset)
             continue
         try:
             for batch in parquet.iter_batches(batch_size=batch_rows, row_groups=[group], use_threads=False):

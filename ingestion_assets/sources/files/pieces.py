@@ -4,6 +4,7 @@ the way, and where the file's read stands (so a run that stops inside a big file
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
@@ -40,3 +41,13 @@ class Piece:
     bad: list[BadRow]
     rows_done: int  # rows of the file given so far (this piece's last row number)
     bad_done: int = 0
+
+
+@dataclass(frozen=True)
+class RowWindow:
+    """Rows whose `column` is in [low, high): the others belong elsewhere (another partition) and are left out;
+    a Parquet row group whose statistics say it holds none of them is not read at all."""
+
+    column: str
+    low: Any
+    high: Any

@@ -1,0 +1,106 @@
+"""A batch of files on its way to the target: each file's rows labelled with the file and a version (newer files
+win, then later paths, then later rows), the bad rows and broken files as dead letters, loaded in one load."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA
+from ingestion_assets.loading.metadata_columns import with_metadata
+from ingestion_assets.loading.pipeline import Loader
+from ingestion_assets.sources.files import FILE, ROW, BadRow, FileInfo
+from ingestion_assets.streams.files_schema import FilesSchemaStep
+
+VERSION = "_ingest_file_version"
+
+
+def load_files(
+    loader: Loader,
+    schema: FilesSchemaStep,
+    tables: list[tuple[pa.Table, str]],
+    dead: list[dict[str, Any]],
+    generation: int,
+    where: tuple[str, str, str],
+) -> int:
+    """Each file's table through the schema step, then all in the types as they are now (a later file may have
+    widened a column), loaded with the dead letters in one load; returns the rows loaded."""
+    now = dt.datetime.now(dt.UTC)
+    settled = [schema.settle(t, loader, f) for t, f in tables]
+    labelled = [with_metadata(schema.cast(t), [VERSION], now, generation) for t in settled]
+    rows = pa.concat_tables(labelled, promote_options="default").drop_columns([VERSION]) if labelled else None
+    return loader.load(rows, dead_letters=dead_letter_table(dead, where, now))
+
+
+def dead_letter_table(dead: list[dict[str, Any]], where: tuple[str, str, str], now: dt.datetime) -> pa.Table | None:
+    """The dead letters as the loader takes them; `where`: (stream, partition, run id)."""
+    if not dead:
+        return None
+    stream, partition, run_id = where
+    records = [
+        {
+            "stream": stream,
+            "partition": partition,
+            "record_key": d["key"],
+            "run_id": run_id,
+            "position": json.dumps(d["position"]),
+            "error": d["error"],
+            "raw_record": json.dumps(d["raw"]),
+            "dead_lettered_at": now,
+        }
+        for d in dead
+    ]
+    return pa.Table.from_pylist(records, schema=DEAD_LETTER_SCHEMA)
+
+
+@dataclass
+class FileBatch:
+    """What a slice (or a replay) gathers: each file's tables apart, and its dead letters."""
+
+    tables: list[tuple[pa.Table, str]] = field(default_factory=list)
+    dead: list[dict[str, Any]] = field(default_factory=list)
+    rows: int = 0
+    files: int = 0
+
+    def add(self, table: pa.Table | None, relative: str, info: FileInfo, bad: list[BadRow]) -> None:
+        for row in bad:
+            where = f"line {row.line}" if row.line is not None else f"row {row.row}" if row.row else "line unknown"
+            self.dead.append(
+                {
+                    "key": f"{relative}:{where.replace(' ', '')}" if row.line or row.row else f"{relative}:{row.raw}",
+                    "position": {"file": relative, "row": row.row, "line": row.line, **_when(info)},
+                    "error": f"file {relative} {where}: {row.error}",
+                    "raw": {"file": relative, "row": row.row, "line": row.line, "text": row.raw},
+                }
+            )
+        if table is not None and table.num_rows:
+            self.tables.append((_labelled(table, relative, info), f"file {relative}"))
+            self.rows += table.num_rows
+
+    def park(self, relative: str, info: FileInfo, reason: str) -> None:
+        self.dead.append(
+            {
+                "key": f"{relative}:file",
+                "position": {"file": relative, **_when(info)},
+                "error": f"file {relative} parked as a whole: {reason}",
+                "raw": {"file": relative, "size": info.size, "etag": info.etag, **_when(info)},
+            }
+        )
+
+
+def _labelled(table: pa.Table, relative: str, info: FileInfo) -> pa.Table:
+    """The file's name, and each row's version: newer files win, then later paths, then later rows."""
+    rows = table.num_rows
+    prefix = f"{info.modified_at.strftime('%Y-%m-%dT%H:%M:%S.%f')}|{relative}|"
+    numbers = pc.utf8_lpad(pc.cast(table.column(ROW), pa.string()), width=12, padding="0")
+    version = pc.binary_join_element_wise(pa.repeat(pa.scalar(prefix), rows), numbers, "")
+    return table.append_column(FILE, pa.repeat(pa.scalar(relative), rows)).append_column(VERSION, version)
+
+
+def _when(info: FileInfo) -> dict[str, Any]:
+    return {"modified_at": info.modified_at.isoformat()}

@@ -1,0 +1,85 @@
+"""Files deleted at the source (`deletes: hard | soft`): the target rows that came from a file the listing no
+longer shows are deleted, or kept with `_ingest_deleted_at`; `keep` (the default) leaves them.
+
+Which rows a file "holds" is the same for a keyless and a keyed stream: the rows whose `_ingest_file` names it.
+Keyless, those are exactly the file's rows. Keyed, they are the keys whose newest version came from that file;
+an older version of such a key in a file still present is not brought back (it was superseded, and is read
+again only if that file changes, or after `ingest state reset`). A rewritten file needs nothing here: its
+rows are merged again by key (or by file and row).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from dlt.destinations.exceptions import DatabaseUndefinedRelation
+
+from ingestion_assets.loading.metadata_columns import DELETED_AT
+from ingestion_assets.loading.pipeline import Loader
+from ingestion_assets.loading.relations import table_exists
+from ingestion_assets.sources.files import FILE
+
+_CHUNK = 500  # files per statement
+
+
+@dataclass(frozen=True)
+class Retired:
+    files: list[str]  # files gone from the source whose rows were retired
+    rows: int
+    refused: str | None = None
+
+
+def retire_deleted_files(
+    loader: Loader, listed: set[str], held: Any, mode: str, stream: str, log: logging.Logger | Any | None
+) -> Retired:
+    """Retire the rows of the files the target holds (those `held(file)` says are the partition's) that are
+    not `listed` now. An empty listing retires nothing: a wrong url or prefix must not empty the target."""
+    target = _target_files(loader)
+    gone = sorted(f for f in target if f not in listed and held(f))
+    if not gone:
+        return Retired([], 0)
+    if not listed:
+        refused = (
+            f"stream {stream}: the listing found no file at all while the target holds rows of {len(target)} "
+            "file(s): nothing retired (check the source's url and the stream's path; delete the rows by hand "
+            "if every file really was removed)"
+        )
+        if log is not None:
+            log.warning("%s", refused)
+        return Retired([], 0, refused)
+    rows = _retire(loader, gone, soft=mode == "soft")
+    if log is not None:
+        log.info("%s: %d file(s) deleted at the source, %d row(s) %s", stream, len(gone), rows, mode + " deleted")
+    return Retired(gone, rows)
+
+
+def _target_files(loader: Loader) -> set[str]:
+    with loader.client() as client:
+        table = client.make_qualified_table_name(loader.target.table)
+        column = client.escape_column_name(loader.names.column(FILE))
+        try:
+            rows = client.execute_sql(f"SELECT DISTINCT {column} FROM {table} WHERE {DELETED_AT} IS NULL")
+        except DatabaseUndefinedRelation:
+            return set()
+    return {str(row[0]) for row in rows or [] if row[0] is not None}
+
+
+def _retire(loader: Loader, files: list[str], soft: bool) -> int:
+    retired = 0
+    with loader.client() as client:
+        table = client.make_qualified_table_name(loader.target.table)
+        if not table_exists(client, table):
+            return 0
+        column = client.escape_column_name(loader.names.column(FILE))
+        for start in range(0, len(files), _CHUNK):
+            names = ", ".join("'" + f.replace("'", "''") + "'" for f in files[start : start + _CHUNK])
+            where = f"{column} IN ({names}) AND {DELETED_AT} IS NULL"
+            counted = client.execute_sql(f"SELECT count(*) FROM {table} WHERE {where}")
+            retired += int(counted[0][0]) if counted else 0
+            if soft:
+                client.execute_sql(f"UPDATE {table} SET {DELETED_AT} = CURRENT_TIMESTAMP WHERE {where}")
+            else:
+                client.execute_sql(f"DELETE FROM {table} WHERE {where}")
+    return retired

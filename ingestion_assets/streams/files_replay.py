@@ -1,0 +1,61 @@
+"""`ingest dlq replay` for a file stream: after the user fixed a file (or the catalog: column types, the schema
+policy), read each file that has parked rows again, in full, and load what now fits.
+
+A parked row is named by its file and line (or row), which a fix may shift (a bad line deleted renumbers the
+rest), so a file is replayed whole: the merge on the key (or on file and row) makes its good rows harmless
+again. Its old dead letters leave only after the new read loaded; rows still bad are parked again with today's
+error. A file no longer at the source keeps its dead letters for a person to decide."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from typing import Any
+
+from ingestion_assets.loading.parked import delete_parked, parked_rows
+from ingestion_assets.sources.files import CorruptFile, FileInfo, Resume, list_files, read_file
+from ingestion_assets.streams.files import FileSourceStream, relative_path
+from ingestion_assets.streams.files_batch import FileBatch, load_files
+from ingestion_assets.streams.files_partitions import PartitionScope
+from ingestion_assets.streams.files_schema import files_schema_step
+from ingestion_assets.streams.postgres_table import Target
+from ingestion_assets.streams.replay import Replay
+
+
+def replay_file_dead_letters(
+    stream: FileSourceStream, generation: int, details: dict[str, Any], run_id: str = "replay"
+) -> Replay:
+    """`details`: the stream's last checkpoint details (its stored schema, so replayed rows meet the same policy)."""
+    loader = stream.loader(Target(stream.name, generation), None)
+    schema = files_schema_step(stream, details)
+    parked = parked_rows(loader.pipeline, stream.name)
+    by_file: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for row in parked:
+        by_file[(str(json.loads(row["raw_record"]).get("file")), row["partition"] or "")].append(row["record_key"])
+    fs, root = stream.filesystem()
+    listed = {relative_path(f.path, root): f for f in list_files(fs, root, stream.spec.path)}
+    loaded = still_bad = 0
+    gone: list[str] = []
+    for (file, partition), keys in sorted(by_file.items()):
+        info = listed.get(file)
+        if info is None:
+            gone += keys
+            continue
+        batch = _read_again(stream, fs, info, file, partition)
+        loaded += load_files(loader, schema, batch.tables, batch.dead, generation, (stream.name, partition, run_id))
+        still_bad += len(batch.dead)
+        released = sorted(set(keys) - {d["key"] for d in batch.dead})
+        if released:
+            delete_parked(loader.pipeline, stream.name, released)
+    return Replay(len(parked), loaded, still_bad, sorted(gone))
+
+
+def _read_again(stream: FileSourceStream, fs: Any, info: FileInfo, file: str, partition: str) -> FileBatch:
+    batch = FileBatch()
+    window = PartitionScope.of(stream.spec, partition or None).rows()
+    try:
+        for piece in read_file(fs, info, stream.spec, Resume(), window):
+            batch.add(piece.table, file, info, piece.bad)
+    except CorruptFile as exc:
+        batch.park(file, info, str(exc))
+    return batch

@@ -1,0 +1,102 @@
+"""Files deleted at the source (`deletes: keep | hard | soft`): their rows stay, go, or are flagged, for a keyless
+stream (rows keyed by file and row) and a keyed one; a file put back is read again; an empty listing retires
+nothing."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ingestion_assets_tests.files_helpers import Drops, csv_text
+
+BASE = 1_700_000_000.0
+
+
+def _rows(first: int, count: int, tag: str = "v1") -> list[tuple[Any, ...]]:
+    return [(i, f"{tag}-{i}", i * 0.5) for i in range(first, first + count)]
+
+
+@pytest.fixture
+def drops(tmp_path: Path) -> Drops:
+    return Drops(tmp_path)
+
+
+def test_a_deleted_file_takes_its_rows_with_it_in_a_keyless_stream(drops: Drops) -> None:
+    drops.catalog(path="*.csv", deletes="hard")
+    drops.write("a.csv", csv_text(_rows(1, 3)), BASE)
+    drops.write("b.csv", csv_text(_rows(1, 2, "b")), BASE + 1)  # the same ids: keyless, both files' rows stay
+    drops.run()
+    (drops.folder / "a.csv").unlink()
+    outcome = drops.run()
+    assert outcome.result.figures["files_deleted"] == 1 and outcome.result.figures["rows_retired"] == 3
+    assert drops.rows("_ingest_file, _ingest_file_row, name") == [("b.csv", 1, "b-1"), ("b.csv", 2, "b-2")]
+    drops.write("a.csv", csv_text(_rows(1, 3)), BASE)  # put back as it was (same fingerprint): read again
+    assert drops.run().result.rows == 3
+    assert [r[0] for r in drops.rows("_ingest_file, _ingest_file_row")] == ["a.csv"] * 3 + ["b.csv"] * 2
+
+
+@pytest.mark.slow  # several loads: beyond the default suite's time budget
+def test_soft_deletes_flag_the_keys_a_deleted_file_last_delivered(drops: Drops) -> None:
+    drops.catalog(path="*.csv", primary_key="id", deletes="soft")
+    drops.write("a.csv", csv_text(_rows(1, 4)), BASE)
+    drops.write("b.csv", csv_text(_rows(3, 4, "b")), BASE + 1)  # ids 3, 4 newer here than in a.csv
+    drops.run()
+    (drops.folder / "a.csv").unlink()
+    assert drops.run().result.figures["rows_retired"] == 2  # ids 1 and 2: 3 and 4 came from b.csv
+    flagged = drops.rows("id, _ingest_file, _ingest_deleted_at IS NOT NULL")
+    assert flagged == [(1, "a.csv", True), (2, "a.csv", True)] + [(i, "b.csv", False) for i in range(3, 7)]
+    drops.write("a.csv", csv_text(_rows(1, 2, "v2")), BASE + 5)  # back, rewritten: live again
+    drops.run()
+    assert drops.rows("id, name, _ingest_deleted_at IS NOT NULL")[:2] == [(1, "v2-1", False), (2, "v2-2", False)]
+
+
+def test_keep_leaves_the_rows_and_an_empty_listing_retires_nothing(drops: Drops) -> None:
+    drops.catalog(path="*.csv", primary_key="id")  # deletes: keep, the default
+    drops.write("a.csv", csv_text(_rows(1, 3)), BASE)
+    drops.run()
+    (drops.folder / "a.csv").unlink()
+    drops.run()
+    assert [r[0] for r in drops.rows()] == [1, 2, 3]
+    drops.catalog(path="*.csv", primary_key="id", deletes="hard")
+    shutil.rmtree(drops.folder)  # the whole folder gone (a wrong url looks the same): refuse to empty the target
+    drops.folder.mkdir()
+    outcome = drops.run()
+    assert outcome.result.note is not None and "nothing retired" in outcome.result.note
+    assert [r[0] for r in drops.rows()] == [1, 2, 3]
+
+
+@pytest.mark.slow  # several loads: beyond the default suite's time budget
+def test_a_deleted_file_in_one_partition_retires_only_there(drops: Drops) -> None:
+    partitions = {"by": "time", "pattern": "dt={date}/", "start": "2026-01-01"}
+    drops.catalog(path="**/*.csv", deletes="hard", partitions=partitions)
+    drops.write("dt=2026-01-01/a.csv", csv_text(_rows(1, 2)), BASE)
+    drops.write("dt=2026-01-02/a.csv", csv_text(_rows(11, 2)), BASE)
+    drops.run("2026-01-01")
+    drops.run("2026-01-02")
+    (drops.folder / "dt=2026-01-02" / "a.csv").unlink()
+    assert drops.run("2026-01-01").result.figures["files_deleted"] == 0  # not its file
+    assert len(drops.rows("_ingest_file, _ingest_file_row")) == 4
+    assert drops.run("2026-01-02").result.figures["files_deleted"] == 1
+    assert drops.rows("_ingest_file, _ingest_file_row") == [("dt=2026-01-01/a.csv", 1), ("dt=2026-01-01/a.csv", 2)]
+
+
+def test_dead_letter_replay_loads_the_fixed_file_and_keeps_what_is_still_bad(drops: Drops) -> None:
+    from ingestion_assets.streams.files_replay import replay_file_dead_letters
+
+    drops.catalog(path="*.csv", primary_key="id", csv={"column_types": {"amount": "float64"}})
+    drops.write("a.csv", "id,name,amount\n1,a,1.5\n2,b,oops\n3,c,2.5\n", BASE)
+    drops.write("b.csv", "id,name,amount\n4,d,1.0\n5,e\n", BASE + 1)
+    drops.write("c.csv", "id,name,amount\n6,f,nope\n", BASE + 2)
+    drops.run()
+    assert [k for k, _ in drops.dead_letters()] == ["a.csv:row2", "b.csv:line3", "c.csv:row1"]
+    drops.write("a.csv", "id,name,amount\n1,a,1.5\n2,b,2.0\n3,c,2.5\n", BASE)  # fixed by the user
+    (drops.folder / "c.csv").unlink()  # gone: its dead letter stays for a person to decide
+    details = drops.store.latest(None).details  # type: ignore[union-attr]
+    replay = replay_file_dead_letters(drops.stream(), int(details["generation"]), dict(details))
+    assert (replay.parked, replay.loaded, replay.still_bad, replay.gone) == (3, 4, 1, ["c.csv:row1"])
+    assert drops.rows() == [(1, "a", 1.5), (2, "b", 2.0), (3, "c", 2.5), (4, "d", 1.0)]
+    parked = dict(drops.dead_letters())
+    assert sorted(parked) == ["b.csv:line3", "c.csv:row1"] and "2 fields" in parked["b.csv:line3"]
