@@ -6,6 +6,11 @@ so the ratios compare like with like on a noisy machine. Usage:
 
     .venv/bin/python bench/files_to_duckdb.py --rows 5000000
     .venv/bin/python bench/files_to_duckdb.py --rows 1000000 --paths duckdb_csv,stream_csv
+    .venv/bin/python bench/files_to_duckdb.py --rows 5000000 --paths duckdb_parquetday,stream_parquetday
+
+The `parquetday` paths read one day of `placed_at` (the rows span ~170 days): the stream as a partition of
+`partitions: {by: time, column: placed_at}`, whose Parquet row groups outside the day are skipped by their
+statistics, against DuckDB's read_parquet with the same WHERE (which skips them too).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 WORK = Path(__file__).resolve().parent / ".work" / "files"
 FILES = 10  # the rows are split over this many files of each format
 PATHS = "duckdb_csv,stream_csv,dlt_csv,duckdb_parquet,stream_parquet,dlt_parquet"
+DAY = "2024-02-01"  # the partition the `parquetday` paths read
 
 
 def main() -> None:
@@ -49,7 +55,7 @@ def main() -> None:
         print(
             f"{path:16} {line['rows']:>10,} rows {line['seconds']:8.1f} s {line['rows'] / line['seconds']:>12,.0f} rows/s  peak RSS {line['peak_rss_mb']:.0f} MB"
         )
-    for kind in ("csv", "parquet"):
+    for kind in ("csv", "parquet", "parquetday"):
         floor = results.get(f"duckdb_{kind}")
         for path in (f"stream_{kind}", f"dlt_{kind}"):
             if floor and path in results:
@@ -124,8 +130,10 @@ def _duckdb(kind: str, target: Path) -> int:
     import duckdb
 
     reader = "read_csv" if kind == "csv" else "read_parquet"
+    folder, where = (WORK / "parquet", _day_filter()) if kind == "parquetday" else (WORK / kind, "")
+    suffix = "csv" if kind == "csv" else "parquet"
     with duckdb.connect(str(target)) as con:
-        con.execute(f"CREATE TABLE orders AS SELECT * FROM {reader}('{WORK / kind}/*.{kind}')")
+        con.execute(f"CREATE TABLE orders AS SELECT * FROM {reader}('{folder}/*.{suffix}') {where}")
         return int(con.execute("SELECT count(*) FROM orders").fetchone()[0])  # type: ignore[index]
 
 
@@ -140,21 +148,25 @@ def _stream(kind: str, target: Path) -> int:
     home = WORK / f"home-{kind}"
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True)
+    spec: dict[str, Any] = {"path": f"*.{kind}", "primary_key": "id"}
+    partition = None
+    if kind == "parquetday":  # one day of a partitioning by placed_at
+        spec = {"path": "*.parquet", "primary_key": "id", "partitions": {"by": "time", "column": "placed_at"}}
+        spec["partitions"]["start"], partition, kind = "2024-01-01", DAY, "parquet"
     catalog = {
         "destination": {"type": "duckdb", "path": str(target)},
-        "sources": {
-            "drops": {
-                "type": "files",
-                "url": str(WORK / kind),
-                "streams": {"orders": {"path": f"*.{kind}", "primary_key": "id"}},
-            }
-        },
+        "sources": {"drops": {"type": "files", "url": str(WORK / kind), "streams": {"orders": spec}}},
     }
     (home / "catalog.yaml").write_text(yaml.safe_dump(catalog))
     settings = Settings(home=home, catalog_path=home / "catalog.yaml")
     stream = catalog_streams(settings, load_catalog(home / "catalog.yaml"))[0]
-    outcome = PartitionJob(stream, _MemoryStore(), run_id="bench").run()
+    outcome = PartitionJob(stream, _MemoryStore(), partition, run_id="bench").run()
     return outcome.result.rows
+
+
+def _day_filter() -> str:
+    day = dt.date.fromisoformat(DAY)
+    return f"WHERE placed_at >= '{day}T00:00:00Z' AND placed_at < '{day + dt.timedelta(days=1)}T00:00:00Z'"
 
 
 class _MemoryStore:
