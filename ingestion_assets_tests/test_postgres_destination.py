@@ -110,3 +110,25 @@ def test_a_crash_after_the_first_copy_is_merged_over_not_appended_twice(
     monkeypatch.delenv(FAULT_ENV)
     harness.materialize()
     assert harness.assert_target_equals_source("events", "events", "id") == 3000
+
+
+def _sessions(harness: StreamHarness) -> int:
+    """Connections the target database has taken so far (the counter a backend bumps when it starts)."""
+    harness.query_target("SELECT pg_sleep(1.2)")  # backends flush their statistics at most once a second
+    ((sessions,),) = harness.query_target("SELECT sessions FROM pg_stat_database WHERE datname = current_database()")
+    return int(sessions)
+
+
+def test_slices_of_one_run_share_one_target_connection(harness: StreamHarness) -> None:
+    """A run's slices merge on the loader's one connection, the writer lock held by each slice's transaction:
+    a connection per slice (or three, as before) costs more than a small slice's merge."""
+    harness.source.execute(TABLE)
+    spec = {"table": '"Items"', "primary_key": "id", "cursor": "updated_at", "slice_rows": 150}
+    harness.write_catalog({"few": dict(spec), "many": {**spec, "slice_rows": 25}}, destination="postgres")
+    before = _sessions(harness)
+    harness.materialize("few")  # 2 slices
+    few = _sessions(harness) - before
+    harness.materialize("many")  # 12 slices
+    many = _sessions(harness) - before - few
+    assert harness.query_target(f'SELECT count(*) FROM "{harness.source_name}".many') == [(300,)]
+    assert many - few < 10, f"{few} connections for 2 slices, {many} for 12"

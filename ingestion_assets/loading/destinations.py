@@ -141,7 +141,7 @@ def writer_lock(settings: Settings, destination: Destination, dataset: str, tabl
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
         return
-    key = zlib.crc32(f"ingest:{dataset}.{table}".encode())
+    key = writer_lock_key(dataset, table)
     with contextlib.closing(psycopg2.connect(destination_url(settings, destination))) as conn:
         conn.autocommit = True
         with conn.cursor() as cur:
@@ -151,6 +151,11 @@ def writer_lock(settings: Settings, destination: Destination, dataset: str, tabl
                 yield
             finally:
                 cur.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+
+def writer_lock_key(dataset: str, table: str) -> int:
+    """The PostgreSQL advisory lock key of one target table (a slice's transaction may hold it instead)."""
+    return zlib.crc32(f"ingest:{dataset}.{table}".encode())
 
 
 def _wait_until_writable(path: Path, patience: float = DUCKDB_BUSY_SECONDS) -> None:

@@ -3,7 +3,7 @@ from its hints and native types), our COPY + merge moves the data (see postgres_
 
 from __future__ import annotations
 
-import contextlib
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import dlt
@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 
 from ingestion_assets.loading.bindings import Marker, ensure_table, write_marker
 from ingestion_assets.loading.dead_letters import record_keys
+from ingestion_assets.loading.destinations import writer_lock_key
 from ingestion_assets.loading.metadata_columns import POSITION
 from ingestion_assets.loading.native_types import for_postgres
 from ingestion_assets.loading.parked import dead_letter_resource, parked_keys
@@ -47,11 +48,13 @@ def load_slice(loader: Loader, table: pa.Table | None, dead_letters: pa.Table | 
         and POSITION in rows.column_names
         and pa.types.is_string(rows.schema.field(POSITION).type),
     )
-    held = contextlib.nullcontext() if mode == "merge" else loader._lock()
     marker = _next_marker(loader)
     loaded, parked_loaded = 0, None
-    client_scope = _client(loader)
-    with held, client_scope as client, client.begin_transaction(), client.native_connection.cursor() as cursor:
+    with _client(loader) as client, client.begin_transaction(), client.native_connection.cursor() as cursor:
+        if mode != "merge":  # the writer lock, held by this transaction: no connection of its own per slice
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(%s)", (writer_lock_key(loader.target.dataset, loader.stream_name),)
+            )
         if rows is not None:
             parked_loaded = _parked_that_load(loader, client, rows)
             loaded = write_slice(cursor, write, for_postgres(rows), columns)
@@ -119,11 +122,18 @@ def _parked_that_load(loader: Loader, client: Any, rows: pa.Table) -> pa.Table |
 
 
 def _client(loader: Loader) -> Any:
-    """One dlt SQL client per loader (each `with` opens its own connection): resolving dlt's configuration
-    for a new client costs more than the slice's merge statement on a small slice."""
-    if loader._sql_client is None:
-        loader._sql_client = loader.pipeline.sql_client()
-    return loader._sql_client
+    """One dlt SQL client per loader, on one connection kept open across its slices (closed with the loader):
+    resolving dlt's configuration for a new client, and opening a connection per statement group, each cost
+    more than the slice's merge statement on a small slice. A connection that broke is opened again."""
+    client = loader._sql_client
+    if client is None:
+        client = loader._sql_client = loader.pipeline.sql_client()
+        weakref.finalize(loader, client.close_connection)
+    connection = client._conn
+    if connection is None or connection.closed:
+        client.open_connection()
+        client.owns_connection = False  # `with client` reuses it instead of opening and closing one
+    return client
 
 
 def _qualified(loader: Loader) -> str:
