@@ -46,7 +46,7 @@ def _target(loader: Loader) -> list[tuple[Any, ...]]:
 
 SLOW = pytest.mark.slow
 CASES = [
-    pytest.param("mariadb", ["updated_at", "n"], id="mariadb-text"),  # MariaDB would compare DECIMAL or text its way
+    pytest.param("mariadb", ["updated_at", "n"], id="mariadb-text", marks=SLOW),  # MariaDB would compare DECIMAL or text its way
     pytest.param("mariadb", ["updated_at"], id="mariadb-timestamp", marks=SLOW),
     pytest.param("delta", ["updated_at", "n"], id="delta-text", marks=SLOW),
     pytest.param("iceberg", ["updated_at"], id="iceberg-timestamp", marks=SLOW),
