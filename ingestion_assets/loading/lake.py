@@ -22,17 +22,12 @@ from ingestion_assets.catalog import Destination
 from ingestion_assets.loading.bindings import TABLE as BINDINGS
 from ingestion_assets.loading.bindings import Marker
 from ingestion_assets.loading.dead_letters import DEAD_LETTER_TABLE, record_keys
+from ingestion_assets.loading.lake_parquet import ParquetFiles
 from ingestion_assets.loading.lake_sql import LakeSqlView, keep_newest_in_duckdb, lake_sql_view
 from ingestion_assets.loading.lake_tables import LakeTables, TableStore, _literal
 from ingestion_assets.loading.metadata_columns import DELETED_AT, GENERATION, POSITION
 from ingestion_assets.loading.pipeline import Loader, TargetState
 from ingestion_assets.loading.versions import KeyCheck
-
-
-class LakeUnsupported(RuntimeError):
-    """What a lake destination does not do; the message says what to do instead."""
-
-    transient = False
 
 
 def lake_destination(destination: Destination, credentials: str | dict[str, Any] | None) -> Any:
@@ -58,13 +53,17 @@ class LakeLoader(Loader):
             from ingestion_assets.loading.iceberg import IcebergTables  # pyiceberg loads only for Iceberg
 
             self.tables = IcebergTables(self._pipeline, self.lake.dataset_url, self.lake.local)
+        elif self.destination.table_format == "parquet":
+            self.tables = ParquetFiles(self._pipeline)
 
     def _run(self, resources: list[Any], file_format: str | None) -> None:
         """The stream's tables in the destination's table format, the dead letters in Delta (as the bindings);
         on Iceberg the new snapshot is made durable here, before the binding and the checkpoint follow it."""
         for resource in resources:
             bookkeeping = resource.name == DEAD_LETTER_TABLE
-            resource.apply_hints(table_format="delta" if bookkeeping else self.destination.table_format)
+            kind = self.destination.table_format
+            if bookkeeping or kind != "parquet":  # plain Parquet: dlt's own files, no table format
+                resource.apply_hints(table_format="delta" if bookkeeping else kind)
         self._pipeline.run(resources, loader_file_format="parquet")
         if self.tables is not self.lake:
             self.tables.sync(self.target.table)
