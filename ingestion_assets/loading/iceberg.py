@@ -25,7 +25,7 @@ from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.table import Table as IcebergTable
 
 from ingestion_assets.loading.lake_tables import quoted
-from ingestion_assets.loading.metadata_columns import DELETED_AT
+from ingestion_assets.loading.metadata_columns import DELETED_AT, POSITION
 
 _CURRENT = "_ingest_table"  # the table's rows, as DuckDB sees them while a change is computed
 _KEYS = "_ingest_keys"
@@ -74,7 +74,7 @@ class IcebergTables:
     def update(self, table: str, updates: dict[str, str], predicate: str) -> None:
         iceberg = self.open(table)
         if iceberg is not None:
-            self._rewrite(iceberg, table, _update_sql(updates, predicate), predicate)
+            self._rewrite(iceberg, table, _update_sql(updates, predicate), _count(predicate))
 
     def retire_keys(self, table: str, keys: pa.Table, soft: bool) -> int:
         """Delete the rows of `keys`, or flag them deleted keeping their last values, in one snapshot."""
@@ -85,8 +85,24 @@ class IcebergTables:
         matched = f"EXISTS (SELECT 1 FROM {_KEYS} k WHERE {on})"
         if soft:
             matched += f" AND t.{DELETED_AT} IS NULL"
-            return self._rewrite(iceberg, table, _update_sql({DELETED_AT: "now()"}, matched), matched, keys)
-        return self._rewrite(iceberg, table, f"SELECT * FROM {_CURRENT} t WHERE NOT ({matched})", matched, keys)
+            return self._rewrite(iceberg, table, _update_sql({DELETED_AT: "now()"}, matched), _count(matched), keys)
+        return self._rewrite(iceberg, table, f"SELECT * FROM {_CURRENT} t WHERE NOT ({matched})", None, keys)
+
+    def flag_deleted(self, table: str, key: tuple[str, ...], marks: pa.Table) -> int:
+        """CDC's soft deletes (`marks`: the key as text _k0.., `_version`, `_at`): flag each row at the delete's
+        version, keeping its values, unless it is flagged already or newer; one snapshot."""
+        iceberg = self.open(table)
+        if iceberg is None or marks.num_rows == 0:
+            return 0
+        on = " AND ".join(f"CAST(t.{quoted(k)} AS VARCHAR) = m._k{i}" for i, k in enumerate(key))
+        hit = f"m._k0 IS NOT NULL AND t.{DELETED_AT} IS NULL AND (t.{POSITION} IS NULL OR t.{POSITION} < m._version)"
+        flagged = ", ".join(
+            f"CASE WHEN {hit} THEN m.{new} ELSE t.{column} END AS {column}"
+            for column, new in ((DELETED_AT, "_at"), (POSITION, "_version"))
+        )
+        select = f"SELECT t.* REPLACE ({flagged}) FROM {_CURRENT} t LEFT JOIN {_KEYS} m ON {on}"
+        count = f"SELECT count(*) FROM {_CURRENT} t JOIN {_KEYS} m ON {on} WHERE {hit}"
+        return self._rewrite(iceberg, table, select, count, marks)
 
     def overwrite_with(self, table: str, shadow: str) -> bool:
         """The refresh's swap: the shadow's rows become the table's in one commit (a delete and an append in
@@ -109,9 +125,9 @@ class IcebergTables:
         return True
 
     def _rewrite(
-        self, iceberg: IcebergTable, table: str, select: str, changed: str | None = None, keys: pa.Table | None = None
+        self, iceberg: IcebergTable, table: str, select: str, count: str | None = None, keys: pa.Table | None = None
     ) -> int:
-        """The table's rows replaced by `select` over them, in one commit; how many rows `changed` selects (or how
+        """The table's rows replaced by `select` over them, in one commit; how many rows changed (`count`, or how
         many went). Nothing is committed when no row changes."""
         current = iceberg.scan().to_arrow()
         with contextlib.closing(duckdb.connect()) as con:
@@ -119,15 +135,15 @@ class IcebergTables:
             if keys is not None:
                 con.register(_KEYS, keys)
             result = con.sql(select).to_arrow_table()
-            if changed is None:
-                count = current.num_rows - result.num_rows
+            if count is None:
+                changed = current.num_rows - result.num_rows
             else:
-                found = con.execute(f"SELECT count(*) FROM {_CURRENT} t WHERE {changed}").fetchone()
-                count = int(found[0]) if found else 0
-        if count:
+                found = con.execute(count).fetchone()
+                changed = int(found[0]) if found else 0
+        if changed:
             iceberg.overwrite(result.select(current.column_names).cast(current.schema))
             self.sync(table)
-        return count
+        return changed
 
     def sync(self, table: str) -> None:
         """On a local disk, force the newest metadata file (the commit) and its folder to the device before the
@@ -150,6 +166,10 @@ class IcebergTables:
     @staticmethod
     def _id(client: Any, table: str) -> str:
         return f"{client.dataset_name}.{table}"
+
+
+def _count(predicate: str) -> str:
+    return f"SELECT count(*) FROM {_CURRENT} t WHERE {predicate}"
 
 
 def _update_sql(updates: dict[str, str], predicate: str) -> str:

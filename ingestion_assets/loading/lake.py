@@ -9,6 +9,7 @@ the next run re-reads that slice from the checkpoint and the merge on the key ab
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -37,6 +38,9 @@ def lake_destination(destination: Destination, credentials: str | dict[str, Any]
     return dlt.destinations.filesystem(**options)
 
 
+_ROW = "_ingest_row"
+
+
 @dataclass
 class LakeLoader(Loader):
     """The Loader's operations on a lake: reads, deletes and the refresh swap through the table format's own
@@ -55,6 +59,13 @@ class LakeLoader(Loader):
             self.tables = IcebergTables(self._pipeline, self.lake.dataset_url, self.lake.local)
         elif self.destination.table_format == "parquet":
             self.tables = ParquetFiles(self._pipeline)
+
+    def load(self, table: pa.Table | None, dead_letters: pa.Table | None = None) -> int:
+        """A slice with several versions of a key (a CDC batch: an insert and its delete) is reduced to the newest
+        first: a Delta MERGE and pyiceberg's upsert refuse a target row matched by two source rows."""
+        if table is not None and self.target.write_disposition == "merge" and POSITION in table.column_names:
+            table = newest_per_key(table, self.target.primary_key)
+        return super().load(table, dead_letters)
 
     def _run(self, resources: list[Any], file_format: str | None) -> None:
         """The stream's tables in the destination's table format, the dead letters in Delta (as the bindings);
@@ -158,6 +169,21 @@ class LakeLoader(Loader):
         `client()`, which holds the writer lock."""
         return int(self.tables.retire_keys(self.target.table, keys, soft))
 
+    def mark_deleted(self, marks: dict[tuple[Any, ...], tuple[Decimal, dt.datetime]]) -> int:
+        """CDC's soft deletes of rows whose values only the target holds (streams/cdc/rows.py): each key (as the
+        log's text) flagged at its delete's version and time, in one commit of the table format."""
+        with self._lock():
+            dataset = self.tables.dataset(self.target.table)
+            if dataset is None or not marks:
+                return 0
+            columns: dict[str, pa.Array] = {
+                f"_k{i}": pa.array([str(key[i]) for key in marks], pa.string()) for i in range(len(self.key))
+            }
+            versions = pa.array([version for version, _ in marks.values()])
+            columns["_version"] = versions.cast(dataset.schema.field(POSITION).type)
+            columns["_at"] = pa.array([when for _, when in marks.values()], pa.timestamp("us", "UTC"))
+            return int(self.tables.flag_deleted(self.target.table, self.key, pa.table(columns)))
+
     def parked(self) -> set[str]:
         with self._lock():
             return self._lake_parked()
@@ -187,3 +213,13 @@ class LakeLoader(Loader):
         mine = rows.filter(pc.equal(rows["stream"], self.stream_name))["record_key"]
         return {str(key) for key in mine.to_pylist()}
 
+
+
+def newest_per_key(table: pa.Table, key: tuple[str, ...]) -> pa.Table:
+    """Each key's row with the highest `_ingest_position`, the later one on a tie (the log's order), in their order."""
+    if table.num_rows < 2 or table.group_by(list(key)).aggregate([]).num_rows == table.num_rows:
+        return table
+    rows = table.select([*key, POSITION]).append_column(_ROW, pa.array(range(table.num_rows), pa.int64()))
+    ordered = rows.take(pc.sort_indices(rows, [(POSITION, "ascending"), (_ROW, "ascending")]))
+    last = ordered.group_by(list(key), use_threads=False).aggregate([(_ROW, "last")]).column(f"{_ROW}_last")
+    return table.take(pc.take(last, pc.sort_indices(last)))

@@ -56,6 +56,10 @@ class ParquetFiles:
         self._refuse(table, "apply deletions by key")
         return 0
 
+    def flag_deleted(self, table: str, key: tuple[str, ...], marks: pa.Table) -> int:
+        self._refuse(table, "flag rows deleted")
+        return 0
+
     def overwrite_with(self, table: str, shadow: str) -> bool:
         fs, new = self._files(shadow)
         if not new:

@@ -19,7 +19,7 @@ from dlt.common.libs.deltalake import deltalake_storage_options
 
 from ingestion_assets.loading.bindings import TABLE as BINDINGS
 from ingestion_assets.loading.bindings import Marker
-from ingestion_assets.loading.metadata_columns import DELETED_AT
+from ingestion_assets.loading.metadata_columns import DELETED_AT, POSITION
 
 _BINDINGS_SCHEMA = pa.schema(
     [
@@ -42,6 +42,7 @@ class TableStore(Protocol):
     def delete(self, table: str, predicate: str | None = None) -> None: ...
     def update(self, table: str, updates: dict[str, str], predicate: str) -> None: ...
     def retire_keys(self, table: str, keys: pa.Table, soft: bool) -> int: ...
+    def flag_deleted(self, table: str, key: tuple[str, ...], marks: pa.Table) -> int: ...
     def overwrite_with(self, table: str, shadow: str) -> bool: ...
     def sync(self, table: str) -> None: ...
 
@@ -143,6 +144,19 @@ class LakeTables:
         metrics = merge.execute()
         self.sync(table)
         return int(metrics.get("num_target_rows_updated" if soft else "num_target_rows_deleted", 0))
+
+    def flag_deleted(self, table: str, key: tuple[str, ...], marks: pa.Table) -> int:
+        """CDC's soft deletes (`marks`: the key as text _k0.., `_version`, `_at`): flag each row at the delete's
+        version, keeping its values, unless it is flagged already or newer; one Delta MERGE."""
+        delta = self.open(table)
+        if delta is None or marks.num_rows == 0:
+            return 0
+        on = " AND ".join(f"CAST(t.{quoted(k)} AS STRING) = s._k{i}" for i, k in enumerate(key))
+        newer = f"t.{DELETED_AT} IS NULL AND (t.{POSITION} IS NULL OR t.{POSITION} < s._version)"
+        merge = delta.merge(marks, on, source_alias="s", target_alias="t")
+        metrics = merge.when_matched_update({DELETED_AT: "s._at", POSITION: "s._version"}, predicate=newer).execute()
+        self.sync(table)
+        return int(metrics.get("num_target_rows_updated", 0))
 
     def overwrite_with(self, table: str, shadow: str) -> bool:
         """The refresh's swap: the shadow's rows become the table's in one Delta commit (readers see the old
