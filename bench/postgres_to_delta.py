@@ -1,11 +1,12 @@
-"""Benchmark: a PostgreSQL table into a Delta lake against the same stream into DuckDB, same run, same table.
+"""Benchmark: a PostgreSQL table into a Delta and an Iceberg lake against the same stream into DuckDB, same run.
 Usage:
 
     .venv/bin/python bench/postgres_to_delta.py --rows 1000000
 
 Both paths are the product's Dagster asset (checkpoints in the PostgreSQL-backed instance), each in a fresh
 process from an empty target: the first full read (appended slices), then `--changed` rows updated in the
-source and an incremental run merged on the key. Printed: seconds and rows/s per path and the ratio Delta/DuckDB.
+source and an incremental run merged on the key. Printed: seconds and rows/s per path and each lake's ratio to
+DuckDB. `--paths duckdb,delta` leaves Iceberg out (its merge is pyiceberg's upsert, 1,000 rows a snapshot).
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from postgres_to_duckdb import WORK, _prepare  # the same seeded table and Dagster instance
 
-PATHS = ("duckdb", "delta")
+PATHS = ("duckdb", "delta", "iceberg")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--changed", type=int, default=10_000)
+    parser.add_argument("--paths", default=",".join(PATHS), help="which of duckdb,delta,iceberg (duckdb first)")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # internal: one path in this process
     args = parser.parse_args()
     if args.run:
@@ -40,7 +42,7 @@ def main() -> None:
         print(json.dumps(result))
         return
     env = _prepare(WORK / "home", args.rows)
-    results = {path: _measure(path, env, args.changed) for path in PATHS}
+    results = {path: _measure(path, env, args.changed) for path in args.paths.split(",")}
     for path, line in results.items():
         print(
             f"{path:<7} full {line['rows']:>10,.0f} rows {line['seconds']:>7.2f}s {line['rows'] / line['seconds']:>9,.0f}"
@@ -48,11 +50,13 @@ def main() -> None:
             f" | peak RSS {line['peak_rss_mb']:>6,.0f} MB",
             flush=True,
         )
-    duck, delta = results["duckdb"], results["delta"]
-    print(
-        f"ratio delta/duckdb: full {delta['seconds'] / duck['seconds']:.2f}x the time, "
-        f"merge {delta['merge_seconds'] / duck['merge_seconds']:.2f}x"
-    )
+    duck = results["duckdb"]
+    for path, lake in results.items():
+        if path != "duckdb":
+            print(
+                f"ratio {path}/duckdb: full {lake['seconds'] / duck['seconds']:.2f}x the time, "
+                f"merge {lake['merge_seconds'] / duck['merge_seconds']:.2f}x"
+            )
 
 
 def _measure(path: str, env: dict[str, str], changed: int) -> dict[str, float]:
@@ -60,7 +64,7 @@ def _measure(path: str, env: dict[str, str], changed: int) -> dict[str, float]:
     destination = (
         "{type: duckdb, path: " + str(WORK / "delta_bench.duckdb") + "}"
         if path == "duckdb"
-        else "{type: filesystem, table_format: delta, bucket_url: " + str(WORK / "lake") + "}"
+        else "{type: filesystem, table_format: " + path + ", bucket_url: " + str(WORK / "lake") + "}"
     )
     catalog.write_text(
         f"destination: {destination}\n"

@@ -100,3 +100,17 @@ def delta_rows(url: str, columns: Sequence[str], key: str, storage_options: dict
     table = DeltaTable(url, storage_options=storage_options).to_pyarrow_table(columns=list(columns))
     rows = sorted(table.to_pylist(), key=lambda row: row[key])
     return [tuple(normalize(row[c]) for c in columns) for row in rows]
+
+
+def iceberg_rows(url: str, columns: Sequence[str], key: str) -> list[Any]:
+    """A local Iceberg table's rows at its newest snapshot (the newest metadata file), in key order."""
+    from pyiceberg.table import StaticTable
+
+    metadata = sorted((Path(url) / "metadata").glob("*.metadata.json"))[-1]
+    table = StaticTable.from_metadata(str(metadata)).scan(selected_fields=tuple(columns)).to_arrow()
+    rows = sorted(table.to_pylist(), key=lambda row: row[key])
+    return [tuple(normalize(row[c]) for c in columns) for row in rows]
+
+
+def lake_rows(table_format: str, url: str, columns: Sequence[str], key: str) -> list[Any]:
+    return (iceberg_rows if table_format == "iceberg" else delta_rows)(url, columns, key)

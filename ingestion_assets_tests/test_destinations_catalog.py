@@ -10,7 +10,6 @@ from dlt.common.destination.reference import DestinationReference
 
 from ingestion_assets.catalog import CatalogError, Destination, load_catalog
 from ingestion_assets.loading.destinations import describe_destination, dlt_credentials, make_destination
-from ingestion_assets.loading.lake import LakeUnsupported
 from ingestion_assets.settings import Settings
 
 SOURCES = """
@@ -71,7 +70,13 @@ def test_a_passed_through_destination_is_dlts_own(tmp_path: Path, monkeypatch: p
     assert describe_destination(settings, destination) == "dlt:clickhouse"
 
 
-def test_table_formats_not_built_are_refused_by_name(tmp_path: Path) -> None:
-    settings = Settings(home=tmp_path, catalog_path=tmp_path / "catalog.yaml")
-    with pytest.raises(LakeUnsupported, match="iceberg"):
-        make_destination(settings, Destination(type="filesystem", bucket_url=str(tmp_path), table_format="iceberg"))
+def test_a_merging_stream_into_plain_parquet_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    problems = _problems(tmp_path, "{type: filesystem, bucket_url: /x, table_format: parquet}")
+    assert "stream shop.orders merges on its primary key" in problems
+    assert "`table_format: delta` or `iceberg`" in problems and "`write_disposition: append`" in problems
+    path = tmp_path / "catalog.yaml"  # appended versions are a choice the stream states: accepted
+    path.write_text(
+        "destination: {type: filesystem, bucket_url: /x, table_format: parquet}\n"
+        + SOURCES.replace("cursor: updated_at}", "cursor: updated_at, write_disposition: append}")
+    )
+    assert load_catalog(path).destination.table_format == "parquet"

@@ -1,4 +1,4 @@
-"""A lake destination: Delta tables merged on the key, equal to the source value by value; kills replay."""
+"""Lake destinations: Delta and Iceberg tables merged on the key, equal to the source value by value; kills replay."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from deltalake import DeltaTable
 
 from ingestion_assets.sync import FAULT_ENV
-from ingestion_assets_tests.destination_targets import delta_rows, use_destination
+from ingestion_assets_tests.destination_targets import lake_rows, use_destination
 from ingestion_assets_tests.helpers import StreamHarness
 
 ORDERS = """
@@ -26,7 +26,12 @@ FROM generate_series(1, 900) g;
 COLUMNS = ["id", "customer_name", "note", "amount", "paid", "placed", "payload", "blob", "score", "tags", "updated_at"]
 
 
-def _catalog(harness: StreamHarness, lake: Path, disposition: str = "merge", attempts: int = 4) -> str:
+FORMATS = ["delta", "iceberg"]
+
+
+def _catalog(
+    harness: StreamHarness, lake: Path, disposition: str = "merge", attempts: int = 4, table_format: str = "delta"
+) -> str:
     harness.write_catalog(
         {
             "orders": {
@@ -39,59 +44,98 @@ def _catalog(harness: StreamHarness, lake: Path, disposition: str = "merge", att
             }
         }
     )
-    use_destination(harness, {"type": "filesystem", "bucket_url": str(lake), "table_format": "delta"})
+    use_destination(harness, {"type": "filesystem", "bucket_url": str(lake), "table_format": table_format})
     return str(lake / harness.source_name / "orders")
 
 
-def _assert_equal(harness: StreamHarness, url: str) -> None:
+def _assert_equal(harness: StreamHarness, url: str, table_format: str = "delta") -> None:
     expected = [(*row[:6], row[6], *row[7:]) for row in harness.source.rows("orders", "id")]
-    actual = [(*row[:6], json.loads(row[6]), *row[7:]) for row in delta_rows(url, COLUMNS, "id")]
+    actual = [(*row[:6], json.loads(row[6]), *row[7:]) for row in lake_rows(table_format, url, COLUMNS, "id")]
     assert len(actual) == len(expected)
     differ = [(e, a) for e, a in zip(expected, actual, strict=True) if e != a]
     assert not differ, f"first differences (source, target): {differ[:3]}"
 
 
-def test_a_table_stream_merges_into_a_delta_table_value_for_value(harness: StreamHarness, tmp_path: Path) -> None:
+@pytest.mark.parametrize("table_format", FORMATS)
+def test_a_table_stream_merges_into_a_lake_table_value_for_value(
+    harness: StreamHarness, tmp_path: Path, table_format: str
+) -> None:
     harness.source.execute(ORDERS)
-    url = _catalog(harness, tmp_path / "lake")
+    url = _catalog(harness, tmp_path / "lake", table_format=table_format)
     harness.materialize()
-    _assert_equal(harness, url)
+    _assert_equal(harness, url, table_format)
     harness.source.execute(
         "UPDATE orders SET note = 'changed', amount = -1.5, tags = '{}', updated_at = now() WHERE id % 100 = 0;"
         "INSERT INTO orders VALUES (6000, 'new', 'A', 1, true, '2025-01-01', '{}', '\\x00', 0, NULL, now())"
     )
     harness.materialize()
-    _assert_equal(harness, url)
+    _assert_equal(harness, url, table_format)
     checkpoint = harness.checkpoint("orders")
-    assert checkpoint is not None and checkpoint.details["target"]["where"] == f"delta:{tmp_path / 'lake'}"
+    assert checkpoint is not None and checkpoint.details["target"]["where"] == f"{table_format}:{tmp_path / 'lake'}"
     bindings = DeltaTable(str(tmp_path / "lake" / harness.source_name / "_ingest_bindings")).to_pyarrow_table()
     assert bindings.column("seq").to_pylist() == [checkpoint.details["target"]["seq"]]
+    if table_format == "iceberg":  # an Iceberg table (metadata and snapshots), not Parquet beside a Delta log
+        assert (Path(url) / "metadata").is_dir() and not (Path(url) / "_delta_log").exists()
 
 
 @pytest.mark.slow
-def test_a_refresh_replaces_the_delta_table_in_one_commit(harness: StreamHarness, tmp_path: Path) -> None:
+@pytest.mark.parametrize("table_format", FORMATS)
+def test_a_refresh_replaces_the_lake_table_in_one_commit(harness: StreamHarness, tmp_path: Path, table_format: str) -> None:
     harness.source.execute(ORDERS)
-    url = _catalog(harness, tmp_path / "lake", "replace")
+    url = _catalog(harness, tmp_path / "lake", "replace", table_format=table_format)
     harness.materialize()
     harness.source.execute("DELETE FROM orders WHERE id <= 100; UPDATE orders SET note = 'renamed' WHERE id > 1100")
     harness.materialize()
-    _assert_equal(harness, url)
-    generations = DeltaTable(url).to_pyarrow_table(columns=["_ingest_generation_id"]).column(0).unique().to_pylist()
-    assert generations == [2]
+    _assert_equal(harness, url, table_format)
+    generations = {row[0] for row in lake_rows(table_format, url, ["_ingest_generation_id", "id"], "id")}
+    assert generations == {2}
     assert sorted(p.name for p in (tmp_path / "lake" / harness.source_name).iterdir() if "refresh" in p.name) == []
 
 
 @pytest.mark.slow
-def test_a_kill_between_the_delta_commit_and_the_checkpoint_replays_harmlessly(
-    harness: StreamHarness, tmp_path: Path
+@pytest.mark.parametrize("table_format", FORMATS)
+def test_a_kill_between_the_table_commit_and_the_checkpoint_replays_harmlessly(
+    harness: StreamHarness, tmp_path: Path, table_format: str
 ) -> None:
     harness.source.execute(ORDERS)
-    url = _catalog(harness, tmp_path / "lake", attempts=1)  # the kill ends the run, no retry within it
+    # the kill ends the run, no retry within it
+    url = _catalog(harness, tmp_path / "lake", attempts=1, table_format=table_format)
     process = harness.materialize_cli("orders", **{FAULT_ENV: "after_load:1:kill"})
     assert process.wait(timeout=300) != 0
     checkpoint = harness.checkpoint("orders")
-    assert checkpoint is not None and checkpoint.details["slice"] == 0  # slice 1 committed in Delta, not here
-    assert len(delta_rows(url, ["id"], "id")) == 900
+    assert checkpoint is not None and checkpoint.details["slice"] == 0  # slice 1 committed in the table, not here
+    assert len(lake_rows(table_format, url, ["id"], "id")) == 900
     harness.source.execute("UPDATE orders SET note = 'after the kill', updated_at = now() WHERE id IN (10, 700)")
     harness.materialize()
-    _assert_equal(harness, url)  # slice 1 read again, merged on the key: no duplicate, no gap
+    _assert_equal(harness, url, table_format)  # slice 1 read again, merged on the key: no duplicate, no gap
+
+
+def _parquet_rows(url: str, columns: list[str]) -> list[dict[str, object]]:
+    import pyarrow.dataset as pads
+
+    files = sorted(str(p) for p in Path(url).rglob("*.parquet"))
+    return pads.dataset(files, format="parquet").to_table(columns=columns).to_pylist() if files else []
+
+
+@pytest.mark.slow
+def test_plain_parquet_appends_every_version_and_a_refresh_replaces_the_files(
+    harness: StreamHarness, tmp_path: Path
+) -> None:
+    harness.source.execute(ORDERS)
+    url = _catalog(harness, tmp_path / "lake", "append", table_format="parquet")
+    harness.materialize()
+    harness.source.execute("UPDATE orders SET note = 'changed', updated_at = now() WHERE id % 100 = 0")
+    harness.materialize()
+    rows = _parquet_rows(url, ["id", "note", "_ingest_position"])
+    assert len(rows) == 900 + 9  # the updated rows once more, as their new version
+    newest: dict[object, dict[str, object]] = {}
+    for row in sorted(rows, key=lambda r: (r["id"], r["_ingest_position"])):  # type: ignore[arg-type]
+        newest[row["id"]] = row
+    assert [(k, r["note"]) for k, r in sorted(newest.items())] == [  # type: ignore[type-var]
+        (r[0], r[2]) for r in harness.source.rows("orders", "id")
+    ]
+    url = _catalog(harness, tmp_path / "lake", "replace", table_format="parquet")
+    harness.source.execute("DELETE FROM orders WHERE id <= 100")
+    harness.materialize()
+    replaced = _parquet_rows(url, ["id", "note"])
+    assert sorted((r["id"], r["note"]) for r in replaced) == [(r[0], r[2]) for r in harness.source.rows("orders", "id")]  # type: ignore[type-var]

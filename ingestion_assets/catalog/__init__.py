@@ -80,6 +80,12 @@ class Catalog(_Model):
         return self
 
     @model_validator(mode="after")
+    def _destination_fits(self) -> Catalog:
+        if problems := self.destination.refused_streams(self.streams()):
+            raise ValueError("; ".join(problems))
+        return self
+
+    @model_validator(mode="after")
     def _one_host_parts(self) -> Catalog:
         if self.execution.distributed and (problems := host_bound(self)):
             raise ValueError("; ".join(problems))

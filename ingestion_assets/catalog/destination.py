@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -65,6 +66,26 @@ class Destination(_Model):
         if unused:
             raise ValueError(f"destination: {', '.join(unused)} do not apply to a {self.type} destination")
         return self
+
+    def refused_streams(self, streams: Sequence[tuple[str, Any, str, Any]]) -> list[str]:
+        """(source name, source, stream name, stream) entries this destination cannot load, each with what to do.
+
+        Plain Parquet has no commit to merge into: appending each version instead would double every updated row
+        in what readers see, without saying so. A data engineer choosing plain files expects append or replace;
+        a merging stream (the default) or a change log is refused here, at catalog load and `ingest check`."""
+        if not (self.type == "filesystem" and self.table_format == "parquet"):
+            return []
+        problems = []
+        for source_name, source, stream_name, stream in streams:
+            cdc = getattr(source, "mode", None) == "cdc"
+            if cdc or getattr(stream, "write_disposition", "merge") == "merge":
+                why = "reads a change log" if cdc else "merges on its primary key (write_disposition: merge)"
+                problems.append(
+                    f"stream {source_name}.{stream_name} {why}, which plain Parquet files cannot do: use "
+                    "`table_format: delta` or `iceberg`, or give the stream `write_disposition: append` (every "
+                    "version kept as a row; the newest has the highest _ingest_position) or `replace`"
+                )
+        return problems
 
     @property
     def is_lake(self) -> bool:

@@ -9,72 +9,91 @@ the next run re-reads that slice from the checkpoint and the merge on the key ab
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
 import dlt
-import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingestion_assets.catalog import Destination
+from ingestion_assets.loading.bindings import TABLE as BINDINGS
 from ingestion_assets.loading.bindings import Marker
 from ingestion_assets.loading.dead_letters import DEAD_LETTER_TABLE, record_keys
-from ingestion_assets.loading.lake_tables import LakeTables, _literal
+from ingestion_assets.loading.lake_parquet import ParquetFiles
+from ingestion_assets.loading.lake_sql import LakeSqlView, keep_newest_in_duckdb, lake_sql_view
+from ingestion_assets.loading.lake_tables import LakeTables, TableStore, _literal
 from ingestion_assets.loading.metadata_columns import DELETED_AT, GENERATION, POSITION
 from ingestion_assets.loading.pipeline import Loader, TargetState
-from ingestion_assets.loading.versions import INCOMING, KeyCheck, existing_sql, keep_newest
-
-
-class LakeUnsupported(RuntimeError):
-    """What a lake destination does not do; the message says what to do instead."""
-
-    transient = False
+from ingestion_assets.loading.versions import KeyCheck
 
 
 def lake_destination(destination: Destination, credentials: str | dict[str, Any] | None) -> Any:
-    if destination.table_format != "delta":
-        raise LakeUnsupported(
-            f"destination.table_format {destination.table_format!r} is not built yet: use `delta` (README, "
-            "Destinations)"
-        )
     options: dict[str, Any] = {"bucket_url": destination.bucket_url, "naming_convention": destination.naming}
     if credentials is not None:
         options["credentials"] = credentials
     return dlt.destinations.filesystem(**options)
 
 
+_ROW = "_ingest_row"
+
+
 @dataclass
 class LakeLoader(Loader):
-    """The Loader's operations on a lake: reads, deletes, bindings and the refresh swap through deltalake."""
+    """The Loader's operations on a lake: reads, deletes and the refresh swap through the table format's own
+    API (`tables`); the bookkeeping tables (bindings, dead letters) are Delta tables (`lake`) in every format."""
 
     lake: LakeTables = field(init=False)
+    tables: TableStore = field(init=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.lake = LakeTables.of(self._pipeline)
+        self.tables = self.lake
+        if self.destination.table_format == "iceberg":
+            from ingestion_assets.loading.iceberg import IcebergTables  # pyiceberg loads only for Iceberg
 
-    @property
-    def run_options(self) -> dict[str, Any]:
-        return {"loader_file_format": "parquet", "table_format": self.destination.table_format}
+            self.tables = IcebergTables(self._pipeline, self.lake.dataset_url, self.lake.local)
+        elif self.destination.table_format == "parquet":
+            self.tables = ParquetFiles(self._pipeline)
+
+    def load(self, table: pa.Table | None, dead_letters: pa.Table | None = None) -> int:
+        """A slice with several versions of a key (a CDC batch: an insert and its delete) is reduced to the newest
+        first: a Delta MERGE and pyiceberg's upsert refuse a target row matched by two source rows."""
+        if table is not None and self.target.write_disposition == "merge" and POSITION in table.column_names:
+            table = newest_per_key(table, self.target.primary_key)
+        return super().load(table, dead_letters)
+
+    def _run(self, resources: list[Any], file_format: str | None) -> None:
+        """The stream's tables in the destination's table format, the dead letters in Delta (as the bindings);
+        on Iceberg the new snapshot is made durable here, before the binding and the checkpoint follow it."""
+        for resource in resources:
+            bookkeeping = resource.name == DEAD_LETTER_TABLE
+            kind = self.destination.table_format
+            if bookkeeping or kind != "parquet":  # plain Parquet: dlt's own files, no table format
+                resource.apply_hints(table_format="delta" if bookkeeping else kind)
+        self._pipeline.run(resources, loader_file_format="parquet")
+        if self.tables is not self.lake:
+            self.tables.sync(self.target.table)
 
     def target_is_empty(self) -> bool:
         with self._lock():
-            return not self.lake.has_rows(self.target.table)
+            return not self.tables.has_rows(self.target.table)
 
     def max_generation(self, table: str) -> int | None:
         with self._lock():
-            delta = self.lake.open(table)
-            if delta is None:
+            dataset = self.tables.dataset(table)
+            if dataset is None:
                 return None
-            found = pc.max(delta.to_pyarrow_dataset().to_table(columns=[GENERATION])[GENERATION]).as_py()
+            found = pc.max(dataset.to_table(columns=[GENERATION])[GENERATION]).as_py()
         return None if found is None else int(found)
 
     def inspect(self, partition: str | None) -> TargetState:
         with self._lock():
-            rows = self.lake.has_rows(self.target.table)
+            rows = self.tables.has_rows(self.target.table)
             self._known_to_exist = rows is not None
             return TargetState(rows is not None, bool(rows), self.lake.read_marker(self.stream_name, partition))
 
@@ -92,18 +111,18 @@ class LakeLoader(Loader):
 
     def targettable_exists(self) -> bool:
         with self._lock():
-            return self.lake.open(self.target.table) is not None
+            return self.tables.has_rows(self.target.table) is not None
 
     def forget_stored_schema(self) -> None:
         """dlt's delta job creates a table that is gone again: nothing to forget."""
 
     def delete_all(self) -> None:
         with self._lock():
-            self.lake.delete(self.target.table)
+            self.tables.delete(self.target.table)
 
     def purge_deleted(self) -> None:
         with self._lock():
-            self.lake.delete(self.target.table, f"{DELETED_AT} IS NOT NULL")
+            self.tables.delete(self.target.table, f"{DELETED_AT} IS NOT NULL")
 
     def retire_below(self, position: Decimal, soft: bool, within: tuple[str, int, int] | None = None) -> None:
         where = f"{POSITION} < {position}"
@@ -112,26 +131,20 @@ class LakeLoader(Loader):
             where += f" AND {self.names.column(column)} BETWEEN {int(low)} AND {int(high)}"
         with self._lock():
             if soft:
-                self.lake.update(self.target.table, {DELETED_AT: "now()"}, f"{where} AND {DELETED_AT} IS NULL")
+                self.tables.update(self.target.table, {DELETED_AT: "now()"}, f"{where} AND {DELETED_AT} IS NULL")
             else:
-                self.lake.delete(self.target.table, where)
+                self.tables.delete(self.target.table, where)
 
     def _check_versions(self, table: pa.Table) -> KeyCheck:
-        """The version guard against the Delta table, joined in an in-memory DuckDB (byte order for text)."""
-        delta = self.lake.open(self.target.table)
-        if delta is None:
-            return keep_newest(table, None, self.key)
-        with contextlib.closing(duckdb.connect()) as con:
-            con.register("_ingest_target", delta.to_pyarrow_dataset())
-            con.register(INCOMING, table.select([*self.key, POSITION]))
-            found = con.sql(existing_sql("_ingest_target", self.key, "")).to_arrow_table()
-        return keep_newest(table, found, self.key)
+        """The version guard against the table's newest version, joined in an in-memory DuckDB."""
+        return keep_newest_in_duckdb(self.tables.dataset(self.target.table), table, self.key)
 
     def swap_in(self, shadow: str, table: str, generation: int | None = None) -> None:
-        """The shadow's rows replace the table's in one Delta commit; then the shadow's folder goes."""
+        """The shadow's rows replace the table's in one commit (Delta log entry, Iceberg snapshot); then the
+        shadow's folder goes."""
         with self._lock():
-            if not self.lake.overwrite_with(table, shadow):
-                self.lake.delete(table)  # the refresh read no row
+            if not self.tables.overwrite_with(table, shadow):
+                self.tables.delete(table)  # the refresh read no row
             if generation is not None:
                 self.lake.set_generation(table, generation)
             with self._pipeline.destination_client() as client:
@@ -141,12 +154,35 @@ class LakeLoader(Loader):
         self._pipeline.drop()
 
     @contextlib.contextmanager
-    def client(self) -> Iterator[Any]:
-        raise LakeUnsupported(
-            f"target {self.target.dataset}.{self.stream_name} ({self.where()}) is a lake: this step needs SQL on "
-            "the target (reconciliation, key checks), which lakes do not offer (README, Destinations)"
-        )
-        yield  # pragma: no cover
+    def client(self) -> Iterator[LakeSqlView]:
+        """A read-only SQL view of the lake's tables under the writer lock (reconciliation, key checks); what
+        changes rows goes through deltalake (`retire_keys`, `delete`)."""
+        with self._lock(), lake_sql_view(self._dataset) as view:
+            yield view
+
+    def _dataset(self, table: str) -> Any:
+        bookkeeping = table in (DEAD_LETTER_TABLE, BINDINGS)
+        return (self.lake if bookkeeping else self.tables).dataset(table)
+
+    def retire_keys(self, keys: pa.Table, soft: bool) -> int:
+        """Reconciliation's deletions (`keys`: the key columns as the target names them). Call inside
+        `client()`, which holds the writer lock."""
+        return int(self.tables.retire_keys(self.target.table, keys, soft))
+
+    def mark_deleted(self, marks: dict[tuple[Any, ...], tuple[Decimal, dt.datetime]]) -> int:
+        """CDC's soft deletes of rows whose values only the target holds (streams/cdc/rows.py): each key (as the
+        log's text) flagged at its delete's version and time, in one commit of the table format."""
+        with self._lock():
+            dataset = self.tables.dataset(self.target.table)
+            if dataset is None or not marks:
+                return 0
+            columns: dict[str, pa.Array] = {
+                f"_k{i}": pa.array([str(key[i]) for key in marks], pa.string()) for i in range(len(self.key))
+            }
+            versions = pa.array([version for version, _ in marks.values()])
+            columns["_version"] = versions.cast(dataset.schema.field(POSITION).type)
+            columns["_at"] = pa.array([when for _, when in marks.values()], pa.timestamp("us", "UTC"))
+            return int(self.tables.flag_deleted(self.target.table, self.key, pa.table(columns)))
 
     def parked(self) -> set[str]:
         with self._lock():
@@ -176,3 +212,14 @@ class LakeLoader(Loader):
         rows = delta.to_pyarrow_dataset().to_table(columns=["stream", "record_key"])
         mine = rows.filter(pc.equal(rows["stream"], self.stream_name))["record_key"]
         return {str(key) for key in mine.to_pylist()}
+
+
+
+def newest_per_key(table: pa.Table, key: tuple[str, ...]) -> pa.Table:
+    """Each key's row with the highest `_ingest_position`, the later one on a tie (the log's order), in their order."""
+    if table.num_rows < 2 or table.group_by(list(key)).aggregate([]).num_rows == table.num_rows:
+        return table
+    rows = table.select([*key, POSITION]).append_column(_ROW, pa.array(range(table.num_rows), pa.int64()))
+    ordered = rows.take(pc.sort_indices(rows, [(POSITION, "ascending"), (_ROW, "ascending")]))
+    last = ordered.group_by(list(key), use_threads=False).aggregate([(_ROW, "last")]).column(f"{_ROW}_last")
+    return table.take(pc.take(last, pc.sort_indices(last)))

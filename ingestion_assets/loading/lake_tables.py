@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
@@ -19,6 +19,7 @@ from dlt.common.libs.deltalake import deltalake_storage_options
 
 from ingestion_assets.loading.bindings import TABLE as BINDINGS
 from ingestion_assets.loading.bindings import Marker
+from ingestion_assets.loading.metadata_columns import DELETED_AT, POSITION
 
 _BINDINGS_SCHEMA = pa.schema(
     [
@@ -30,6 +31,20 @@ _BINDINGS_SCHEMA = pa.schema(
         pa.field("updated_at", pa.timestamp("us", "UTC"), nullable=False),
     ]
 )
+
+
+class TableStore(Protocol):
+    """A lake's stream tables in one table format: what the loader reads and changes there (predicates and
+    update expressions are SQL, as DataFusion and DuckDB read them)."""
+
+    def dataset(self, table: str) -> Any: ...
+    def has_rows(self, table: str) -> bool | None: ...
+    def delete(self, table: str, predicate: str | None = None) -> None: ...
+    def update(self, table: str, updates: dict[str, str], predicate: str) -> None: ...
+    def retire_keys(self, table: str, keys: pa.Table, soft: bool) -> int: ...
+    def flag_deleted(self, table: str, key: tuple[str, ...], marks: pa.Table) -> int: ...
+    def overwrite_with(self, table: str, shadow: str) -> bool: ...
+    def sync(self, table: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -55,6 +70,11 @@ class LakeTables:
             return DeltaTable(self.url(table), storage_options=self.storage_options)
         except TableNotFoundError:
             return None
+
+    def dataset(self, table: str) -> Any:
+        """The newest version's rows as an Arrow dataset, scanned lazily (None: no such table)."""
+        delta = self.open(table)
+        return None if delta is None else delta.to_pyarrow_dataset()
 
     def has_rows(self, table: str) -> bool | None:
         """None: no such table."""
@@ -109,6 +129,35 @@ class LakeTables:
             delta.update(updates=updates, predicate=predicate)
             self.sync(table)
 
+    def retire_keys(self, table: str, keys: pa.Table, soft: bool) -> int:
+        """Delete the rows of `keys` (the key columns), or flag them deleted keeping their last values, in one
+        Delta MERGE; returns how many rows it changed."""
+        delta = self.open(table)
+        if delta is None or keys.num_rows == 0:
+            return 0
+        on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys.column_names)
+        merge = delta.merge(keys, on, source_alias="s", target_alias="t")
+        if soft:
+            merge = merge.when_matched_update({DELETED_AT: "now()"}, predicate=f"t.{DELETED_AT} IS NULL")
+        else:
+            merge = merge.when_matched_delete()
+        metrics = merge.execute()
+        self.sync(table)
+        return int(metrics.get("num_target_rows_updated" if soft else "num_target_rows_deleted", 0))
+
+    def flag_deleted(self, table: str, key: tuple[str, ...], marks: pa.Table) -> int:
+        """CDC's soft deletes (`marks`: the key as text _k0.., `_version`, `_at`): flag each row at the delete's
+        version, keeping its values, unless it is flagged already or newer; one Delta MERGE."""
+        delta = self.open(table)
+        if delta is None or marks.num_rows == 0:
+            return 0
+        on = " AND ".join(f"CAST(t.{quoted(k)} AS STRING) = s._k{i}" for i, k in enumerate(key))
+        newer = f"t.{DELETED_AT} IS NULL AND (t.{POSITION} IS NULL OR t.{POSITION} < s._version)"
+        merge = delta.merge(marks, on, source_alias="s", target_alias="t")
+        metrics = merge.when_matched_update({DELETED_AT: "s._at", POSITION: "s._version"}, predicate=newer).execute()
+        self.sync(table)
+        return int(metrics.get("num_target_rows_updated", 0))
+
     def overwrite_with(self, table: str, shadow: str) -> bool:
         """The refresh's swap: the shadow's rows become the table's in one Delta commit (readers see the old
         or the new version; time travel keeps the old one). False when there is no shadow."""
@@ -137,6 +186,11 @@ class LakeTables:
             os.fsync(descriptor)
         finally:
             os.close(descriptor)
+
+
+def quoted(name: str) -> str:
+    """A double-quoted identifier, as DataFusion (deltalake) and DuckDB read it."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _literal(text: str) -> str:

@@ -18,9 +18,12 @@ import pyarrow.compute as pc
 
 from ingestion_assets.loading.bindings import set_generation
 from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA, record_keys
+from ingestion_assets.loading.lake_sql import keep_newest_in_duckdb
 from ingestion_assets.loading.metadata_columns import POSITION
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.loading.relations import table_exists
+from ingestion_assets.loading.sql_targets import target_versions
+from ingestion_assets.loading.versions import KeyCheck
 
 MIN_YEAR, MAX_YEAR = 1000, 9999
 
@@ -60,6 +63,12 @@ class MariaDbLoader(Loader):
         parked = self._dead_letters(table.filter(unfit), [r for r in reasons if r is not None])
         merged = parked if dead_letters is None else pa.concat_tables([dead_letters, parked])
         return super().load(table.filter(pc.invert(unfit)), merged)
+
+    def _check_versions(self, table: pa.Table) -> KeyCheck:
+        """The version guard: the target's versions of the slice's keys, compared in DuckDB."""
+        with self._pipeline.sql_client() as client:
+            found = target_versions(client, self.target.table, self.key, table)
+        return keep_newest_in_duckdb(found, table, self.key)
 
     def swap_in(self, shadow: str, table: str, generation: int | None = None) -> None:
         """MySQL's DDL commits on its own: the swap is one RENAME TABLE of both names, which MySQL does

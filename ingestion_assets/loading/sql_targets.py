@@ -15,14 +15,19 @@ from collections.abc import Iterator
 from typing import Any
 
 import dlt
+import pyarrow as pa
 import sqlalchemy as sa
 from dlt.destinations.impl.sqlalchemy.type_mapper import SqlalchemyTypeMapper
 from sqlalchemy.dialects import mysql
+
+from ingestion_assets.loading.metadata_columns import POSITION
+from ingestion_assets.loading.relations import table_exists
 
 STAGING_SUFFIX = "_staging"  # dlt's staging dataset beside each dataset (a database of its own in MySQL)
 COLLATION = "utf8mb4_nopad_bin"  # byte-exact, trailing spaces significant: keys compare as the source's do
 MYSQL_IDENTIFIER_LENGTH = 64
 LOCK_SECONDS = 300
+KEYS_PER_QUERY = 1000  # keys per version-guard query
 
 
 class JsonText(sa.types.TypeDecorator[Any]):
@@ -95,6 +100,26 @@ def mysql_lock(url: str, dataset: str, table: str) -> Iterator[None]:
                 conn.execute(sa.text("SELECT RELEASE_LOCK(:name)"), {"name": name})
     finally:
         engine.dispose()
+
+
+def target_versions(client: Any, table: str, key: tuple[str, ...], rows: pa.Table) -> pa.Table | None:
+    """The key and `_ingest_position` of the rows the target holds for the slice's keys, typed as the slice's
+    (None: no such table). Asked in chunks of keys; compared in DuckDB (lake_sql.keep_newest_in_duckdb), since
+    MariaDB's DECIMAL and DATETIME would compare a version text or a timestamp its own way."""
+    qualified = client.make_qualified_table_name(table)
+    if not table_exists(client, qualified):
+        return None
+    columns = [client.escape_column_name(name) for name in (*key, POSITION)]
+    listed, tuple_of = ", ".join(columns), f"({', '.join(columns[: len(key)])})"
+    keys = rows.select(list(key)).to_pylist()
+    found: list[tuple[Any, ...]] = []
+    for start in range(0, len(keys), KEYS_PER_QUERY):
+        chunk = keys[start : start + KEYS_PER_QUERY]
+        marks = ", ".join("(" + ", ".join(["%s"] * len(key)) + ")" for _ in chunk)
+        values = [row[name] for row in chunk for name in key]
+        found += client.execute_sql(f"SELECT {listed} FROM {qualified} WHERE {tuple_of} IN ({marks})", *values) or []
+    schema = rows.select([*key, POSITION]).schema
+    return pa.table([pa.array([r[i] for r in found], f.type) for i, f in enumerate(schema)], schema=schema)
 
 
 class RetypeRefused(RuntimeError):

@@ -197,12 +197,15 @@ def mark_deleted(loader: Loader, marks: dict[Key, tuple[Decimal, dt.datetime]]) 
     at a newer version (a copy, a later change) is left alone. Keys compare as text, as the log sends them."""
     if not marks:
         return 0
+    if loader.destination.is_lake:  # no UPDATE statement there: the table format's own MERGE (loading/lake.py)
+        return int(loader.mark_deleted(marks))  # type: ignore[attr-defined]
+    text = "CHAR" if loader.destination.type == "sqlalchemy" else "VARCHAR"  # MySQL casts to CHAR, not VARCHAR
     flagged = 0
     with loader.client() as client:
         table = client.make_qualified_table_name(loader.target.table)
         if not table_exists(client, table):
             return 0
-        where = " AND ".join(f"CAST({client.escape_column_name(k)} AS VARCHAR) = %s" for k in loader.key)
+        where = " AND ".join(f"CAST({client.escape_column_name(k)} AS {text}) = %s" for k in loader.key)
         deleted, position = client.escape_column_name(DELETED_AT), client.escape_column_name(POSITION)
         for key, (version, when) in marks.items():
             client.execute_sql(

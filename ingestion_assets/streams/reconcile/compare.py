@@ -59,7 +59,7 @@ def reconcile(request: Request) -> Reconciliation:
     """Under the target's writer lock from before the source is read to after the deletions: the target then
     holds still while both sides are compared (a load of another partition cannot pass for a deleted row)."""
     began = time.monotonic()
-    comparable_target(request.loader.destination)
+    comparable_target(request.loader)
     with request.loader.client() as client, SourceSide.open(request.url, request.plan, request.scope) as source:
         target = TargetSide(request.loader, request.plan, request.scope, source.shape, client)
         found = _compare(request, source, target)

@@ -19,7 +19,6 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 from dlt.destinations.exceptions import DatabaseUndefinedRelation
 
-from ingestion_assets.catalog import Destination
 from ingestion_assets.loading.metadata_columns import DELETED_AT, POSITION
 from ingestion_assets.loading.parked import parked_keys_in
 from ingestion_assets.loading.pipeline import Loader
@@ -40,15 +39,18 @@ from ingestion_assets.streams.reconcile.source_side import parsed_temporals
 KEYS_TABLE = "_ingest_reconcile_keys"
 
 
-COMPARED = ("duckdb", "postgres")  # destinations whose SQL the canonical forms are written in
+COMPARED = ("duckdb", "postgres", "filesystem")  # SQL the canonical forms are written in (a lake: DuckDB's view)
 
 
-def comparable_target(destination: Destination) -> None:
+def comparable_target(loader: Loader) -> None:
     """Reconciliation compares canonical SQL forms on both sides; elsewhere it says it was skipped and why."""
+    destination = loader.destination
     if destination.type not in COMPARED:
         raise NotComparable(
-            f"reconciliation compares in DuckDB's or PostgreSQL's SQL; a {destination.type} target is not compared "
-            "(deletes the polling cannot see are not found there: README, Destinations)"
+            f"stream {loader.target.dataset}.{loader.stream_name}: `reconcile` is not run on a {destination.type} "
+            "target (its checksums are written in DuckDB's and PostgreSQL's SQL): deletes the polling cannot see "
+            "are not found there; use `mode: cdc` for them, or a DuckDB, PostgreSQL or lake destination, or set "
+            "`reconcile: off` (README, Destinations)"
         )
 
 
@@ -76,7 +78,7 @@ class TargetSide:
         versions = (expr(cursor[0], POSITION),) if len(cursor) == 1 else tuple(expr(c) for c in cursor)
         window = self.scope.window
         return Relation(
-            dialect="duckdb" if self.loader.destination.type == "duckdb" else "postgres",
+            dialect="postgres" if self.loader.destination.type == "postgres" else "duckdb",  # a lake: DuckDB's view
             table=client.make_qualified_table_name(self.loader.target.table),
             keys=tuple(expr(k) for k in self.plan.primary_key),
             versions=versions,
@@ -123,6 +125,12 @@ class TargetSide:
         """Delete the rows of `keys`, or mark them deleted keeping their last values; returns how many."""
         if keys.num_rows == 0:
             return 0
+        if self.loader.destination.is_lake:  # the view is read-only: the table format's own MERGE
+            from ingestion_assets.loading.lake import LakeLoader
+
+            assert isinstance(self.loader, LakeLoader)
+            names = [key_alias(i) for i in range(len(self.loader.key))]
+            return self.loader.retire_keys(keys.select(names).rename_columns(list(self.loader.key)), soft)
         relation = self.relation
         on = " AND ".join(f"{e.sql} = k.{key_alias(i)}" for i, e in enumerate(relation.keys))
         if soft:

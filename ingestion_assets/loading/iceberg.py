@@ -1,0 +1,180 @@
+"""Iceberg stream tables of a lake destination (`table_format: iceberg`), opened with pyiceberg.
+
+dlt writes the slices (merge = pyiceberg's upsert on the key, one snapshot per 1,000 rows). What dlt cannot do
+is done here, each change as one snapshot commit: deletes and updates by a SQL predicate are evaluated in an
+in-memory DuckDB over the table's rows and written back with one `overwrite` (copy-on-write, as pyiceberg
+writes), the refresh swap overwrites the table with the shadow's rows. The table is found by its newest
+metadata file, so dlt's default catalog (in memory, rebuilt per client) and a configured persistent one both
+work. The checkpoint follows the commit: on a local disk the new metadata file is fsynced first (`sync`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as pads
+from dlt.common.destination.exceptions import DestinationUndefinedEntity
+from dlt.common.libs.pyiceberg import create_table, ensure_iceberg_compatible_arrow_schema, evolve_table
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.table import Table as IcebergTable
+
+from ingestion_assets.loading.lake_tables import quoted
+from ingestion_assets.loading.metadata_columns import DELETED_AT, POSITION
+
+_CURRENT = "_ingest_table"  # the table's rows, as DuckDB sees them while a change is computed
+_KEYS = "_ingest_keys"
+
+
+@dataclass(frozen=True)
+class IcebergTables:
+    pipeline: Any  # the stream's dlt pipeline: its filesystem client holds the catalog and the credentials
+    dataset_url: str
+    local: bool
+
+    def url(self, table: str) -> str:
+        return f"{self.dataset_url}/{table}"
+
+    def open(self, table: str) -> IcebergTable | None:
+        """The table at its newest snapshot (a fresh client each time: an in-memory catalog would keep a stale
+        registration of a table dlt has committed to since)."""
+        with self.pipeline.destination_client() as client:
+            catalog = client.get_open_table_catalog("iceberg")
+            try:
+                return evolve_table(catalog, client.fs_client, client.config, self._id(client, table), self.url(table))
+            except (NoSuchTableError, DestinationUndefinedEntity):
+                return None
+
+    def dataset(self, table: str) -> Any:
+        """The newest snapshot's rows (read into memory: pyiceberg's scan has no lazy dataset)."""
+        iceberg = self.open(table)
+        return None if iceberg is None else pads.dataset(iceberg.scan().to_arrow())
+
+    def has_rows(self, table: str) -> bool | None:
+        iceberg = self.open(table)
+        if iceberg is None:
+            return None
+        return iceberg.current_snapshot() is not None and iceberg.scan(limit=1).to_arrow().num_rows > 0
+
+    def delete(self, table: str, predicate: str | None = None) -> None:
+        iceberg = self.open(table)
+        if iceberg is None:
+            return
+        if predicate is None:
+            iceberg.delete(delete_filter=AlwaysTrue())
+            self.sync(table)
+            return
+        self._rewrite(iceberg, table, f"SELECT * FROM {_CURRENT} t WHERE NOT coalesce(({predicate}), false)")
+
+    def update(self, table: str, updates: dict[str, str], predicate: str) -> None:
+        iceberg = self.open(table)
+        if iceberg is not None:
+            self._rewrite(iceberg, table, _update_sql(updates, predicate), _count(predicate))
+
+    def retire_keys(self, table: str, keys: pa.Table, soft: bool) -> int:
+        """Delete the rows of `keys`, or flag them deleted keeping their last values, in one snapshot."""
+        iceberg = self.open(table)
+        if iceberg is None or keys.num_rows == 0:
+            return 0
+        on = " AND ".join(f"k.{quoted(name)} = t.{quoted(name)}" for name in keys.column_names)
+        matched = f"EXISTS (SELECT 1 FROM {_KEYS} k WHERE {on})"
+        if soft:
+            matched += f" AND t.{DELETED_AT} IS NULL"
+            return self._rewrite(iceberg, table, _update_sql({DELETED_AT: "now()"}, matched), _count(matched), keys)
+        return self._rewrite(iceberg, table, f"SELECT * FROM {_CURRENT} t WHERE NOT ({matched})", None, keys)
+
+    def flag_deleted(self, table: str, key: tuple[str, ...], marks: pa.Table) -> int:
+        """CDC's soft deletes (`marks`: the key as text _k0.., `_version`, `_at`): flag each row at the delete's
+        version, keeping its values, unless it is flagged already or newer; one snapshot."""
+        iceberg = self.open(table)
+        if iceberg is None or marks.num_rows == 0:
+            return 0
+        on = " AND ".join(f"CAST(t.{quoted(k)} AS VARCHAR) = m._k{i}" for i, k in enumerate(key))
+        hit = f"m._k0 IS NOT NULL AND t.{DELETED_AT} IS NULL AND (t.{POSITION} IS NULL OR t.{POSITION} < m._version)"
+        flagged = ", ".join(
+            f"CASE WHEN {hit} THEN m.{new} ELSE t.{column} END AS {column}"
+            for column, new in ((DELETED_AT, "_at"), (POSITION, "_version"))
+        )
+        select = f"SELECT t.* REPLACE ({flagged}) FROM {_CURRENT} t LEFT JOIN {_KEYS} m ON {on}"
+        count = f"SELECT count(*) FROM {_CURRENT} t JOIN {_KEYS} m ON {on} WHERE {hit}"
+        return self._rewrite(iceberg, table, select, count, marks)
+
+    def overwrite_with(self, table: str, shadow: str) -> bool:
+        """The refresh's swap: the shadow's rows become the table's in one commit (a delete and an append in
+        one transaction; the older snapshots stay readable). False when there is no shadow."""
+        source = self.open(shadow)
+        if source is None:
+            return False
+        rows = source.scan().to_arrow()
+        target = self.open(table)
+        if target is None:
+            with self.pipeline.destination_client() as client:
+                catalog = client.get_open_table_catalog("iceberg")
+                create_table(catalog, self._id(client, table), self.url(table), rows.schema)
+            target = self.open(table)
+            assert target is not None
+        with target.update_schema() as update:
+            update.union_by_name(ensure_iceberg_compatible_arrow_schema(rows.schema))
+        target.overwrite(rows)
+        self.sync(table)
+        return True
+
+    def _rewrite(
+        self, iceberg: IcebergTable, table: str, select: str, count: str | None = None, keys: pa.Table | None = None
+    ) -> int:
+        """The table's rows replaced by `select` over them, in one commit; how many rows changed (`count`, or how
+        many went). Nothing is committed when no row changes."""
+        current = iceberg.scan().to_arrow()
+        with contextlib.closing(duckdb.connect()) as con:
+            con.register(_CURRENT, current)
+            if keys is not None:
+                con.register(_KEYS, keys)
+            result = con.sql(select).to_arrow_table()
+            if count is None:
+                changed = current.num_rows - result.num_rows
+            else:
+                found = con.execute(count).fetchone()
+                changed = int(found[0]) if found else 0
+        if changed:
+            iceberg.overwrite(result.select(current.column_names).cast(current.schema))
+            self.sync(table)
+        return changed
+
+    def sync(self, table: str) -> None:
+        """On a local disk, force the newest metadata file (the commit) and its folder to the device before the
+        checkpoint counts on it; an object store's PUT is durable when it returns."""
+        if not self.local:
+            return
+        folder = os.path.join(self.url(table).removeprefix("file://"), "metadata")
+        if not os.path.isdir(folder):
+            return
+        newest = sorted(name for name in os.listdir(folder) if name.endswith(".metadata.json"))[-1:]
+        for name in newest:
+            with open(os.path.join(folder, name), "rb") as handle:
+                os.fsync(handle.fileno())
+        descriptor = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+    @staticmethod
+    def _id(client: Any, table: str) -> str:
+        return f"{client.dataset_name}.{table}"
+
+
+def _count(predicate: str) -> str:
+    return f"SELECT count(*) FROM {_CURRENT} t WHERE {predicate}"
+
+
+def _update_sql(updates: dict[str, str], predicate: str) -> str:
+    replaced = ", ".join(
+        f"CASE WHEN coalesce(({predicate}), false) THEN {expr} ELSE t.{quoted(column)} END AS {quoted(column)}"
+        for column, expr in updates.items()
+    )
+    return f"SELECT * REPLACE ({replaced}) FROM {_CURRENT} t"
