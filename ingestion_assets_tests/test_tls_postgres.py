@@ -194,7 +194,9 @@ def test_catalog_tls_needs_cert_with_key_and_a_postgres_destination() -> None:
     with pytest.raises(ValueError, match="give `cert` and `key` together"):
         Catalog.model_validate({"sources": {"a": api | {"tls": {"cert": {"file": "/c.crt"}}}}})
     with pytest.raises(ValueError, match="`tls` applies to a postgres destination"):
-        Catalog.model_validate({"destination": {"type": "duckdb", "tls": {"ca": {"file": "/ca"}}}, "sources": {"a": api}})
+        Catalog.model_validate(
+            {"destination": {"type": "duckdb", "tls": {"ca": {"file": "/ca"}}}, "sources": {"a": api}}
+        )
 
 
 def test_an_env_reference_may_hold_the_pem_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -207,3 +209,37 @@ def test_an_env_reference_may_hold_the_pem_itself(tmp_path: Path, monkeypatch: p
     written = resolve_file(Reference(env="TEST_CA_PEM"), settings, "sources.shop.tls.ca")
     assert written.read_text().strip() == ca.cert.read_text().strip() and written.stat().st_mode & 0o077 == 0
     assert resolve_file(Reference(env="TEST_CA_PATH"), settings, "sources.shop.tls.ca") == ca.cert
+
+
+@pytest.mark.slow  # two servers, a base backup and a standby (~15-50 s)
+def test_up_with_tls_archives_backs_up_and_streams_to_a_standby(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pg_basebackup and the standby's WAL receiver run as the server's user, who cannot read root's client key."""
+    from ingestion_assets.cli import main
+    from ingestion_assets.stack import durability
+    from ingestion_assets.stack.embedded import EmbeddedPostgres, run_as_user
+
+    bin_dir = ssl_binaries()
+    if bin_dir is None:
+        pytest.skip("no PostgreSQL build with OpenSSL here (install the postgresql server package)")
+    home = Path(tempfile.mkdtemp(prefix="ingest-tls-up-")) / "home"  # not under pytest's folder: the server's
+    monkeypatch.setenv("INGEST_HOME", str(home))  # user must pass through every parent folder
+    scratch_before = set(Path(tempfile.gettempdir()).glob("ingest-backup-key-*"))
+    standby = EmbeddedPostgres(home / durability.STANDBY_ROOT)
+    try:
+        assert main(["up", "--tls", "--pg-bin", str(bin_dir), "--archive", "--standby"]) == 0, capsys.readouterr()
+        primary = EmbeddedPostgres(home / "pg")
+        assert durability.archive_for(home).backups(), "no base backup was taken"
+        with contextlib.closing(psycopg2.connect(primary.url())) as conn, conn.cursor() as cur:
+            cur.execute("SELECT r.state, s.ssl FROM pg_stat_replication r JOIN pg_stat_ssl s USING (pid)")
+            assert cur.fetchall() == [("streaming", True)]
+        copied = standby.root / "tls" / "replication" / "client.key"
+        if run_as_user() is not None:
+            assert copied.stat().st_mode & 0o777 == 0o600 and copied.stat().st_uid != 0
+        assert set(Path(tempfile.gettempdir()).glob("ingest-backup-key-*")) == scratch_before  # backup's key gone
+    finally:
+        for root in (standby.root, home / "pg"):
+            if (root / "data").is_dir():
+                EmbeddedPostgres(root).stop("immediate")
+        shutil.rmtree(home.parent, ignore_errors=True)
