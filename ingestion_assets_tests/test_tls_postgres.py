@@ -243,3 +243,47 @@ def test_up_with_tls_archives_backs_up_and_streams_to_a_standby(
             if (root / "data").is_dir():
                 EmbeddedPostgres(root).stop("immediate")
         shutil.rmtree(home.parent, ignore_errors=True)
+
+
+def test_pem_files_from_env_references_are_removed_when_their_process_ends(tmp_path: Path) -> None:
+    """Each process's files go at its exit; those of a process killed before it could (SIGKILL) go when the
+    next process writes one. None is ever readable by others."""
+    import os
+    import signal
+    import sys
+
+    ca = make_ca(tmp_path / "ca", "env-ca")
+    script = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from ingestion_assets.catalog import Reference\n"
+        "from ingestion_assets.references import resolve_file\n"
+        "from ingestion_assets.settings import Settings\n"
+        "settings = Settings(home=Path(sys.argv[1]), catalog_path=Path(sys.argv[1]) / 'c.yaml')\n"
+        "path = resolve_file(Reference(env='TEST_CA_PEM'), settings, 'sources.shop.tls.ca')\n"
+        "print(path, oct(path.stat().st_mode & 0o777), flush=True)\n"
+        "if sys.argv[2] == 'wait':\n"
+        "    sys.stdin.read()\n"
+    )
+    env = {**os.environ, "TEST_CA_PEM": ca.cert.read_text()}
+    home = tmp_path / "home"
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(home), "exit"], env=env, capture_output=True, text=True, check=True
+    )
+    written, mode = done.stdout.split()
+    assert mode == "0o600" and not Path(written).exists()  # removed at exit
+    assert ca.cert.read_text() not in done.stdout + done.stderr
+    killed = subprocess.Popen(
+        [sys.executable, "-c", script, str(home), "wait"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert killed.stdout is not None
+    left = Path(killed.stdout.readline().split()[0])
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert left.exists()  # SIGKILL: no exit handler ran
+    subprocess.run([sys.executable, "-c", script, str(home), "exit"], env=env, capture_output=True, check=True)
+    assert list((home / "tls").iterdir()) == []  # the next process removed the dead one's file, then its own
