@@ -287,3 +287,24 @@ def test_pem_files_from_env_references_are_removed_when_their_process_ends(tmp_p
     assert left.exists()  # SIGKILL: no exit handler ran
     subprocess.run([sys.executable, "-c", script, str(home), "exit"], env=env, capture_output=True, check=True)
     assert list((home / "tls").iterdir()) == []  # the next process removed the dead one's file, then its own
+
+
+def test_check_connects_to_the_destination_with_its_tls(tls_stack: TlsStack) -> None:
+    """A destination whose CA is wrong fails `ingest check`, as its run would, instead of passing it."""
+    from ingestion_assets.catalog import Catalog
+    from ingestion_assets.destination_check import check_destination
+
+    url_file = tls_stack.tmp / "destination.url"
+    url_file.write_text(tls_stack.plain_url("source"))
+    api = {"type": "rest", "base_url": "https://api.test", "streams": {"s": {"path": "/s", "primary_key": "id"}}}
+
+    def destination_problems(tls: dict[str, object]) -> list[str]:
+        destination = {"type": "postgres", "credentials": {"file": str(url_file)}, "tls": tls}
+        catalog = Catalog.model_validate({"destination": destination, "sources": {"api": api}})
+        return check_destination(tls_stack.settings, catalog)
+
+    assert destination_problems(tls_block(tls_stack.files)) == []
+    wrong_ca = destination_problems(tls_block(tls_stack.files, ca=tls_stack.other_ca.cert))
+    assert len(wrong_ca) == 1 and "cannot connect" in wrong_ca[0] and "certificate verify failed" in wrong_ca[0]
+    no_cert = destination_problems(tls_block(tls_stack.files, with_cert=False))
+    assert len(no_cert) == 1 and "certificate" in no_cert[0], no_cert
