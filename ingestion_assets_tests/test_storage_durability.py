@@ -180,6 +180,7 @@ def _archived_runs(
     capsys: pytest.CaptureFixture[str],
 ) -> StreamHarness:
     """`ingest up --archive --standby`, then a first run of a stream into DuckDB."""
+    monkeypatch.setenv("INGEST_CATALOG", str(storage_home / "none.yaml"))  # not the demo's: no demo API
     _ingest(monkeypatch, capsys, storage_home, "up", "--archive", "--standby")
     harness = StreamHarness(
         tmp_path, storage_home, _instance(Settings(storage_home, storage_home / "unused.yaml")), source_db
@@ -219,6 +220,20 @@ def test_archiving_goes_on_after_promotion_and_a_restore_reaches_past_it(
     assert _next_runs(harness, "later") != after_promotion
     _ingest(monkeypatch, capsys, storage_home, "storage", "backup")
     harness.instance.dispose()
+
+    # a segment the recovery needs is missing: the restore stops and says which, and what it recovered to
+    wal = durability.archive_for(storage_home).wal
+    crossing = min(p for p in wal.glob("00000002*") if len(p.name) == 24)  # the new timeline's first segment
+    crossing.rename(crossing.with_suffix(".aside"))
+    active = durability.active_server(storage_home).root
+    from ingestion_assets.cli import main
+
+    assert main(["storage", "restore", "--to", moment.isoformat(), "--timeout", "120"]) == 2
+    err = capsys.readouterr().err
+    assert f"recovery to {moment.isoformat()}" in err and "waits for WAL segment 0000000" in err, err
+    assert durability.active_server(storage_home).root == active and not list(storage_home.glob("pg-restored-*"))
+    crossing.with_suffix(".aside").rename(crossing)
+
     out = _ingest(
         monkeypatch, capsys, storage_home, "storage", "restore", "--to", moment.isoformat(), "--timeout", "120"
     )

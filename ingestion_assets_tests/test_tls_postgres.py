@@ -225,6 +225,7 @@ def test_up_with_tls_archives_backs_up_and_streams_to_a_standby(
         pytest.skip("no PostgreSQL build with OpenSSL here (install the postgresql server package)")
     home = Path(tempfile.mkdtemp(prefix="ingest-tls-up-")) / "home"  # not under pytest's folder: the server's
     monkeypatch.setenv("INGEST_HOME", str(home))  # user must pass through every parent folder
+    monkeypatch.setenv("INGEST_CATALOG", str(home.parent / "none.yaml"))  # not the demo's: no demo API
     scratch_before = set(Path(tempfile.gettempdir()).glob("ingest-backup-key-*"))
     standby = EmbeddedPostgres(home / durability.STANDBY_ROOT)
     try:
