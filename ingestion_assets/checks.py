@@ -13,8 +13,10 @@ from ingestion_assets.sources.tls import TlsError
 
 
 def check_catalog(settings: Settings, catalog: Catalog) -> list[str]:
-    """Every problem found, each naming the source or stream and what to change."""
-    problems: list[str] = []
+    """Every problem found, each naming the source or stream (or the destination) and what to change."""
+    from ingestion_assets.destination_check import check_destination
+
+    problems: list[str] = check_destination(settings, catalog)
     for source_name, source in catalog.sources.items():
         if isinstance(source, PostgresSource):
             problems += _check_postgres(settings, catalog, source_name, source)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
 from ingestion_assets.catalog import Reference, Tls
 from ingestion_assets.settings import Settings
-from ingestion_assets.sources.tls import TlsFiles, with_verified_tls
+from ingestion_assets.sources.tls import TlsFiles, pem_file, with_verified_tls
 
 PEM_PREFIX = "-----BEGIN "
 
@@ -72,7 +71,7 @@ def resolve_file(ref: Reference, settings: Settings, where: str) -> Path:
     """A certificate or key as a file libpq and OpenSSL can read.
 
     A `file` reference is used in place (it must be readable); an `env` reference holds a path, or the PEM
-    text itself (as secret stores inject it), which is written once to a 0600 file under INGEST_HOME/tls."""
+    text itself (as secret stores inject it), written to a 0600 file under INGEST_HOME/tls for this process."""
     if ref.file:
         path = reference_path(ref, settings)
         if not os.access(path, os.R_OK):
@@ -83,12 +82,4 @@ def resolve_file(ref: Reference, settings: Settings, where: str) -> Path:
     value = resolve(ref, settings, where)
     if not value.startswith(PEM_PREFIX):
         return resolve_file(Reference(file=value), settings, f"{where} (env {ref.env})")
-    folder = settings.home / "tls"
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = folder / f"{hashlib.sha256(value.encode()).hexdigest()[:24]}.pem"
-    if not path.exists():
-        staged = path.with_suffix(f".{os.getpid()}.tmp")
-        staged.write_text(value + "\n")
-        staged.chmod(0o600)  # libpq refuses a private key others can read
-        staged.replace(path)
-    return path
+    return pem_file(settings.home / "tls", value)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import dagster as dg
 import pytest
+import yaml
+from celery.exceptions import DuplicateTaskNameWarning
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 from dagster._serdes import serialize_value
 
@@ -47,9 +50,15 @@ def test_two_workers_run_the_steps_of_one_run(
             monkeypatch.setenv(name, value)  # materialize` would: it loads the code location from its module
         job = ReconstructableRepository.for_module("ingestion_assets.definitions", "defs", str(REPO))
         keys = [harness.key("orders"), harness.key("keywords")]
-        with dg.execute_job(job.get_reconstructable_job("__ASSET_JOB"), harness.instance, asset_selection=keys) as done:
-            assert done.success
-            run = done.dagster_run
+        with warnings.catch_warnings(record=True) as caught:  # the orchestrator submits each step to the broker
+            warnings.simplefilter("always")
+            with dg.execute_job(
+                job.get_reconstructable_job("__ASSET_JOB"), harness.instance, asset_selection=keys
+            ) as done:
+                assert done.success
+                run = done.dagster_run
+        duplicates = [str(w.message) for w in caught if issubclass(w.category, DuplicateTaskNameWarning)]
+        assert not duplicates, duplicates
         workers = step_workers(harness.instance, run.run_id)
         assert set(workers) == {f"{harness.source_name}__orders", f"{harness.source_name}__keywords"}
         names = {worker for ran in workers.values() for worker in ran}
@@ -102,7 +111,9 @@ def test_a_celery_catalog_refuses_local_folders_for_lakes_and_files() -> None:
     files = {"type": "files", "url": "/data/drops", "streams": {"d": {"path": "*.csv"}}}
     lake = {"type": "filesystem", "bucket_url": "/data/lake", "table_format": "delta"}
     with pytest.raises(ValueError, match=r"destination.bucket_url: /data/lake is a folder on one host's disk"):
-        Catalog.model_validate({"execution": celery, "destination": lake, "sources": {"drops": {**files, "url": "s3://b/d"}}})
+        Catalog.model_validate(
+            {"execution": celery, "destination": lake, "sources": {"drops": {**files, "url": "s3://b/d"}}}
+        )
     with pytest.raises(ValueError, match=r"sources.drops.url: /data/drops is a folder on one host's disk"):
         Catalog.model_validate(
             {"execution": celery, "destination": {**lake, "bucket_url": "s3://b/lake"}, "sources": {"drops": files}}
@@ -114,3 +125,47 @@ def test_a_celery_catalog_refuses_local_folders_for_lakes_and_files() -> None:
             "sources": {"drops": {**files, "url": "s3://b/drops"}},
         }
     )
+
+
+def test_key_prefix_is_refused_with_a_rabbitmq_broker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key prefix isolates deployments on a shared Redis; RabbitMQ has no keys, so it would isolate nothing."""
+    from ingestion_assets.catalog import CeleryExecution, Reference
+    from ingestion_assets.defs.executors import ExecutionSettingError, celery_config
+
+    settings = Settings(home=tmp_path, catalog_path=tmp_path / "catalog.yaml")
+    monkeypatch.setenv("TEST_BROKER", "amqp://guest:s3cret@127.0.0.1:5672//")
+    celery = CeleryExecution(broker=Reference(env="TEST_BROKER"), key_prefix="team-a:")
+    with pytest.raises(ExecutionSettingError, match=r"key_prefix .*virtual host") as refused:
+        celery_config(settings, celery)
+    assert "s3cret" not in str(refused.value)
+    monkeypatch.setenv("TEST_BROKER", "redis://127.0.0.1:6379/0")
+    transport = celery_config(settings, celery)["config_source"]["broker_transport_options"]
+    assert transport["global_keyprefix"] == "team-a:"
+
+
+def test_a_sqlite_url_for_a_sqlalchemy_destination_is_refused_at_run_start(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The URL is a reference, resolved at run time: the catalog cannot refuse it, the run's start does."""
+    from ingestion_assets.defs.executors import ExecutionSettingError
+
+    harness.source.execute(TABLES)
+    catalog = harness.write_catalog(_streams())
+    raw = yaml.safe_load(catalog.read_text())
+    raw["destination"] = {"type": "sqlalchemy", "credentials": {"env": "TEST_WAREHOUSE_URL"}}
+    catalog.write_text(yaml.safe_dump(raw))
+    with_execution(catalog, {"executor": "celery", "celery": {"broker": {"env": "TEST_BROKER"}}})
+    monkeypatch.setenv("TEST_WAREHOUSE_URL", f"sqlite:///{tmp_path / 'warehouse.sqlite'}")
+    monkeypatch.setenv("TEST_BROKER", "redis://127.0.0.1:6379/15")
+    for name, value in harness.cli_env().items():
+        monkeypatch.setenv(name, value)
+    job = ReconstructableRepository.for_module("ingestion_assets.definitions", "defs", str(REPO))
+    with pytest.raises(ExecutionSettingError) as refused:
+        dg.execute_job(
+            job.get_reconstructable_job("__ASSET_JOB"), harness.instance, asset_selection=[harness.key("orders")]
+        )
+    message = str(refused.value)
+    assert "is a sqlite URL" in message and "mysql://" in message, message
+    assert str(tmp_path) not in message  # the URL itself (a secret) is never shown
+    assert harness.instance.get_latest_materialization_event(harness.key("orders")) is None  # no step ran
+    assert not (tmp_path / "warehouse.sqlite").exists()

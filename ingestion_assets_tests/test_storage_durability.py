@@ -64,12 +64,17 @@ def test_standby_promoted_mid_backfill_carries_on(storage_home: Path, source_db:
     settings = Settings(home=storage_home, catalog_path=storage_home / "unused.yaml")
     primary_instance = _instance(settings)
     standby = durability.start_standby(settings.embedded, storage_home)
-    with pytest.raises(psycopg2.errors.ReadOnlySqlTransaction), contextlib.closing(psycopg2.connect(standby.url())) as c:
+    with (
+        pytest.raises(psycopg2.errors.ReadOnlySqlTransaction),
+        contextlib.closing(psycopg2.connect(standby.url())) as c,
+    ):
         c.cursor().execute("CREATE TABLE refused (i int)")  # a standby takes no checkpoints until promoted
     harness = StreamHarness(tmp_path, storage_home, primary_instance, source_db)
     source_db.execute(ITEMS)
     spec = {"table": "items", "primary_key": "id", "cursor": "updated_at", "slice_rows": 400}
-    harness.write_catalog({"items": spec | {"partitions": {"by": "key", "chunk": 4_000}, "retries": {"max_attempts": 1}}})
+    harness.write_catalog(
+        {"items": spec | {"partitions": {"by": "key", "chunk": 4_000}, "retries": {"max_attempts": 1}}}
+    )
     keys = harness.plan_partitions("items")
     assert harness.materialize(partition=keys[0]).success
     before = harness.observations("items")
@@ -95,9 +100,10 @@ def test_standby_promoted_mid_backfill_carries_on(storage_home: Path, source_db:
 
 def _runs(harness: StreamHarness) -> None:
     assert harness.materialize().success
-    assert harness.assert_target_equals_source("items", "items", "id") == harness.query_source(
-        "SELECT count(*) FROM items"
-    )[0][0]
+    assert (
+        harness.assert_target_equals_source("items", "items", "id")
+        == harness.query_source("SELECT count(*) FROM items")[0][0]
+    )
 
 
 def _moment() -> dt.datetime:
@@ -118,7 +124,9 @@ def test_point_in_time_restore_replays_older_checkpoints_and_refuses_newer_ones(
     durability.base_backup(settings.embedded, archive)
     harness = StreamHarness(tmp_path, storage_home, _instance(settings), source_db)
     source_db.execute(ITEMS)
-    harness.write_catalog({"items": {"table": "items", "primary_key": "id", "cursor": "updated_at", "slice_rows": 2_000}})
+    harness.write_catalog(
+        {"items": {"table": "items", "primary_key": "id", "cursor": "updated_at", "slice_rows": 2_000}}
+    )
     settings = harness.settings
     _runs(harness)
     first = harness.checkpoint("items")
@@ -151,3 +159,121 @@ def test_point_in_time_restore_replays_older_checkpoints_and_refuses_newer_ones(
     assert settings.embedded.root == active and settings.embedded.is_running()
     assert not [p for p in storage_home.glob("pg-restored-*") if p != active]  # the trial copy is gone
     harness.instance.dispose()
+
+
+def _ingest(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], home: Path, *argv: str) -> str:
+    """`ingest ARGV` on this installation; its output (stdout and stderr), asserting it succeeded."""
+    from ingestion_assets.cli import main
+
+    monkeypatch.setenv("INGEST_HOME", str(home))
+    status = main(list(argv))
+    out = capsys.readouterr()
+    assert status == 0, f"ingest {' '.join(argv)} exited {status}: {out.out}{out.err}"
+    return out.out + out.err
+
+
+def _archived_runs(
+    storage_home: Path,
+    source_db: SourceDb,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> StreamHarness:
+    """`ingest up --archive --standby`, then a first run of a stream into DuckDB."""
+    monkeypatch.setenv("INGEST_CATALOG", str(storage_home / "none.yaml"))  # not the demo's: no demo API
+    _ingest(monkeypatch, capsys, storage_home, "up", "--archive", "--standby")
+    harness = StreamHarness(
+        tmp_path, storage_home, _instance(Settings(storage_home, storage_home / "unused.yaml")), source_db
+    )
+    source_db.execute(ITEMS)
+    harness.write_catalog(
+        {"items": {"table": "items", "primary_key": "id", "cursor": "updated_at", "slice_rows": 2_000}}
+    )
+    monkeypatch.setenv("INGEST_CATALOG", str(harness.catalog_path))
+    _runs(harness)
+    return harness
+
+
+def _next_runs(harness: StreamHarness, label: str) -> object:
+    harness.source.execute(f"UPDATE items SET label = '{label}', updated_at = now() WHERE id % 5 = 0")
+    _runs(harness)
+    checkpoint = harness.checkpoint("items")
+    assert checkpoint is not None
+    return checkpoint.position
+
+
+def test_archiving_goes_on_after_promotion_and_a_restore_reaches_past_it(
+    storage_home: Path,
+    source_db: SourceDb,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The promoted standby archives (its timeline as well as the old primary's last segment), so a restore
+    to a time after the promotion, from the backup taken before it, replays across the timeline switch."""
+    harness = _archived_runs(storage_home, source_db, tmp_path, monkeypatch, capsys)
+    harness.instance.dispose()
+    _ingest(monkeypatch, capsys, storage_home, "storage", "promote")
+    harness.instance = _instance(harness.settings)
+    after_promotion = _next_runs(harness, "after promotion")
+    moment = _moment()
+    assert _next_runs(harness, "later") != after_promotion
+    _ingest(monkeypatch, capsys, storage_home, "storage", "backup")
+    harness.instance.dispose()
+
+    # a segment the recovery needs is missing: the restore stops and says which, and what it recovered to
+    wal = durability.archive_for(storage_home).wal
+    crossing = min(p for p in wal.glob("00000002*") if len(p.name) == 24)  # the new timeline's first segment
+    crossing.rename(crossing.with_suffix(".aside"))
+    active = durability.active_server(storage_home).root
+    from ingestion_assets.cli import main
+
+    assert main(["storage", "restore", "--to", moment.isoformat(), "--timeout", "120"]) == 2
+    err = capsys.readouterr().err
+    assert f"recovery to {moment.isoformat()}" in err and "waits for WAL segment 0000000" in err, err
+    assert durability.active_server(storage_home).root == active and not list(storage_home.glob("pg-restored-*"))
+    crossing.with_suffix(".aside").rename(crossing)
+
+    out = _ingest(
+        monkeypatch, capsys, storage_home, "storage", "restore", "--to", moment.isoformat(), "--timeout", "120"
+    )
+    assert "restored Dagster's storage" in out
+    harness.instance = _instance(harness.settings)
+    restored = harness.checkpoint("items")
+    assert restored is not None and restored.position == after_promotion  # the post-promotion checkpoint
+    _next_runs(harness, "after restore")  # replays from it; the target stays exact
+    harness.instance.dispose()
+
+
+def test_a_restore_rebuilds_the_standby_and_a_stale_standby_is_never_promoted(
+    storage_home: Path,
+    source_db: SourceDb,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from ingestion_assets.cli import main
+
+    harness = _archived_runs(storage_home, source_db, tmp_path, monkeypatch, capsys)
+    first = harness.checkpoint("items")
+    moment = _moment()
+    second = _next_runs(harness, "second")
+    harness.instance.dispose()
+    out = _ingest(
+        monkeypatch, capsys, storage_home, "storage", "restore", "--to", moment.isoformat(), "--timeout", "120"
+    )
+    assert "rebuilt from the restored primary" in out, out
+    _ingest(monkeypatch, capsys, storage_home, "storage", "promote")  # the rebuilt standby follows the restore
+    harness.instance = _instance(harness.settings)
+    promoted = harness.checkpoint("items")
+    assert first is not None and promoted is not None and promoted.position == first.position != second
+    harness.instance.dispose()
+
+    # a standby whose primary is no longer the primary (here: another server made primary) is refused
+    standby = durability.start_standby(settings_primary := durability.active_server(storage_home), storage_home)
+    other = EmbeddedPostgres(storage_home / "pg-other").ensure_running()
+    durability.make_active(storage_home, other)
+    assert main(["storage", "promote"]) == 2
+    err = capsys.readouterr().err
+    assert f"follows the server on port {settings_primary.port()}" in err and "roll" in err, err
+    assert durability.is_standby(standby) and durability.active_server(storage_home).root == other.root

@@ -194,7 +194,9 @@ def test_catalog_tls_needs_cert_with_key_and_a_postgres_destination() -> None:
     with pytest.raises(ValueError, match="give `cert` and `key` together"):
         Catalog.model_validate({"sources": {"a": api | {"tls": {"cert": {"file": "/c.crt"}}}}})
     with pytest.raises(ValueError, match="`tls` applies to a postgres destination"):
-        Catalog.model_validate({"destination": {"type": "duckdb", "tls": {"ca": {"file": "/ca"}}}, "sources": {"a": api}})
+        Catalog.model_validate(
+            {"destination": {"type": "duckdb", "tls": {"ca": {"file": "/ca"}}}, "sources": {"a": api}}
+        )
 
 
 def test_an_env_reference_may_hold_the_pem_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -207,3 +209,103 @@ def test_an_env_reference_may_hold_the_pem_itself(tmp_path: Path, monkeypatch: p
     written = resolve_file(Reference(env="TEST_CA_PEM"), settings, "sources.shop.tls.ca")
     assert written.read_text().strip() == ca.cert.read_text().strip() and written.stat().st_mode & 0o077 == 0
     assert resolve_file(Reference(env="TEST_CA_PATH"), settings, "sources.shop.tls.ca") == ca.cert
+
+
+@pytest.mark.slow  # two servers, a base backup and a standby (~15-50 s)
+def test_up_with_tls_archives_backs_up_and_streams_to_a_standby(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pg_basebackup and the standby's WAL receiver run as the server's user, who cannot read root's client key."""
+    from ingestion_assets.cli import main
+    from ingestion_assets.stack import durability
+    from ingestion_assets.stack.embedded import EmbeddedPostgres, run_as_user
+
+    bin_dir = ssl_binaries()
+    if bin_dir is None:
+        pytest.skip("no PostgreSQL build with OpenSSL here (install the postgresql server package)")
+    home = Path(tempfile.mkdtemp(prefix="ingest-tls-up-")) / "home"  # not under pytest's folder: the server's
+    monkeypatch.setenv("INGEST_HOME", str(home))  # user must pass through every parent folder
+    monkeypatch.setenv("INGEST_CATALOG", str(home.parent / "none.yaml"))  # not the demo's: no demo API
+    scratch_before = set(Path(tempfile.gettempdir()).glob("ingest-backup-key-*"))
+    standby = EmbeddedPostgres(home / durability.STANDBY_ROOT)
+    try:
+        assert main(["up", "--tls", "--pg-bin", str(bin_dir), "--archive", "--standby"]) == 0, capsys.readouterr()
+        primary = EmbeddedPostgres(home / "pg")
+        assert durability.archive_for(home).backups(), "no base backup was taken"
+        with contextlib.closing(psycopg2.connect(primary.url())) as conn, conn.cursor() as cur:
+            cur.execute("SELECT r.state, s.ssl FROM pg_stat_replication r JOIN pg_stat_ssl s USING (pid)")
+            assert cur.fetchall() == [("streaming", True)]
+        copied = standby.root / "tls" / "replication" / "client.key"
+        if run_as_user() is not None:
+            assert copied.stat().st_mode & 0o777 == 0o600 and copied.stat().st_uid != 0
+        assert set(Path(tempfile.gettempdir()).glob("ingest-backup-key-*")) == scratch_before  # backup's key gone
+    finally:
+        for root in (standby.root, home / "pg"):
+            if (root / "data").is_dir():
+                EmbeddedPostgres(root).stop("immediate")
+        shutil.rmtree(home.parent, ignore_errors=True)
+
+
+def test_pem_files_from_env_references_are_removed_when_their_process_ends(tmp_path: Path) -> None:
+    """Each process's files go at its exit; those of a process killed before it could (SIGKILL) go when the
+    next process writes one. None is ever readable by others."""
+    import os
+    import signal
+    import sys
+
+    ca = make_ca(tmp_path / "ca", "env-ca")
+    script = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from ingestion_assets.catalog import Reference\n"
+        "from ingestion_assets.references import resolve_file\n"
+        "from ingestion_assets.settings import Settings\n"
+        "settings = Settings(home=Path(sys.argv[1]), catalog_path=Path(sys.argv[1]) / 'c.yaml')\n"
+        "path = resolve_file(Reference(env='TEST_CA_PEM'), settings, 'sources.shop.tls.ca')\n"
+        "print(path, oct(path.stat().st_mode & 0o777), flush=True)\n"
+        "if sys.argv[2] == 'wait':\n"
+        "    sys.stdin.read()\n"
+    )
+    env = {**os.environ, "TEST_CA_PEM": ca.cert.read_text()}
+    home = tmp_path / "home"
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(home), "exit"], env=env, capture_output=True, text=True, check=True
+    )
+    written, mode = done.stdout.split()
+    assert mode == "0o600" and not Path(written).exists()  # removed at exit
+    assert ca.cert.read_text() not in done.stdout + done.stderr
+    killed = subprocess.Popen(
+        [sys.executable, "-c", script, str(home), "wait"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert killed.stdout is not None
+    left = Path(killed.stdout.readline().split()[0])
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert left.exists()  # SIGKILL: no exit handler ran
+    subprocess.run([sys.executable, "-c", script, str(home), "exit"], env=env, capture_output=True, check=True)
+    assert list((home / "tls").iterdir()) == []  # the next process removed the dead one's file, then its own
+
+
+def test_check_connects_to_the_destination_with_its_tls(tls_stack: TlsStack) -> None:
+    """A destination whose CA is wrong fails `ingest check`, as its run would, instead of passing it."""
+    from ingestion_assets.catalog import Catalog
+    from ingestion_assets.destination_check import check_destination
+
+    url_file = tls_stack.tmp / "destination.url"
+    url_file.write_text(tls_stack.plain_url("source"))
+    api = {"type": "rest", "base_url": "https://api.test", "streams": {"s": {"path": "/s", "primary_key": "id"}}}
+
+    def destination_problems(tls: dict[str, object]) -> list[str]:
+        destination = {"type": "postgres", "credentials": {"file": str(url_file)}, "tls": tls}
+        catalog = Catalog.model_validate({"destination": destination, "sources": {"api": api}})
+        return check_destination(tls_stack.settings, catalog)
+
+    assert destination_problems(tls_block(tls_stack.files)) == []
+    wrong_ca = destination_problems(tls_block(tls_stack.files, ca=tls_stack.other_ca.cert))
+    assert len(wrong_ca) == 1 and "cannot connect" in wrong_ca[0] and "certificate verify failed" in wrong_ca[0]
+    no_cert = destination_problems(tls_block(tls_stack.files, with_cert=False))
+    assert len(no_cert) == 1 and "certificate" in no_cert[0], no_cert

@@ -56,15 +56,23 @@ def storage_backup(settings: Settings, _args: argparse.Namespace) -> int:
 
 def storage_promote(settings: Settings, _args: argparse.Namespace) -> int:
     from ingestion_assets.stack import durability
-    from ingestion_assets.stack.embedded import EmbeddedPostgres
+    from ingestion_assets.stack.embedded import EmbeddedServerError
+    from ingestion_assets.stack.standby_check import PromotionRefused, check_follows
 
-    standby = EmbeddedPostgres(settings.home / durability.STANDBY_ROOT)
-    if not (standby.data_dir / "PG_VERSION").exists():
+    standby, primary = durability.standby_server(settings.home), settings.embedded
+    if not (standby.data_dir / "PG_VERSION").exists() or standby.root == primary.root:
         print("error: there is no standby (`ingest up --standby` starts one)", file=sys.stderr)
         return 2
-    settings.embedded.stop("immediate")  # if the old primary still runs, it must take no more checkpoints
-    durability.promote(standby.ensure_running(), settings.home)
+    try:
+        notes = check_follows(standby.ensure_running(), primary)  # before anything stops: a refusal changes nothing
+        primary.stop("immediate")  # if the old primary still runs, it must take no more checkpoints
+        durability.promote(standby, settings.home)
+    except (PromotionRefused, EmbeddedServerError) as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return 2
     bring_up(settings)  # dagster.yaml now names the promoted server
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     print(f"promoted {standby.root}; Dagster's storage is there now")
     return 0
 
@@ -72,6 +80,7 @@ def storage_promote(settings: Settings, _args: argparse.Namespace) -> int:
 def storage_restore(settings: Settings, args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
+    from ingestion_assets.stack.embedded import EmbeddedServerError
     from ingestion_assets.stack.restore import RestoreRefused, restore_storage
 
     try:
@@ -81,14 +90,15 @@ def storage_restore(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     to = to if to.tzinfo else to.replace(tzinfo=UTC)
     try:
-        restored = restore_storage(settings, to, force=args.force)
-    except RestoreRefused as exc:
+        restored = restore_storage(settings, to, force=args.force, timeout=args.timeout)
+    except (RestoreRefused, EmbeddedServerError) as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return 2
     for warning in restored.warnings:
         print(f"WARNING (--force): {warning}", file=sys.stderr)
     print(f"restored Dagster's storage to {to.isoformat()} (base backup of {restored.backup_started_at.isoformat()})")
-    print(f"the replaced server is stopped and kept in {restored.previous}; rebuild the standby from the new primary")
+    print(f"the replaced server is stopped and kept in {restored.previous}")
+    print(restored.standby)
     return 0
 
 

@@ -15,6 +15,13 @@ from ingestion_assets.settings import Settings
 
 # dagster-celery's own defaults, restated: its config_source replaces the whole transport options mapping.
 _PUBLISH_RETRIES = {"max_retries": 3, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
+_REDIS = ("redis://", "rediss://")
+
+
+class ExecutionSettingError(ValueError):
+    """`execution` asks for something the broker or destination cannot honour; the message names the key."""
+
+    transient = False
 
 
 def build_executor(settings: Settings, catalog: Catalog) -> dg.ExecutorDefinition | None:
@@ -22,18 +29,24 @@ def build_executor(settings: Settings, catalog: Catalog) -> dg.ExecutorDefinitio
     celery = catalog.execution.celery
     if catalog.execution.executor != "celery" or celery is None:
         return None
-    from dagster_celery import celery_executor
+    from ingestion_assets.defs.celery_steps import ingest_celery_executor
 
-    return celery_executor.configured(celery_config(settings, celery), name="celery")
+    return ingest_celery_executor(settings, catalog).configured(celery_config(settings, celery), name="celery")
 
 
 def celery_config(settings: Settings, celery: CeleryExecution) -> dict[str, Any]:
     """The `celery` executor's config: broker and backend resolved from their references (never logged)."""
     broker = resolve(celery.broker, settings, "execution.celery.broker")
+    if celery.key_prefix and not broker.startswith(_REDIS):
+        raise ExecutionSettingError(
+            f"execution.celery.key_prefix ({celery.key_prefix!r}) prefixes Redis keys, and the broker "
+            f"({celery.broker.describe()}) is not Redis: with RabbitMQ, isolate deployments by a virtual host of "
+            "their own in the broker URL (amqp://user:password@host:5672/VHOST) and remove key_prefix"
+        )
     if celery.backend is not None:
         backend = resolve(celery.backend, settings, "execution.celery.backend")
     else:
-        backend = broker if broker.startswith(("redis://", "rediss://")) else "rpc://"
+        backend = broker if broker.startswith(_REDIS) else "rpc://"
     return {"broker": broker, "backend": backend, "config_source": celery_settings(celery)}
 
 
@@ -60,3 +73,23 @@ def celery_settings(celery: CeleryExecution) -> dict[str, Any]:
         transport["global_keyprefix"] = celery.key_prefix
         settings["result_backend_transport_options"] = {"global_keyprefix": celery.key_prefix}
     return settings
+
+
+_LOCAL_BACKENDS = ("sqlite", "duckdb")  # sqlalchemy URLs that name a file on one host's disk
+
+
+def run_time_host_bound(settings: Settings, catalog: Catalog) -> list[str]:
+    """What the catalog cannot say before its references resolve: a sqlalchemy destination URL (a reference)
+    that names a local file (sqlite, duckdb), which steps on other workers cannot share."""
+    destination = catalog.destination
+    if not catalog.execution.distributed or destination.type != "sqlalchemy" or destination.credentials is None:
+        return []
+    url = resolve(destination.credentials, settings, "destination.credentials")
+    backend = url.split(":", 1)[0].split("+", 1)[0].lower()
+    if backend not in _LOCAL_BACKENDS:
+        return []
+    return [
+        f"destination.credentials ({destination.credentials.describe()}) is a {backend} URL: a file on one host's "
+        "disk, and `execution.executor: celery` runs steps on workers that cannot share it: point it at a server "
+        "every worker reaches (mysql://, mariadb://, a warehouse), or use `executor: multiprocess`"
+    ]

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import hashlib
+import os
+import re
+import socket
 import ssl
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
@@ -128,3 +135,60 @@ def ssl_cause(exc: BaseException) -> ssl.SSLError | None:
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+_WRITTEN: list[tuple[int, Path]] = []  # (the writing process, its file): removed when that process exits
+_PEM_NAME = re.compile(r"^[0-9a-f]{24}-(?P<host>.+)-(?P<pid>\d+)\.pem$")
+_LEGACY_SECONDS = 86_400.0  # content-named files of earlier versions (no owner in the name): kept a day
+
+
+def pem_file(folder: Path, text: str) -> Path:
+    """PEM text (an `env` reference that holds the certificate or key itself) as a file libpq and OpenSSL can
+    read: 0600 from its creation, one per process and content, removed when the process exits; files left by
+    processes that died without exiting (SIGKILL) are removed by the next process that writes one here."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _remove_stale(folder)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:24]
+    path = folder / f"{digest}-{socket.gethostname()}-{os.getpid()}.pem"
+    if not path.exists():
+        staged = path.with_suffix(".tmp")
+        with contextlib.suppress(FileNotFoundError):
+            staged.unlink()
+        descriptor = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(text + "\n")
+        staged.replace(path)
+        if not _WRITTEN:
+            atexit.register(_remove_written)
+        _WRITTEN.append((os.getpid(), path))
+    return path
+
+
+def _remove_written() -> None:
+    for pid, path in _WRITTEN:
+        if pid == os.getpid():  # a forked child inherits the list: only the writer removes its files
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def _remove_stale(folder: Path) -> None:
+    host = socket.gethostname()
+    for path in folder.glob("*.pem"):
+        match = _PEM_NAME.match(path.name)
+        if match is None:
+            with contextlib.suppress(OSError):
+                if time.time() - path.stat().st_mtime > _LEGACY_SECONDS:
+                    path.unlink()
+        elif match["host"] == host and not _alive(int(match["pid"])):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

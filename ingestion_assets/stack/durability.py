@@ -6,17 +6,21 @@ import contextlib
 import datetime as dt
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg2
 
+from ingestion_assets.stack import server_tls
 from ingestion_assets.stack.embedded import SYSTEM_USER, EmbeddedPostgres, EmbeddedServerError, run_as_user, user_ids
 
 ACTIVE_FILE = "pg.active"  # names the server folder under INGEST_HOME that holds Dagster's storage now
 STANDBY_ROOT = "pg-standby"
+STANDBY_FILE = "pg.standby"  # names the standby's folder when it is not STANDBY_ROOT
 ARCHIVE_CONF = "ingest_archive.conf"
 
 
@@ -93,25 +97,66 @@ def base_backup(server: EmbeddedPostgres, archive: Archive) -> Path:
     folder.mkdir(parents=True)
     if run_as_user() is not None:
         os.chown(folder, *user_ids(SYSTEM_USER))
-    server.run_tool(["pg_basebackup", "-D", str(folder / "data"), "-X", "stream", "-c", "fast", "-d", server.url()])
+    with tempfile.TemporaryDirectory(prefix="ingest-backup-key-") as scratch:  # the key copy goes with it
+        os.chmod(scratch, 0o711)  # the server's user passes through to its own 0700 folder inside
+        url = tool_url(server, server, Path(scratch) / "tls")
+        server.run_tool(["pg_basebackup", "-D", str(folder / "data"), "-X", "stream", "-c", "fast", "-d", url])
     (folder / "ingest_backup.json").write_text(json.dumps({"started_at": started.isoformat()}))
     return folder / "data"
 
 
+def standby_server(home: Path) -> EmbeddedPostgres:
+    """The standby's folder: INGEST_HOME/pg-standby, or the one a later `start_standby` chose."""
+    try:
+        name = (home / STANDBY_FILE).read_text().strip()
+    except FileNotFoundError:
+        name = STANDBY_ROOT
+    return EmbeddedPostgres(home / name)
+
+
+def is_standby(server: EmbeddedPostgres) -> bool:
+    return (server.data_dir / "standby.signal").exists()
+
+
 def start_standby(primary: EmbeddedPostgres, home: Path) -> EmbeddedPostgres:
-    """A streaming replica of the primary in INGEST_HOME/pg-standby (read only until promoted)."""
-    standby = EmbeddedPostgres(home / STANDBY_ROOT)
+    """A streaming replica of the primary in INGEST_HOME/pg-standby (read only until promoted); a folder that
+    holds a former primary (promoted, then replaced by a restore) is left alone and a new one is made."""
+    standby = standby_server(home)
+    if (standby.data_dir / "PG_VERSION").exists() and not is_standby(standby):
+        standby = EmbeddedPostgres(home / f"{STANDBY_ROOT}-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}")
+        staged = home / f"{STANDBY_FILE}.{os.getpid()}"
+        staged.write_text(standby.root.name)
+        staged.replace(home / STANDBY_FILE)
     if not (standby.data_dir / "PG_VERSION").exists():
         primary.ensure_running()
         standby.prepare_root(primary.bin_dir())
         copy_tls(primary, standby)
-        standby.run_tool(["pg_basebackup", "-D", str(standby.data_dir), "-R", "-X", "stream", "-d", primary.url()])
+        # -R writes this URL into the standby's primary_conninfo: its key copy lives as long as the standby
+        url = tool_url(primary, standby, standby.root / "tls" / "replication")
+        standby.run_tool(["pg_basebackup", "-D", str(standby.data_dir), "-R", "-X", "stream", "-d", url])
     return standby.ensure_running()
 
 
+def tool_url(server: EmbeddedPostgres, files_of: EmbeddedPostgres, key_folder: Path) -> str:
+    """`server`'s URL for a program that runs as the server's system user (pg_basebackup, a WAL receiver):
+    with TLS, the client key of `files_of` copied for that user into `key_folder` (see server_tls)."""
+    if not server_tls.tls_enabled(server):
+        return server.url()
+    owner = user_ids(SYSTEM_USER) if run_as_user() is not None else None
+    files = server_tls.files_for_user(files_of, key_folder, owner)
+    return server_tls.tls_url(server, "postgresql", server.port(), "postgres", files)
+
+
 def promote(standby: EmbeddedPostgres, home: Path, timeout: float = 60.0) -> EmbeddedPostgres:
-    """Make the standby the primary: it takes writes (and checkpoints) from now on, and URLs point at it."""
-    if (standby.data_dir / "standby.signal").exists():
+    """Make the standby the primary: it takes writes (and checkpoints) from now on, and URLs point at it.
+    Refused (PromotionRefused) unless it follows the current primary: promoting a standby of a server that is
+    no longer primary would roll the storage back."""
+    from ingestion_assets.stack.standby_check import check_follows
+
+    primary = active_server(home)
+    if primary.root != standby.root:
+        check_follows(standby, primary)
+    if is_standby(standby):
         standby.run_tool(["pg_ctl", "-D", str(standby.data_dir), "-w", "-t", str(int(timeout)), "promote"])
     wait_until_primary(standby, timeout)
     make_active(home, standby)
@@ -142,3 +187,21 @@ def copy_tls(source: EmbeddedPostgres, target: EmbeddedPostgres) -> None:
     """A copy of a server (standby, restore) keeps its certificates: its pg_hba.conf admits TLS only."""
     if (source.root / "tls").exists() and not (target.root / "tls").exists():
         subprocess.run(["cp", "-a", str(source.root / "tls"), str(target.root / "tls")], check=True)
+
+
+def rebuild_standby(home: Path, primary: EmbeddedPostgres, replaced: EmbeddedPostgres) -> str:
+    """After a restore the standby follows the replaced server; promoting it would undo the restore, so it is
+    rebuilt from the new primary. Returns what happened, for the user."""
+    standby = standby_server(home)
+    if not is_standby(standby) or standby.root in (primary.root, replaced.root):
+        return "there was no standby; `ingest up --standby` starts one"
+    standby.stop("immediate")
+    shutil.rmtree(standby.root)
+    try:
+        rebuilt = start_standby(primary, home)
+    except EmbeddedServerError as exc:
+        return (
+            f"the standby under {standby.root} followed the replaced server and was removed (disabled); rebuilding "
+            f"it failed: {exc}; `ingest up --standby` builds one"
+        )
+    return f"the standby under {rebuilt.root} followed the replaced server: rebuilt from the restored primary"

@@ -230,7 +230,16 @@ class EmbeddedPostgres:
         user = run_as_user()
         if user is not None:  # `runuser` rather than subprocess(user=...), which forks without vfork
             command = ["runuser", "-u", user, "--", *command]
-        result = subprocess.run(command, capture_output=True, text=True, check=False, cwd="/", stdin=subprocess.DEVNULL)
+        # libpq's messages come in the server's and the locale's encoding, not always UTF-8: never a decode crash
+        result = subprocess.run(
+            command,
+            capture_output=True,
+            encoding="utf-8",
+            errors="replace",
+            check=False,
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+        )
         if check and result.returncode != 0:
             raise EmbeddedServerError(f"{argv[0]} failed (exit {result.returncode}): {result.stderr.strip()[-800:]}")
         return result

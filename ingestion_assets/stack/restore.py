@@ -19,16 +19,15 @@ import yaml
 
 from ingestion_assets.catalog import load_catalog
 from ingestion_assets.settings import Settings
-from ingestion_assets.stack.durability import archive_for, copy_tls, make_active, wait_until_primary
+from ingestion_assets.stack.durability import archive_for, copy_tls, make_active, rebuild_standby
 from ingestion_assets.stack.embedded import EmbeddedPostgres, EmbeddedServerError
 from ingestion_assets.stack.instance import DAGSTER_DATABASE, bring_up, instance_config
+from ingestion_assets.stack.recovery import RestoreRefused, restore_command, wait_for_recovery
 from ingestion_assets.stack.restore_check import checkpoints_ahead_of_target
 
+__all__ = ["RestoreRefused", "Restored", "restore_storage"]
+
 RECOVERY_CONF = "ingest_recovery.conf"
-
-
-class RestoreRefused(RuntimeError):
-    """The restore would do harm (checkpoints newer than the target) or cannot be done; nothing was changed."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +36,7 @@ class Restored:
     backup_started_at: dt.datetime
     previous: Path  # the folder of the server it replaced (kept: delete it once satisfied)
     warnings: list[str]  # with force: the checkpoints that are ahead of the target
+    standby: str  # what became of the standby, which followed the replaced server
 
 
 def restore_storage(settings: Settings, to: dt.datetime, force: bool = False, timeout: float = 300.0) -> Restored:
@@ -55,22 +55,13 @@ def restore_storage(settings: Settings, to: dt.datetime, force: bool = False, ti
     started, backup = candidates[-1]
     server = EmbeddedPostgres(settings.home / f"pg-restored-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}")
     server.prepare_root(current.bin_dir())
-    _copy_backup(backup, server, current)
-    conf = (
-        f"restore_command = 'cp {archive.wal}/%f %p'\n"
-        f"recovery_target_time = '{to.astimezone(dt.UTC).isoformat()}'\n"
-        "recovery_target_action = 'promote'\nrecovery_target_timeline = 'latest'\n"
-    )
-    (server.data_dir / RECOVERY_CONF).write_text(conf)
-    server.include_conf(RECOVERY_CONF)
-    server.ensure_running()
-    wait_until_primary(server, timeout)
-    (server.data_dir / RECOVERY_CONF).write_text("# the recovery to the time above is done\n")
-    with _instance_on(server, settings) as instance:
-        problems = checkpoints_ahead_of_target(settings, load_catalog(settings.catalog_path), instance)
+    try:
+        problems = _recover(settings, server, backup, current, to, timeout)
+    except BaseException:
+        _discard(server)  # nothing changed: the current server is still primary
+        raise
     if problems and not force:
-        server.stop()
-        shutil.rmtree(server.root, ignore_errors=True)
+        _discard(server)
         raise RestoreRefused(
             f"restoring the storage to {to.isoformat()} would put checkpoints ahead of the target, and the next "
             "runs would skip the rows in between:\n  " + "\n  ".join(problems) + "\nrestore to a time at or before "
@@ -79,7 +70,40 @@ def restore_storage(settings: Settings, to: dt.datetime, force: bool = False, ti
     current.stop()
     make_active(settings.home, server)
     bring_up(settings)
-    return Restored(server, started, current.root, problems)
+    return Restored(server, started, current.root, problems, rebuild_standby(settings.home, server, current))
+
+
+def _recover(
+    settings: Settings,
+    server: EmbeddedPostgres,
+    backup: Path,
+    current: EmbeddedPostgres,
+    to: dt.datetime,
+    timeout: float,
+) -> list[str]:
+    """Replay the archive onto the copy of `backup` up to `to`; the checkpoints the result holds that are ahead."""
+    archive = archive_for(settings.home)
+    _copy_backup(backup, server, current)
+    target = to.astimezone(dt.UTC).isoformat()
+    conf = (
+        f"restore_command = '{restore_command(server, archive.wal)}'\n"
+        f"recovery_target_time = '{target}'\n"
+        "recovery_target_action = 'promote'\nrecovery_target_timeline = 'latest'\n"
+        "primary_conninfo = ''\n"  # the archive only: never stream from a server the backup's copy still names
+    )
+    (server.data_dir / RECOVERY_CONF).write_text(conf)
+    server.include_conf(RECOVERY_CONF)
+    server.ensure_running()
+    wait_for_recovery(server, target, archive.wal, timeout)
+    (server.data_dir / RECOVERY_CONF).write_text("# the recovery to the time above is done\n")
+    with _instance_on(server, settings) as instance:
+        return checkpoints_ahead_of_target(settings, load_catalog(settings.catalog_path), instance)
+
+
+def _discard(server: EmbeddedPostgres) -> None:
+    with contextlib.suppress(EmbeddedServerError):
+        server.stop("immediate")
+    shutil.rmtree(server.root, ignore_errors=True)
 
 
 def _archive_up_to_now(server: EmbeddedPostgres, timeout: float) -> None:
@@ -91,14 +115,27 @@ def _archive_up_to_now(server: EmbeddedPostgres, timeout: float) -> None:
         cur.execute("SELECT pg_walfile_name(pg_switch_wal())")
         row = cur.fetchone()
         assert row is not None
-        segment, deadline = str(row[0]), time.monotonic() + timeout
+        segment, deadline = str(row[0]), time.monotonic() + min(timeout, 60.0)
+        failing_since: float | None = None
         while True:
-            cur.execute("SELECT coalesce(last_archived_wal, ''), coalesce(last_failed_wal, '') FROM pg_stat_archiver")
-            archived = cur.fetchone()
-            if archived is not None and archived[0] >= segment:
+            cur.execute(
+                "SELECT coalesce(last_archived_wal, ''), coalesce(last_failed_wal, ''), failed_count, "
+                "coalesce(last_failed_time > coalesce(last_archived_time, '-infinity'), false) FROM pg_stat_archiver"
+            )
+            archived, failed, failures, stuck = cur.fetchone() or ("", "", 0, False)
+            if archived >= segment:
                 return
-            if time.monotonic() > deadline:
-                raise EmbeddedServerError(f"WAL segment {segment} was not archived (failed: {archived})")
+            now = time.monotonic()
+            failing_since = (failing_since or now) if stuck else None
+            if now > deadline or (failing_since is not None and now - failing_since > 10):
+                raise RestoreRefused(
+                    f"WAL segment {segment} of {server.root} is not in the archive, so no restore can reach now: "
+                    + (
+                        f"archive_command fails for {failed} ({failures} failures; {server.log_file} says why)"
+                        if stuck
+                        else "archiving has not reached it (is archive_mode on? `ingest storage backup`)"
+                    )
+                )
             time.sleep(0.1)
 
 
@@ -106,6 +143,14 @@ def _copy_backup(backup: Path, server: EmbeddedPostgres, current: EmbeddedPostgr
     subprocess.run(["cp", "-a", str(backup), str(server.data_dir)], check=True, capture_output=True)
     for leftover in ("postmaster.pid", "standby.signal"):
         (server.data_dir / leftover).unlink(missing_ok=True)
+    auto = server.data_dir / "postgresql.auto.conf"  # a backup of a promoted standby names its old upstream
+    if auto.exists():
+        kept = [
+            line
+            for line in auto.read_text().splitlines(True)
+            if not line.startswith(("primary_conninfo", "primary_slot_name"))
+        ]
+        auto.write_text("".join(kept))
     signal = server.data_dir / "recovery.signal"
     signal.write_text("")
     owner = (server.data_dir / "PG_VERSION").stat()

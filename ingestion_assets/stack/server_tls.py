@@ -41,9 +41,28 @@ def client_files(server: EmbeddedPostgres) -> TlsFiles:
     return TlsFiles(ca=folder / "ca.crt", cert=folder / "client.crt", key=folder / "client.key")
 
 
-def tls_url(server: EmbeddedPostgres, scheme: str, port: int, database: str) -> str:
-    query = urlencode(client_files(server).libpq_parameters(), quote_via=quote, safe="/")
+def tls_url(server: EmbeddedPostgres, scheme: str, port: int, database: str, files: TlsFiles | None = None) -> str:
+    query = urlencode((files or client_files(server)).libpq_parameters(), quote_via=quote, safe="/")
     return f"{scheme}://{CLIENT_ROLE}@{SERVER_HOST}:{port}/{database}?{query}"
+
+
+def files_for_user(server: EmbeddedPostgres, folder: Path, owner: tuple[int, int] | None) -> TlsFiles:
+    """The client certificate as a program running as the server's system user can use it (pg_basebackup, a
+    standby's WAL receiver): the key is root's and 0600, so it is copied into `folder`, 0600 and owned by
+    `owner`; whoever asked removes `folder` once the program no longer needs it. Without `owner`: in place."""
+    files = client_files(server)
+    if owner is None or files.key is None:
+        return files
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chown(folder, *owner)
+    key = folder / "client.key"
+    descriptor = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # never readable by others
+    try:
+        os.fchown(descriptor, *owner)
+        os.write(descriptor, files.key.read_bytes())
+    finally:
+        os.close(descriptor)
+    return TlsFiles(ca=files.ca, cert=files.cert, key=key)
 
 
 def make_certificates(server: EmbeddedPostgres) -> None:

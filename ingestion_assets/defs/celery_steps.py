@@ -1,0 +1,77 @@
+"""dagster-celery's executor, with two changes: it refuses at run start what the catalog could not refuse before
+its references resolved, and it registers the step task once per Celery app.
+
+dagster-celery's own submit function calls `create_task(app)` for every step: each call defines a new
+function under the same task name on the same app, and Celery warns (DuplicateTaskNameWarning) at the
+second step of every run. The warning is harmless there (the first registration serves), but it buries
+real warnings; registering the task once removes its cause."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dagster as dg
+from celery import Celery
+from dagster._core.execution.retries import RetryMode
+from dagster._grpc.types import ExecuteStepArgs
+from dagster._serdes import pack_value
+from dagster_celery.executor import CELERY_CONFIG, CeleryExecutor
+from dagster_celery.tasks import create_task
+
+from ingestion_assets.catalog import Catalog
+from ingestion_assets.defs.executors import ExecutionSettingError, run_time_host_bound
+from ingestion_assets.settings import Settings
+
+_TASK = "_ingest_execute_plan_task"  # the app's one step task, kept on the app itself
+
+
+def ingest_celery_executor(settings: Settings, catalog: Catalog) -> dg.ExecutorDefinition:
+    @dg.executor(name="celery", config_schema=CELERY_CONFIG, requirements=dg.multiple_process_executor_requirements())
+    def celery_executor(init_context: dg.InitExecutorContext) -> dg.Executor:
+        problems = run_time_host_bound(settings, catalog)  # at run start: the references resolve here
+        if problems:
+            raise ExecutionSettingError("; ".join(problems))
+        config = init_context.executor_config
+        return IngestCeleryExecutor(
+            broker=config.get("broker"),
+            backend=config.get("backend"),
+            config_source=config.get("config_source"),
+            include=config.get("include"),
+            retries=RetryMode.from_config(config["retries"]),  # type: ignore[arg-type]
+        )
+
+    return celery_executor
+
+
+class IngestCeleryExecutor(CeleryExecutor):
+    def execute(self, plan_context: Any, execution_plan: Any) -> Any:
+        from dagster_celery.core_execution_loop import core_celery_execution_loop
+
+        return core_celery_execution_loop(plan_context, execution_plan, step_execution_fn=submit_step)
+
+
+def step_task(app: Celery) -> Any:
+    """dagster-celery's step task on `app`, registered at the first call only."""
+    task = getattr(app, _TASK, None)
+    if task is None:
+        task = create_task(app)
+        setattr(app, _TASK, task)
+    return task
+
+
+def submit_step(app: Celery, plan_context: Any, step: Any, queue: str, priority: int, known_state: Any) -> Any:
+    """As dagster-celery's `_submit_task`, with the task registered once (see the module's docstring)."""
+    execute_step_args = ExecuteStepArgs(
+        job_origin=plan_context.reconstructable_job.get_python_origin(),
+        run_id=plan_context.dagster_run.run_id,
+        step_keys_to_execute=[step.key],
+        instance_ref=plan_context.instance.get_ref(),
+        retry_mode=plan_context.executor.retries.for_inner_plan(),
+        known_state=known_state,
+        print_serialized_events=True,
+    )
+    signature = step_task(app).si(
+        execute_step_args_packed=pack_value(execute_step_args),
+        executable_dict=plan_context.reconstructable_job.to_dict(),
+    )
+    return signature.apply_async(priority=priority, queue=queue, routing_key=f"{queue}.execute_plan")

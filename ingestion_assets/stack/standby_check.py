@@ -1,0 +1,98 @@
+"""Before a promotion: does the standby follow the current primary (same system, timeline, upstream)?
+
+A standby left behind by a restore still follows the stopped old primary: promoting it would silently roll
+Dagster's storage back past the restore (checkpoints ahead of the target, rows skipped). So a promotion is
+refused unless the standby is a replica of the server that is primary now."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import psycopg2
+import psycopg2.extensions
+
+from ingestion_assets.stack.embedded import EmbeddedPostgres, EmbeddedServerError
+
+
+class PromotionRefused(RuntimeError):
+    """The standby is not a replica of the current primary; nothing was stopped or promoted."""
+
+
+@dataclass(frozen=True)
+class Control:
+    """What pg_controldata says of a data folder (readable whether its server runs or not)."""
+
+    system: str
+    timeline: int
+    checkpoint_lsn: int
+
+
+def control(server: EmbeddedPostgres) -> Control:
+    out = server.run_tool(["pg_controldata", "-D", str(server.data_dir)]).stdout
+    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    try:
+        return Control(
+            fields["Database system identifier"],
+            int(fields["Latest checkpoint's TimeLineID"]),
+            lsn(fields["Latest checkpoint location"]),
+        )
+    except (KeyError, ValueError) as exc:
+        raise EmbeddedServerError(f"pg_controldata of {server.data_dir} did not say {exc}") from exc
+
+
+def lsn(text: str) -> int:
+    high, low = text.split("/")
+    return (int(high, 16) << 32) | int(low, 16)
+
+
+def check_follows(standby: EmbeddedPostgres, primary: EmbeddedPostgres) -> list[str]:
+    """Refuse unless `standby` replicates `primary`; returns notes (how far behind it may be) to print."""
+    with contextlib.closing(psycopg2.connect(standby.url(), connect_timeout=10)) as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT pg_is_in_recovery(), current_setting('primary_conninfo'), system_identifier::text, "
+            "coalesce(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn())::text FROM pg_control_system()"
+        )
+        in_recovery, conninfo, system, received = cur.fetchone() or (None, "", "", None)
+        cur.execute("SELECT status, received_tli, sender_port FROM pg_stat_wal_receiver")
+        receiver = cur.fetchone()
+    if not in_recovery:
+        raise PromotionRefused(f"{standby.root} is a primary of its own, not a standby: nothing to promote")
+    ours, theirs = control(primary), control(standby)
+    upstream = psycopg2.extensions.parse_dsn(conninfo).get("port") if conninfo else None
+    where = f"the standby under {standby.root}"
+    if upstream is None or int(upstream) != primary.port():
+        raise PromotionRefused(
+            f"{where} follows the server on port {upstream or '(none)'}, but the primary is {primary.root} on port "
+            f"{primary.port()} (a restore or promotion replaced the server it followed): promoting it would roll "
+            "Dagster's storage back. Rebuild it from the primary: remove that folder and run `ingest up --standby`"
+        )
+    if system != ours.system:
+        raise PromotionRefused(f"{where} is a copy of another database system than the primary {primary.root}")
+    timeline = int(receiver[1]) if receiver and receiver[1] else theirs.timeline
+    if timeline != ours.timeline:
+        raise PromotionRefused(
+            f"{where} is on timeline {timeline}, the primary {primary.root} on timeline {ours.timeline}: it does not "
+            "follow the primary's history; rebuild it (remove that folder, `ingest up --standby`)"
+        )
+    return _lag(where, primary, receiver, received, ours)
+
+
+def _lag(
+    where: str, primary: EmbeddedPostgres, receiver: tuple[str, int, int] | None, received: str | None, ours: Control
+) -> list[str]:
+    if primary.is_running() and (receiver is None or receiver[0] != "streaming"):
+        raise PromotionRefused(
+            f"{where} is not streaming from the running primary {primary.root} (status "
+            f"{receiver[0] if receiver else 'no WAL receiver'}): it may be far behind"
+        )
+    if received is not None and lsn(received) < ours.checkpoint_lsn:
+        raise PromotionRefused(
+            f"{where} has WAL up to {received}, older than the primary's last checkpoint: it stopped following "
+            "long ago; rebuild it (remove that folder, `ingest up --standby`) or restore from the archive"
+        )
+    return [
+        f"{where} had received WAL up to {received}; asynchronous replication may lose the last moments "
+        "before the primary stopped (their checkpoints are older ones: the next runs only replay)"
+    ]
