@@ -88,12 +88,14 @@ def latest_runs(settings: Settings, catalog: Catalog) -> list[RunLine]:
             if result.records and result.records[0].asset_materialization is not None:
                 metadata = {k: v.value for k, v in result.records[0].asset_materialization.metadata.items()}
             checkpoint = latest_checkpoint(instance, key)
+            rows, seconds = int(metadata.get("rows read", 0) or 0), float(metadata.get("seconds", 0.0) or 0.0)
+            rate = metadata.get("rows per second") or (rows / seconds if seconds > 0 else 0.0)  # CDC runs give no rate
             lines.append(
                 RunLine(
                     stream=f"{source}.{stream}",
-                    rows=int(metadata.get("rows read", 0) or 0),
-                    seconds=float(metadata.get("seconds", 0.0) or 0.0),
-                    rows_per_second=float(metadata.get("rows per second", 0.0) or 0.0),
+                    rows=rows,
+                    seconds=seconds,
+                    rows_per_second=float(rate),
                     position=_position_text(checkpoint.position) if checkpoint else "(none)",
                 )
             )
