@@ -305,7 +305,15 @@ def test_cdc_status_gives_a_verdict_against_the_threshold(
     _catalog(harness, {"orders": {}}, max_retained_wal_mb=1024)
     assert main(["cdc", "status", harness.source_name]) == 0
     assert "verdict: healthy" in capsys.readouterr().out
-    drop_slot(harness.source.url, f"ingest_{harness.source_name}")
+    slot = f"ingest_{harness.source_name}"
+    harness.source.execute(  # another consumer acknowledges past the checkpoint: those changes are gone to us
+        f"UPDATE orders SET note = 'lost' WHERE id = 1; SELECT pg_replication_slot_advance('{slot}', pg_current_wal_lsn())"
+    )
+    assert main(["cdc", "status", harness.source_name]) == 1
+    out = capsys.readouterr().out
+    assert "streams orders hold log positions the slot was acknowledged past" in out
+    assert f"ingest state reset {harness.source_name}.orders" in out
+    drop_slot(harness.source.url, slot)
     assert main(["cdc", "status", harness.source_name]) == 1
     out = capsys.readouterr().out
     assert "the next run stops (on_wal_gap: fail)" in out and f"ingest state reset {harness.source_name}.orders" in out

@@ -35,10 +35,16 @@ def _source(settings: Settings, name: str) -> CdcSource:
 
 def _checkpointed(settings: Settings, cdc: CdcSource) -> list[str]:
     """Streams of the source holding a log position (they need the slot's changes after it)."""
+    return list(_positions(settings, cdc))
+
+
+def _positions(settings: Settings, cdc: CdcSource) -> dict[str, int]:
+    """Each stream's log position, for the streams whose copy is done (what a run reads the slot after)."""
     import dagster as dg
 
     from ingestion_assets.cli.common import bring_up
     from ingestion_assets.partitions import LIVE
+    from ingestion_assets.sources.postgres.cdc import parse_lsn
     from ingestion_assets.state.checkpoints import latest_checkpoint
     from ingestion_assets.state.summary import open_instance
 
@@ -46,7 +52,11 @@ def _checkpointed(settings: Settings, cdc: CdcSource) -> list[str]:
     bring_up(settings)
     with open_instance(settings) as instance:
         found = {s: latest_checkpoint(instance, dg.AssetKey([cdc.name, s]), partition) for s in cdc.source.streams}
-    return [s for s, c in found.items() if c is not None and c.position is not None]
+    return {
+        s: parse_lsn(str(c.position["lsn"]))
+        for s, c in found.items()
+        if c is not None and c.position is not None and c.position.get("lsn") and c.details.get("snapshot_done")
+    }
 
 
 def _without_slot(settings: Settings, cdc: CdcSource) -> str | None:
@@ -95,6 +105,9 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
             f"run the source's CDC asset (or start the sensor {cdc.name}__cdc_slot) so it acknowledges, or drop "
             f"the slot (`ingest cdc drop-slot {cdc.name}`) if the source is retired"
         )
+    behind = _behind_the_slot(settings, cdc, health.confirmed_flush_lsn)
+    if behind:
+        problems.append(behind)
     if health.wal_status == "unreserved":
         problems.append("the server is about to remove WAL the slot needs (wal_status unreserved): run it now")
     if problems:
@@ -102,6 +115,24 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
         return 1
     print(f"verdict: healthy: {health.retained_wal_bytes / MB:,.1f} MB retained of max_retained_wal_mb {limit:,} MB")
     return 0
+
+
+def _behind_the_slot(settings: Settings, cdc: CdcSource, confirmed: int | None) -> str | None:
+    """Streams whose position the slot was acknowledged past (it was dropped and created again by a run of
+    other streams, or another consumer reads it): their next run stops, as it cannot get those changes."""
+    from ingestion_assets.sources.postgres.cdc import format_lsn
+
+    if confirmed is None:
+        return None
+    behind = sorted(name for name, lsn in _positions(settings, cdc).items() if lsn < confirmed)
+    if not behind:
+        return None
+    resets = "; ".join(f"ingest state reset {cdc.name}.{s}" for s in behind)
+    return (
+        f"streams {', '.join(behind)} hold log positions the slot was acknowledged past ({format_lsn(confirmed)}: it "
+        f"was created again, or another consumer reads it), so changes after them are gone; their next run stops. "
+        f"Re-copy them: {resets}"
+    )
 
 
 def drop_slot_command(settings: Settings, args: argparse.Namespace) -> int:
