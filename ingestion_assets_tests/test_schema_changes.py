@@ -71,6 +71,7 @@ def test_each_change_under_each_policy(
         message = str(failure.step_failure_data.error)
         column = {"added": "color", "dropped": "note", "widened": "qty", "incompatible": "code"}[kind]
         assert f"column '{column}'" in message and f"ingest schema accept {harness.source_name}.items" in message
+        assert ("the old values are kept in `code__text`" in message) == (kind == "incompatible")  # the real name
         assert _check_failures(harness, result) == ["schema"]
         for key, value in harness.cli_env().items():
             monkeypatch.setenv(key, value)

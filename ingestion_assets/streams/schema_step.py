@@ -115,9 +115,11 @@ _NUMERIC = ("numeric", "_numeric")
 def _paused_message(stream: PostgresTableStream, changes: list[SchemaChange]) -> str:
     listed = "; ".join(c.describe() for c in changes)
     fixable = not any(c.kind == "incompatible" and c.new is None for c in changes)  # a key column is gone
+    kept = [f"`{c.column}__{c.old.type_name}`" for c in changes if c.kind == "incompatible" and c.old is not None]
     action = (
-        f"to apply it run `ingest schema accept {stream.qualified_name}` (an incompatible column keeps its old "
-        "values in `<column>__<old type>`), or fix the source"
+        f"to apply it run `ingest schema accept {stream.qualified_name}`"
+        + (f" (the old values are kept in {', '.join(kept)})" if kept else "")
+        + ", or fix the source"
         if fixable
         else "fix the catalog or the source: a key or cursor column cannot be accepted away"
     )
