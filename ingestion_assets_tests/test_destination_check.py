@@ -13,6 +13,9 @@ from ingestion_assets.checks import check_catalog
 from ingestion_assets.destination_check import check_destination
 from ingestion_assets.settings import Settings
 from ingestion_assets_tests.destination_targets import MARIADB
+from ingestion_assets_tests.test_destinations_s3 import KEYS, s3_endpoint
+
+__all__ = ["s3_endpoint"]  # the fixture
 
 API = {"type": "rest", "base_url": "https://api.test", "streams": {"s": {"path": "/s", "primary_key": "id"}}}
 
@@ -69,3 +72,18 @@ def test_check_refuses_what_a_celery_run_would_refuse_at_its_start(
     monkeypatch.setenv("TEST_WAREHOUSE_URL", "mysql+pymysql://root:@127.0.0.1:3306/mysql")
     problems = _destination_problems(tmp_path, mariadb, execution=prefixed)
     assert len(problems) == 1 and "key_prefix" in problems[0] and "virtual host" in problems[0]
+
+
+@pytest.mark.slow  # moto's S3 server starts in its own process
+def test_check_lists_the_lakes_bucket(tmp_path: Path, s3_endpoint: str) -> None:
+    import json
+
+    import boto3
+
+    boto3.client("s3", endpoint_url=s3_endpoint, **KEYS).create_bucket(Bucket="lake-here")
+    secret = tmp_path / "lake_credentials.json"
+    secret.write_text(json.dumps({**KEYS, "endpoint_url": s3_endpoint}))
+    lake = {"type": "filesystem", "bucket_url": "s3://lake-here/tables", "credentials": {"file": str(secret)}}
+    assert _destination_problems(tmp_path, lake) == []
+    missing = _destination_problems(tmp_path, {**lake, "bucket_url": "s3://no-such-bucket/tables"})
+    assert len(missing) == 1 and "cannot list the bucket" in missing[0], missing

@@ -16,7 +16,11 @@ class CeleryExecution(_Model):
 
     broker: Reference = Field(description="redis://host:6379/0, rediss://... or amqp://user:password@host:5672//")
     backend: Reference | None = Field(None, description="result backend; default: the broker (Redis) or rpc://")
-    key_prefix: str = Field("", description="Redis: a prefix for every key, broker and results (a shared Redis)")
+    key_prefix: str = Field(
+        "",
+        description="Redis: a prefix for every key, broker and results (a shared Redis); refused with another "
+        "broker (RabbitMQ: give the deployment a virtual host of its own in the broker URL)",
+    )
     visibility_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
         3600.0,
         description="Redis: a step whose worker died is handed to another worker after this; it must be longer "

@@ -22,6 +22,7 @@ ACTIVE_FILE = "pg.active"  # names the server folder under INGEST_HOME that hold
 STANDBY_ROOT = "pg-standby"
 STANDBY_FILE = "pg.standby"  # names the standby's folder when it is not STANDBY_ROOT
 ARCHIVE_CONF = "ingest_archive.conf"
+REPLICATION_KEYS = "replication"  # under a standby's tls/: its copy of the client key, owned by the server's user
 
 
 def active_server(home: Path) -> EmbeddedPostgres:
@@ -132,7 +133,7 @@ def start_standby(primary: EmbeddedPostgres, home: Path) -> EmbeddedPostgres:
         standby.prepare_root(primary.bin_dir())
         copy_tls(primary, standby)
         # -R writes this URL into the standby's primary_conninfo: its key copy lives as long as the standby
-        url = tool_url(primary, standby, standby.root / "tls" / "replication")
+        url = tool_url(primary, standby, standby.root / "tls" / REPLICATION_KEYS)
         standby.run_tool(["pg_basebackup", "-D", str(standby.data_dir), "-R", "-X", "stream", "-d", url])
     return standby.ensure_running()
 
@@ -160,6 +161,7 @@ def promote(standby: EmbeddedPostgres, home: Path, timeout: float = 60.0) -> Emb
         standby.run_tool(["pg_ctl", "-D", str(standby.data_dir), "-w", "-t", str(int(timeout)), "promote"])
     wait_until_primary(standby, timeout)
     make_active(home, standby)
+    shutil.rmtree(standby.root / "tls" / REPLICATION_KEYS, ignore_errors=True)  # it streams from no one now
     return standby
 
 

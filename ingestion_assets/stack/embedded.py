@@ -10,6 +10,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from subprocess import DEVNULL
 
 import psycopg2
 from psycopg2 import sql
@@ -232,13 +233,7 @@ class EmbeddedPostgres:
             command = ["runuser", "-u", user, "--", *command]
         # libpq's messages come in the server's and the locale's encoding, not always UTF-8: never a decode crash
         result = subprocess.run(
-            command,
-            capture_output=True,
-            encoding="utf-8",
-            errors="replace",
-            check=False,
-            cwd="/",
-            stdin=subprocess.DEVNULL,
+            command, capture_output=True, encoding="utf-8", errors="replace", check=False, cwd="/", stdin=DEVNULL
         )
         if check and result.returncode != 0:
             raise EmbeddedServerError(f"{argv[0]} failed (exit {result.returncode}): {result.stderr.strip()[-800:]}")

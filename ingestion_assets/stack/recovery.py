@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psycopg2
 
-from ingestion_assets.stack.embedded import EmbeddedPostgres
+from ingestion_assets.stack.embedded import EmbeddedPostgres, EmbeddedServerError
 
 MISSING_FILE = "restore-missing"  # in the restored server's root: one line per file the archive lacked
 
@@ -39,8 +39,7 @@ def wait_for_recovery(server: EmbeddedPostgres, target: str, wal: Path, timeout:
         if state is not None and state[1] != position:
             position, moved_at = state[1], now
         if not server.is_running():
-            tail = server.log_file.read_text(errors="replace").strip().splitlines()[-3:]
-            raise RestoreRefused(f"the recovery to {target} stopped: {' | '.join(tail)}{_waiting_for(server, wal)}")
+            raise _stopped(server, target, wal)
         stalled = now - moved_at > stall and _missing_segment(server) is not None
         if stalled or now - started > timeout:
             replayed = f"replayed up to WAL position {state[1]} (last commit {state[2]})" if state else "not yet"
@@ -49,6 +48,19 @@ def wait_for_recovery(server: EmbeddedPostgres, target: str, wal: Path, timeout:
                 f"{_waiting_for(server, wal)}"
             )
         time.sleep(0.2)
+
+
+def start_recovery(server: EmbeddedPostgres, target: str, wal: Path) -> None:
+    """Start the server in recovery; one that stops at once (a segment missing early) says why, as a refusal."""
+    try:
+        server.ensure_running()
+    except EmbeddedServerError as exc:
+        raise _stopped(server, target, wal) from exc
+
+
+def _stopped(server: EmbeddedPostgres, target: str, wal: Path) -> RestoreRefused:
+    tail = server.log_file.read_text(errors="replace").strip().splitlines()[-3:] if server.log_file.exists() else []
+    return RestoreRefused(f"the recovery to {target} stopped: {' | '.join(tail)}{_waiting_for(server, wal)}")
 
 
 def _state(server: EmbeddedPostgres) -> tuple[bool, str | None, str | None] | None:

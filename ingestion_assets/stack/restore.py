@@ -22,7 +22,7 @@ from ingestion_assets.settings import Settings
 from ingestion_assets.stack.durability import archive_for, copy_tls, make_active, rebuild_standby
 from ingestion_assets.stack.embedded import EmbeddedPostgres, EmbeddedServerError
 from ingestion_assets.stack.instance import DAGSTER_DATABASE, bring_up, instance_config
-from ingestion_assets.stack.recovery import RestoreRefused, restore_command, wait_for_recovery
+from ingestion_assets.stack.recovery import RestoreRefused, restore_command, start_recovery, wait_for_recovery
 from ingestion_assets.stack.restore_check import checkpoints_ahead_of_target
 
 __all__ = ["RestoreRefused", "Restored", "restore_storage"]
@@ -93,7 +93,7 @@ def _recover(
     )
     (server.data_dir / RECOVERY_CONF).write_text(conf)
     server.include_conf(RECOVERY_CONF)
-    server.ensure_running()
+    start_recovery(server, target, archive.wal)
     wait_for_recovery(server, target, archive.wal, timeout)
     (server.data_dir / RECOVERY_CONF).write_text("# the recovery to the time above is done\n")
     with _instance_on(server, settings) as instance:

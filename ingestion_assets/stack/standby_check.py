@@ -7,6 +7,7 @@ refused unless the standby is a replica of the server that is primary now."""
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 
 import psycopg2
@@ -47,8 +48,23 @@ def lsn(text: str) -> int:
     return (int(high, 16) << 32) | int(low, 16)
 
 
-def check_follows(standby: EmbeddedPostgres, primary: EmbeddedPostgres) -> list[str]:
+class NotStreaming(PromotionRefused):
+    """The primary runs and the standby does not stream from it (yet: a standby just started connects soon)."""
+
+
+def check_follows(standby: EmbeddedPostgres, primary: EmbeddedPostgres, patience: float = 15.0) -> list[str]:
     """Refuse unless `standby` replicates `primary`; returns notes (how far behind it may be) to print."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            return _check_once(standby, primary)
+        except NotStreaming:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def _check_once(standby: EmbeddedPostgres, primary: EmbeddedPostgres) -> list[str]:
     with contextlib.closing(psycopg2.connect(standby.url(), connect_timeout=10)) as conn, conn.cursor() as cur:
         cur.execute(
             "SELECT pg_is_in_recovery(), current_setting('primary_conninfo'), system_identifier::text, "
@@ -83,7 +99,7 @@ def _lag(
     where: str, primary: EmbeddedPostgres, receiver: tuple[str, int, int] | None, received: str | None, ours: Control
 ) -> list[str]:
     if primary.is_running() and (receiver is None or receiver[0] != "streaming"):
-        raise PromotionRefused(
+        raise NotStreaming(
             f"{where} is not streaming from the running primary {primary.root} (status "
             f"{receiver[0] if receiver else 'no WAL receiver'}): it may be far behind"
         )
