@@ -1,5 +1,5 @@
-"""Reconciliation on lakes (the table format's rows in DuckDB's view, deletions as one commit) and its refusal on
-MariaDB, which names the stream, the option and what to do."""
+"""Reconciliation on MariaDB (checksums in MySQL's SQL) and on lakes (the table format's rows in DuckDB's view,
+deletions as one commit): the hard deletes polling cannot see are found and applied."""
 
 from __future__ import annotations
 
@@ -33,15 +33,27 @@ def _check(result: dg.ExecuteInProcessResult) -> dg.AssetCheckEvaluation:
     return next(e for e in result.get_asset_check_evaluations() if e.check_name == "reconciliation")
 
 
+def _target(request: pytest.FixtureRequest, harness: StreamHarness, kind: str, tmp_path: Path) -> Any:
+    """The destination of `kind` for the catalog, and a reader of the target's rows (COLUMNS, by id)."""
+    if kind == "mariadb":
+        db: MariaDb = request.getfixturevalue("mariadb")
+        db.datasets.append(harness.source_name)
+        return db.destination(), lambda: db.rows(harness.source_name, "items", COLUMNS, "id")
+    url = str(tmp_path / "lake" / harness.source_name / "items")
+    lake = {"type": "filesystem", "bucket_url": str(tmp_path / "lake"), "table_format": kind}
+    return lake, lambda: lake_rows(kind, url, COLUMNS, "id")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("table_format", "mode"), [("delta", "hard"), ("iceberg", "soft")])
-def test_hard_deletes_are_found_and_applied_in_a_lake(
-    harness: StreamHarness, tmp_path: Path, table_format: str, mode: str
+@pytest.mark.parametrize(
+    ("kind", "mode"), [("delta", "hard"), ("iceberg", "soft"), ("mariadb", "hard"), ("mariadb", "soft")]
+)
+def test_hard_deletes_are_found_and_applied_in_mariadb_and_lakes(
+    request: pytest.FixtureRequest, harness: StreamHarness, tmp_path: Path, kind: str, mode: str
 ) -> None:
     harness.source.execute(ITEMS)
-    lake = {"type": "filesystem", "bucket_url": str(tmp_path / "lake"), "table_format": table_format}
-    _catalog(harness, lake, mode)
-    url = str(tmp_path / "lake" / harness.source_name / "items")
+    destination, target = _target(request, harness, kind, tmp_path)
+    _catalog(harness, destination, mode)
     assert _check(harness.materialize()).passed
     harness.source.execute("DELETE FROM items WHERE id IN (5, 77, 150)")  # a hard delete: polling cannot see it
 
@@ -50,7 +62,7 @@ def test_hard_deletes_are_found_and_applied_in_a_lake(
     figures = {label: value.value for label, value in check.metadata.items()}
     assert figures["in target only (deleted at the source)"] == 3 and figures["deletions applied"] == 3
     assert figures["source rows compared"] == 297 and figures["target rows compared"] == 300
-    rows = lake_rows(table_format, url, COLUMNS, "id")
+    rows = target()
     source = [(r[0], r[1]) for r in harness.source.rows("items", "id")]
     if mode == "hard":
         assert [(r[0], r[1]) for r in rows] == source and all(r[2] is None for r in rows)
@@ -59,15 +71,23 @@ def test_hard_deletes_are_found_and_applied_in_a_lake(
         assert [(r[0], r[1]) for r in rows if r[2] is None] == source
     again = _check(harness.materialize())  # applied once: nothing left to find
     assert again.passed and again.metadata["deletions applied"].value == 0
+    assert again.metadata["buckets differing"].value == 0
 
 
 @pytest.mark.slow
-def test_reconciliation_on_mariadb_is_refused_naming_the_stream_and_what_to_do(
-    harness: StreamHarness, mariadb: MariaDb
+def test_a_window_reconciliation_on_mariadb_compares_the_cursor_range_a_run_read(
+    request: pytest.FixtureRequest, harness: StreamHarness, tmp_path: Path
 ) -> None:
+    """The window's bounds are timestamptz literals cast to DATETIME(6), which holds UTC."""
     harness.source.execute(ITEMS)
-    _catalog(harness, mariadb.destination(), "hard")
-    mariadb.datasets.append(harness.source_name)
+    destination, _ = _target(request, harness, "mariadb", tmp_path)
+    stream = {"table": "items", "primary_key": "id", "cursor": "updated_at", "slice_rows": 100}
+    harness.write_catalog({"items": {**stream, "retries": {"max_attempts": 1}, "reconcile": "window"}})
+    use_destination(harness, destination)
+    first = _check(harness.materialize())
+    assert first.passed and first.metadata["source rows compared"].value == 300, first.metadata
+    harness.source.execute("UPDATE items SET name = 'renamed', updated_at = now() WHERE id % 30 = 0")
     check = _check(harness.materialize())
-    skipped = str(check.metadata)
-    assert f"stream {harness.source_name}.items" in skipped and "`reconcile`" in skipped and "reconcile: off" in skipped
+    assert check.passed, check.metadata
+    assert check.metadata["source rows compared"].value == 10 and check.metadata["target rows compared"].value == 10
+    assert check.metadata["buckets differing"].value == 0

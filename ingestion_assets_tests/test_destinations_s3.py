@@ -17,7 +17,7 @@ import boto3
 import pytest
 
 from ingestion_assets_tests.destination_targets import delta_rows, use_destination
-from ingestion_assets_tests.helpers import StreamHarness
+from ingestion_assets_tests.helpers import StreamHarness, normalize
 
 KEYS = {"aws_access_key_id": "testing-key", "aws_secret_access_key": "testing-secret", "region_name": "us-east-1"}
 
@@ -56,9 +56,13 @@ def _wait_until_up(endpoint: str, process: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.mark.slow
-def test_a_table_stream_merges_into_delta_on_s3(harness: StreamHarness, s3_endpoint: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+def test_a_table_stream_merges_into_a_lake_on_s3(
+    harness: StreamHarness, s3_endpoint: str, tmp_path: Path, table_format: str
+) -> None:
     bucket = f"lake-{uuid.uuid4().hex[:8]}"
-    boto3.client("s3", endpoint_url=s3_endpoint, **KEYS).create_bucket(Bucket=bucket)
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, **KEYS)
+    s3.create_bucket(Bucket=bucket)
     secret = tmp_path / "lake_credentials.json"
     secret.write_text(json.dumps({**KEYS, "endpoint_url": s3_endpoint}))
     harness.source.execute(
@@ -71,6 +75,7 @@ def test_a_table_stream_merges_into_delta_on_s3(harness: StreamHarness, s3_endpo
         "type": "filesystem",
         "bucket_url": f"s3://{bucket}/lake",
         "credentials": {"file": str(secret)},
+        "table_format": table_format,
     }
     use_destination(harness, destination)
     harness.materialize()
@@ -84,8 +89,30 @@ def test_a_table_stream_merges_into_delta_on_s3(harness: StreamHarness, s3_endpo
         "aws_allow_http": "true",
     }
     url = f"s3://{bucket}/lake/{harness.source_name}/items"
-    assert delta_rows(url, ["id", "name", "price", "updated_at"], "id", options) == harness.source.rows("items", "id")
+    columns = ["id", "name", "price", "updated_at"]
+    if table_format == "delta":
+        assert delta_rows(url, columns, "id", options) == harness.source.rows("items", "id")
+    else:
+        assert _iceberg_rows(s3, s3_endpoint, bucket, url, columns) == harness.source.rows("items", "id")
     checkpoint = harness.checkpoint("items")
     assert checkpoint is not None
-    assert checkpoint.details["target"]["where"] == f"delta:s3://{bucket}/lake"
+    assert checkpoint.details["target"]["where"] == f"{table_format}:s3://{bucket}/lake"
     assert "testing-secret" not in json.dumps(checkpoint.details)
+
+
+def _iceberg_rows(s3: Any, endpoint: str, bucket: str, url: str, columns: list[str]) -> list[Any]:
+    """The Iceberg table's rows at its newest metadata file, read by pyiceberg from the S3 server."""
+    from pyiceberg.table import StaticTable
+
+    prefix = url.removeprefix(f"s3://{bucket}/") + "/metadata/"
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]
+    newest = sorted(o["Key"] for o in listed if o["Key"].endswith(".metadata.json"))[-1]
+    properties = {
+        "s3.endpoint": endpoint,
+        "s3.access-key-id": KEYS["aws_access_key_id"],
+        "s3.secret-access-key": KEYS["aws_secret_access_key"],
+        "s3.region": KEYS["region_name"],
+    }
+    table = StaticTable.from_metadata(f"s3://{bucket}/{newest}", properties).scan(selected_fields=tuple(columns))
+    rows = sorted(table.to_arrow().to_pylist(), key=lambda row: row["id"])
+    return [tuple(normalize(row[c]) for c in columns) for row in rows]

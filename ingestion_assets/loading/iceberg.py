@@ -22,6 +22,7 @@ from dlt.common.destination.exceptions import DestinationUndefinedEntity
 from dlt.common.libs.pyiceberg import create_table, ensure_iceberg_compatible_arrow_schema, evolve_table
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table as IcebergTable
 
 from ingestion_assets.loading.lake_tables import quoted
@@ -51,9 +52,22 @@ class IcebergTables:
                 return None
 
     def dataset(self, table: str) -> Any:
-        """The newest snapshot's rows (read into memory: pyiceberg's scan has no lazy dataset)."""
+        """The newest snapshot's rows as an Arrow dataset over its data files, scanned lazily (what reads it,
+        DuckDB, pushes columns and filters down). Files with merge-on-read deletes (written by another engine:
+        pyiceberg rewrites files) are read through pyiceberg's scan into memory instead, which applies them."""
         iceberg = self.open(table)
-        return None if iceberg is None else pads.dataset(iceberg.scan().to_arrow())
+        if iceberg is None:
+            return None
+        tasks = list(iceberg.scan().plan_files())
+        if any(task.delete_files for task in tasks) or not isinstance(iceberg.io, PyArrowFileIO):
+            return pads.dataset(iceberg.scan().to_arrow())
+        schema = iceberg.schema().as_arrow()
+        if not tasks:
+            return pads.dataset(schema.empty_table())
+        located = [PyArrowFileIO.parse_location(task.file.file_path) for task in tasks]
+        scheme, netloc, _ = located[0]
+        filesystem = iceberg.io.fs_by_scheme(scheme, netloc)
+        return pads.dataset([path for _, _, path in located], schema=schema, format="parquet", filesystem=filesystem)
 
     def has_rows(self, table: str) -> bool | None:
         iceberg = self.open(table)

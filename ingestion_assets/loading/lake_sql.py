@@ -10,6 +10,7 @@ format's API (loading/lake_tables.py), never through this view.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -22,6 +23,15 @@ from dlt.destinations.exceptions import DatabaseUndefinedRelation
 
 from ingestion_assets.loading.metadata_columns import POSITION
 from ingestion_assets.loading.versions import INCOMING, KeyCheck, existing_sql, keep_newest
+
+_READING = re.compile(r"^\s*(SELECT|WITH)\b", re.IGNORECASE)
+
+
+class ReadOnlyLake(RuntimeError):
+    """A statement that would change a lake's table through the SQL view; permanent, with what to do."""
+
+    transient = False
+
 
 Opener = Callable[[str], Any]  # a table name -> its Arrow dataset, or None when there is no such table
 
@@ -50,11 +60,25 @@ class LakeSqlView:
         return '"' + name.replace('"', '""') + '"' if quote else name
 
     def execute_sql(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        if not _READING.match(sql):  # a change here would change nothing, or fail as "no such table"
+            self._refuse(sql.split()[0].upper())
         try:
             result = self.native_connection.execute(sql.replace("%s", "?"), list(args) if args else None)
         except duckdb.CatalogException as exc:
+            if "does not exist" not in str(exc):
+                raise
             raise DatabaseUndefinedRelation(exc) from exc
         return result.fetchall() if result.description else []
+
+    def begin_transaction(self) -> Any:
+        self._refuse("a transaction")
+
+    @staticmethod
+    def _refuse(what: str) -> None:
+        raise ReadOnlyLake(
+            f"a lake's tables are changed through their table format, not SQL: {what} is not built for this step "
+            "on a lake (README, Destinations); use a DuckDB or PostgreSQL destination for it"
+        )
 
     def close(self) -> None:
         self.native_connection.close()

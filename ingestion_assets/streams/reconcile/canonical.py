@@ -9,6 +9,7 @@ is refused with a reason rather than compared wrongly.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -17,7 +18,7 @@ import pyarrow as pa
 
 from ingestion_assets.sources.postgres.introspect import Column
 
-Dialect = Literal["postgres", "duckdb"]
+Dialect = Literal["postgres", "duckdb", "mysql"]
 NULL_MARK = "'\\N'"  # what a NULL part of a row's text reads as (COPY's own marker)
 HASH_HEX_DIGITS = 15  # 60 bits of the md5: a non-negative bigint on both sides
 
@@ -36,6 +37,8 @@ class Kind:
 
     def text(self, dialect: Dialect, expr: str) -> str:
         """SQL for the value's canonical text (NULL stays NULL)."""
+        if dialect == "mysql":
+            return _mysql_text(self.name, expr)
         if self.name in ("timestamp", "timestamptz"):
             if dialect == "duckdb":
                 return f"CAST(epoch_us({expr}) AS VARCHAR)"
@@ -100,8 +103,47 @@ class Expr:
     cast: str  # the type a literal compared with it is cast to on its side
 
 
+def _mysql_text(kind: str, expr: str) -> str:
+    """MariaDB/MySQL: DATETIME(6) holds UTC (loading/sql_targets.py), DATE, DECIMAL and integers print as elsewhere."""
+    if kind in ("timestamp", "timestamptz"):
+        return f"CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {expr}) AS CHAR)"
+    if kind == "date":
+        return f"CAST(DATEDIFF({expr}, '1970-01-01') AS CHAR)"
+    if kind == "binary":
+        return f"LOWER(HEX({expr}))"
+    if kind == "bool":
+        return f"(CASE WHEN {expr} IS NULL THEN NULL WHEN {expr} THEN 'true' ELSE 'false' END)"
+    return f"CAST({expr} AS CHAR)"
+
+
+def mysql_cast(kind: Kind) -> str:
+    """The type a literal is cast to on MariaDB/MySQL (its CAST knows no BIGINT, TEXT or TIMESTAMPTZ)."""
+    if kind.name == "decimal":
+        return kind.target_type
+    return {"int": "SIGNED", "timestamp": "DATETIME(6)", "timestamptz": "DATETIME(6)", "date": "DATE"}.get(
+        kind.name, "CHAR"
+    )
+
+
+def mysql_datetime(text: str) -> str:
+    """A timestamp's text as UTC without an offset: MySQL's CAST to DATETIME drops an offset rather than apply it."""
+    try:
+        value = dt.datetime.fromisoformat(text)
+    except ValueError:
+        return text  # infinity and the like: left to MySQL, which refuses them
+    if value.tzinfo is not None:
+        value = value.astimezone(dt.UTC).replace(tzinfo=None)
+    return value.isoformat(sep=" ")
+
+
 def row_text(dialect: Dialect, keys: Sequence[Expr], versions: Sequence[Expr]) -> str:
     """key parts joined by chr(31), then chr(30), then the version parts: one text per row."""
+    if dialect == "mysql":  # `||` is OR there, and a backslash in a literal escapes
+        mark, unit, record = "CONCAT(CHAR(92 USING utf8mb4), 'N')", "CHAR(31 USING utf8mb4)", "CHAR(30 USING utf8mb4)"
+        key_parts = [f"COALESCE({e.kind.text(dialect, e.sql)}, {mark})" for e in keys] or ["''"]
+        version_parts = [f"COALESCE({e.kind.text(dialect, e.sql)}, {mark})" for e in versions] or ["''"]
+        joined = [f"CONCAT_WS({unit}, {', '.join(parts)})" for parts in (key_parts, version_parts)]
+        return f"CONCAT_WS({record}, {', '.join(joined)})"
 
     def parts(exprs: Sequence[Expr]) -> str:
         texts = [f"COALESCE({e.kind.text(dialect, e.sql)}, {NULL_MARK})" for e in exprs]
@@ -113,6 +155,8 @@ def row_text(dialect: Dialect, keys: Sequence[Expr], versions: Sequence[Expr]) -
 def row_hash(dialect: Dialect, keys: Sequence[Expr], versions: Sequence[Expr]) -> str:
     """60 bits of md5(row text) as a non-negative bigint: the same number on both sides."""
     digits = f"substr(md5({row_text(dialect, keys, versions)}), 1, {HASH_HEX_DIGITS})"
+    if dialect == "mysql":
+        return f"CAST(CONV({digits}, 16, 10) AS SIGNED)"
     if dialect == "duckdb":
         return f"CAST('0x' || {digits} AS BIGINT)"
     return f"('x' || {digits})::bit({HASH_HEX_DIGITS * 4})::bigint"

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ingestion_assets.sources.postgres.query import Position, Window
-from ingestion_assets.streams.reconcile.canonical import Dialect, Expr, row_hash
+from ingestion_assets.streams.reconcile.canonical import Dialect, Expr, mysql_datetime, row_hash
 from ingestion_assets.streams.reconcile.predicates import compare
 
 Buckets = dict[int, tuple[int, int]]  # bucket -> (rows, checksum: the XOR of the rows' hashes)
@@ -50,6 +50,8 @@ class Relation:
     live: str | None = None  # the condition for rows that count (target: not soft-deleted)
 
     def literal(self, expr: Expr, text: str | None) -> str | None:
+        if text is not None and self.dialect == "mysql" and expr.cast.startswith("DATETIME"):
+            text = mysql_datetime(text)
         return None if text is None else f"CAST({self.quote(text)} AS {expr.cast})"
 
     def where(self, scope: Scope) -> str:
@@ -73,7 +75,7 @@ class Relation:
     def estimate_sql(self) -> str:
         """About how many rows the table holds, to size the buckets: DuckDB counts (cheaply), PostgreSQL has
         its statistics, or counts where the table was never analyzed (reltuples -1)."""
-        if self.dialect == "duckdb":
+        if self.dialect in ("duckdb", "mysql"):
             return f"SELECT count(*) FROM {self.table}"
         return (
             f"SELECT CASE WHEN reltuples >= 0 THEN reltuples::bigint ELSE (SELECT count(*) FROM {self.table}) END "
@@ -100,7 +102,8 @@ class Relation:
         """Rows and the XOR of their hashes per bucket (a bigint state: the hash table stays small, where sum's
         numeric state spilled to disk); OFFSET 0 keeps PostgreSQL from computing the hash twice."""
         key_bucket = f", {self.bucket(buckets, '')} AS b" if self.integer_key else ""
-        inner = f"SELECT {self.hash} AS h{key_bucket} FROM {self.table} t WHERE {self.where(scope)} OFFSET 0"
+        fence = "" if self.dialect == "mysql" else " OFFSET 0"  # MySQL takes no OFFSET without LIMIT
+        inner = f"SELECT {self.hash} AS h{key_bucket} FROM {self.table} t WHERE {self.where(scope)}{fence}"
         bucket = "b" if self.integer_key else self.bucket(buckets, "h")
         return f"SELECT {bucket} AS b, count(*) AS n, bit_xor(h) AS s FROM ({inner}) q GROUP BY 1"
 

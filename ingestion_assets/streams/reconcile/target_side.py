@@ -19,13 +19,16 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 from dlt.destinations.exceptions import DatabaseUndefinedRelation
 
+from ingestion_assets.loading.destinations import destination_url
 from ingestion_assets.loading.metadata_columns import DELETED_AT, POSITION
 from ingestion_assets.loading.parked import parked_keys_in
 from ingestion_assets.loading.pipeline import Loader
+from ingestion_assets.loading.sql_targets import is_mysql
 from ingestion_assets.sources.postgres.introspect import TableShape
 from ingestion_assets.sources.postgres.query import ReadPlan
 from ingestion_assets.sources.postgres.reader import SESSION_SETTINGS, csv_options
-from ingestion_assets.streams.reconcile.canonical import Expr, NotComparable, kind_of
+from ingestion_assets.streams.reconcile import target_mysql
+from ingestion_assets.streams.reconcile.canonical import Dialect, Expr, NotComparable, kind_of, mysql_cast
 from ingestion_assets.streams.reconcile.relation import (
     Buckets,
     Relation,
@@ -42,15 +45,26 @@ KEYS_TABLE = "_ingest_reconcile_keys"
 COMPARED = ("duckdb", "postgres", "filesystem")  # SQL the canonical forms are written in (a lake: DuckDB's view)
 
 
+def target_dialect(loader: Loader) -> Dialect | None:
+    kind = loader.destination.type
+    if kind == "postgres":
+        return "postgres"
+    if kind in ("duckdb", "filesystem"):
+        return "duckdb"
+    if kind == "sqlalchemy" and is_mysql(destination_url(loader.settings, loader.destination)):
+        return "mysql"
+    return None
+
+
 def comparable_target(loader: Loader) -> None:
     """Reconciliation compares canonical SQL forms on both sides; elsewhere it says it was skipped and why."""
     destination = loader.destination
-    if destination.type not in COMPARED:
+    if target_dialect(loader) is None:
         raise NotComparable(
             f"stream {loader.target.dataset}.{loader.stream_name}: `reconcile` is not run on a {destination.type} "
-            "target (its checksums are written in DuckDB's and PostgreSQL's SQL): deletes the polling cannot see "
-            "are not found there; use `mode: cdc` for them, or a DuckDB, PostgreSQL or lake destination, or set "
-            "`reconcile: off` (README, Destinations)"
+            "target (its checksums are written in DuckDB's, PostgreSQL's and MySQL's SQL): deletes the polling "
+            "cannot see are not found there; use `mode: cdc` for them, or a DuckDB, PostgreSQL, MariaDB or lake "
+            "destination, or set `reconcile: off` (README, Destinations)"
         )
 
 
@@ -70,7 +84,11 @@ class TargetSide:
             column = self.plan.shape.column(source_name)
             name = client.escape_column_name(target_name or self.loader.names.column(source_name))
             kind = kind_of(column)
-            return Expr(f"t.{name}", kind, column.nullable, kind.target_type)
+            return Expr(f"t.{name}", kind, column.nullable, mysql_cast(kind) if mysql else kind.target_type)
+
+        dialect = target_dialect(self.loader)
+        assert dialect is not None
+        mysql = dialect == "mysql"
 
         cursor = self.plan.cursor
         # One cursor column: the row's version is `_ingest_position`, typed like it (the loader's version guard
@@ -78,12 +96,12 @@ class TargetSide:
         versions = (expr(cursor[0], POSITION),) if len(cursor) == 1 else tuple(expr(c) for c in cursor)
         window = self.scope.window
         return Relation(
-            dialect="postgres" if self.loader.destination.type == "postgres" else "duckdb",  # a lake: DuckDB's view
+            dialect=dialect,  # a lake: DuckDB's view of it
             table=client.make_qualified_table_name(self.loader.target.table),
             keys=tuple(expr(k) for k in self.plan.primary_key),
             versions=versions,
             window_column=expr(window.column) if window is not None else None,
-            quote=client.capabilities.escape_literal,
+            quote=target_mysql.quote if mysql else client.capabilities.escape_literal,
             live=f"t.{client.escape_column_name(DELETED_AT)} IS NULL",
         )
 
@@ -132,6 +150,9 @@ class TargetSide:
             names = [key_alias(i) for i in range(len(self.loader.key))]
             return self.loader.retire_keys(keys.select(names).rename_columns(list(self.loader.key)), soft)
         relation = self.relation
+        if relation.dialect == "mysql":
+            with self._keys(keys):
+                return target_mysql.retire(self.client, relation, KEYS_TABLE, soft)
         on = " AND ".join(f"{e.sql} = k.{key_alias(i)}" for i, e in enumerate(relation.keys))
         if soft:
             deleted_at = self.client.escape_column_name(DELETED_AT)
@@ -154,6 +175,10 @@ class TargetSide:
     @contextlib.contextmanager
     def _keys(self, keys: pa.Table) -> Iterator[None]:
         """`keys` as the relation KEYS_TABLE for one statement: registered in DuckDB, a temp table in PostgreSQL."""
+        if self.relation.dialect == "mysql":
+            with target_mysql.key_table(self.client, self.relation, KEYS_TABLE, keys):
+                yield
+            return
         names = [key_alias(i) for i in range(len(self.relation.keys))]
         keys, conn = keys.select(names), self.client.native_connection
         if self.relation.dialect == "duckdb":
@@ -176,6 +201,8 @@ class TargetSide:
                 cur.execute(f"DROP TABLE IF EXISTS {KEYS_TABLE}")
 
     def _fetch(self, query: str) -> pa.Table:
+        if self.relation.dialect == "mysql":
+            return target_mysql.fetch(self.client, query, self.shape)
         if self.relation.dialect == "duckdb":
             table: pa.Table = self.client.native_connection.sql(query).to_arrow_table()
             return pa.table(table.columns, names=table.column_names)
