@@ -30,15 +30,25 @@ def check_catalog(settings: Settings, catalog: Catalog) -> list[str]:
 def _check_files(settings: Settings, catalog: Catalog, source_name: str, source: FilesSource) -> list[str]:
     """Each stream's files can be listed (the storage answers, the credentials resolve)."""
     from ingestion_assets.sources.files import StorageError
-    from ingestion_assets.streams.files import FileSourceStream
+    from ingestion_assets.streams.files import FileSourceStream, relative_path
+    from ingestion_assets.streams.files_partitions import unplaced
 
     problems: list[str] = []
     for stream_name, stream in source.streams.items():
         files = FileSourceStream(settings, catalog.destination, source_name, source, stream_name, stream)
         try:
-            files.files()
+            listed = files.files()
         except (UnresolvedReference, StorageError, ValueError, ImportError) as exc:  # ImportError: no fsspec driver
             problems.append(f"stream {source_name}.{stream_name}: cannot list {stream.path}: {exc}")
+            continue
+        root = files.filesystem()[1]
+        stray = unplaced(stream, [relative_path(f.path, root) for f in listed])
+        if stray:
+            problems.append(
+                f"stream {source_name}.{stream_name}: {len(stray)} file(s) match {stream.path} but no partition "
+                f"reads them (their path does not match partitions.pattern or is dated before partitions.start), "
+                f"e.g. {stray[:3]}: narrow `path`, or fix the pattern or the start"
+            )
     return problems
 
 

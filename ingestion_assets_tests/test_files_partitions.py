@@ -203,3 +203,16 @@ def test_a_column_partition_keeps_its_rows_and_parks_rows_with_no_time(drops: Dr
     assert key == "extra.jsonl:row2" and "'event_at' is None: the row belongs to no partition" in error
     drops.run("2026-01-02")
     assert len(drops.rows("id, _ingest_file")) == 100 + 100 + 2  # each row in exactly one partition
+
+
+def test_check_names_the_files_no_partition_reads(drops: Drops) -> None:
+    from ingestion_assets.checks import check_catalog
+
+    drops.catalog(path="**/*.csv", partitions={"by": "time", "pattern": "dt={date}/", "start": "2026-01-01"})
+    drops.write("dt=2026-01-03/a.csv", csv_text(_rows(1, 1, "a")))
+    assert check_catalog(drops.settings, load_catalog(drops.root / "catalog.yaml")) == []
+    drops.write("dt=2025-12-31/old.csv", csv_text(_rows(2, 1, "old")))  # before the start
+    drops.write("misc/stray.csv", csv_text(_rows(3, 1, "stray")))
+    (problem,) = check_catalog(drops.settings, load_catalog(drops.root / "catalog.yaml"))
+    assert "2 file(s) match **/*.csv but no partition reads them" in problem
+    assert "dt=2025-12-31/old.csv" in problem and "misc/stray.csv" in problem
