@@ -163,9 +163,9 @@ def _run_path(path: str) -> dict[str, float]:
 
 
 def _psql() -> str:
-    from ingestion_assets.stack.embedded import _bin_dir
+    from ingestion_assets.settings import Settings
 
-    return str(_bin_dir() / "psql")
+    return str(Settings.from_env().embedded.bin_dir() / "psql")  # the binaries the bench's server runs
 
 
 def _raw(source: str, target: str, incremental: bool) -> dict[str, float]:
