@@ -4,6 +4,7 @@ Both are `dagster asset materialize` on the same instance: our stream with nothi
 trivial asset that returns at once. Rounds alternate so a noisy machine hits both alike. Usage:
 
     .venv/bin/python bench/run_floor.py --rounds 5
+    .venv/bin/python bench/run_floor.py --definitions 5   # only loading the code location, in fresh processes
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 
 WORK = Path(__file__).resolve().parent / ".work" / "floor"
-TRIVIAL = '''
+TRIVIAL = """
 import dagster as dg
 
 
@@ -27,15 +28,19 @@ def trivial() -> None:
 
 
 defs = dg.Definitions(assets=[trivial])
-'''
+"""
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--rows", type=int, default=10_000)
+    parser.add_argument("--definitions", type=int, default=0, help="rounds of loading the definitions only")
     args = parser.parse_args()
     env = _prepare(args.rows)
+    if args.definitions:
+        _definitions_load(env, args.definitions)
+        return
     stream = ["-m", "ingestion_assets.definitions", "--select", "floor/items"]
     trivial = ["-f", str(WORK / "trivial_defs.py"), "--select", "floor/trivial"]
     _materialize(stream, env)  # the first load, and the trivial asset's first run, are not measured
@@ -48,6 +53,26 @@ def main() -> None:
     print(f"no-change stream run  median {o:6.2f}s  (runs: {', '.join(f'{s:.2f}' for s in ours)})")
     print(f"trivial asset run     median {f:6.2f}s  (runs: {', '.join(f'{s:.2f}' for s in floor)})")
     print(f"ratio {o / f:.2f}x Dagster's floor (load average {os.getloadavg()[0]:.1f})")
+
+
+LOAD = "import time, dagster; began = time.monotonic(); {load}; print(time.monotonic() - began)"
+
+
+def _definitions_load(env: dict[str, str], rounds: int) -> None:
+    """What every Dagster process of the code location pays before any step: import and build the definitions
+    (after `import dagster`, which the floor pays too), against the trivial asset's module."""
+    ours = "from ingestion_assets.definitions import defs; defs()"
+    trivial = f"import runpy; runpy.run_path({str(WORK / 'trivial_defs.py')!r})"
+    timings: dict[str, list[float]] = {"ours": [], "trivial": []}
+    for _ in range(rounds):
+        for name, load in (("ours", ours), ("trivial", trivial)):
+            done = subprocess.run(
+                [sys.executable, "-c", LOAD.format(load=load)], env=env, check=True, capture_output=True, text=True
+            )
+            timings[name].append(float(done.stdout.strip().splitlines()[-1]))
+    o, f = statistics.median(timings["ours"]), statistics.median(timings["trivial"])
+    print(f"load our definitions     median {o:6.2f}s  (runs: {', '.join(f'{s:.2f}' for s in timings['ours'])})")
+    print(f"load the trivial asset   median {f:6.2f}s  (load average {os.getloadavg()[0]:.1f})")
 
 
 def _prepare(rows: int) -> dict[str, str]:
