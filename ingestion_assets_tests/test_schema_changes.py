@@ -75,6 +75,8 @@ def test_each_change_under_each_policy(
         assert _check_failures(harness, result) == ["schema"]
         for key, value in harness.cli_env().items():
             monkeypatch.setenv(key, value)
+        assert main(["status"]) == 1  # the operator is told which stream waits for what
+        assert f"paused by a schema change (`ingest schema show {harness.source_name}.items`" in capsys.readouterr().err
         assert main(["schema", "accept", f"{harness.source_name}.items"]) == 0
         capsys.readouterr()
         result = harness.materialize()  # accepted: applied like `propagate`

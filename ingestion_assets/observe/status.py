@@ -103,6 +103,9 @@ def _status(
     failed = _failed_checks(instance, key)
     if status == OK and failed:
         status, detail = CHECK, f"latest evaluation failed: {', '.join(failed)}"
+    if status == FAILED and SCHEMA in failed:  # the run stopped on this stream's schema change: say what to do
+        accept = f"`ingest schema show {name}`, then `ingest schema accept {name}`"
+        detail = f"{detail}: paused by a schema change ({accept})"
     dead = metadata.get("dead letters")
     rows = metadata.get("dagster/row_count")
     return StreamStatus(
