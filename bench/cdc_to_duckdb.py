@@ -26,7 +26,6 @@ import argparse
 import datetime as dt
 import os
 import random
-import statistics
 import subprocess
 import sys
 import time
@@ -111,12 +110,17 @@ def _write(url: str, seconds: float, rate: int) -> int:
     return written
 
 
-def _pct(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"p50": 0.0, "p95": 0.0, "p99": 0.0}
-    ordered = sorted(values)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return {"p50": round(statistics.median(ordered)), "p95": round(pick(0.95)), "p99": round(pick(0.99))}
+def _pct(histogram: Any) -> dict[str, float]:
+    """p50/p95/p99 of an HDR histogram (the runs' own, merged; polling's recorded here alike)."""
+    from ingestion_assets.observe.freshness import percentiles
+
+    return percentiles(histogram) or {"p50": 0.0, "p95": 0.0, "p99": 0.0}
+
+
+def _histogram(latencies: list[float]) -> Any:
+    from ingestion_assets.observe.freshness import record
+
+    return record(latencies)
 
 
 class Bench:
@@ -187,15 +191,15 @@ class Bench:
         for source, stream in (("cdcb", "events"), ("cdcb", "added"), ("pollb", "events")):
             reset_checkpoint(self.instance, dg.AssetKey([source, stream]), None, reason="benchmark")
 
-    def cdc_sync(self) -> tuple[int, list[float]]:
+    def cdc_sync(self) -> tuple[int, Any]:
         from ingestion_assets.defs.cdc import cdc_streams, cdc_sync
 
         source = self.cdc_catalog.sources["cdcb"]
         streams = cdc_streams(self.settings, self.cdc_catalog, "cdcb", source)  # type: ignore[arg-type]
         outcome = cdc_sync(self.settings, self.cdc_catalog, "cdcb", source, streams, self.instance).run()  # type: ignore[arg-type]
-        return outcome.rows.get("events", 0), outcome.latency_ms
+        return outcome.rows.get("events", 0), outcome.histogram
 
-    def poll_sync(self) -> tuple[int, list[float]]:
+    def poll_sync(self) -> tuple[int, Any]:
         import dagster as dg
         import duckdb
 
@@ -213,7 +217,7 @@ class Bench:
                 "SELECT updated_at FROM pollb.events WHERE _ingest_extracted_at >= ?", [began]
             ).fetchall()
         latency = [(done - stamp).total_seconds() * 1000 for (stamp,) in stamps]
-        return int(outcome.result.rows), latency
+        return int(outcome.result.rows), _histogram(latency)
 
     def _writer(self, seconds: float) -> subprocess.Popen[str]:
         return subprocess.Popen(
@@ -230,13 +234,15 @@ class Bench:
     def steady(self, sync: Any) -> dict[str, Any]:
         self._drain(sync)  # what the other path's phase wrote: not this phase's latency
         writer = self._writer(self.seconds)
-        applied, latency, syncs = 0, [], 0
+        applied, latency, syncs = 0, _histogram([]), 0
         while writer.poll() is None:
             rows, lat = sync()
-            applied, latency, syncs = applied + rows, latency + lat, syncs + 1
+            applied, syncs = applied + rows, syncs + 1
+            latency.add(lat)
         rows, lat = sync()  # what the writer's last second left
+        latency.add(lat)
         written = int((writer.stdout.read() if writer.stdout else "0").strip() or 0)
-        return {"written": written, "applied": applied + rows, "syncs": syncs + 1, "latency": _pct(latency + lat)}
+        return {"written": written, "applied": applied + rows, "syncs": syncs + 1, "latency": _pct(latency)}
 
     def added_table(self, rows: int) -> dict[str, Any]:
         """A table of `rows` rows added to the live source while the writer changes the first one."""
@@ -268,13 +274,13 @@ class Bench:
             "after_changes": after_rows.get("events", 0),
         }
 
-    def cdc_sync_all(self) -> tuple[dict[str, int], list[float]]:
+    def cdc_sync_all(self) -> tuple[dict[str, int], Any]:
         from ingestion_assets.defs.cdc import cdc_streams, cdc_sync
 
         source = self.cdc_catalog.sources["cdcb"]
         streams = cdc_streams(self.settings, self.cdc_catalog, "cdcb", source)  # type: ignore[arg-type]
         outcome = cdc_sync(self.settings, self.cdc_catalog, "cdcb", source, streams, self.instance).run()  # type: ignore[arg-type]
-        return outcome.rows, outcome.latency_ms
+        return outcome.rows, outcome.histogram
 
     def backlog(self) -> dict[str, Any]:
         from ingestion_assets.sources.postgres.cdc import acknowledge, create_slot_with_snapshot, read_changes

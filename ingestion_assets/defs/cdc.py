@@ -18,7 +18,7 @@ from ingestion_assets.defs.run_tags import MODE, SOURCE
 from ingestion_assets.defs.sources import slot_key
 from ingestion_assets.defs.streams import StreamRef
 from ingestion_assets.drain import Drain
-from ingestion_assets.observe.freshness import freshness_metadata
+from ingestion_assets.observe.freshness import histogram_metadata
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import InstanceStateStore, checkpoint_metadata, latest_checkpoint
@@ -205,7 +205,7 @@ def _results(
         "mode": outcome.mode,
         "retained WAL bytes": retained,
         "latency ms": dg.MetadataValue.json(outcome.latency()),
-        **freshness_metadata(outcome.latency_ms),
+        **histogram_metadata(outcome.histogram),
         "dead letters": outcome.dead_letters,
     }
     for key, stream in zip(keys, streams, strict=True):

@@ -46,11 +46,16 @@ def parked_rows(pipeline: Any, stream: str) -> list[dict[str, Any]]:
 
 def delete_parked(pipeline: Any, stream: str, keys: list[str]) -> None:
     with pipeline.sql_client() as client:
-        table = client.make_qualified_table_name(DEAD_LETTER_TABLE)
-        for start in range(0, len(keys), 500):
-            chunk = keys[start : start + 500]
-            marks = ", ".join(["%s"] * len(chunk))
-            client.execute_sql(f"DELETE FROM {table} WHERE stream = %s AND record_key IN ({marks})", stream, *chunk)
+        delete_parked_in(client, stream, keys)
+
+
+def delete_parked_in(client: Any, stream: str, keys: list[str]) -> None:
+    """With a client already open (inside a batch's transaction: the table exists, its keys were read)."""
+    table = client.make_qualified_table_name(DEAD_LETTER_TABLE)
+    for start in range(0, len(keys), 500):
+        chunk = keys[start : start + 500]
+        marks = ", ".join(["%s"] * len(chunk))
+        client.execute_sql(f"DELETE FROM {table} WHERE stream = %s AND record_key IN ({marks})", stream, *chunk)
 
 
 def _query(pipeline: Any, statement: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:

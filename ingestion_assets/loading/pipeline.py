@@ -91,7 +91,8 @@ class Loader:
     _append_only: bool = field(default=False, init=False)
     _unique_key_known: bool = field(default=False, init=False)  # PostgreSQL: the merge's unique index is there
     _bindings_known: bool = field(default=False, init=False)  # PostgreSQL: the bindings table is there
-    _sql_client: Any = field(default=None, init=False, repr=False)  # PostgreSQL: reused by postgres_load
+    _sql_client: Any = field(default=None, init=False, repr=False)  # PostgreSQL and batch loads: reused_client
+    _target_columns: frozenset[str] | None = field(default=None, init=False)  # batch loads: the table's columns
 
     def __post_init__(self) -> None:
         self.names = target_names(self.destination)
@@ -231,11 +232,24 @@ class Loader:
 
     def _advance_marker(self) -> None:
         """After the data committed and before the checkpoint: the target holds one more slice."""
+        self.bound = self.next_marker()
         if self.bound is None:
             return
-        self.bound = Marker(self.bound.binding, self.bound.seq + 1, self.bound.generation)
         with self._pipeline.sql_client() as client:
             write_marker(client, self.stream_name, self._bound_partition, self.bound)
+
+    def next_marker(self) -> Marker | None:
+        """What the target holds once the slice in hand commits (None: the loader is not bound)."""
+        if self.bound is None:
+            return None
+        return Marker(self.bound.binding, self.bound.seq + 1, self.bound.generation)
+
+    def reused_client(self) -> Any:
+        """One dlt SQL client for the loader's run (each `with` opens its own connection): resolving dlt's
+        configuration for a new client costs more than a small slice's statements."""
+        if self._sql_client is None:
+            self._sql_client = self._pipeline.sql_client()
+        return self._sql_client
 
     def create_if_missing(self, empty: pa.Table) -> None:
         """A stream of an empty table still gets its (empty) target table, with every column and type."""

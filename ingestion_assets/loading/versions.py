@@ -74,8 +74,8 @@ def existing_keys(
 
 
 def existing_sql(qualified: str, primary_key: tuple[str, ...], collate: str) -> str:
-    using = ", ".join(_quote(k) for k in primary_key)
-    columns = ", ".join(f"i.{_quote(k)}" for k in primary_key)
+    using = ", ".join(quote_name(k) for k in primary_key)
+    columns = ", ".join(f"i.{quote_name(k)}" for k in primary_key)
     return (
         f"SELECT {columns}, t.{POSITION}{collate} > i.{POSITION}{collate} AS {STALE} "
         f"FROM {INCOMING} i JOIN {qualified} t USING ({using})"
@@ -94,7 +94,7 @@ def _query_duckdb(con: Any, statement: str, keys: pa.Table) -> pa.Table:
 def _query_postgres(
     conn: Any, statement: str, qualified: str, primary_key: tuple[str, ...], keys: pa.Table
 ) -> pa.Table:
-    columns = ", ".join(_quote(k) for k in primary_key)
+    columns = ", ".join(quote_name(k) for k in primary_key)
     buffer = io.BytesIO()
     pacsv.write_csv(for_postgres(keys), buffer, write_options=pacsv.WriteOptions(include_header=False))
     buffer.seek(0)
@@ -112,6 +112,6 @@ def _query_postgres(
     return pa.table(arrays, names=names).cast(schema)
 
 
-def _quote(name: str) -> str:
+def quote_name(name: str) -> str:
     """A double-quoted identifier, as both DuckDB and PostgreSQL read it."""
     return '"' + name.replace('"', '""') + '"'

@@ -6,15 +6,16 @@ while the log goes on for the others."""
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hdrh.histogram import HdrHistogram
+
 from ingestion_assets.catalog import Destination, PostgresSource
+from ingestion_assets.observe.freshness import empty, percentiles
 from ingestion_assets.partitions import LIVE, key_range
 from ingestion_assets.references import postgres_url
 from ingestion_assets.settings import Settings
@@ -33,15 +34,15 @@ from ingestion_assets.sources.postgres.cdc import (
 )
 from ingestion_assets.sources.postgres.cdc.chunks import chunk_snapshot, reading_slot
 from ingestion_assets.sources.postgres.cdc.publication import await_older_writers
+from ingestion_assets.streams.cdc.apply import LogLoads, load_changes
 from ingestion_assets.streams.cdc.copy import CopyRules, copy_as_of
 from ingestion_assets.streams.cdc.history import HISTORY, Fences, fences_for, history_keys, plan_history
 from ingestion_assets.streams.cdc.live import apply_live
-from ingestion_assets.streams.cdc.rows import TableChanges, dead_letter_table, mark_deleted, toast_lookup, version_of
+from ingestion_assets.streams.cdc.rows import TableChanges, toast_lookup, version_of
 from ingestion_assets.streams.cdc.schema import PARTITIONS, SCHEMA, StreamParts, settle_stream
 from ingestion_assets.streams.cdc.state import CdcStore, SourceState
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
 from ingestion_assets.streams.target_binding import TARGET
-from ingestion_assets.streams.target_types import fit_shape
 from ingestion_assets.sync import Faults, checkpoint_first
 
 log = logging.getLogger(__name__)
@@ -66,18 +67,15 @@ class CdcOutcome:
     mode: str  # snapshot | changes | chunk
     lsn: int
     rows: dict[str, int] = field(default_factory=dict)  # per stream: rows (snapshot) or changes applied
-    latency_ms: list[float] = field(default_factory=list)
+    histogram: HdrHistogram = field(default_factory=empty)  # commit-to-target ms per change (memory stays flat)
     health: SlotHealth | None = None
     dead_letters: int = 0
     checkpoints: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)  # stream -> (lsn, details)
     copied: list[str] = field(default_factory=list)  # streams copied in this run beside the log
 
     def latency(self) -> dict[str, float]:
-        if not self.latency_ms:
-            return {}
-        ordered = sorted(self.latency_ms)
-        pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-        return {"p50": round(statistics.median(ordered), 1), "p95": round(pick(0.95), 1), "p99": round(pick(0.99), 1)}
+        """p50/p95/p99 of the commit-to-target latency (ms); empty when no change was applied."""
+        return percentiles(self.histogram)
 
 
 @dataclass
@@ -96,6 +94,7 @@ class CdcSync:
     _space: dict[str, int] | None = field(default=None, init=False)  # history mode: the key space, kept in checkpoints
     _state: SourceState = field(default_factory=lambda: SourceState({}), init=False)
     _streams: dict[str, StreamParts] = field(default_factory=dict, init=False)  # per stream: loader, shape, schema
+    _loads: LogLoads = field(default_factory=LogLoads, init=False)  # what the run's batch loads share
 
     @property
     def slot(self) -> str:
@@ -374,9 +373,7 @@ class CdcSync:
                     changes = TableChanges(parts.shape, key, soft=stream.spec.deletes == "soft")
                     pending[stream.name] = changes
                 changes.add(change, toast_lookup(url, stream, parts.shape))
-        for stream in self.streams:
-            if stream.name in pending:
-                self._load(stream, pending[stream.name], outcome)
+        load_changes(self, pending, outcome)  # one load for every table where the destination allows it
 
     def _wants(self, name: str, xid: int, end_lsn: int, fences: Fences | None) -> bool:
         """A stream being copied takes only what its copy's snapshot does not see; the others what their own
@@ -392,27 +389,6 @@ class CdcSync:
             parts = StreamParts(stream.loader(Target(stream.name, 1), None, guard=self.history), stream.discover())
             self._streams[stream.name] = parts
         return parts
-
-    def _load(self, stream: PostgresTableStream, changes: TableChanges, outcome: CdcOutcome) -> None:
-        loader = self._parts(stream).loader
-        changes.shape = fit_shape(changes.shape, loader)
-        if changes.truncated_at is not None:
-            loader.delete_all()
-        rows = changes.to_arrow(generation=1)
-        dead = dead_letter_table(stream, changes, self.run_id)
-        if rows is not None or dead is not None:
-            loader.load(rows, dead_letters=dead)
-        mark_deleted(loader, changes.marks)
-        if stream.spec.deletes == "hard":
-            loader.purge_deleted()
-        if changes.truncated_at is not None or (stream.spec.deletes == "hard" and changes.marks):  # emptied?
-            self._parts(stream).empty = not loader.inspect(LIVE if self.history else None).has_rows
-        elif rows is not None:
-            self._parts(stream).empty = False
-        now = dt.datetime.now(dt.UTC)
-        outcome.latency_ms += [(now - t).total_seconds() * 1000 for t in changes.commit_times]
-        outcome.rows[stream.name] = outcome.rows.get(stream.name, 0) + len(changes.rows) + len(changes.marks)
-        outcome.dead_letters += len(changes.bad)
 
     def _preflight(self, url: str, expect_slot: bool) -> None:
         """Every check first, read-only; only a source that passes them all gets its publication made or

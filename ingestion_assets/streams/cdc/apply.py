@@ -1,0 +1,114 @@
+"""One batch of the log into the streams' targets: every table's changes of the batch in ONE load where the
+destination takes one (DuckDB: loading/duckdb_batch.py), else one load per table (PostgreSQL, lakes, other
+SQL); then each change's commit-to-target latency into the run's histogram."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from ingestion_assets.loading.duckdb_batch import TableSlice, batch_loadable, load_tables
+from ingestion_assets.loading.metadata_columns import DELETED_AT, POSITION, TIMESTAMP_UTC
+from ingestion_assets.observe.commit_latency import record_counts
+from ingestion_assets.partitions import LIVE
+from ingestion_assets.sources.postgres.introspect import TableShape
+from ingestion_assets.streams.cdc.rows import VERSION_TYPE, TableChanges, dead_letter_table, mark_deleted
+from ingestion_assets.streams.target_types import fit_shape
+
+if TYPE_CHECKING:
+    from ingestion_assets.loading.pipeline import Loader
+    from ingestion_assets.streams.cdc.sync import CdcOutcome, CdcSync
+    from ingestion_assets.streams.postgres_table import PostgresTableStream
+
+
+@dataclass
+class LogLoads:
+    """What one run's batches share: each stream's shape as its target holds it, fitted at the first batch
+    (asking the target per batch cost a connection and a catalog query each time)."""
+
+    fitted: dict[str, tuple[TableShape, TableShape]] = field(default_factory=dict)  # stream -> (given, fitted)
+
+    def fit(self, name: str, shape: TableShape, loader: Loader) -> TableShape:
+        known = self.fitted.get(name)
+        if known is not None and known[0] is shape:
+            return known[1]
+        fitted = fit_shape(shape, loader)
+        self.fitted[name] = (shape, fitted)
+        return fitted
+
+
+def load_changes(sync: CdcSync, pending: dict[str, TableChanges], outcome: CdcOutcome) -> None:
+    """Load the batch's changes (`pending`: per stream) and count them; returns after every commit."""
+    ordered = [(stream, pending[stream.name]) for stream in sync.streams if stream.name in pending]
+    for stream, changes in ordered:
+        changes.shape = sync._loads.fit(stream.name, changes.shape, sync._parts(stream).loader)
+    together = [(s, c) for s, c in ordered if batch_loadable(sync._parts(s).loader)]
+    if together:
+        slices = [_slice(sync, stream, changes) for stream, changes in together]
+        for (stream, changes), done in zip(together, load_tables(slices), strict=True):
+            parts = sync._parts(stream)
+            if done.has_rows is not None:
+                parts.empty = not done.has_rows
+            elif changes.rows:
+                parts.empty = False
+        committed = dt.datetime.now(dt.UTC)
+        for stream, changes in together:
+            _count(outcome, stream, changes, committed)
+    for stream, changes in ordered:
+        if not batch_loadable(sync._parts(stream).loader):
+            _load_one(sync, stream, changes)
+            _count(outcome, stream, changes, dt.datetime.now(dt.UTC))
+
+
+def _slice(sync: CdcSync, stream: PostgresTableStream, changes: TableChanges) -> TableSlice:
+    loader = sync._parts(stream).loader
+    rows = changes.to_arrow(generation=1)  # before the dead letters: a value that does not fit moves there
+    return TableSlice(
+        loader,
+        rows=rows,
+        dead_letters=dead_letter_table(stream, changes, sync.run_id),
+        marks=marks_table(changes, loader.key),
+        truncate=changes.truncated_at is not None,
+        hard_deletes=stream.spec.deletes == "hard",
+    )
+
+
+def marks_table(changes: TableChanges, key: tuple[str, ...]) -> pa.Table | None:
+    """The soft-delete marks as rows: each key column as the log's text (named as the target names it)."""
+    if not changes.marks:
+        return None
+    keys = list(changes.marks)
+    columns = {name: pa.array([str(k[i]) for k in keys], pa.string()) for i, name in enumerate(key)}
+    columns[POSITION] = pa.array([changes.marks[k][0] for k in keys], VERSION_TYPE)
+    columns[DELETED_AT] = pa.array([changes.marks[k][1] for k in keys], TIMESTAMP_UTC)
+    return pa.table(columns)
+
+
+def _load_one(sync: CdcSync, stream: PostgresTableStream, changes: TableChanges) -> None:
+    """One table's changes through `Loader.load` (a destination without a batch load)."""
+    parts = sync._parts(stream)
+    loader = parts.loader
+    if changes.truncated_at is not None:
+        loader.delete_all()
+    rows = changes.to_arrow(generation=1)
+    dead = dead_letter_table(stream, changes, sync.run_id)
+    if rows is not None or dead is not None:
+        loader.load(rows, dead_letters=dead)
+    mark_deleted(loader, changes.marks)
+    if stream.spec.deletes == "hard":
+        loader.purge_deleted()
+    if changes.truncated_at is not None or (stream.spec.deletes == "hard" and changes.marks):  # emptied?
+        parts.empty = not loader.inspect(LIVE if sync.history else None).has_rows
+    elif rows is not None:
+        parts.empty = False
+
+
+def _count(outcome: CdcOutcome, stream: PostgresTableStream, changes: TableChanges, committed: dt.datetime) -> None:
+    if changes.commit_times:
+        waited = [(committed - t) // dt.timedelta(milliseconds=1) for t in changes.commit_times]
+        record_counts(outcome.histogram, pa.array(waited, pa.int64()))
+    outcome.rows[stream.name] = outcome.rows.get(stream.name, 0) + len(changes.rows) + len(changes.marks)
+    outcome.dead_letters += len(changes.bad)
