@@ -35,13 +35,14 @@ def _copy_state(harness: StreamHarness, stream: str) -> dict[str, object] | None
     return copy if isinstance(copy, dict) else None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill", [False, True])
 def test_a_copy_killed_mid_way_resumes_after_its_last_range_exactly(
     cdc: StreamHarness, monkeypatch: pytest.MonkeyPatch, kill: bool
 ) -> None:
     harness = cdc
     harness.source.execute(CUSTOMERS + ACCOUNTS)
-    _catalog(harness, {"customers": {}}, snapshot_slice_rows=SLICE, max_changes=20)
+    _catalog(harness, {"customers": {}}, snapshot_slice_rows=SLICE)
     harness.materialize()
     app = [  # all over the key space: ranges copied already and ranges not copied yet
         (f"UPDATE accounts SET balance = balance + 1 WHERE code = {KEY}", 2000),
@@ -51,10 +52,8 @@ def test_a_copy_killed_mid_way_resumes_after_its_last_range_exactly(
         (f"UPDATE accounts SET code = 'z' || code WHERE code = {KEY}", 2000),  # and to ranges not copied yet
         ("UPDATE customers SET name = name || '+' WHERE id = %(k)s", 200),
     ]
-    with Writer(harness.source.url, harness.source.schema, app, pause=0.005) as writer:
-        _catalog(
-            harness, {"customers": {}, "accounts": {"primary_key": "code"}}, snapshot_slice_rows=SLICE, max_changes=20
-        )
+    with Writer(harness.source.url, harness.source.schema, app, pause=0.02) as writer:
+        _catalog(harness, {"customers": {}, "accounts": {"primary_key": "code"}}, snapshot_slice_rows=SLICE)
         if kill:  # SIGKILL after range 4 is loaded, before its checkpoint
             process = harness.materialize_cli("accounts", **{FAULT_ENV: "after_snapshot_slice:4:kill"})
             assert process.wait(timeout=300) != 0
