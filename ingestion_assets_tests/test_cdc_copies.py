@@ -55,7 +55,8 @@ def test_a_copy_killed_mid_way_resumes_after_its_last_range_exactly(
     with Writer(harness.source.url, harness.source.schema, app, pause=0.02) as writer:
         _catalog(harness, {"customers": {}, "accounts": {"primary_key": "code"}}, snapshot_slice_rows=SLICE)
         if kill:  # SIGKILL after range 4 is loaded, before its checkpoint
-            process = harness.materialize_cli("accounts", **{FAULT_ENV: "after_snapshot_slice:4:kill"})
+            both = f"accounts,{harness.source_name}/customers"  # the source's assets run together
+            process = harness.materialize_cli(both, **{FAULT_ENV: "after_snapshot_slice:4:kill"})
             assert process.wait(timeout=300) != 0
         else:
             monkeypatch.setenv(FAULT_ENV, "after_snapshot_slice:4")
