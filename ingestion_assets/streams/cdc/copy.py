@@ -1,10 +1,14 @@
-"""Copy a CDC stream's table, or one key range of it, as of an exported snapshot, every row at one version."""
+"""Copy a CDC stream's table as of an exported snapshot, every row at one version: one history key range
+(`copy_as_of`), or the next range of a resumable copy in primary-key order (`copy_range`)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+from collections.abc import Generator
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import cast
 
 import pyarrow as pa
 
@@ -12,7 +16,9 @@ from ingestion_assets.loading.dead_letters import split_bad_rows
 from ingestion_assets.loading.metadata_columns import with_metadata
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.sources.postgres import plan_table_read, table_slices
-from ingestion_assets.sources.postgres.query import Window
+from ingestion_assets.sources.postgres.introspect import TableShape
+from ingestion_assets.sources.postgres.query import Position, ReadPlan, Window
+from ingestion_assets.sources.slices import Slice
 from ingestion_assets.streams.cdc.history import Fences
 from ingestion_assets.streams.cdc.rows import VERSION_TYPE
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
@@ -28,52 +34,113 @@ class CopyRules:
     guard: bool  # another writer shares the table (history partitions): keep the newest version
 
 
+@dataclass(frozen=True)
+class RangeCopied:
+    """One range of a resumable copy: the rows it read, its last key, and whether it was the last range."""
+
+    rows: int
+    last: Position | None
+    done: bool
+
+
 def copy_as_of(
     url: str,
     stream: PostgresTableStream,
     snapshot: str,
     version: Decimal,
     rules: CopyRules,
-    keys: tuple[int, int] | None = None,
-    fences: Fences | None = None,
-    floor: Decimal | None = None,
-    loader: Loader | None = None,
+    keys: tuple[int, int],
+    fences: Fences,
+    floor: Decimal,
 ) -> int:
-    """The table (or its `keys` range, less the fenced keys) as of `snapshot`, every row at `version`; then
-    rows left below `floor` (the whole copy's `version` by default) were deleted in the source. `loader`:
-    the run's loader of the stream (bound to its target), else one of its own."""
+    """The `keys` range (an integer key, a history chunk), less the fenced keys, as of `snapshot`, every row
+    at `version`; then rows of the range left below `floor` were deleted in the source."""
+    loader, plan = _reader(url, stream, rules, None)
+    column = stream.spec.primary_key[0]
+    window = Window(column, str(keys[0]), str(keys[1] + 1))
+    rows = 0
+    slices = table_slices(url, plan, None, rules.slice_rows, stream.qualified_name, window=window, snapshot=snapshot)
+    for piece in slices:
+        rows += _load_slice(stream, plan, loader, piece, version, rules, fences)
+        rules.faults.hit("after_snapshot_slice", piece.index)
+    loader.retire_below(floor, stream.spec.deletes == "soft", (column, *keys))
+    return rows
+
+
+def copy_range(
+    url: str,
+    stream: PostgresTableStream,
+    snapshot: str,
+    version: Decimal,
+    rules: CopyRules,
+    after: Position | None,
+    fences: Fences,
+    loader: Loader,
+    index: int,
+) -> RangeCopied:
+    """The rows after key `after` (None: from the first) in primary-key order, one slice of them, as of
+    `snapshot` less the fenced keys, every row at `version`. Keyset order on the whole primary key, so any
+    orderable key works. A slice shorter than `slice_rows` ends the key space: it was the last range.
+    `index`: the range's number in its copy (the fault point's slice)."""
+    _, plan = _reader(url, stream, rules, loader)
+    slices = table_slices(url, plan, after, rules.slice_rows, stream.qualified_name, snapshot=snapshot)
+    # The rest of the table is the next range's, under its own snapshot: the read ends after one slice.
+    with contextlib.closing(cast(Generator[Slice, None, None], slices)):
+        piece = next(slices, None)
+    if piece is None:
+        return RangeCopied(0, after, True)
+    rows = _load_slice(stream, plan, loader, piece, version, rules, fences)
+    rules.faults.hit("after_snapshot_slice", index)
+    return RangeCopied(rows, piece.position, piece.table.num_rows < rules.slice_rows)
+
+
+def _reader(url: str, stream: PostgresTableStream, rules: CopyRules, loader: Loader | None) -> tuple[Loader, ReadPlan]:
+    """The table's read plan in primary-key order, fitted to the target; `loader`: the run's loader of the
+    stream (bound to its target), else one of its own."""
     spec = stream.spec
     plan = plan_table_read(
         url, spec.schema_name, spec.table_name, (), tuple(spec.primary_key), destination=stream.destination.landing
     )
     if loader is None:
         loader = stream.loader(Target(stream.name, 1), None, plan, guard=rules.guard)
-    plan = fit_plan(plan, loader)
-    column = stream.spec.primary_key[0]
-    window = Window(column, str(keys[0]), str(keys[1] + 1)) if keys is not None else None
-    table_name = (stream.spec.schema_name, stream.spec.table_name)
-    rows = 0
-    slices = table_slices(url, plan, None, rules.slice_rows, stream.qualified_name, window=window, snapshot=snapshot)
-    for piece in slices:
-        source_rows = fences.drop_fenced(table_name, piece.table) if fences is not None else piece.table
-        split = split_bad_rows(
-            source_rows,
-            stream.name,
-            None,
-            rules.run_id,
-            stream.spec.primary_key,
-            [c.name for c in plan.ordering],
-            stream.spec.dead_letters.on_bad_value,
-        )
-        table = with_metadata(split.rows, (), dt.datetime.now(dt.UTC), 1, meta=split.meta)
-        table = table.set_column(
-            table.schema.get_field_index("_ingest_position"),
-            "_ingest_position",
-            pa.repeat(pa.scalar(version, VERSION_TYPE), table.num_rows),
-        )
-        loader.load(table, dead_letters=split.dead)
-        rules.faults.hit("after_snapshot_slice", piece.index)
-        rows += source_rows.num_rows
-    soft = stream.spec.deletes == "soft"
-    loader.retire_below(version if floor is None else floor, soft, (column, *keys) if keys is not None else None)
-    return rows
+    return loader, fit_plan(plan, loader)
+
+
+def _load_slice(
+    stream: PostgresTableStream,
+    plan: ReadPlan,
+    loader: Loader,
+    piece: Slice,
+    version: Decimal,
+    rules: CopyRules,
+    fences: Fences,
+) -> int:
+    """One slice less its fenced keys, bad rows parked, every row at `version`; returns the rows read."""
+    source_rows = fences.drop_fenced((stream.spec.schema_name, stream.spec.table_name), piece.table)
+    split = split_bad_rows(
+        source_rows,
+        stream.name,
+        None,
+        rules.run_id,
+        stream.spec.primary_key,
+        [c.name for c in plan.ordering],
+        stream.spec.dead_letters.on_bad_value,
+    )
+    loader.load(_at_version(split.rows, version, split.meta), dead_letters=split.dead)
+    return source_rows.num_rows
+
+
+def create_target(loader: Loader, shape: TableShape) -> None:
+    """The stream's target table, empty, if it is missing: a copy's first log batch may come before its
+    first range (a delete of a row not copied yet carries the key alone)."""
+    schema = pa.schema([field.with_nullable(True) for field in shape.arrow_schema])  # as the log's rows load
+    loader.create_if_missing(_at_version(schema.empty_table(), Decimal(0)))
+
+
+def _at_version(rows: pa.Table, version: Decimal, meta: pa.Array | None = None) -> pa.Table:
+    table = with_metadata(rows, (), dt.datetime.now(dt.UTC), 1, meta=meta)
+    return table.set_column(
+        table.schema.get_field_index("_ingest_position"),
+        "_ingest_position",
+        pa.repeat(pa.scalar(version, VERSION_TYPE), table.num_rows),
+    )

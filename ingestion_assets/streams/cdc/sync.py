@@ -1,6 +1,7 @@
-"""A PostgreSQL source in `mode: cdc`: the first run copies every table under the slot's exported snapshot,
-later runs apply the slot's changes in commit order. Each stream's checkpoint is the log position whose
-changes are all committed in its target; the slot is acknowledged only after those checkpoints are stored.
+"""A PostgreSQL source in `mode: cdc`: the first run creates the slot and copies every table in checkpointed
+key ranges beside the log, later runs apply the slot's changes in commit order. Each stream's checkpoint is the
+log position whose changes are all committed in its target; the slot is acknowledged only after those
+checkpoints are stored.
 A stream without one (added to the catalog, reset, its target replaced, a column added) gets a fenced copy
 while the log goes on for the others."""
 
@@ -10,6 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from hdrh.histogram import HdrHistogram
@@ -35,12 +37,12 @@ from ingestion_assets.sources.postgres.cdc import (
 from ingestion_assets.sources.postgres.cdc.chunks import chunk_snapshot, reading_slot
 from ingestion_assets.sources.postgres.cdc.publication import await_older_writers
 from ingestion_assets.streams.cdc.apply import LogLoads, load_changes
-from ingestion_assets.streams.cdc.copy import CopyRules, copy_as_of
+from ingestion_assets.streams.cdc.copy import CopyRules, RangeCopied, copy_as_of, copy_range, create_target
 from ingestion_assets.streams.cdc.history import HISTORY, Fences, fences_for, history_keys, plan_history
 from ingestion_assets.streams.cdc.live import apply_live
 from ingestion_assets.streams.cdc.rows import TableChanges, toast_lookup, version_of
 from ingestion_assets.streams.cdc.schema import PARTITIONS, SCHEMA, StreamParts, settle_stream
-from ingestion_assets.streams.cdc.state import CdcStore, SourceState
+from ingestion_assets.streams.cdc.state import COPY, CdcStore, SourceState
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
 from ingestion_assets.streams.target_binding import TARGET
 from ingestion_assets.sync import Faults, checkpoint_first
@@ -71,7 +73,7 @@ class CdcOutcome:
     health: SlotHealth | None = None
     dead_letters: int = 0
     checkpoints: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)  # stream -> (lsn, details)
-    copied: list[str] = field(default_factory=list)  # streams copied in this run beside the log
+    copied: list[str] = field(default_factory=list)  # streams whose copy beside the log ended in this run
 
     def latency(self) -> dict[str, float]:
         """p50/p95/p99 of the commit-to-target latency (ms); empty when no change was applied."""
@@ -229,46 +231,87 @@ class CdcSync:
         return outcome
 
     def _snapshot(self, url: str) -> CdcOutcome:
-        """Every table under the exported snapshot of a new slot; the slot's changes start exactly after it."""
+        """A new slot: every stream starts its copy at the slot's first position, then copies its table in
+        key ranges beside the log (`_copy_streams`), so a crash costs at most one range."""
         with _existing_slot_dropped(url, self.slot), create_slot_with_snapshot(url, self.slot) as snap:
-            version = version_of(snap.consistent_lsn, 0) - 1  # just below any change the slot will send
-            outcome = CdcOutcome("snapshot", snap.consistent_lsn)
-            for stream in self.streams:
-                loader = self._parts(stream).loader
-                rows = copy_as_of(url, stream, snap.snapshot_name, version, self._rules(), loader=loader)
-                outcome.rows[stream.name] = rows
+            lsn = snap.consistent_lsn
         # Only once the block is left: a failure inside it drops the new slot, which a stored checkpoint
-        # saying "snapshot done" would then point at (found by simulation seed 2013, cdc).
-        self._commit(snap.consistent_lsn, [s.name for s in self.streams])
+        # would then point at (found by simulation seed 2013, cdc).
+        for stream in self.streams:
+            self._state.start_copy(stream.name, lsn)
+        self._commit(lsn, [s.name for s in self.streams])
+        outcome = CdcOutcome("snapshot", lsn)
+        self._copy_streams(url, outcome)
         outcome.health = slot_health(url, self.slot)
         return outcome
 
     def _copy_streams(self, url: str, outcome: CdcOutcome) -> None:
-        """Streams without a position (new, reset, rebound, columns changed): their tables as of a fresh
-        snapshot, while the log is applied up to that snapshot's WAL position for every stream. A copied
-        stream takes from the log only the transactions the snapshot does not see (their keys are fenced
-        off the copy), so nothing is lost or applied twice; then it holds the same position as the others."""
+        """Streams without a position (new, reset, rebound, columns changed) or whose copy is under way: their
+        tables in key ranges (keyset order of the primary key, one slice each), every range under a fresh
+        snapshot while the log is applied up to that snapshot's WAL position for every stream, and then
+        checkpointed (the last key copied), so a crash costs one range and the next run goes on after it.
+
+        Exactness. A stream whose copy starts takes a position (the run's) and from then on takes *every*
+        change of the log after it, in copied ranges and in ranges not copied yet. A range's rows are as of
+        its snapshot, less the keys of transactions the snapshot does not see (fenced: the log has them), so
+        it overwrites only values at least as new as what the log put there; a key the log touched in an
+        uncopied range is copied over later by a snapshot that sees that change; a row deleted in a range
+        copied already is deleted by the log. Taking log changes for the copied part of the key space only
+        would need every change split by key (a key update moving a row across the copy's boundary), and
+        rows of an uncopied range need no protection from the log: their range's snapshot is newer.
+        When the last range is copied the copy has covered the whole key space: every row the source holds
+        is then at a version at or above the copy's first range (copied, fenced or changed since), so the
+        rows left below it — from before a reset or a WAL gap, deleted in the source since — are retired,
+        in the whole table."""
         names = self._state.copying()
-        copying = [s for s in self.streams if s.name in names]
         for name in names:
-            if name not in self._state.reasons:
+            if name not in self._state.reasons and name not in self._state.copies:
                 self._say("%s.%s: copying its table (new to the source, or reset)", self.source_name, name)
+            self._state.start_copy(name, outcome.lsn)
         await_older_writers(url, self.source.cdc.lock_wait_seconds)
-        start = outcome.lsn
+        copying = [s for s in self.streams if s.name in names]
+        for stream in copying:
+            create_target(self._parts(stream).loader, self._parts(stream).shape)
+        while copying and not self.stop():
+            copying = self._copy_range(url, outcome, copying)
+        outcome.copied = [name for name in names if name not in self._state.copies]
+
+    def _copy_range(
+        self, url: str, outcome: CdcOutcome, copying: list[PostgresTableStream]
+    ) -> list[PostgresTableStream]:
+        """The next range of each stream's copy under one fresh snapshot; returns the streams not done."""
         with chunk_snapshot(url) as snap:
             fences = fences_for(snap, copying)
             self._changes(url, outcome, reach=snap.lsn, fences=fences)
-            version = version_of(snap.lsn, 0) - 1
+            version = version_of(snap.lsn, 0) - 1  # above every change it sees, below every one it does not
             for stream in copying:
-                if (stream.spec.schema_name, stream.spec.table_name) in fences.truncated:
-                    continue  # emptied after the snapshot: what it holds now came through the log
-                parts = self._parts(stream)
-                rows = copy_as_of(
-                    url, stream, snap.name, version, self._rules(), None, fences, version_of(start, 0), parts.loader
-                )
-                outcome.rows[stream.name] = outcome.rows.get(stream.name, 0) + rows
-        outcome.copied = names
-        self._commit(outcome.lsn, names)
+                self._next_range(url, stream, snap.name, version, fences, outcome)
+        self._commit(outcome.lsn, [s.name for s in copying])
+        return [s for s in copying if s.name in self._state.copies]
+
+    def _next_range(
+        self,
+        url: str,
+        stream: PostgresTableStream,
+        snapshot: str,
+        version: Decimal,
+        fences: Fences,
+        outcome: CdcOutcome,
+    ) -> None:
+        """One range of the stream's copy; after its last, the rows below the copy's first version retire."""
+        progress = self._state.copies[stream.name]
+        progress.floor = progress.floor or str(version)
+        loader = self._parts(stream).loader
+        if (stream.spec.schema_name, stream.spec.table_name) in fences.truncated:
+            copied = RangeCopied(0, progress.after, True)  # emptied since the snapshot: the log holds all it has
+        else:
+            after, index = progress.after, progress.ranges
+            copied = copy_range(url, stream, snapshot, version, self._rules(), after, fences, loader, index)
+        progress.after, progress.ranges, progress.rows = copied.last, progress.ranges + 1, progress.rows + copied.rows
+        outcome.rows[stream.name] = outcome.rows.get(stream.name, 0) + copied.rows
+        if copied.done:
+            loader.retire_below(Decimal(progress.floor), stream.spec.deletes == "soft")
+            del self._state.copies[stream.name]
 
     def _rules(self) -> CopyRules:
         faults = self.faults or Faults.from_env()
@@ -336,6 +379,8 @@ class CdcSync:
         extra: dict[str, Any] = {k: stored[k] for k in (SCHEMA, TARGET, PARTITIONS) if k in stored}
         if self.history:
             extra[HISTORY] = self._space
+        if name in self._state.copies:
+            extra[COPY] = self._state.copies[name].stored()
         parts = self._streams.get(name)
         if parts is not None:
             extra |= parts.checkpoint_details()
