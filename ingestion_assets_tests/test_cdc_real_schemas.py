@@ -172,6 +172,23 @@ def test_a_stream_added_to_a_running_source_gets_its_existing_rows_while_a_write
     _assert_exact(harness, "customers")
 
 
+def test_a_stream_removed_from_the_catalog_leaves_the_publication_and_the_others_go_on(cdc: StreamHarness) -> None:
+    harness = cdc
+    harness.source.execute(CUSTOMERS + ORDERS)
+    _catalog(harness, {"customers": {}, "orders": {}})
+    harness.materialize()
+    publication = f"ingest_{harness.source_name}"
+    published = f"SELECT tablename::text FROM pg_publication_tables WHERE pubname = '{publication}' ORDER BY 1"
+    assert [r[0] for r in harness.query_source(published)] == ["customers", "orders"]
+    _catalog(harness, {"customers": {}})
+    harness.source.execute("UPDATE customers SET name = 'x' WHERE id < 5; UPDATE orders SET note = 'y' WHERE id < 5")
+    harness.materialize()
+    assert [r[0] for r in harness.query_source(published)] == ["customers"]  # its changes are no longer decoded
+    harness.source.execute("UPDATE customers SET name = 'z' WHERE id = 7; DELETE FROM orders WHERE id = 9")
+    _drain(harness)
+    _assert_exact(harness, "customers")
+
+
 PARTITIONED = """
 CREATE TABLE measures (id int, region text, v int, PRIMARY KEY (id, region)) PARTITION BY LIST (region);
 CREATE TABLE measures_eu PARTITION OF measures FOR VALUES IN ('eu');

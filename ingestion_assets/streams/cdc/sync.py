@@ -28,6 +28,7 @@ from ingestion_assets.sources.postgres.cdc import (
     check_cdc,
     create_slot_with_snapshot,
     drop_slot,
+    drop_unread_tables,
     ensure_publication,
     find_gap,
     format_lsn,
@@ -446,6 +447,17 @@ class CdcSync:
         if added:
             published = ", ".join(".".join(t) for t in added)
             self._say("%s: published %s in %s", self.source_name, published, self.publication)
+        if self.source.cdc.publication is None:  # ours: a table no stream of the catalog reads leaves it
+            read = [(spec.schema_name, spec.table_name) for spec in self.source.streams.values()]
+            dropped = drop_unread_tables(url, self.publication, read)
+            if dropped:
+                left = ", ".join(".".join(t) for t in dropped)
+                self._say(
+                    "%s: no stream reads %s any more: taken out of %s (its target table is kept as it was)",
+                    self.source_name,
+                    left,
+                    self.publication,
+                )
 
     def _slot_ready(self, url: str) -> None:
         self._check(url, expect_slot=True)

@@ -19,7 +19,7 @@ from ingestion_assets.sources.postgres.cdc.errors import (
 from ingestion_assets.sources.postgres.cdc.lsn import format_lsn, parse_lsn, to_lsn
 from ingestion_assets.sources.postgres.cdc.messages import UNCHANGED_TOAST, Value
 from ingestion_assets.sources.postgres.cdc.pgoutput import Decoder, decode
-from ingestion_assets.sources.postgres.cdc.publication import TableName, ensure_publication
+from ingestion_assets.sources.postgres.cdc.publication import TableName, drop_unread_tables, ensure_publication
 from ingestion_assets.sources.postgres.cdc.reader import acknowledge, read_changes
 from ingestion_assets.sources.postgres.cdc.replication import ReplicationStream, protocol_version
 from ingestion_assets.sources.postgres.cdc.slots import SlotHealth, WalGap, drop_slot, find_gap, slot_health
@@ -50,6 +50,7 @@ __all__ = [
     "create_slot_with_snapshot",
     "decode",
     "drop_slot",
+    "drop_unread_tables",
     "ensure_publication",
     "find_gap",
     "format_lsn",

@@ -216,6 +216,26 @@ def ensure_publication(
         conn.close()
 
 
+def drop_unread_tables(url: str, publication: str, read: Sequence[TableName]) -> tuple[TableName, ...]:
+    """Take the tables no stream reads any more (a stream removed from the catalog) out of a publication the
+    product made, so the slot stops decoding their changes; returns them. Dropping a table from a publication
+    never affects the source's own writes. A publication of all tables is left as it is."""
+    conn = connect(url, "ingest-cdc-admin")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT puballtables FROM pg_publication WHERE pubname = %s", (publication,))
+            row = cur.fetchone()
+            if row is None or row[0]:
+                return ()
+            unread = tuple(sorted(published_tables(cur, publication) - set(read)))
+            if unread:
+                statement = sql.SQL("ALTER PUBLICATION {} DROP TABLE {}")
+                cur.execute(statement.format(sql.Identifier(publication), _table_sql(unread)))
+            return unread
+    finally:
+        conn.close()
+
+
 def await_older_writers(url: str, seconds: float) -> None:
     """Wait until every transaction holding an xid now has ended. A transaction that wrote a table before
     the table was published and commits after does not publish those rows; a copy's snapshot taken once it
