@@ -225,6 +225,7 @@ def test_a_wal_gap_stops_the_stream_or_resyncs(cdc: StreamHarness) -> None:
     failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
     message = str(failure.step_failure_data.error)
     assert "can no longer deliver" in message and "on_wal_gap: resync" in message
+    assert f"Re-copy the streams it concerns (`ingest state reset {harness.source_name}.orders`" in message
     harness.write_catalog(
         {"orders": {"table": "orders", "primary_key": "id"}},
         mode="cdc",

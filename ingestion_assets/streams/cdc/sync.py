@@ -24,6 +24,7 @@ from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres.cdc import (
     ChangeBatch,
     SlotHealth,
+    WalGap,
     acknowledge,
     check_cdc,
     create_slot_with_snapshot,
@@ -192,18 +193,27 @@ class CdcSync:
             self._say("%s: %s; resyncing from a fresh snapshot (on_wal_gap: resync)", self.source_name, gap)
             drop_slot(url, self.slot)
             return True
-        resets = ", ".join(f"`ingest state reset {self.source_name}.{s.name}`" for s in self.streams)
+        behind = [s for s in self.streams if self._lost_to(s.name, gap)]
+        resets = ", ".join(f"`ingest state reset {self.source_name}.{s.name}`" for s in behind or self.streams)
         again = (
             f"Reset `live` of every stream ({resets}, each with `--partition live`), run it, then backfill the "
             "history ranges again"
             if self.history
-            else f"Re-copy the source: reset every stream ({resets}; the next run takes a fresh snapshot), or set "
+            else f"Re-copy the streams it concerns ({resets}; the next run copies them again), or set "
             "cdc.on_wal_gap: resync"
         )
         raise CdcError(
             f"source {self.source_name}: the slot {self.slot} can no longer deliver the changes after the "
             f"checkpoint {format_lsn(lsn)} ({gap}). Rows changed in between would be missed. {again}"
         )
+
+    def _lost_to(self, name: str, gap: WalGap) -> bool:
+        """The stream holds a position the gap took changes after (a slot acknowledged past some positions only
+        concerns the streams behind it; a missing or invalidated slot concerns every stream with a position)."""
+        position = self._state.positions.get(name)
+        if position is None:
+            return False
+        return gap.acknowledged_lsn is None or position < gap.acknowledged_lsn
 
     def _start_log(self, url: str) -> None:
         """History mode, first run: a new slot; the key space of the rows that exist now is the history."""

@@ -93,6 +93,7 @@ class WalGap:
     slot: str
     saved_lsn: int
     reason: str
+    acknowledged_lsn: int | None = None  # the slot is there but past the checkpoint: only streams behind it lost
 
     def __str__(self) -> str:
         return self.reason
@@ -120,7 +121,9 @@ def find_gap(url: str, slot: str, saved_lsn: int) -> WalGap | None:
             slot,
             saved_lsn,
             f"replication slot {slot!r} was acknowledged up to {format_lsn(confirmed)}, past the stored checkpoint "
-            f"{saved} (another consumer, or an acknowledgement before the checkpoint was stored); {fix}",
+            f"{saved} (it was created again by a run of other streams, another consumer reads it, or it was "
+            "acknowledged before the checkpoint was stored): changes after the checkpoint are lost to this slot",
+            acknowledged_lsn=confirmed,
         )
     return None
 
