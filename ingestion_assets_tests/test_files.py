@@ -137,6 +137,23 @@ def test_bad_lines_and_broken_files_are_parked_and_the_rest_loads(drops: Drops) 
     assert drops.run().result.rows == 0  # parked files are not read again until they change
 
 
+def test_a_column_spelled_differently_across_files_lands_in_one_column_and_a_file_mixing_them_is_parked(
+    drops: Drops,
+) -> None:
+    drops.catalog(path="*", primary_key="ID", csv={"delimiter": ";"})  # the key spelled as no file spells it
+    drops.write("a.csv", "id;name;select;Amount\n1;x;y;1.5\n2;w;v;2.5\n", BASE + 1)
+    drops.write("b.csv", "Id;NAME;select;amount\n3;z;c;3.5\n", BASE + 2)
+    drops.write("c.jsonl", '{"id": 4, "Name": "j", "select": "k", "amount": 4.5}\n', BASE + 3)
+    drops.write("d.csv", "id;name;NAME\n5;p;q\n", BASE + 4)  # which one is the name?
+    drops.write("e.csv", "id;_ingest_file\n6;mine\n", BASE + 5)
+    drops.run()
+    loaded = drops.rows('id, name, "select", amount')
+    assert loaded == [(1, "x", "y", 1.5), (2, "w", "v", 2.5), (3, "z", "c", 3.5), (4, "j", "k", 4.5)]
+    parked = dict(drops.dead_letters())
+    assert "columns 'name' and 'NAME' both land as column 'name'" in parked["d.csv:file"]
+    assert "its column '_ingest_file' lands as '_ingest_file', a column the product writes" in parked["e.csv:file"]
+
+
 @pytest.mark.slow  # several loads (or a subprocess): beyond the default suite's time budget
 def test_schema_drift_across_files_adds_widens_and_pauses(drops: Drops) -> None:
     drops.catalog(path="*.csv", primary_key="id")

@@ -9,6 +9,7 @@ from typing import Any
 
 from ingestion_assets.catalog import Destination, FilesSource, FilesStream
 from ingestion_assets.loading.dead_letters import dead_letter_limit
+from ingestion_assets.loading.destinations import target_names
 from ingestion_assets.loading.pipeline import Loader, TargetTable, pipeline_name
 from ingestion_assets.loading.targets import make_loader
 from ingestion_assets.references import resolve
@@ -17,6 +18,7 @@ from ingestion_assets.sources.files import FILE, ROW, CorruptFile, FileInfo, fil
 from ingestion_assets.sources.slices import Slice
 from ingestion_assets.streams.files_batch import FileBatch, load_files
 from ingestion_assets.streams.files_deletes import retire_deleted_files
+from ingestion_assets.streams.files_names import FileColumnNames
 from ingestion_assets.streams.files_partitions import PartitionScope
 from ingestion_assets.streams.files_progress import Progress
 from ingestion_assets.streams.files_schema import FilesSchemaStep, files_schema_step
@@ -139,10 +141,13 @@ class FileSourceStream:
         lookback = self.spec.lookback_seconds
         batch = FileBatch()
         index = 0
+        columns = FileColumnNames(target_names(self.destination), ())
         for info in progress.due(files, name, lookback):
             relative = name[info.path]
             try:
                 for piece in read_file(fs, info, self.spec, progress.resume(relative, info), window):
+                    if piece.table is not None:
+                        columns.check(piece.table)  # two columns landing as one: parked, never mixed up
                     batch.add(piece.table, relative, info, piece.bad)
                     progress.inside(relative, info, piece.rows_done, piece.bad_done)
                     if batch.rows >= self.spec.slice_rows:

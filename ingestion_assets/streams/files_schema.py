@@ -18,6 +18,7 @@ from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.schema.changes import ColumnType, SchemaChange, classify, parse_stored
 from ingestion_assets.schema.policy import decide
 from ingestion_assets.sources.postgres.landing import sql_type_of_arrow
+from ingestion_assets.streams.files_names import FileColumnNames
 from ingestion_assets.streams.schema_step import InferredSchemaStep, SchemaPaused
 
 
@@ -71,8 +72,12 @@ class FilesSchemaStep(InferredSchemaStep):
     """The run's schema step for a file stream: `stored` grows in place as files load (checkpointed with each
     slice), `applied` lists what changed for the run's report."""
 
+    columns: FileColumnNames | None = None  # how the files' columns are spelled (one target column, one name)
+
     def settle(self, table: pa.Table, loader: Loader, where: str) -> pa.Table:
         """One file's batch, in the target's types; raises SchemaPaused before anything of it loads."""
+        if self.columns is not None:
+            table = self.columns.spelled(table)
         known = parse_stored(self.stored) or {}
         changes: list[SchemaChange] = []
         for field in table.schema:
@@ -125,8 +130,13 @@ class FilesSchemaStep(InferredSchemaStep):
         listed = "; ".join(c.describe() for c in changes)
         return (
             f"stream {self.name} is paused by a schema change in {where} (policy {self.policy}): {listed}. Its "
-            f"checkpoint is kept (that file was not loaded); to apply it run `ingest schema accept {self.name}` "
-            "(an incompatible column keeps its old values in `<column>__<old type>`), or change the policy"
+            f"checkpoint is kept (that file was not loaded); to apply it run `ingest schema accept {self.name}`"
+            + "".join(
+                f" (the old values of {c.column!r} are kept in `{c.column}__{c.old.type_name}`)"
+                for c in changes
+                if c.kind == "incompatible" and c.old is not None
+            )
+            + ", or change the policy"
         )
 
 
@@ -137,5 +147,9 @@ def _arrow(change: SchemaChange) -> pa.DataType:
 
 def files_schema_step(stream: Any, details: dict[str, Any]) -> FilesSchemaStep:
     """The step a file stream's run starts with: the stored schema of its last checkpoint."""
+    from ingestion_assets.loading.destinations import target_names
+
     spec = stream.spec
-    return FilesSchemaStep.resumed(stream, details, frozenset(spec.primary_key))
+    step = FilesSchemaStep.resumed(stream, details, frozenset(spec.primary_key))
+    step.columns = FileColumnNames(target_names(stream.destination), [*spec.primary_key, *step.stored])
+    return step
