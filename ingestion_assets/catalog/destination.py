@@ -60,6 +60,12 @@ class Destination(_Model):
             raise ValueError("a dlt destination needs `name` (the dlt destination: snowflake, bigquery ...)")
         if self.type == "dlt" and self.name in ("duckdb", "postgres", "sqlalchemy", "filesystem"):
             raise ValueError(f"destination.name: use `type: {self.name}` for {self.name!r}, which is built in")
+        if self.type == "dlt" and self.name == "ducklake":
+            raise ValueError(
+                "destination.name: dlt's `ducklake` destination does not work with the DuckDB installed here (its "
+                "client calls a relation's fetchone(), which DuckDB 2 removed): use `type: duckdb`, or a lake "
+                "(`type: filesystem`, table_format: delta or iceberg)"
+            )
         unused = [key for key in ("bucket_url", "name") if getattr(self, key) and not _uses(self.type, key)]
         if self.options and self.type != "dlt":
             unused.append("options")
@@ -73,9 +79,11 @@ class Destination(_Model):
         Plain Parquet has no commit to merge into: appending each version instead would double every updated row
         in what readers see, without saying so. A data engineer choosing plain files expects append or replace;
         a merging stream (the default) or a change log is refused here, at catalog load and `ingest check`."""
-        if not (self.type == "filesystem" and self.table_format == "parquet"):
+        if self.type != "filesystem":
             return []
-        problems = []
+        problems = [_files_deletes_refused(s, n, self.table_format) for s, _, n, st in streams if _deletes(st)]
+        if self.table_format != "parquet":
+            return problems
         for source_name, source, stream_name, stream in streams:
             cdc = getattr(source, "mode", None) == "cdc"
             if cdc or getattr(stream, "write_disposition", "merge") == "merge":
@@ -104,6 +112,21 @@ class Destination(_Model):
         return self.bucket_url is not None and (
             self.bucket_url.startswith("file://") or not _URL_SCHEME.match(self.bucket_url)
         )
+
+
+def _deletes(stream: Any) -> bool:
+    """A files stream that retires the rows of files gone from the source (`deletes: hard | soft`)."""
+    return getattr(stream, "deletes", None) in ("hard", "soft")
+
+
+def _files_deletes_refused(source_name: str, stream_name: str, table_format: str) -> str:
+    """Retiring a gone file's rows runs SQL on the target, which a lake's tables (changed through their table
+    format) do not take: refused at catalog load rather than failing every run after `ingest check` passed."""
+    return (
+        f"stream {source_name}.{stream_name} has `deletes: hard|soft` (rows of files gone from the source retired), "
+        f"which is not built for a lake destination (table_format: {table_format}): set `deletes: keep` (the "
+        "default: the rows stay) or load the stream into a duckdb, postgres or sqlalchemy destination"
+    )
 
 
 def _uses(kind: str, key: str) -> bool:
