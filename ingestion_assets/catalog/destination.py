@@ -81,7 +81,7 @@ class Destination(_Model):
         a merging stream (the default) or a change log is refused here, at catalog load and `ingest check`."""
         if self.type != "filesystem":
             return []
-        problems = [_files_deletes_refused(s, n, self.table_format) for s, _, n, st in streams if _deletes(st)]
+        problems = [_files_deletes_refused(s, n, self.table_format) for s, so, n, st in streams if _deletes(so, st)]
         if self.table_format != "parquet":
             return problems
         for source_name, source, stream_name, stream in streams:
@@ -114,9 +114,9 @@ class Destination(_Model):
         )
 
 
-def _deletes(stream: Any) -> bool:
+def _deletes(source: Any, stream: Any) -> bool:
     """A files stream that retires the rows of files gone from the source (`deletes: hard | soft`)."""
-    return getattr(stream, "deletes", None) in ("hard", "soft")
+    return getattr(source, "type", None) == "files" and getattr(stream, "deletes", None) in ("hard", "soft")
 
 
 def _files_deletes_refused(source_name: str, stream_name: str, table_format: str) -> str:

@@ -65,6 +65,21 @@ def release_parked(loader: Any, keys: list[str]) -> None:
         loader._release_parked_keys(keys)
 
 
+def release_file_keys(loader: Any, whole: dict[str, set[str]]) -> None:
+    """A file read again in full (fixed, rewritten): its dead letters (keys `file:line3`, `file:row1`, `file:file`)
+    that this read did not park again leave. `whole`: each such file with the keys this read parked."""
+    known = loader._parked_keys if loader._parked_keys is not None else loader.parked()
+    stale = [key for key in known if _stale(key, whole)]
+    if stale:
+        release_parked(loader, stale)
+
+
+def _stale(key: str, whole: dict[str, set[str]]) -> bool:
+    """The key names a file of `whole` (its name is the key up to one of its colons) and was not parked again."""
+    starts = (key[:at] for at, char in enumerate(key) if char == ":")
+    return any(file in whole and key not in whole[file] for file in starts)
+
+
 def delete_parked(pipeline: Any, stream: str, keys: list[str]) -> None:
     with pipeline.sql_client() as client:
         delete_parked_in(client, stream, keys)
@@ -78,4 +93,3 @@ def delete_parked_in(client: Any, stream: str, keys: list[str]) -> None:
         chunk = keys[start : start + 500]
         marks = ", ".join(["%s"] * len(chunk))
         client.execute_sql(f"DELETE FROM {table} WHERE {name} = %s AND {key} IN ({marks})", stream, *chunk)
-

@@ -30,6 +30,7 @@ class FileSlice(Slice):
 
     dead: list[dict[str, Any]] = field(default_factory=list)
     row_count: int = 0
+    whole: dict[str, set[str]] = field(default_factory=dict)  # files read in full here: the keys they parked
 
     @property
     def rows(self) -> int:
@@ -94,7 +95,7 @@ class FileSourceStream:
         def load(piece: Slice) -> SliceOutcome:
             assert isinstance(piece, FileSlice)
             where = (self.name, options.partition or "", options.run_id)
-            loaded = load_files(loader, schema, piece.table, piece.dead, options.target.generation, where)
+            loaded = load_files(loader, schema, piece.table, piece.dead, options.target.generation, where, piece.whole)
             return SliceOutcome(loaded=loaded, dead_letters=len(piece.dead))
 
         result = run_slices(
@@ -141,8 +142,10 @@ class FileSourceStream:
         index = 0
         for info in progress.due(files, name, lookback):
             relative = name[info.path]
+            resume = progress.resume(relative, info)
+            batch.begin(relative, resume)
             try:
-                for piece in read_file(fs, info, self.spec, progress.resume(relative, info), window):
+                for piece in read_file(fs, info, self.spec, resume, window):
                     batch.add(piece.table, relative, info, piece.bad)
                     progress.inside(relative, info, piece.rows_done, piece.bad_done)
                     if batch.rows >= self.spec.slice_rows:
@@ -157,7 +160,7 @@ class FileSourceStream:
                     options.log.warning("%s: file %s vanished before it was read", self.qualified_name, relative)
                 continue
             progress.done(relative, info, lookback)
-            batch.files += 1
+            batch.finish(relative)
             if batch.files >= self.spec.files_per_slice or batch.rows >= self.spec.slice_rows:
                 yield _slice(batch, progress.position(), index)
                 batch, index = FileBatch(), index + 1
@@ -167,7 +170,7 @@ class FileSourceStream:
 
 
 def _slice(batch: FileBatch, position: dict[str, Any], index: int) -> FileSlice:
-    return FileSlice(batch.tables, position, index, dead=batch.dead, row_count=batch.rows)
+    return FileSlice(batch.tables, position, index, dead=batch.dead, row_count=batch.rows, whole=batch.whole)
 
 
 def relative_path(path: str, root: str) -> str:
