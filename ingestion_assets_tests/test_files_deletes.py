@@ -100,3 +100,12 @@ def test_dead_letter_replay_loads_the_fixed_file_and_keeps_what_is_still_bad(dro
     assert drops.rows() == [(1, "a", 1.5), (2, "b", 2.0), (3, "c", 2.5), (4, "d", 1.0)]
     parked = dict(drops.dead_letters())
     assert sorted(parked) == ["b.csv:line3", "c.csv:row1"] and "2 fields" in parked["b.csv:line3"]
+
+
+def test_reconcile_on_a_files_stream_says_what_files_streams_do_instead(drops: Drops) -> None:
+    from ingestion_assets.cli.quality import _no_reconcile
+
+    drops.catalog(path="*.csv", deletes="soft")
+    told = _no_reconcile(drops.stream())
+    assert "`deletes: keep|hard|soft` (now soft)" in told and "files gone from the source" in told
+    assert "cdc" not in told
