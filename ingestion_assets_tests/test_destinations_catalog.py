@@ -83,10 +83,8 @@ def test_a_merging_stream_into_plain_parquet_is_refused_with_what_to_do(tmp_path
     assert load_catalog(path).destination.table_format == "parquet"
 
 
-@pytest.mark.parametrize("table_format", ["delta", "iceberg", "parquet"])
-def test_files_deletes_into_a_lake_are_refused_naming_the_stream_and_the_choices(
-    tmp_path: Path, table_format: str
-) -> None:
+def test_files_deletes_into_plain_parquet_are_refused_naming_the_stream_and_the_choices(tmp_path: Path) -> None:
+    table_format = "parquet"
     path = tmp_path / "catalog.yaml"
     files = "sources:\n  drops:\n    type: files\n    url: /x\n    streams:\n      orders: {path: '*.csv', %s}\n"
     lake = f"destination: {{type: filesystem, bucket_url: /x, table_format: {table_format}}}\n"
@@ -94,6 +92,6 @@ def test_files_deletes_into_a_lake_are_refused_naming_the_stream_and_the_choices
     with pytest.raises(CatalogError) as caught:
         load_catalog(path)
     assert "stream drops.orders has `deletes: hard|soft`" in str(caught.value)
-    assert f"table_format: {table_format}" in str(caught.value) and "`deletes: keep`" in str(caught.value)
+    assert "`table_format: delta` or `iceberg`" in str(caught.value) and "`deletes: keep`" in str(caught.value)
     path.write_text(lake + files % "write_disposition: append, deletes: keep")
     assert load_catalog(path).destination.table_format == table_format

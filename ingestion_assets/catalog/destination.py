@@ -79,11 +79,9 @@ class Destination(_Model):
         Plain Parquet has no commit to merge into: appending each version instead would double every updated row
         in what readers see, without saying so. A data engineer choosing plain files expects append or replace;
         a merging stream (the default) or a change log is refused here, at catalog load and `ingest check`."""
-        if self.type != "filesystem":
+        if not (self.type == "filesystem" and self.table_format == "parquet"):
             return []
-        problems = [_files_deletes_refused(s, n, self.table_format) for s, so, n, st in streams if _deletes(so, st)]
-        if self.table_format != "parquet":
-            return problems
+        problems = [_files_deletes_refused(s, n) for s, so, n, st in streams if _deletes(so, st)]
         for source_name, source, stream_name, stream in streams:
             cdc = getattr(source, "mode", None) == "cdc"
             if cdc or getattr(stream, "write_disposition", "merge") == "merge":
@@ -119,13 +117,13 @@ def _deletes(source: Any, stream: Any) -> bool:
     return getattr(source, "type", None) == "files" and getattr(stream, "deletes", None) in ("hard", "soft")
 
 
-def _files_deletes_refused(source_name: str, stream_name: str, table_format: str) -> str:
-    """Retiring a gone file's rows runs SQL on the target, which a lake's tables (changed through their table
-    format) do not take: refused at catalog load rather than failing every run after `ingest check` passed."""
+def _files_deletes_refused(source_name: str, stream_name: str) -> str:
+    """Plain Parquet files have no commit to delete or flag rows in: refused at catalog load rather than failing
+    every run after `ingest check` passed."""
     return (
         f"stream {source_name}.{stream_name} has `deletes: hard|soft` (rows of files gone from the source retired), "
-        f"which is not built for a lake destination (table_format: {table_format}): set `deletes: keep` (the "
-        "default: the rows stay) or load the stream into a duckdb, postgres or sqlalchemy destination"
+        "which plain Parquet files cannot do: set `deletes: keep` (the default: the rows stay), or use "
+        "`table_format: delta` or `iceberg`"
     )
 
 
