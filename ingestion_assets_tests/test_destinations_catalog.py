@@ -37,6 +37,7 @@ def _problems(tmp_path: Path, destination: str) -> str:
         ("{type: filesystem}", "a filesystem destination needs `bucket_url`"),
         ("{type: dlt}", "a dlt destination needs `name`"),
         ("{type: dlt, name: duckdb}", "use `type: duckdb`"),
+        ("{type: dlt, name: ducklake}", "dlt's `ducklake` destination does not work with the DuckDB installed"),
         ("{type: duckdb, bucket_url: /x}", "bucket_url do not apply to a duckdb destination"),
         ("{type: filesystem, bucket_url: /x, options: {a: 1}}", "options do not apply"),
         ("{type: filesystem, bucket_url: /x, table_format: hudi}", "destination.table_format"),
@@ -80,3 +81,17 @@ def test_a_merging_stream_into_plain_parquet_is_refused_with_what_to_do(tmp_path
         + SOURCES.replace("cursor: updated_at}", "cursor: updated_at, write_disposition: append}")
     )
     assert load_catalog(path).destination.table_format == "parquet"
+
+
+def test_files_deletes_into_plain_parquet_are_refused_naming_the_stream_and_the_choices(tmp_path: Path) -> None:
+    table_format = "parquet"
+    path = tmp_path / "catalog.yaml"
+    files = "sources:\n  drops:\n    type: files\n    url: /x\n    streams:\n      orders: {path: '*.csv', %s}\n"
+    lake = f"destination: {{type: filesystem, bucket_url: /x, table_format: {table_format}}}\n"
+    path.write_text(lake + files % "write_disposition: append, deletes: soft")
+    with pytest.raises(CatalogError) as caught:
+        load_catalog(path)
+    assert "stream drops.orders has `deletes: hard|soft`" in str(caught.value)
+    assert "`table_format: delta` or `iceberg`" in str(caught.value) and "`deletes: keep`" in str(caught.value)
+    path.write_text(lake + files % "write_disposition: append, deletes: keep")
+    assert load_catalog(path).destination.table_format == table_format

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from ingestion_assets_tests.files_helpers import Drops, csv_text
 
@@ -100,3 +101,34 @@ def test_dead_letter_replay_loads_the_fixed_file_and_keeps_what_is_still_bad(dro
     assert drops.rows() == [(1, "a", 1.5), (2, "b", 2.0), (3, "c", 2.5), (4, "d", 1.0)]
     parked = dict(drops.dead_letters())
     assert sorted(parked) == ["b.csv:line3", "c.csv:row1"] and "2 fields" in parked["b.csv:line3"]
+
+
+def test_reconcile_on_a_files_stream_says_what_files_streams_do_instead(drops: Drops) -> None:
+    from ingestion_assets.cli.quality import _no_reconcile
+
+    drops.catalog(path="*.csv", deletes="soft")
+    told = _no_reconcile(drops.stream())
+    assert "`deletes: keep|hard|soft` (now soft)" in told and "files gone from the source" in told
+    assert "cdc" not in told
+
+
+@pytest.mark.parametrize(
+    ("table_format", "deletes"), [("delta", "hard"), pytest.param("iceberg", "soft", marks=pytest.mark.slow)]
+)
+def test_a_deleted_file_retires_its_rows_in_a_lake(drops: Drops, table_format: str, deletes: str) -> None:
+    from ingestion_assets_tests.destination_targets import lake_rows
+
+    drops.catalog(path="*.csv", primary_key="id", deletes=deletes)
+    catalog = yaml.safe_load(drops.settings.catalog_path.read_text())
+    lake = drops.root / "lake"
+    catalog["destination"] = {"type": "filesystem", "bucket_url": str(lake), "table_format": table_format}
+    drops.settings.catalog_path.write_text(yaml.safe_dump(catalog))
+    drops.write("a.csv", csv_text(_rows(1, 2)), BASE)
+    drops.write("b.csv", csv_text(_rows(3, 2, "b")), BASE + 1)
+    drops.run()
+    (drops.folder / "a.csv").unlink()
+    outcome = drops.run()
+    assert outcome.result.figures["files_deleted"] == 1 and outcome.result.figures["rows_retired"] == 2
+    rows = lake_rows(table_format, str(lake / "drops" / "orders"), ["id", "_ingest_deleted_at"], "id")
+    live = [(i, at is None) for i, at in rows]
+    assert live == ([(1, False), (2, False)] if deletes == "soft" else []) + [(3, True), (4, True)]

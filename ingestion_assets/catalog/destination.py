@@ -60,6 +60,12 @@ class Destination(_Model):
             raise ValueError("a dlt destination needs `name` (the dlt destination: snowflake, bigquery ...)")
         if self.type == "dlt" and self.name in ("duckdb", "postgres", "sqlalchemy", "filesystem"):
             raise ValueError(f"destination.name: use `type: {self.name}` for {self.name!r}, which is built in")
+        if self.type == "dlt" and self.name == "ducklake":
+            raise ValueError(
+                "destination.name: dlt's `ducklake` destination does not work with the DuckDB installed here (its "
+                "client calls a relation's fetchone(), which DuckDB 2 removed): use `type: duckdb`, or a lake "
+                "(`type: filesystem`, table_format: delta or iceberg)"
+            )
         unused = [key for key in ("bucket_url", "name") if getattr(self, key) and not _uses(self.type, key)]
         if self.options and self.type != "dlt":
             unused.append("options")
@@ -75,7 +81,7 @@ class Destination(_Model):
         a merging stream (the default) or a change log is refused here, at catalog load and `ingest check`."""
         if not (self.type == "filesystem" and self.table_format == "parquet"):
             return []
-        problems = []
+        problems = [_files_deletes_refused(s, n) for s, so, n, st in streams if _deletes(so, st)]
         for source_name, source, stream_name, stream in streams:
             cdc = getattr(source, "mode", None) == "cdc"
             if cdc or getattr(stream, "write_disposition", "merge") == "merge":
@@ -104,6 +110,21 @@ class Destination(_Model):
         return self.bucket_url is not None and (
             self.bucket_url.startswith("file://") or not _URL_SCHEME.match(self.bucket_url)
         )
+
+
+def _deletes(source: Any, stream: Any) -> bool:
+    """A files stream that retires the rows of files gone from the source (`deletes: hard | soft`)."""
+    return getattr(source, "type", None) == "files" and getattr(stream, "deletes", None) in ("hard", "soft")
+
+
+def _files_deletes_refused(source_name: str, stream_name: str) -> str:
+    """Plain Parquet files have no commit to delete or flag rows in: refused at catalog load rather than failing
+    every run after `ingest check` passed."""
+    return (
+        f"stream {source_name}.{stream_name} has `deletes: hard|soft` (rows of files gone from the source retired), "
+        "which plain Parquet files cannot do: set `deletes: keep` (the default: the rows stay), or use "
+        "`table_format: delta` or `iceberg`"
+    )
 
 
 def _uses(kind: str, key: str) -> bool:

@@ -94,7 +94,7 @@ def dlq_list(settings: Settings, args: argparse.Namespace) -> int:
 
     stream, _ = _stream_and_store(settings, args.stream)
     loader = stream.loader(Target(stream.name, 1), None)
-    rows = parked_rows(loader.pipeline, stream.name)
+    rows = parked_rows(loader)
     print(f"{len(rows)} parked row(s) of {stream.qualified_name}")
     for row in rows:
         when = row["dead_lettered_at"]
@@ -130,7 +130,7 @@ def reconcile(settings: Settings, args: argparse.Namespace) -> int:
 
     stream, store = _stream_and_store(settings, args.stream)
     if not isinstance(stream, PostgresTableStream) or stream.source.mode == "cdc":
-        raise SystemExit(f"error: {args.stream} is not a polled table stream (cdc streams get deletes from the log)")
+        raise SystemExit(f"error: {args.stream} is not a polled table stream: {_no_reconcile(stream)}")
     if stream.spec.partitions is not None and args.partition is None:
         raise SystemExit(f"error: {args.stream} is partitioned: name the partition to compare with --partition")
     latest = store.latest(args.partition)
@@ -154,6 +154,21 @@ def reconcile(settings: Settings, args: argparse.Namespace) -> int:
     for kind, keys in found.samples.items():
         print(f"  {kind}: {', '.join(keys)}")
     return 0 if found.passed and found.deletes_pending == 0 else 1
+
+
+def _no_reconcile(stream: Any) -> str:
+    """What a stream that `ingest reconcile` does not compare does about deletions instead."""
+    from ingestion_assets.streams.files import FileSourceStream
+    from ingestion_assets.streams.rest_api import RestApiStream
+
+    if isinstance(stream, FileSourceStream):
+        return (
+            "a files stream compares its listing with the files it loaded on every run: set the stream's "
+            f"`deletes: keep|hard|soft` (now {stream.spec.deletes}) for the rows of files gone from the source"
+        )
+    if isinstance(stream, RestApiStream):
+        return "an API stream learns of deletions from the API itself (its `deletes` setting), not by comparing"
+    return "cdc streams get deletes from the log"
 
 
 def _stream_and_store(settings: Settings, name: str) -> tuple[Any, Any]:

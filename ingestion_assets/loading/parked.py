@@ -31,17 +31,53 @@ def parked_keys(pipeline: Any, stream: str) -> set[str]:
 def parked_keys_in(client: Any, stream: str) -> set[str]:
     """With a client already open (under the writer lock: taking it again from this process would wait)."""
     table = client.make_qualified_table_name(DEAD_LETTER_TABLE)
+    key, name = (client.escape_column_name(c) for c in ("record_key", "stream"))
     try:
-        rows = client.execute_sql(f"SELECT record_key FROM {table} WHERE stream = %s", stream) or []
+        rows = client.execute_sql(f"SELECT {key} FROM {table} WHERE {name} = %s", stream) or []
     except DatabaseUndefinedRelation:
         return set()
     return {str(row[0]) for row in rows}
 
 
-def parked_rows(pipeline: Any, stream: str) -> list[dict[str, Any]]:
+def parked_rows(loader: Any) -> list[dict[str, Any]]:
+    """The loader's stream's dead letters, oldest first, read through the loader's own client (a lake's is a
+    read-only view over the table format's reader: no DuckDB extension to download)."""
     columns = ("partition", "record_key", "run_id", "error", "raw_record", "dead_lettered_at")
-    statement = f"SELECT {', '.join(columns)} FROM {{table}} WHERE stream = %s ORDER BY dead_lettered_at, record_key"
-    return [dict(zip(columns, row, strict=True)) for row in _query(pipeline, statement, (stream,))]
+    with loader.client() as client:
+        table = client.make_qualified_table_name(DEAD_LETTER_TABLE)
+        quoted = {c: client.escape_column_name(c) for c in (*columns, "stream")}
+        statement = (
+            f"SELECT {', '.join(quoted[c] for c in columns)} FROM {table} WHERE {quoted['stream']} = %s "
+            f"ORDER BY {quoted['dead_lettered_at']}, {quoted['record_key']}"
+        )
+        try:
+            found = list(client.execute_sql(statement, loader.stream_name) or [])
+        except DatabaseUndefinedRelation:
+            return []
+    return [dict(zip(columns, row, strict=True)) for row in found]
+
+
+def release_parked(loader: Any, keys: list[str]) -> None:
+    """Dead letters of the loader's stream leave, under its writer lock, through its own way of deleting them
+    (SQL on a SQL target, the Delta API on a lake)."""
+    with loader._lock():
+        loader._parked_keys = None
+        loader._release_parked_keys(keys)
+
+
+def release_file_keys(loader: Any, whole: dict[str, set[str]]) -> None:
+    """A file read again in full (fixed, rewritten): its dead letters (keys `file:line3`, `file:row1`, `file:file`)
+    that this read did not park again leave. `whole`: each such file with the keys this read parked."""
+    known = loader._parked_keys if loader._parked_keys is not None else loader.parked()
+    stale = [key for key in known if _stale(key, whole)]
+    if stale:
+        release_parked(loader, stale)
+
+
+def _stale(key: str, whole: dict[str, set[str]]) -> bool:
+    """The key names a file of `whole` (its name is the key up to one of its colons) and was not parked again."""
+    starts = (key[:at] for at, char in enumerate(key) if char == ":")
+    return any(file in whole and key not in whole[file] for file in starts)
 
 
 def delete_parked(pipeline: Any, stream: str, keys: list[str]) -> None:
@@ -52,16 +88,8 @@ def delete_parked(pipeline: Any, stream: str, keys: list[str]) -> None:
 def delete_parked_in(client: Any, stream: str, keys: list[str]) -> None:
     """With a client already open (inside a batch's transaction: the table exists, its keys were read)."""
     table = client.make_qualified_table_name(DEAD_LETTER_TABLE)
+    key, name = (client.escape_column_name(c) for c in ("record_key", "stream"))
     for start in range(0, len(keys), 500):
         chunk = keys[start : start + 500]
         marks = ", ".join(["%s"] * len(chunk))
-        client.execute_sql(f"DELETE FROM {table} WHERE stream = %s AND record_key IN ({marks})", stream, *chunk)
-
-
-def _query(pipeline: Any, statement: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-    with pipeline.sql_client() as client:
-        table = client.make_qualified_table_name(DEAD_LETTER_TABLE)
-        try:
-            return list(client.execute_sql(statement.format(table=table), *params) or [])
-        except DatabaseUndefinedRelation:
-            return []
+        client.execute_sql(f"DELETE FROM {table} WHERE {name} = %s AND {key} IN ({marks})", stream, *chunk)

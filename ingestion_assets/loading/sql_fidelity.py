@@ -95,7 +95,7 @@ class MariaDbLoader(Loader):
         now = dt.datetime.now(dt.UTC)
         keys = record_keys(rows, self.target.primary_key).to_pylist()
         records: list[dict[str, Any]] = []
-        for key, reason, row in zip(keys, reasons, rows.to_pylist(), strict=True):
+        for key, reason, row in zip(keys, reasons, as_text_temporals(rows).to_pylist(), strict=True):
             records.append(
                 {
                     "stream": self.stream_name,
@@ -109,3 +109,12 @@ class MariaDbLoader(Loader):
                 }
             )
         return pa.Table.from_pylist(records, schema=DEAD_LETTER_SCHEMA)
+
+
+def as_text_temporals(rows: pa.Table) -> pa.Table:
+    """Dates and times as Arrow's own text: Python's datetime stops at the year 9999 (a Parquet timestamp of the
+    year 10000 would raise while being parked), and parking must never fail on the value it parks."""
+    for index, kind in enumerate(rows.schema.types):
+        if pa.types.is_timestamp(kind) or pa.types.is_date(kind):
+            rows = rows.set_column(index, rows.field(index).name, pc.cast(rows.column(index), pa.string()))
+    return rows

@@ -32,6 +32,7 @@ class FileSlice(Slice):
 
     dead: list[dict[str, Any]] = field(default_factory=list)
     row_count: int = 0
+    whole: dict[str, set[str]] = field(default_factory=dict)  # files read in full here: the keys they parked
 
     @property
     def rows(self) -> int:
@@ -96,7 +97,7 @@ class FileSourceStream:
         def load(piece: Slice) -> SliceOutcome:
             assert isinstance(piece, FileSlice)
             where = (self.name, options.partition or "", options.run_id)
-            loaded = load_files(loader, schema, piece.table, piece.dead, options.target.generation, where)
+            loaded = load_files(loader, schema, piece.table, piece.dead, options.target.generation, where, piece.whole)
             return SliceOutcome(loaded=loaded, dead_letters=len(piece.dead))
 
         result = run_slices(
@@ -144,8 +145,10 @@ class FileSourceStream:
         columns = FileColumnNames(target_names(self.destination), ())
         for info in progress.due(files, name, lookback):
             relative = name[info.path]
+            resume = progress.resume(relative, info)
+            batch.begin(relative, resume)
             try:
-                for piece in read_file(fs, info, self.spec, progress.resume(relative, info), window):
+                for piece in read_file(fs, info, self.spec, resume, window):
                     if piece.table is not None:
                         columns.check(piece.table)  # two columns landing as one: parked, never mixed up
                     batch.add(piece.table, relative, info, piece.bad)
@@ -162,7 +165,7 @@ class FileSourceStream:
                     options.log.warning("%s: file %s vanished before it was read", self.qualified_name, relative)
                 continue
             progress.done(relative, info, lookback)
-            batch.files += 1
+            batch.finish(relative)
             if batch.files >= self.spec.files_per_slice or batch.rows >= self.spec.slice_rows:
                 yield _slice(batch, progress.position(), index)
                 batch, index = FileBatch(), index + 1
@@ -172,7 +175,7 @@ class FileSourceStream:
 
 
 def _slice(batch: FileBatch, position: dict[str, Any], index: int) -> FileSlice:
-    return FileSlice(batch.tables, position, index, dead=batch.dead, row_count=batch.rows)
+    return FileSlice(batch.tables, position, index, dead=batch.dead, row_count=batch.rows, whole=batch.whole)
 
 
 def relative_path(path: str, root: str) -> str:

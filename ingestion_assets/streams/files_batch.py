@@ -13,8 +13,9 @@ import pyarrow.compute as pc
 
 from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA
 from ingestion_assets.loading.metadata_columns import with_metadata
+from ingestion_assets.loading.parked import release_file_keys
 from ingestion_assets.loading.pipeline import Loader
-from ingestion_assets.sources.files import FILE, ROW, BadRow, FileInfo
+from ingestion_assets.sources.files import FILE, ROW, BadRow, FileInfo, Resume
 from ingestion_assets.streams.files_schema import FilesSchemaStep
 
 VERSION = "_ingest_file_version"
@@ -27,14 +28,20 @@ def load_files(
     dead: list[dict[str, Any]],
     generation: int,
     where: tuple[str, str, str],
+    whole: dict[str, set[str]] | None = None,
 ) -> int:
     """Each file's table through the schema step, then all in the types as they are now (a later file may have
-    widened a column), loaded with the dead letters in one load; returns the rows loaded."""
+    widened a column), loaded with the dead letters in one load; returns the rows loaded. `whole`: the files
+    this slice read in full, each with the keys it parked: their older dead letters (a fixed file read again)
+    are released right after the load, before the slice's checkpoint (a kill between re-reads the file)."""
     now = dt.datetime.now(dt.UTC)
     settled = [schema.settle(t, loader, f) for t, f in tables]
     labelled = [with_metadata(schema.cast(t), [VERSION], now, generation) for t in settled]
     rows = pa.concat_tables(labelled, promote_options="default").drop_columns([VERSION]) if labelled else None
-    return loader.load(rows, dead_letters=dead_letter_table(dead, where, now))
+    loaded = loader.load(rows, dead_letters=dead_letter_table(dead, where, now))
+    if whole:
+        release_file_keys(loader, whole)
+    return loaded
 
 
 def dead_letter_table(dead: list[dict[str, Any]], where: tuple[str, str, str], now: dt.datetime) -> pa.Table | None:
@@ -66,13 +73,30 @@ class FileBatch:
     dead: list[dict[str, Any]] = field(default_factory=list)
     rows: int = 0
     files: int = 0
+    whole: dict[str, set[str]] = field(default_factory=dict)  # files read from their start to their end here
+    _fresh: dict[str, set[str]] = field(default_factory=dict)  # files being read from their start: keys parked
+
+    def begin(self, relative: str, resume: Resume) -> None:
+        if resume.rows == 0 and resume.bad == 0:
+            self._fresh[relative] = set()
+
+    def finish(self, relative: str) -> None:
+        self.files += 1
+        if relative in self._fresh:
+            self.whole[relative] = self._fresh.pop(relative)
+
+    def _parked(self, relative: str, key: str) -> None:
+        if relative in self._fresh:
+            self._fresh[relative].add(key)
 
     def add(self, table: pa.Table | None, relative: str, info: FileInfo, bad: list[BadRow]) -> None:
         for row in bad:
             where = f"line {row.line}" if row.line is not None else f"row {row.row}" if row.row else "line unknown"
+            key = f"{relative}:{where.replace(' ', '')}" if row.line or row.row else f"{relative}:{row.raw}"
+            self._parked(relative, key)
             self.dead.append(
                 {
-                    "key": f"{relative}:{where.replace(' ', '')}" if row.line or row.row else f"{relative}:{row.raw}",
+                    "key": key,
                     "position": {"file": relative, "row": row.row, "line": row.line, **_when(info)},
                     "error": f"file {relative} {where}: {row.error}",
                     "raw": {"file": relative, "row": row.row, "line": row.line, "text": row.raw},
@@ -83,6 +107,7 @@ class FileBatch:
             self.rows += table.num_rows
 
     def park(self, relative: str, info: FileInfo, reason: str) -> None:
+        self._parked(relative, f"{relative}:file")
         self.dead.append(
             {
                 "key": f"{relative}:file",

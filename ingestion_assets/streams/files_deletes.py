@@ -14,8 +14,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 from dlt.destinations.exceptions import DatabaseUndefinedRelation
 
+from ingestion_assets.loading.lake import LakeLoader
 from ingestion_assets.loading.metadata_columns import DELETED_AT
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.loading.relations import table_exists
@@ -67,6 +69,8 @@ def _target_files(loader: Loader) -> set[str]:
 
 
 def _retire(loader: Loader, files: list[str], soft: bool) -> int:
+    if isinstance(loader, LakeLoader):
+        return _retire_in_lake(loader, files, soft)
     retired = 0
     with loader.client() as client:
         table = client.make_qualified_table_name(loader.target.table)
@@ -83,3 +87,11 @@ def _retire(loader: Loader, files: list[str], soft: bool) -> int:
             else:
                 client.execute_sql(f"DELETE FROM {table} WHERE {where}")
     return retired
+
+
+def _retire_in_lake(loader: LakeLoader, files: list[str], soft: bool) -> int:
+    """A lake's table changes through its table format: the gone files' rows are matched on `_ingest_file` as
+    reconciliation matches keys (one Delta MERGE, one Iceberg snapshot), deleted or flagged if not yet."""
+    names = pa.table({loader.names.column(FILE): pa.array(files, pa.string())})
+    with loader.client():
+        return loader.retire_keys(names, soft)

@@ -12,7 +12,7 @@ import json
 from collections import defaultdict
 from typing import Any
 
-from ingestion_assets.loading.parked import delete_parked, parked_rows
+from ingestion_assets.loading.parked import parked_rows, release_parked
 from ingestion_assets.sources.files import CorruptFile, FileInfo, Resume, list_files, read_file
 from ingestion_assets.streams.files import FileSourceStream, relative_path
 from ingestion_assets.streams.files_batch import FileBatch, load_files
@@ -28,7 +28,7 @@ def replay_file_dead_letters(
     """`details`: the stream's last checkpoint details (its stored schema, so replayed rows meet the same policy)."""
     loader = stream.loader(Target(stream.name, generation), None)
     schema = files_schema_step(stream, details)
-    parked = parked_rows(loader.pipeline, stream.name)
+    parked = parked_rows(loader)
     by_file: dict[tuple[str, str], list[str]] = defaultdict(list)
     for row in parked:
         by_file[(str(json.loads(row["raw_record"]).get("file")), row["partition"] or "")].append(row["record_key"])
@@ -46,7 +46,7 @@ def replay_file_dead_letters(
         still_bad += len(batch.dead)
         released = sorted(set(keys) - {d["key"] for d in batch.dead})
         if released:
-            delete_parked(loader.pipeline, stream.name, released)
+            release_parked(loader, released)
     return Replay(len(parked), loaded, still_bad, sorted(gone))
 
 

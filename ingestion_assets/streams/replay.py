@@ -28,7 +28,7 @@ def replay_dead_letters(stream: PostgresTableStream, generation: int, run_id: st
     plan = stream.plan()
     loader = stream.loader(Target(stream.name, generation), None, plan)
     plan = fit_plan(plan, loader)
-    parked = [row["record_key"] for row in parked_rows(loader.pipeline, stream.name)]
+    parked = [row["record_key"] for row in parked_rows(loader)]
     loaded = still_bad = 0
     seen: set[str] = set()
     ordering = [c.name for c in plan.ordering]
