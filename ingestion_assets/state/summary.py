@@ -58,7 +58,7 @@ def checkpoint_rows(
                         partition=each or "-",
                         committed_at=found.data_committed_at.isoformat(timespec="seconds") if found else "never",
                         run_id=(found.run_id or "(cli)")[:8] if found else "-",
-                        position=_position_text(found.position) if found else "(start)",
+                        position=_position_text(found.position) + _copy_text(found.details) if found else "(start)",
                     )
                 )
     return rows
@@ -123,6 +123,14 @@ def size_pools(settings: Settings, catalog: Catalog) -> None:
     with open_instance(settings) as instance:
         for source_name, source in catalog.sources.items():
             instance.event_log_storage.set_concurrency_slots(pool_name(source_name), source.max_concurrency)
+
+
+def _copy_text(details: dict[str, Any]) -> str:
+    """A CDC stream whose copy is under way holds a log position but not yet all its rows: say so."""
+    copy = details.get("copy")
+    if not isinstance(copy, dict):
+        return ""
+    return f"  copy under way: {copy.get('ranges', 0)} range(s), {copy.get('rows', 0):,} row(s) copied so far"
 
 
 def _position_text(position: dict[str, object] | None) -> str:

@@ -36,7 +36,7 @@ from ingestion_assets.sources.postgres.cdc import (
     read_changes,
     slot_health,
 )
-from ingestion_assets.sources.postgres.cdc.chunks import chunk_snapshot, reading_slot
+from ingestion_assets.sources.postgres.cdc.chunks import chunk_snapshot, reading_slot, wal_insert_position
 from ingestion_assets.sources.postgres.cdc.publication import await_older_writers
 from ingestion_assets.streams.cdc.apply import LogLoads, load_changes
 from ingestion_assets.streams.cdc.copy import CopyRules, RangeCopied, copy_as_of, copy_range, create_target
@@ -50,6 +50,7 @@ from ingestion_assets.streams.target_binding import TARGET
 from ingestion_assets.sync import Faults, checkpoint_first
 
 log = logging.getLogger(__name__)
+BEHIND_BYTES = 16 * 2**20  # WAL to decode before a copy's next range that is worth telling the operator
 SLOT_RELEASE_SECONDS = 10.0
 REACH_SECONDS = 120.0  # a chunk run waits this long for the log to reach its snapshot's WAL position
 
@@ -228,6 +229,7 @@ class CdcSync:
         """One history key range: the log up to a fresh snapshot, then the range's rows as of it."""
         low, high = key_range(partition)
         outcome = CdcOutcome("chunk", lsn)
+        self._catch_up(url, outcome, f"the history range {partition}")
         with chunk_snapshot(url) as snap:
             fences = fences_for(snap, self.streams)
             self._changes(url, outcome, reach=snap.lsn, fences=fences)
@@ -276,8 +278,17 @@ class CdcSync:
         in the whole table."""
         names = self._state.copying()
         for name in names:
-            if name not in self._state.reasons and name not in self._state.copies:
-                self._say("%s.%s: copying its table (new to the source, or reset)", self.source_name, name)
+            under_way = self._state.copies.get(name)
+            if under_way is not None and under_way.ranges:
+                self._say(
+                    "%s.%s: going on with its copy after %d range(s), %d row(s)",
+                    self.source_name,
+                    name,
+                    under_way.ranges,
+                    under_way.rows,
+                )
+            elif name not in self._state.reasons:
+                self._say("%s.%s: copying its table (new to the source, first run, or reset)", self.source_name, name)
             self._state.start_copy(name, outcome.lsn)
         await_older_writers(url, self.source.cdc.lock_wait_seconds)
         copying = [s for s in self.streams if s.name in names]
@@ -291,6 +302,7 @@ class CdcSync:
         self, url: str, outcome: CdcOutcome, copying: list[PostgresTableStream]
     ) -> list[PostgresTableStream]:
         """The next range of each stream's copy under one fresh snapshot; returns the streams not done."""
+        self._catch_up(url, outcome, f"the next range of {', '.join(s.qualified_name for s in copying)}")
         with chunk_snapshot(url) as snap:
             fences = fences_for(snap, copying)
             self._changes(url, outcome, reach=snap.lsn, fences=fences)
@@ -323,6 +335,18 @@ class CdcSync:
         if copied.done:
             loader.retire_below(Decimal(progress.floor), stream.spec.deletes == "soft")
             del self._state.copies[stream.name]
+
+    def _catch_up(self, url: str, outcome: CdcOutcome, before: str) -> None:
+        """The log up to where the server writes now, with no snapshot held: a snapshot held open holds back
+        vacuum on the whole source, so a copy's snapshot is then held only while the changes written since
+        are applied and its rows read (found by the CDC attack: 12 minutes held with a 1 GB backlog)."""
+        now = wal_insert_position(url)
+        if now <= outcome.lsn:
+            return
+        if now - outcome.lsn > BEHIND_BYTES:
+            behind = f"{(now - outcome.lsn) / 2**20:,.0f} MB"
+            self._say("%s: applying %s of log before %s", self.source_name, behind, before)
+        self._changes(url, outcome, reach=now)
 
     def _rules(self) -> CopyRules:
         faults = self.faults or Faults.from_env()

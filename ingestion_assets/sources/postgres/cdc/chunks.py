@@ -67,6 +67,18 @@ def chunk_snapshot(url: str) -> Iterator[ChunkSnapshot]:
         conn.close()
 
 
+def wal_insert_position(url: str) -> int:
+    """Where the server writes WAL now (no snapshot held: the log can be caught up to it first, so a copy's
+    snapshot is then held only while the little written since is applied)."""
+    conn = connect(url, "ingest-cdc-chunk")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_current_wal_insert_lsn()::text")
+            return parse_lsn(cur.fetchone()[0])
+    finally:
+        conn.close()
+
+
 def _lock_key(slot: str) -> int:
     digest = hashlib.sha256(f"ingest_cdc:{slot}".encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
