@@ -341,3 +341,41 @@ def test_a_standby_that_cannot_finish_promoting_is_refused_and_never_left_promot
     _ingest(monkeypatch, capsys, storage_home, "down")
     assert not [root for root in storage_home.glob("pg*") if EmbeddedPostgres(root).is_running()]
 
+
+def _mark(settings: Settings, label: str) -> None:
+    with contextlib.closing(psycopg2.connect(settings.embedded.url())) as conn, conn.cursor() as cur:
+        conn.autocommit = True
+        cur.execute("CREATE TABLE IF NOT EXISTS marks (label text)")
+        cur.execute("INSERT INTO marks VALUES (%s)", (label,))
+
+
+def _marks(settings: Settings) -> list[str]:
+    with contextlib.closing(psycopg2.connect(settings.embedded.url())) as conn, conn.cursor() as cur:
+        cur.execute("SELECT label FROM marks ORDER BY label DESC")
+        return [row[0] for row in cur.fetchall()]
+
+
+def test_a_restore_follows_the_timeline_that_was_current_at_its_target(
+    storage_home: Path, source_db: SourceDb, tmp_path: Path
+) -> None:
+    """Restore to T1, then to an earlier T0, then to T1 again: the third recovers T1's state, not the newest
+    timeline's (the T0 restore's branch, whose first commit is after T1, would stop it at T0's state)."""
+    settings = Settings(home=storage_home, catalog_path=storage_home / "unused.yaml")
+    bring_up(settings)
+    archive = durability.archive_for(storage_home)
+    durability.enable_archiving(settings.embedded, archive)
+    durability.base_backup(settings.embedded, archive)
+    harness = StreamHarness(tmp_path, storage_home, _instance(settings), source_db)
+    harness.instance.dispose()
+    source_db.execute(ITEMS)
+    harness.write_catalog({"items": {"table": "items", "primary_key": "id", "cursor": "updated_at"}})
+    settings = harness.settings
+    _mark(settings, "zero")
+    t0 = _moment()
+    _mark(settings, "one")
+    t1 = _moment()
+    _mark(settings, "two")
+    for to, expected in ((t1, ["zero", "one"]), (t0, ["zero"]), (t1, ["zero", "one"])):
+        restored = restore_storage(settings, to, timeout=120)
+        assert settings.embedded.root == restored.server.root
+        assert _marks(settings) == expected, f"restored to {to.isoformat()}"
