@@ -20,7 +20,7 @@ import pytest
 
 from ingestion_assets.settings import Settings
 from ingestion_assets.stack import durability
-from ingestion_assets.stack.embedded import EmbeddedPostgres
+from ingestion_assets.stack.embedded import EmbeddedPostgres, EmbeddedServerError
 from ingestion_assets.stack.instance import bring_up
 from ingestion_assets.stack.restore import RestoreRefused, restore_storage
 from ingestion_assets_tests.helpers import SourceDb, StreamHarness
@@ -238,6 +238,15 @@ def test_archiving_goes_on_after_promotion_and_a_restore_reaches_past_it(
         monkeypatch, capsys, storage_home, "storage", "restore", "--to", moment.isoformat(), "--timeout", "120"
     )
     assert "restored Dagster's storage" in out
+    kept = EmbeddedPostgres(active)  # the promoted standby, now replaced: stopped and kept
+    assert f"stopped and kept in {active}" in out and not kept.is_running()
+    # refused commands start nothing: not the kept server (the standby folder names it), not the restore's
+    for argv in (["storage", "promote"], ["storage", "restore", "--to", "2999-01-01T00:00:00Z"]):
+        assert main(argv) == 2
+        capsys.readouterr()
+    assert main(["storage", "restore", "--to", "2001-01-01T00:00:00Z", "--timeout", "60"]) == 2
+    assert "no base backup" in capsys.readouterr().err
+    assert not kept.is_running()
     harness.instance = _instance(harness.settings)
     restored = harness.checkpoint("items")
     assert restored is not None and restored.position == after_promotion  # the post-promotion checkpoint
@@ -277,3 +286,96 @@ def test_a_restore_rebuilds_the_standby_and_a_stale_standby_is_never_promoted(
     err = capsys.readouterr().err
     assert f"follows the server on port {settings_primary.port()}" in err and "roll" in err, err
     assert durability.is_standby(standby) and durability.active_server(storage_home).root == other.root
+
+
+def _wal_receiver_pid(standby: EmbeddedPostgres) -> int:
+    pids: list[int] = []
+
+    def streaming() -> bool:
+        with contextlib.closing(psycopg2.connect(standby.url())) as conn, conn.cursor() as cur:
+            cur.execute("SELECT pid FROM pg_stat_wal_receiver WHERE status = 'streaming'")
+            pids[:] = [row[0] for row in cur.fetchall()]
+        return bool(pids)
+
+    _wait(streaming, 60)
+    return pids[0]
+
+
+def test_a_standby_that_cannot_finish_promoting_is_refused_and_never_left_promoting(
+    storage_home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A standby whose WAL receiver is frozen while the primary writes: promotion is refused before anything
+    stops, naming both positions; a promotion that does not finish is withdrawn and the server stopped (it
+    would otherwise finish on its own later: a second primary); `ingest down` stops every server."""
+    from ingestion_assets.cli import main
+
+    monkeypatch.setenv("INGEST_CATALOG", str(storage_home / "none.yaml"))
+    _ingest(monkeypatch, capsys, storage_home, "up", "--archive", "--standby")
+    primary, standby = durability.active_server(storage_home), durability.standby_server(storage_home)
+    receiver = _wal_receiver_pid(standby)
+    os.kill(receiver, signal.SIGSTOP)
+    try:
+        with contextlib.closing(psycopg2.connect(primary.url())) as conn, conn.cursor() as cur:
+            conn.autocommit = True
+            cur.execute("CREATE TABLE written AS SELECT g, repeat('x', 200) AS pad FROM generate_series(1, 30000) g")
+            cur.execute("SELECT pg_current_wal_flush_lsn()::text")
+            row = cur.fetchone()
+        assert row is not None
+        assert main(["storage", "promote"]) == 2
+        err = capsys.readouterr().err
+        assert "has replayed WAL only up to" in err and "the running primary" in err, err
+        assert durability.active_server(storage_home).root == primary.root and primary.is_running()
+
+        primary.stop("immediate")  # the primary is gone: nothing to compare with, and pg_ctl promote hangs
+        with pytest.raises(EmbeddedServerError, match="promotion request was withdrawn"):
+            durability.promote(standby, storage_home, timeout=5)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(receiver, signal.SIGCONT)
+    time.sleep(3)  # a pending promotion would finish now
+    assert not standby.is_running() and durability.is_standby(standby)
+    assert durability.active_server(storage_home).root == primary.root
+
+    primary.ensure_running()
+    standby.ensure_running()
+    _ingest(monkeypatch, capsys, storage_home, "down")
+    assert not [root for root in storage_home.glob("pg*") if EmbeddedPostgres(root).is_running()]
+
+
+def _mark(settings: Settings, label: str) -> None:
+    with contextlib.closing(psycopg2.connect(settings.embedded.url())) as conn, conn.cursor() as cur:
+        conn.autocommit = True
+        cur.execute("CREATE TABLE IF NOT EXISTS marks (label text)")
+        cur.execute("INSERT INTO marks VALUES (%s)", (label,))
+
+
+def _marks(settings: Settings) -> list[str]:
+    with contextlib.closing(psycopg2.connect(settings.embedded.url())) as conn, conn.cursor() as cur:
+        cur.execute("SELECT label FROM marks ORDER BY label DESC")
+        return [row[0] for row in cur.fetchall()]
+
+
+def test_a_restore_follows_the_timeline_that_was_current_at_its_target(
+    storage_home: Path, source_db: SourceDb, tmp_path: Path
+) -> None:
+    """Restore to T1, then to an earlier T0, then to T1 again: the third recovers T1's state, not the newest
+    timeline's (the T0 restore's branch, whose first commit is after T1, would stop it at T0's state)."""
+    settings = Settings(home=storage_home, catalog_path=storage_home / "unused.yaml")
+    bring_up(settings)
+    archive = durability.archive_for(storage_home)
+    durability.enable_archiving(settings.embedded, archive)
+    durability.base_backup(settings.embedded, archive)
+    harness = StreamHarness(tmp_path, storage_home, _instance(settings), source_db)
+    harness.instance.dispose()
+    source_db.execute(ITEMS)
+    harness.write_catalog({"items": {"table": "items", "primary_key": "id", "cursor": "updated_at"}})
+    settings = harness.settings
+    _mark(settings, "zero")
+    t0 = _moment()
+    _mark(settings, "one")
+    t1 = _moment()
+    _mark(settings, "two")
+    for to, expected in ((t1, ["zero", "one"]), (t0, ["zero"]), (t1, ["zero", "one"])):
+        restored = restore_storage(settings, to, timeout=120)
+        assert settings.embedded.root == restored.server.root
+        assert _marks(settings) == expected, f"restored to {to.isoformat()}"

@@ -63,12 +63,23 @@ def storage_promote(settings: Settings, _args: argparse.Namespace) -> int:
     if not (standby.data_dir / "PG_VERSION").exists() or standby.root == primary.root:
         print("error: there is no standby (`ingest up --standby` starts one)", file=sys.stderr)
         return 2
+    if not durability.is_standby(standby):  # a former primary kept by a restore: never start it to find out
+        print(f"refused: {standby.root} is a primary of its own, not a standby: nothing to promote", file=sys.stderr)
+        return 2
     try:
         notes = check_follows(standby.ensure_running(), primary)  # before anything stops: a refusal changes nothing
-        primary.stop("immediate")  # if the old primary still runs, it must take no more checkpoints
+    except (PromotionRefused, EmbeddedServerError) as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return 2
+    was_running = primary.is_running()
+    primary.stop("immediate")  # if the old primary still runs, it must take no more checkpoints
+    try:
         durability.promote(standby, settings.home)
     except (PromotionRefused, EmbeddedServerError) as exc:
         print(f"refused: {exc}", file=sys.stderr)
+        if was_running:  # the promotion was abandoned: the old primary is primary still
+            primary.ensure_running()
+            print(f"the primary {primary.root} was started again; it is still Dagster's storage", file=sys.stderr)
         return 2
     bring_up(settings)  # dagster.yaml now names the promoted server
     for note in notes:
@@ -104,10 +115,14 @@ def storage_restore(settings: Settings, args: argparse.Namespace) -> int:
 
 def down(settings: Settings, _args: argparse.Namespace) -> int:
     from ingestion_assets.stack.demo_api import DemoApiProcess
+    from ingestion_assets.stack.durability import stop_all
 
     DemoApiProcess.for_settings(settings).stop()
-    settings.embedded.stop()
-    print(f"stopped the embedded PostgreSQL under {settings.embedded.root}")
+    stopped = stop_all(settings.home)  # the primary, a standby, restored copies and the servers they replaced
+    for root in stopped:
+        print(f"stopped the embedded PostgreSQL under {root}")
+    if not stopped:
+        print(f"no embedded PostgreSQL was running under {settings.home}")
     return 0
 
 

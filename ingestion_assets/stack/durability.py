@@ -34,6 +34,17 @@ def active_server(home: Path) -> EmbeddedPostgres:
     return EmbeddedPostgres(home / name)
 
 
+def stop_all(home: Path) -> list[Path]:
+    """Stop every server under INGEST_HOME (primary, standbys, restored copies, replaced ones); their folders."""
+    stopped = []
+    for root in sorted(home.glob("pg*")):
+        server = EmbeddedPostgres(root)
+        if (server.data_dir / "PG_VERSION").exists() and server.is_running():
+            server.stop()
+            stopped.append(root)
+    return stopped
+
+
 def make_active(home: Path, server: EmbeddedPostgres) -> None:
     staged = home / f"{ACTIVE_FILE}.{os.getpid()}"
     staged.write_text(server.root.name)
@@ -157,12 +168,29 @@ def promote(standby: EmbeddedPostgres, home: Path, timeout: float = 60.0) -> Emb
     primary = active_server(home)
     if primary.root != standby.root:
         check_follows(standby, primary)
-    if is_standby(standby):
-        standby.run_tool(["pg_ctl", "-D", str(standby.data_dir), "-w", "-t", str(int(timeout)), "promote"])
-    wait_until_primary(standby, timeout)
+    try:
+        if is_standby(standby):
+            standby.run_tool(["pg_ctl", "-D", str(standby.data_dir), "-w", "-t", str(int(timeout)), "promote"])
+        wait_until_primary(standby, timeout)
+    except EmbeddedServerError as exc:
+        raise EmbeddedServerError(f"{exc}; {abandon_promotion(standby)}") from exc
     make_active(home, standby)
     shutil.rmtree(standby.root / "tls" / REPLICATION_KEYS, ignore_errors=True)  # it streams from no one now
     return standby
+
+
+def abandon_promotion(standby: EmbeddedPostgres) -> str:
+    """A promotion that did not finish stays pending: the server would finish it on its own later (a second
+    primary nobody points at). Withdraw the request and stop the server; returns what was done, for the user."""
+    (standby.data_dir / "promote").unlink(missing_ok=True)
+    try:
+        standby.stop("immediate")
+    except EmbeddedServerError as exc:
+        return f"the promotion request was withdrawn but stopping {standby.root} failed ({exc}): stop it by hand"
+    return (
+        f"the promotion request was withdrawn and the standby under {standby.root} stopped (-m immediate), so it "
+        "cannot finish promoting on its own; it is still a standby (`ingest up --standby` starts it again)"
+    )
 
 
 def wait_until_primary(server: EmbeddedPostgres, timeout: float) -> None:

@@ -24,6 +24,7 @@ from ingestion_assets.stack.embedded import EmbeddedPostgres, EmbeddedServerErro
 from ingestion_assets.stack.instance import DAGSTER_DATABASE, bring_up, instance_config
 from ingestion_assets.stack.recovery import RestoreRefused, restore_command, start_recovery, wait_for_recovery
 from ingestion_assets.stack.restore_check import checkpoints_ahead_of_target
+from ingestion_assets.stack.timelines import backup_position, recovered_from, timeline_at
 
 __all__ = ["RestoreRefused", "Restored", "restore_storage"]
 
@@ -49,14 +50,21 @@ def restore_storage(settings: Settings, to: dt.datetime, force: bool = False, ti
     archive = archive_for(settings.home)
     if current.is_running():
         _archive_up_to_now(current, timeout)
-    candidates = [(started, data) for started, data in archive.backups() if started <= to]
-    if not candidates:
+    earlier = [(started, data) for started, data in archive.backups() if started <= to]
+    if not earlier:
         raise RestoreRefused(f"no base backup started before {to.isoformat()} in {archive.base}")
+    timeline = timeline_at(archive.wal, to)  # not the newest: a later restore's branch holds another history
+    candidates = [(started, data) for started, data in earlier if timeline.holds(*backup_position(data))]
+    if not candidates:
+        raise RestoreRefused(
+            f"no base backup before {to.isoformat()} lies on timeline {timeline.tli}, the one Dagster's storage "
+            f"was on then (the backups in {archive.base} before it are on branches a later restore left)"
+        )
     started, backup = candidates[-1]
     server = EmbeddedPostgres(settings.home / f"pg-restored-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}")
     server.prepare_root(current.bin_dir())
     try:
-        problems = _recover(settings, server, backup, current, to, timeout)
+        problems = _recover(settings, server, (backup, timeline.tli), current, to, timeout)
     except BaseException:
         _discard(server)  # nothing changed: the current server is still primary
         raise
@@ -76,28 +84,49 @@ def restore_storage(settings: Settings, to: dt.datetime, force: bool = False, ti
 def _recover(
     settings: Settings,
     server: EmbeddedPostgres,
-    backup: Path,
+    source: tuple[Path, int],
     current: EmbeddedPostgres,
     to: dt.datetime,
     timeout: float,
 ) -> list[str]:
-    """Replay the archive onto the copy of `backup` up to `to`; the checkpoints the result holds that are ahead."""
+    """Replay the archive onto the copy of a backup along timeline `source[1]` up to `to`; the checkpoints the
+    result holds that are ahead of the target."""
     archive = archive_for(settings.home)
+    backup, tli = source
     _copy_backup(backup, server, current)
     target = to.astimezone(dt.UTC).isoformat()
     conf = (
         f"restore_command = '{restore_command(server, archive.wal)}'\n"
         f"recovery_target_time = '{target}'\n"
-        "recovery_target_action = 'promote'\nrecovery_target_timeline = 'latest'\n"
+        f"recovery_target_action = 'promote'\nrecovery_target_timeline = '{tli}'\n"
         "primary_conninfo = ''\n"  # the archive only: never stream from a server the backup's copy still names
     )
     (server.data_dir / RECOVERY_CONF).write_text(conf)
     server.include_conf(RECOVERY_CONF)
     start_recovery(server, target, archive.wal)
     wait_for_recovery(server, target, archive.wal, timeout)
+    _check_branched_off(server, tli, target)
     (server.data_dir / RECOVERY_CONF).write_text("# the recovery to the time above is done\n")
     with _instance_on(server, settings) as instance:
         return checkpoints_ahead_of_target(settings, load_catalog(settings.catalog_path), instance)
+
+
+def _check_branched_off(server: EmbeddedPostgres, tli: int, target: str) -> None:
+    """The finished recovery started its new timeline from `tli` (the one current at the target), and its last
+    replayed commit is not after the target: else it holds another moment's state."""
+    with contextlib.closing(psycopg2.connect(server.url())) as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT pg_walfile_name(pg_current_wal_lsn()), pg_last_xact_replay_timestamp() > %s::timestamptz",
+            (target,),
+        )
+        row = cur.fetchone()
+    assert row is not None
+    parent = recovered_from(server.data_dir, int(str(row[0])[:8], 16))
+    if parent != tli or row[1]:
+        raise RestoreRefused(
+            f"the recovery to {target} did not end on timeline {tli}, the one current then (it branched off "
+            f"timeline {parent}{', after a commit later than the target' if row[1] else ''}): nothing was changed"
+        )
 
 
 def _discard(server: EmbeddedPostgres) -> None:

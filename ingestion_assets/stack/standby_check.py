@@ -53,15 +53,51 @@ class NotStreaming(PromotionRefused):
 
 
 def check_follows(standby: EmbeddedPostgres, primary: EmbeddedPostgres, patience: float = 15.0) -> list[str]:
-    """Refuse unless `standby` replicates `primary`; returns notes (how far behind it may be) to print."""
+    """Refuse unless `standby` replicates `primary`, and, while the primary runs, has replayed its WAL up to
+    where it was at the check; returns notes (how far behind it may be) to print."""
     deadline = time.monotonic() + patience
     while True:
         try:
-            return _check_once(standby, primary)
+            notes = _check_once(standby, primary)
+            break
         except NotStreaming:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+    if primary.is_running():
+        wait_caught_up(standby, primary, CATCH_UP_SECONDS)
+    return notes
+
+
+CATCH_UP_SECONDS = 10.0  # a standby that streams replays the primary's WAL within milliseconds
+
+
+def wait_caught_up(standby: EmbeddedPostgres, primary: EmbeddedPostgres, patience: float) -> None:
+    """Refuse unless the standby replays the running primary's WAL up to where it was now within `patience`:
+    a standby whose WAL receiver or replay is stuck cannot finish a promotion (it would finish on its own
+    later, a second primary) and would lose what it has not replayed."""
+    wanted = _lsn_of(primary, "pg_current_wal_flush_lsn()")
+    deadline = time.monotonic() + patience
+    while (replayed := _lsn_of(standby, "pg_last_wal_replay_lsn()")) < wanted:
+        if time.monotonic() > deadline:
+            raise PromotionRefused(
+                f"the standby under {standby.root} has replayed WAL only up to {_text(replayed)} after "
+                f"{patience:.0f}s, while the running primary {primary.root} is at {_text(wanted)}: its WAL receiver "
+                "or replay is stuck (see its server.log); nothing was stopped or promoted. Fix or rebuild the "
+                "standby (remove that folder, `ingest up --standby`)"
+            )
+        time.sleep(0.2)
+
+
+def _lsn_of(server: EmbeddedPostgres, expression: str) -> int:
+    with contextlib.closing(psycopg2.connect(server.url(), connect_timeout=10)) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT coalesce({expression}, '0/0')::text")
+        row = cur.fetchone()
+    return lsn(str(row[0])) if row else 0
+
+
+def _text(position: int) -> str:
+    return f"{position >> 32:X}/{position & 0xFFFFFFFF:X}"
 
 
 def _check_once(standby: EmbeddedPostgres, primary: EmbeddedPostgres) -> list[str]:
