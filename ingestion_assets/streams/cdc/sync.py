@@ -439,7 +439,10 @@ class CdcSync:
                 stream = by_table.get((change.table.schema, change.table.table))
                 if stream is None or not self._wants(stream.name, tx.xid, tx.end_lsn, fences):
                     continue
-                if change.op.value == "truncate" and stream.spec.truncate == "refuse":
+                # A copy under way rebuilds the target anyway: the truncate empties what it copied so far, and
+                # later ranges and the log bring what the table holds after it.
+                refused = stream.spec.truncate == "refuse" and stream.name not in self._state.copies
+                if change.op.value == "truncate" and refused:
                     raise CdcError(
                         f"stream {stream.qualified_name}: the source table was truncated at "
                         f"{format_lsn(change.commit_lsn)} and the stream refuses truncates (it would empty the "
