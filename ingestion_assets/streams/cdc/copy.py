@@ -80,7 +80,9 @@ def copy_range(
 ) -> RangeCopied:
     """The rows after key `after` (None: from the first) in primary-key order, one slice of them, as of
     `snapshot` less the fenced keys, every row at `version`. Keyset order on the whole primary key, so any
-    orderable key works. A slice shorter than `slice_rows` ends the key space: it was the last range.
+    orderable key works. Only a range that finds no row ends the copy: a reader may give a slice shorter than
+    `slice_rows` before the end, and taking it for the last range would leave the keys after it uncopied (and
+    retired as deleted).
     `index`: the range's number in its copy (the fault point's slice)."""
     _, plan = _reader(url, stream, rules, loader)
     slices = table_slices(url, plan, after, rules.slice_rows, stream.qualified_name, snapshot=snapshot)
@@ -91,7 +93,7 @@ def copy_range(
         return RangeCopied(0, after, True)
     rows = _load_slice(stream, plan, loader, piece, version, rules, fences)
     rules.faults.hit("after_snapshot_slice", index)
-    return RangeCopied(rows, piece.position, piece.table.num_rows < rules.slice_rows)
+    return RangeCopied(rows, piece.position, False)
 
 
 def _reader(url: str, stream: PostgresTableStream, rules: CopyRules, loader: Loader | None) -> tuple[Loader, ReadPlan]:
