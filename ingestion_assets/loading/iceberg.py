@@ -25,7 +25,7 @@ from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table as IcebergTable
 
-from ingestion_assets.loading.lake_tables import quoted
+from ingestion_assets.loading.lake_tables import fsync_in, quoted
 from ingestion_assets.loading.metadata_columns import DELETED_AT, POSITION
 
 _CURRENT = "_ingest_table"  # the table's rows, as DuckDB sees them while a change is computed
@@ -167,15 +167,7 @@ class IcebergTables:
         folder = os.path.join(self.url(table).removeprefix("file://"), "metadata")
         if not os.path.isdir(folder):
             return
-        newest = sorted(name for name in os.listdir(folder) if name.endswith(".metadata.json"))[-1:]
-        for name in newest:
-            with open(os.path.join(folder, name), "rb") as handle:
-                os.fsync(handle.fileno())
-        descriptor = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
+        fsync_in(folder, sorted(name for name in os.listdir(folder) if name.endswith(".metadata.json"))[-1:])
 
     @staticmethod
     def _id(client: Any, table: str) -> str:

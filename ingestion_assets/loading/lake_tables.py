@@ -178,14 +178,19 @@ class LakeTables:
         if not self.local:
             return
         log_dir = os.path.join(self.url(table).removeprefix("file://"), "_delta_log")
-        for name in sorted(os.listdir(log_dir))[-2:]:
-            with open(os.path.join(log_dir, name), "rb") as handle:
-                os.fsync(handle.fileno())
-        descriptor = os.open(log_dir, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
+        fsync_in(log_dir, sorted(os.listdir(log_dir))[-2:])
+
+
+def fsync_in(folder: str, names: list[str]) -> None:
+    """Force the named files of `folder`, then the folder itself (so a rename into it survives a power cut)."""
+    for name in names:
+        with open(os.path.join(folder, name), "rb") as handle:
+            os.fsync(handle.fileno())
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def quoted(name: str) -> str:
