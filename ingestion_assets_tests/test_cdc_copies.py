@@ -4,12 +4,22 @@ application writing in copied and uncopied ranges all along (embedded PostgreSQL
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
+import dagster as dg
+import psycopg2
 import pytest
 
+from ingestion_assets.partitions import LIVE
+from ingestion_assets.settings import Settings
+from ingestion_assets.stack.embedded import EmbeddedPostgres
 from ingestion_assets.sync import FAULT_ENV
-from ingestion_assets_tests.helpers import StreamHarness
+from ingestion_assets_tests.helpers import SourceDb, StreamHarness
 from ingestion_assets_tests.test_cdc_real_schemas import Writer, _assert_exact, _catalog, _drain, _metadata
 from ingestion_assets_tests.test_cdc_streams import cdc
 
@@ -79,3 +89,89 @@ def test_a_copy_killed_mid_way_resumes_after_its_last_range_exactly(
     columns = harness.source.columns("accounts")
     target = harness.target_rows_where("accounts", columns, "code", "_ingest_deleted_at IS NULL")
     assert sorted(target) == sorted(harness.source.rows("accounts", "code"))
+
+
+@pytest.fixture
+def own_source(tmp_path: Path) -> Iterator[SourceDb]:
+    """A source server of its own (nothing else writes WAL there, Dagster's storage included) whose commits wait
+    for a synchronous standby that never answers, for the sessions that ask for it (synchronous_commit = on);
+    every other session commits locally."""
+    root = Path(tempfile.mkdtemp(prefix="ingest-syncrep-"))
+    server = EmbeddedPostgres(root / "pg")
+    try:
+        url = server.ensure_running().ensure_database("shop")
+        conn = psycopg2.connect(url)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
+            cur.execute("ALTER SYSTEM SET synchronous_commit = 'local'")
+            cur.execute("SELECT pg_reload_conf()")
+        conn.close()
+        db = SourceDb(url=url, schema="app")
+        db.create_schema()
+        yield db
+    finally:
+        server.stop("immediate")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("published", [True, False])
+def test_a_copy_never_sets_back_a_commit_it_cannot_see_yet(
+    tmp_path: Path,
+    session_settings: Settings,
+    instance: dg.DagsterInstance,
+    own_source: SourceDb,
+    published: bool,
+) -> None:
+    """A commit is decoded once its record is flushed, but stays invisible to new snapshots while its session
+    waits for a synchronous standby. A copy must not copy the row as it was before it: neither after its log
+    catch-up applied the commit (published) nor when the commit wrote the table before it was published (found
+    in CI as a flaky test: the same window, microseconds long, without a standby)."""
+    source = own_source
+    harness = StreamHarness(tmp_path=tmp_path, home=session_settings.home, instance=instance, source=source)
+    source.execute(CUSTOMERS + "CREATE TABLE orders (id int PRIMARY KEY, name text);")
+    source.execute("INSERT INTO orders SELECT g, 'o' || g FROM generate_series(1, 50) g")
+    both = {"orders": {}, "customers": {}}
+    _catalog(harness, both if published else {"orders": {}}, snapshot_slice_rows=50)
+    harness.materialize()  # the slot exists, the tables are copied
+    if published:
+        harness.execute_target(f'DROP TABLE "{harness.source_name}".customers')  # the next run copies it again
+    waiting = psycopg2.connect(source.url)
+    with waiting.cursor() as cur:
+        cur.execute("SET synchronous_commit = on")
+        cur.execute("SELECT pg_backend_pid()")
+        pid = cur.fetchone()[0]
+        cur.execute(f"UPDATE \"{source.schema}\".customers SET name = 'after' WHERE id = 7")
+    committing = threading.Thread(target=waiting.commit)  # flushed, then waits for the standby
+    committing.start()
+    try:
+        time.sleep(0.5)
+        assert source.rows("customers", "id")[6] == (7, "c7")  # committed, not visible yet
+        release = threading.Timer(4.0, lambda: source.execute(f"SELECT pg_cancel_backend({pid})"))
+        release.start()  # the standby wait ends: the commit becomes visible
+        _catalog(harness, both, snapshot_slice_rows=50)
+        harness.materialize()  # customers' copy, while the commit is invisible
+        release.join()
+    finally:
+        committing.join(timeout=30)
+        waiting.close()
+    assert source.rows("customers", "id")[6] == (7, "after")
+    _assert_exact(harness, "customers")
+    _assert_exact(harness, "orders")
+
+
+def test_a_history_range_copied_on_an_idle_source_keeps_its_rows(
+    tmp_path: Path, session_settings: Settings, instance: dg.DagsterInstance, own_source: SourceDb
+) -> None:
+    """On a source that writes nothing else, a range's snapshot can be taken at the very WAL position the
+    streams are checkpointed at: the range's rows must stay (their version sits just below that position)."""
+    source = own_source
+    harness = StreamHarness(tmp_path=tmp_path, home=session_settings.home, instance=instance, source=source)
+    source.execute(CUSTOMERS)
+    _catalog(harness, {"customers": {}}, history_chunk=1000)
+    harness.instance.add_dynamic_partitions(f"{harness.source_name}__cdc", [LIVE])
+    harness.materialize(partition=LIVE)  # the slot and the planned range; nothing copied
+    source.execute("UPDATE customers SET name = 'x' WHERE id = 1")
+    harness.materialize(partition=LIVE)  # checkpointed at the end of that commit: the server's last WAL
+    harness.materialize(partition="0-999")
+    _assert_exact(harness, "customers")

@@ -13,6 +13,7 @@ seen; it is not guarded.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,13 +64,23 @@ class Fences:
     keys: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (schema, table) -> key texts
     truncated: set[tuple[str, str]] = field(default_factory=set)  # tables emptied after the snapshot
     columns: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)  # (schema, table) -> key columns
+    read: set[int] = field(default_factory=set)  # xids (32 bits, as the log names them) of the batches seen
 
     def see(self, batch: ChangeBatch) -> None:
         for tx in batch.transactions:
+            self.read.add(tx.xid % _XID_SPACE)
             if self.snapshot.sees(tx.xid):
                 continue
             for change in tx.changes:
                 self._fence(change)
+
+    def unfenceable(self, applied: array[int]) -> list[int]:
+        """Transactions the snapshot does not see that the log did not bring after it, so that no fence
+        can hold their keys: `applied` (delivered and applied before the snapshot was taken) or committed and
+        waiting for a standby (delivered before it). A copy would set their rows back to before them; it may go
+        on only when this is empty."""
+        waiting = self.snapshot.committed_unseen - self.read
+        return sorted(set(self.snapshot.unseen_of(applied)) | waiting)
 
     def _fence(self, change: RowChange) -> None:
         table = (change.table.schema, change.table.table)
@@ -98,6 +109,7 @@ class Fences:
 
 
 _SEPARATOR = "\x1f"
+_XID_SPACE = 1 << 32
 
 
 def fences_for(snapshot: ChunkSnapshot, streams: Iterable[PostgresTableStream]) -> Fences:

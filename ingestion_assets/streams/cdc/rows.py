@@ -50,6 +50,21 @@ def version_of(commit_lsn: int, seq: int) -> Decimal:
     return Decimal(commit_lsn) * 10**9 + seq
 
 
+def snapshot_version(lsn: int) -> Decimal:
+    """The version of rows copied under a snapshot whose WAL insert position was read as `lsn`: below every
+    change committed at or after it (the log wins those), at or above the copy's floor."""
+    return version_of(lsn, 0) - 1
+
+
+def copy_floor(start_lsn: int) -> Decimal:
+    """Below every version a copy that takes the log from `start_lsn` on gives a row: its ranges' (their
+    snapshots' positions are at or after it, possibly equal on an idle source) and the log's. A row left below
+    it once every range is copied was neither copied nor changed since the copy started: the source deleted it.
+    Not the first range's version: a transaction that commits between a snapshot and the reading of its WAL
+    position is invisible to it (fenced, left to the log) yet applied at a version below it."""
+    return snapshot_version(start_lsn)
+
+
 @dataclass
 class TableChanges:
     """The changes of one table within a batch, as rows ready to merge (the newest per key wins)."""

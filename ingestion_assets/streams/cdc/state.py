@@ -24,8 +24,8 @@ COPY = "copy"  # the checkpoint detail of a stream whose copy is under way (Copy
 @dataclass
 class CopyProgress:
     """A copy under way: the last key copied (keyset order of the primary key; None: no range yet), the
-    version of its first range (rows left below it once every range is copied were deleted in the source),
-    and what it copied so far."""
+    floor (just below every version the copy or the log gives a row from the copy's start on: rows left below
+    it once every range is copied were deleted in the source), and what it copied so far."""
 
     after: dict[str, str | None] | None = None
     floor: str | None = None
@@ -84,13 +84,13 @@ class SourceState:
         """Streams without a position, or whose copy is under way."""
         return [name for name, position in self.positions.items() if position is None or name in self.copies]
 
-    def start_copy(self, name: str, lsn: int) -> CopyProgress:
-        """A stream without a position starts its copy at `lsn` (it takes the log from there on); one whose
-        copy is under way goes on with it."""
+    def start_copy(self, name: str, lsn: int, floor: str) -> CopyProgress:
+        """A stream without a position starts its copy at `lsn` (it takes the log from there on) with `floor`;
+        one whose copy is under way goes on with it."""
         if self.positions.get(name) is None:
             self.positions[name] = lsn
-            self.copies[name] = CopyProgress()
-        return self.copies.setdefault(name, CopyProgress())
+            self.copies[name] = CopyProgress(floor=floor)
+        return self.copies.setdefault(name, CopyProgress(floor=floor))
 
     def applied(self, name: str, end_lsn: int) -> bool:
         """The stream's own checkpoint is at or past this transaction: it is in the target already."""

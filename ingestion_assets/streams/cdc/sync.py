@@ -7,9 +7,11 @@ while the log goes on for the others."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -36,13 +38,18 @@ from ingestion_assets.sources.postgres.cdc import (
     read_changes,
     slot_health,
 )
-from ingestion_assets.sources.postgres.cdc.chunks import chunk_snapshot, reading_slot, wal_insert_position
+from ingestion_assets.sources.postgres.cdc.chunks import (
+    ChunkSnapshot,
+    chunk_snapshot,
+    reading_slot,
+    wal_insert_position,
+)
 from ingestion_assets.sources.postgres.cdc.publication import await_older_writers
 from ingestion_assets.streams.cdc.apply import LogLoads, load_changes
 from ingestion_assets.streams.cdc.copy import CopyRules, RangeCopied, copy_as_of, copy_range, create_target
 from ingestion_assets.streams.cdc.history import HISTORY, Fences, fences_for, history_keys, plan_history
 from ingestion_assets.streams.cdc.live import apply_live
-from ingestion_assets.streams.cdc.rows import TableChanges, toast_lookup, version_of
+from ingestion_assets.streams.cdc.rows import TableChanges, copy_floor, snapshot_version, toast_lookup
 from ingestion_assets.streams.cdc.schema import PARTITIONS, SCHEMA, StreamParts, settle_stream
 from ingestion_assets.streams.cdc.state import COPY, CdcStore, SourceState
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
@@ -100,6 +107,7 @@ class CdcSync:
     _state: SourceState = field(default_factory=lambda: SourceState({}), init=False)
     _streams: dict[str, StreamParts] = field(default_factory=dict, init=False)  # per stream: loader, shape, schema
     _loads: LogLoads = field(default_factory=LogLoads, init=False)  # what the run's batch loads share
+    _applied: array[int] | None = field(default=None, init=False)  # copying: xids applied since the last snapshot
 
     @property
     def slot(self) -> str:
@@ -229,17 +237,16 @@ class CdcSync:
         """One history key range: the log up to a fresh snapshot, then the range's rows as of it."""
         low, high = key_range(partition)
         outcome = CdcOutcome("chunk", lsn)
+        self._applied = array("I")
         self._catch_up(url, outcome, f"the history range {partition}")
-        with chunk_snapshot(url) as snap:
-            fences = fences_for(snap, self.streams)
-            self._changes(url, outcome, reach=snap.lsn, fences=fences)
-            version = version_of(snap.lsn, 0) - 1  # above every change it sees, below every one it does not
+        with self._fenced_snapshot(url, outcome, self.streams) as (snap, fences):
+            version = snapshot_version(snap.lsn)
             rules = self._rules()
             for stream in self.streams:
                 table = (stream.spec.schema_name, stream.spec.table_name)
                 if table in fences.truncated:
                     continue  # emptied after the snapshot: what it holds now came through the log
-                copied = copy_as_of(url, stream, snap.name, version, rules, (low, high), fences, version_of(lsn, 0))
+                copied = copy_as_of(url, stream, snap.name, version, rules, (low, high), fences, copy_floor(lsn))
                 outcome.rows[stream.name] = outcome.rows.get(stream.name, 0) + copied
         return outcome
 
@@ -251,7 +258,7 @@ class CdcSync:
         # Only once the block is left: a failure inside it drops the new slot, which a stored checkpoint
         # would then point at (found by simulation seed 2013, cdc).
         for stream in self.streams:
-            self._state.start_copy(stream.name, lsn)
+            self._state.start_copy(stream.name, lsn, str(copy_floor(lsn)))
         self._commit(lsn, [s.name for s in self.streams])
         outcome = CdcOutcome("snapshot", lsn)
         self._copy_streams(url, outcome)
@@ -273,9 +280,9 @@ class CdcSync:
         would need every change split by key (a key update moving a row across the copy's boundary), and
         rows of an uncopied range need no protection from the log: their range's snapshot is newer.
         When the last range is copied the copy has covered the whole key space: every row the source holds
-        is then at a version at or above the copy's first range (copied, fenced or changed since), so the
-        rows left below it — from before a reset or a WAL gap, deleted in the source since — are retired,
-        in the whole table."""
+        is then at a version at or above the copy's floor (copied, or fenced and changed by the log since the
+        copy started: `copy_floor`), so the rows left below it — from before a reset or a WAL gap, deleted in
+        the source since — are retired, in the whole table."""
         names = self._state.copying()
         for name in names:
             under_way = self._state.copies.get(name)
@@ -289,13 +296,15 @@ class CdcSync:
                 )
             elif name not in self._state.reasons:
                 self._say("%s.%s: copying its table (new to the source, first run, or reset)", self.source_name, name)
-            self._state.start_copy(name, outcome.lsn)
+            self._state.start_copy(name, outcome.lsn, str(copy_floor(outcome.lsn)))
         await_older_writers(url, self.source.cdc.lock_wait_seconds)
         copying = [s for s in self.streams if s.name in names]
         for stream in copying:
             create_target(self._parts(stream).loader, self._parts(stream).shape)
+        self._applied = array("I")
         while copying and not self.stop():
             copying = self._copy_range(url, outcome, copying)
+        self._applied = None  # a run that goes on applying the log (live) keeps no list
         outcome.copied = [name for name in names if name not in self._state.copies]
 
     def _copy_range(
@@ -303,10 +312,8 @@ class CdcSync:
     ) -> list[PostgresTableStream]:
         """The next range of each stream's copy under one fresh snapshot; returns the streams not done."""
         self._catch_up(url, outcome, f"the next range of {', '.join(s.qualified_name for s in copying)}")
-        with chunk_snapshot(url) as snap:
-            fences = fences_for(snap, copying)
-            self._changes(url, outcome, reach=snap.lsn, fences=fences)
-            version = version_of(snap.lsn, 0) - 1  # above every change it sees, below every one it does not
+        with self._fenced_snapshot(url, outcome, copying) as (snap, fences):
+            version = snapshot_version(snap.lsn)
             for stream in copying:
                 self._next_range(url, stream, snap.name, version, fences, outcome)
         self._commit(outcome.lsn, [s.name for s in copying])
@@ -321,9 +328,8 @@ class CdcSync:
         fences: Fences,
         outcome: CdcOutcome,
     ) -> None:
-        """One range of the stream's copy; after its last, the rows below the copy's first version retire."""
+        """One range of the stream's copy; after its last, the rows below the copy's floor retire."""
         progress = self._state.copies[stream.name]
-        progress.floor = progress.floor or str(version)
         loader = self._parts(stream).loader
         if (stream.spec.schema_name, stream.spec.table_name) in fences.truncated:
             copied = RangeCopied(0, progress.after, True)  # emptied since the snapshot: the log holds all it has
@@ -333,7 +339,8 @@ class CdcSync:
         progress.after, progress.ranges, progress.rows = copied.last, progress.ranges + 1, progress.rows + copied.rows
         outcome.rows[stream.name] = outcome.rows.get(stream.name, 0) + copied.rows
         if copied.done:
-            loader.retire_below(Decimal(progress.floor), stream.spec.deletes == "soft")
+            # A copy stored without a floor (never written so since floors are set at its start) retires nothing.
+            loader.retire_below(Decimal(progress.floor or 0), stream.spec.deletes == "soft")
             del self._state.copies[stream.name]
 
     def _catch_up(self, url: str, outcome: CdcOutcome, before: str) -> None:
@@ -347,6 +354,34 @@ class CdcSync:
             behind = f"{(now - outcome.lsn) / 2**20:,.0f} MB"
             self._say("%s: applying %s of log before %s", self.source_name, behind, before)
         self._changes(url, outcome, reach=now)
+
+    @contextlib.contextmanager
+    def _fenced_snapshot(
+        self, url: str, outcome: CdcOutcome, streams: list[PostgresTableStream]
+    ) -> Iterator[tuple[ChunkSnapshot, Fences]]:
+        """A snapshot for a copy, and the log applied up to it with the keys of every transaction it does not
+        see fenced. A snapshot that lists as running a transaction committed before it that the log did not
+        bring after it (`Fences.unfenceable`: applied already, e.g. while its session waited for a synchronous
+        standby) is let go and taken again, the log read on, until none is left."""
+        deadline = time.monotonic() + REACH_SECONDS
+        while True:
+            with chunk_snapshot(url) as snap:
+                before, self._applied = self._applied or array("I"), array("I")
+                fences = fences_for(snap, streams)
+                self._changes(url, outcome, reach=snap.lsn, fences=fences)
+                waiting = fences.unfenceable(before)
+                if not waiting:
+                    yield snap, fences
+                    return
+                before.extend(self._applied)
+                self._applied = before
+            if time.monotonic() > deadline:
+                raise LogBehind(
+                    f"source {self.source_name}: for {REACH_SECONDS:.0f} s every snapshot listed as running "
+                    f"transactions committed already (xids {waiting[:5]}: waiting for a synchronous standby?); a "
+                    "copy under it would set their rows back. Nothing was copied; retry the run"
+                )
+            time.sleep(0.05)
 
     def _rules(self) -> CopyRules:
         faults = self.faults or Faults.from_env()
@@ -381,6 +416,8 @@ class CdcSync:
                 session = min(session * 2, REACH_SECONDS)
                 continue
             deadline, session = time.monotonic() + REACH_SECONDS, self.source.cdc.max_seconds
+            if self._applied is not None:
+                self._applied.extend(tx.xid % 2**32 for tx in batch.transactions)
             if fences is not None:
                 fences.see(batch)
             if unsafe:  # never in production: checkpoint first, so a crash in the load loses the batch

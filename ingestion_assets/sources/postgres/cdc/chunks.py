@@ -9,11 +9,15 @@ touched are left to the log, and every other row of the chunk is at least as new
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import psycopg2
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ingestion_assets.sources.postgres.cdc.errors import SlotInUseError
 from ingestion_assets.sources.postgres.cdc.lsn import parse_lsn
@@ -25,13 +29,19 @@ _XID_SPACE = 1 << 32
 @dataclass(frozen=True)
 class ChunkSnapshot:
     """An exported snapshot (`name`), what it sees (`xmin`, `xmax`, `in_progress`: 64-bit xids), and `lsn`: the
-    WAL insert position read right after it was taken, so every transaction it sees committed before `lsn`."""
+    WAL insert position read right after it was taken, so every transaction it sees committed before `lsn`.
+
+    `committed_unseen`: transactions it does not see whose sessions wait for a synchronous standby to confirm
+    their commit: the commit is written and the log delivers it, yet it stays invisible to new snapshots until
+    the standby answers (pg_stat_activity shows them to a role that may read every session's activity).
+    """
 
     name: str
     xmin: int
     xmax: int
     in_progress: frozenset[int]
     lsn: int
+    committed_unseen: frozenset[int] = frozenset()  # 32-bit xids it does not see, commits waiting for a standby
 
     def sees(self, xid: int) -> bool:
         """Whether a committed transaction (its 32-bit xid, as the log names it) is visible in the snapshot."""
@@ -40,6 +50,21 @@ class ChunkSnapshot:
             return False  # started at or after xmax: after the snapshot
         full = self.xmax - (_XID_SPACE - ahead)
         return full < self.xmin or full not in self.in_progress
+
+    def unseen_of(self, xids: array[int]) -> list[int]:
+        """Those of `xids` (32 bits, as the log names them; committed: the log delivered them) that the
+        snapshot does not see: decoded once their commit record was flushed, still in the process table when it
+        was taken (moments; as long as a synchronous standby takes to answer), listed as running or at or past
+        its xmax."""
+        if not xids:
+            return []
+        applied = pa.Array.from_buffers(pa.uint32(), len(xids), [None, pa.py_buffer(xids)])  # no copy
+        ahead = pc.subtract(applied, pa.scalar(self.xmax % _XID_SPACE, pa.uint32()))  # wraps, as xids do
+        unseen = pc.less(ahead, pa.scalar(_XID_SPACE // 2, pa.uint32()))
+        if self.in_progress:
+            running = pa.array([xid % _XID_SPACE for xid in self.in_progress], type=pa.uint32())
+            unseen = pc.or_(unseen, pc.is_in(applied, value_set=running))
+        return sorted(set(applied.filter(unseen).to_pylist()))
 
 
 def parse_snapshot(text: str) -> tuple[int, int, frozenset[int]]:
@@ -58,10 +83,16 @@ def chunk_snapshot(url: str) -> Iterator[ChunkSnapshot]:
         with conn.cursor() as cur:
             cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             # One statement: the snapshot is taken as it starts, the insert position read after it.
-            cur.execute("SELECT pg_export_snapshot(), pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text")
-            name, snapshot, lsn = cur.fetchone()
+            cur.execute(
+                "SELECT pg_export_snapshot(), pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text, "
+                "ARRAY(SELECT backend_xid::text FROM pg_stat_activity WHERE wait_event = 'SyncRep' "
+                "AND backend_xid IS NOT NULL)"
+            )
+            name, snapshot, lsn, waiting = cur.fetchone()
             xmin, xmax, in_progress = parse_snapshot(snapshot)
-            yield ChunkSnapshot(name, xmin, xmax, in_progress, parse_lsn(lsn))
+            snap = ChunkSnapshot(name, xmin, xmax, in_progress, parse_lsn(lsn))
+            unseen = frozenset(x for x in map(int, waiting) if not snap.sees(x))
+            yield dataclasses.replace(snap, committed_unseen=unseen)
             cur.execute("COMMIT")
     finally:
         conn.close()
