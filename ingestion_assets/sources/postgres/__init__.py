@@ -69,14 +69,16 @@ def table_slices(
     keys: list[list[str]] | None = None,
     snapshot: str | None = None,
     settled: Settled | None = None,
+    limit: int | None = None,
 ) -> Iterator[Slice]:
-    """Every row of `window` after `after` (or with one of `keys`), in (cursor, primary key) order, as slices.
+    """Every row of `window` after `after` (or with one of `keys`), in (cursor, primary key) order, as slices
+    (only the first `limit` rows, with one).
 
     With `settled`, a slice's position is its last settled row's (or the one before it, if none is): rows
     past it are loaded now and read again next time, when no open transaction can still commit before them."""
     conn = connect(url, f"ingest:{name}")
     try:
-        statement = plan.copy_statement(conn, after, window, keys_in=keys, settled=settled)
+        statement = plan.copy_statement(conn, after, window, keys_in=keys, settled=settled, limit=limit)
     finally:
         conn.close()
     shape = plan.wire_shape if settled is None else plan.settled_wire_shape

@@ -87,13 +87,16 @@ class ReadPlan:
         window: Window | None = None,
         keys_in: list[list[str]] | None = None,
         settled: Settled | None = None,
+        limit: int | None = None,
     ) -> str:
-        """COPY of every row of `window` strictly after `after` in (cursor, primary key) order.
+        """COPY of every row of `window` strictly after `after` in (cursor, primary key) order (the first `limit`).
 
         COPY takes no bind parameters, so literals are quoted by psycopg2 and cast to the column type.
         `settled`: each row also says whether it is at or below that position, compared as the keyset is.
         """
         query = self._select(after, window, keys_in, settled)
+        if limit is not None:  # the planner walks the key's index for the next rows instead of sorting the rest
+            query += sql.SQL(" LIMIT {n}").format(n=sql.Literal(int(limit)))
         copy = sql.SQL("COPY ({query}) TO STDOUT WITH (FORMAT csv)").format(query=query)
         return copy.as_string(conn)
 

@@ -85,7 +85,9 @@ def copy_range(
     retired as deleted).
     `index`: the range's number in its copy (the fault point's slice)."""
     _, plan = _reader(url, stream, rules, loader)
-    slices = table_slices(url, plan, after, rules.slice_rows, stream.qualified_name, snapshot=snapshot)
+    slices = table_slices(
+        url, plan, after, rules.slice_rows, stream.qualified_name, snapshot=snapshot, limit=rules.slice_rows
+    )
     # The rest of the table is the next range's, under its own snapshot: the read ends after one slice.
     with contextlib.closing(cast(Generator[Slice, None, None], slices)):
         piece = next(slices, None)
