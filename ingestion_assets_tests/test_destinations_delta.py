@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
 
+from ingestion_assets.loading.bindings import TABLE as BINDINGS
+from ingestion_assets.loading.bindings import Marker
+from ingestion_assets.loading.lake_tables import LakeTables
 from ingestion_assets.sync import FAULT_ENV
 from ingestion_assets_tests.destination_targets import lake_rows, use_destination
 from ingestion_assets_tests.helpers import StreamHarness
@@ -139,3 +143,28 @@ def test_plain_parquet_appends_every_version_and_a_refresh_replaces_the_files(
     harness.materialize()
     replaced = _parquet_rows(url, ["id", "note"])
     assert sorted((r["id"], r["note"]) for r in replaced) == [(r[0], r[2]) for r in harness.source.rows("orders", "id")]  # type: ignore[type-var]
+
+
+def test_streams_recording_their_bindings_at_once_never_fail_on_each_others_commits(tmp_path: Path) -> None:
+    """Every stream of a lake dataset records its binding in one shared Delta table: streams of one source
+    loading at once made each other's commits fail ("concurrent transaction", "protocol changed"), reported
+    as permanent (found by the files and lakes attack)."""
+    tables = LakeTables(str(tmp_path), {}, local=True)
+    errors: list[BaseException] = []
+
+    def stream(index: int) -> None:
+        for seq in range(4):
+            try:
+                tables.write_marker(f"s{index}", None, Marker("binding", seq, 1))
+                tables.delete(BINDINGS, f"stream = 'gone{index}'")
+            except Exception as exc:  # noqa: BLE001 - every failure is the finding
+                errors.append(exc)
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    markers = [tables.read_marker(f"s{i}", None) for i in range(6)]
+    assert [marker.seq if marker else None for marker in markers] == [3] * 6

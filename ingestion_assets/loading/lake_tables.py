@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from dlt.common.libs.deltalake import deltalake_storage_options
 
 from ingestion_assets.loading.bindings import TABLE as BINDINGS
@@ -102,31 +105,49 @@ class LakeTables:
             "updated_at": [dt.datetime.now(dt.UTC)],
         }
         source = pa.table(row, schema=_BINDINGS_SCHEMA)
-        delta = self.open(BINDINGS)
-        if delta is None:
-            write_deltalake(self.url(BINDINGS), source, storage_options=self.storage_options)
-        else:
-            predicate = "t.stream = s.stream AND t.partition_key = s.partition_key"
-            merge = delta.merge(source, predicate, source_alias="s", target_alias="t")
-            merge.when_matched_update_all().when_not_matched_insert_all().execute()
+
+        def commit() -> None:
+            delta = self.open(BINDINGS)
+            if delta is None:
+                write_deltalake(self.url(BINDINGS), source, storage_options=self.storage_options)
+            else:
+                predicate = "t.stream = s.stream AND t.partition_key = s.partition_key"
+                merge = delta.merge(source, predicate, source_alias="s", target_alias="t")
+                merge.when_matched_update_all().when_not_matched_insert_all().execute()
+
+        _retry_conflicts(commit)
         self.sync(BINDINGS)
 
     def set_generation(self, stream: str, generation: int) -> None:
-        delta = self.open(BINDINGS)
-        if delta is not None:
-            delta.update(updates={"generation": str(int(generation))}, predicate=f"stream = {_literal(stream)}")
+        def commit() -> bool:
+            delta = self.open(BINDINGS)
+            if delta is not None:
+                delta.update(updates={"generation": str(int(generation))}, predicate=f"stream = {_literal(stream)}")
+            return delta is not None
+
+        if _retry_conflicts(commit):
             self.sync(BINDINGS)
 
     def delete(self, table: str, predicate: str | None = None) -> None:
-        delta = self.open(table)
-        if delta is not None:
-            delta.delete(predicate)
+        """Also on the tables streams share (dead letters): a concurrent commit is retried."""
+
+        def commit() -> bool:
+            delta = self.open(table)
+            if delta is not None:
+                delta.delete(predicate)
+            return delta is not None
+
+        if _retry_conflicts(commit):
             self.sync(table)
 
     def update(self, table: str, updates: dict[str, str], predicate: str) -> None:
-        delta = self.open(table)
-        if delta is not None:
-            delta.update(updates=updates, predicate=predicate)
+        def commit() -> bool:
+            delta = self.open(table)
+            if delta is not None:
+                delta.update(updates=updates, predicate=predicate)
+            return delta is not None
+
+        if _retry_conflicts(commit):
             self.sync(table)
 
     def retire_keys(self, table: str, keys: pa.Table, soft: bool) -> int:
@@ -200,3 +221,21 @@ def quoted(name: str) -> str:
 
 def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
+
+
+CONFLICT_ATTEMPTS = 20
+
+
+def _retry_conflicts(commit: Callable[[], Any]) -> Any:
+    """A commit to a Delta table every stream of the dataset shares (bindings, dead letters) against its newest
+    version: a concurrent commit of another stream (a conflict, or the table created meanwhile) is no error of
+    this one, so it is read again and committed again after a short random wait."""
+    for attempt in range(CONFLICT_ATTEMPTS):
+        try:
+            return commit()
+        except (CommitFailedError, DeltaError) as exc:
+            conflict = isinstance(exc, CommitFailedError) or "already exists" in str(exc)
+            if not conflict or attempt == CONFLICT_ATTEMPTS - 1:
+                raise
+            time.sleep(random.uniform(0.01, 0.05 * (attempt + 1)))
+    return None
