@@ -11,10 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
-import duckdb
-import psycopg2
 from dagster._core.errors import DagsterError
-from hdrh.histogram import HdrHistogram
 from sqlalchemy.exc import SQLAlchemyError
 
 from ingestion_assets.catalog import FilesStream, PostgresSource, RestStream
@@ -25,6 +22,8 @@ from ingestion_assets.state.checkpoints import checkpoint_metadata
 from ingestion_assets.state.runs import release_dead_runs as release_dead_runs_of
 
 if TYPE_CHECKING:
+    from hdrh.histogram import HdrHistogram
+
     from ingestion_assets.observe.target import TargetTableFacts
     from ingestion_assets.streams.runner import PartitionOutcome, Stream
 
@@ -113,7 +112,10 @@ def target_metadata(stream: StreamRef | Stream, step_timing: bool = True) -> dic
     seconds = step_seconds() if step_timing else None
     if seconds is not None:
         figures[SECONDS] = seconds
-    from ingestion_assets.observe.target import read_target  # the destination's client: only in a step
+    import duckdb  # the destinations' clients: only in a step
+    import psycopg2
+
+    from ingestion_assets.observe.target import read_target
 
     try:
         facts = read_target(stream.settings, stream.destination, stream.source_name, stream.name)
