@@ -5,6 +5,7 @@ phrases for everything else ("rows read", "rows written", "http 429s")."""
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import time
 from pathlib import Path
@@ -217,9 +218,13 @@ def known_column_schemas(
     """For the asset definitions: the column schemas the streams' last materializations recorded, read from
     this machine's instance; nothing elsewhere or on errors. `release_dead_runs`: first free the pool slots
     of runs whose processes died on this machine (a killed run's slots would block its source for good), on
-    the same instance (opening one costs more than both reads)."""
+    the same instance (opening one costs more than both reads). Neither in a step process of the multiprocess
+    executor: it loads the definitions only to run its one step, and its run process did both moments before
+    (it released the dead runs before claiming the step's pool slot, and the column schemas serve the UI)."""
     home = os.environ.get("DAGSTER_HOME")
     if (not keys and not release_dead_runs) or not home or Path(home).resolve() != settings.dagster_home.resolve():
+        return {}
+    if multiprocessing.parent_process() is not None:  # a step process (run processes are started as commands)
         return {}
     try:
         with dg.DagsterInstance.get() as instance:
