@@ -9,13 +9,13 @@ for what is known to heal (lost connections, timeouts, serialization failures, 4
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import duckdb
-import httpx
-import psycopg2
-import pymysql
+if TYPE_CHECKING:
+    import psycopg2
 
 # SQLSTATE classes (https://www.postgresql.org/docs/current/errcodes-appendix.html) that heal by themselves.
 _TRANSIENT_CLASSES = {"08", "40", "53", "58"}  # connection, rollback (serialization, deadlock), resources, I/O
@@ -84,14 +84,18 @@ def _judge(error: BaseException) -> Verdict | None:
     said = getattr(error, "transient", None)  # our own errors say it themselves (HTTP by status, CDC, ...)
     if isinstance(said, bool):
         return Verdict(said, getattr(error, "advice", "") or "fix its cause, then run again")
-    if isinstance(error, psycopg2.Error):
+    if (psycopg2 := _imported("psycopg2")) is not None and isinstance(error, psycopg2.Error):
         return _judge_postgres(error)
-    if isinstance(error, pymysql.err.MySQLError):
+    if (pymysql := _imported("pymysql")) is not None and isinstance(error, pymysql.err.MySQLError):
         code = error.args[0] if error.args and isinstance(error.args[0], int) else None
         return Verdict(code in _MYSQL_TRANSIENT, "fix what the server's message names, then run again")
-    if isinstance(error, httpx.TransportError | TimeoutError | ConnectionError):
+    if isinstance(error, TimeoutError | ConnectionError):
         return Verdict(True, "")
-    if isinstance(error, duckdb.IOException | duckdb.TransactionException):
+    if (httpx := _imported("httpx")) is not None and isinstance(error, httpx.TransportError):
+        return Verdict(True, "")
+    if (duckdb := _imported("duckdb")) is not None and isinstance(
+        error, duckdb.IOException | duckdb.TransactionException
+    ):
         return Verdict(True, "")  # a file lock or a write conflict: another writer goes away
     if isinstance(error, MemoryError):
         return Verdict(False, "the slice does not fit in memory: lower `slice_rows` (or `pages_per_slice`)")
@@ -100,10 +104,18 @@ def _judge(error: BaseException) -> Verdict | None:
     return None
 
 
+def _imported(library: str) -> Any:
+    """The library's module if this process imported it, else None: an error of a library that was never
+    imported cannot be at hand, and importing the drivers here would cost every Dagster process that loads the
+    definitions (this module comes in with them) a fifth of a second."""
+    return sys.modules.get(library)
+
+
 def _judge_postgres(error: psycopg2.Error) -> Verdict:
     code = error.pgcode or _refusal_code(str(error))
     if code is None:  # no answer from the server: the connection failed or was lost
-        return Verdict(isinstance(error, psycopg2.OperationalError | psycopg2.InterfaceError), "")
+        lost = sys.modules["psycopg2"]
+        return Verdict(isinstance(error, lost.OperationalError | lost.InterfaceError), "")
     if code in _TRANSIENT_CODES or code[:2] in _TRANSIENT_CLASSES:
         return Verdict(True, "")
     return Verdict(False, _ADVICE.get(code, "fix what the server's message names, then run again"))

@@ -5,16 +5,14 @@ phrases for everything else ("rows read", "rows written", "http 429s")."""
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
-import duckdb
-import psycopg2
 from dagster._core.errors import DagsterError
-from hdrh.histogram import HdrHistogram
 from sqlalchemy.exc import SQLAlchemyError
 
 from ingestion_assets.catalog import FilesStream, PostgresSource, RestStream
@@ -25,6 +23,8 @@ from ingestion_assets.state.checkpoints import checkpoint_metadata
 from ingestion_assets.state.runs import release_dead_runs as release_dead_runs_of
 
 if TYPE_CHECKING:
+    from hdrh.histogram import HdrHistogram
+
     from ingestion_assets.observe.target import TargetTableFacts
     from ingestion_assets.streams.runner import PartitionOutcome, Stream
 
@@ -113,7 +113,10 @@ def target_metadata(stream: StreamRef | Stream, step_timing: bool = True) -> dic
     seconds = step_seconds() if step_timing else None
     if seconds is not None:
         figures[SECONDS] = seconds
-    from ingestion_assets.observe.target import read_target  # the destination's client: only in a step
+    import duckdb  # the destinations' clients: only in a step
+    import psycopg2
+
+    from ingestion_assets.observe.target import read_target
 
     try:
         facts = read_target(stream.settings, stream.destination, stream.source_name, stream.name)
@@ -215,9 +218,13 @@ def known_column_schemas(
     """For the asset definitions: the column schemas the streams' last materializations recorded, read from
     this machine's instance; nothing elsewhere or on errors. `release_dead_runs`: first free the pool slots
     of runs whose processes died on this machine (a killed run's slots would block its source for good), on
-    the same instance (opening one costs more than both reads)."""
+    the same instance (opening one costs more than both reads). Neither in a step process of the multiprocess
+    executor: it loads the definitions only to run its one step, and its run process did both moments before
+    (it released the dead runs before claiming the step's pool slot, and the column schemas serve the UI)."""
     home = os.environ.get("DAGSTER_HOME")
     if (not keys and not release_dead_runs) or not home or Path(home).resolve() != settings.dagster_home.resolve():
+        return {}
+    if multiprocessing.parent_process() is not None:  # a step process (run processes are started as commands)
         return {}
     try:
         with dg.DagsterInstance.get() as instance:

@@ -5,6 +5,8 @@ definitions."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import dagster as dg
 
 from ingestion_assets.defs.checks import DEAD_LETTERS, SCHEMA, check_results, failed_check
@@ -15,8 +17,11 @@ from ingestion_assets.defs.streams import StreamRef, open_stream
 from ingestion_assets.drain import Drain
 from ingestion_assets.loading.dead_letters import DeadLetterThreshold
 from ingestion_assets.state.checkpoints import InstanceStateStore
-from ingestion_assets.streams.runner import NoProgress, PartitionJob, PartitionOutcome, Stream, StreamBusy
+from ingestion_assets.streams.runner import NoProgress, PartitionJob, PartitionOutcome, StreamBusy
 from ingestion_assets.streams.schema_step import SchemaPaused
+
+if TYPE_CHECKING:
+    from ingestion_assets.streams.runner import Stream
 
 
 def materialize_stream(

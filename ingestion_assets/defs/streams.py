@@ -57,15 +57,17 @@ def open_stream(ref: StreamRef | Stream) -> Stream:
     """The running stream of `ref` (a running stream is returned as it is)."""
     if not isinstance(ref, StreamRef):
         return ref
-    from ingestion_assets.streams.files import FileSourceStream
-    from ingestion_assets.streams.postgres_table import PostgresTableStream
-    from ingestion_assets.streams.rest_api import RestApiStream
-
     where = (ref.settings, ref.destination, ref.source_name)
     if isinstance(ref.source, RestSource) and isinstance(ref.spec, RestStream):
+        from ingestion_assets.streams.rest_api import RestApiStream  # each kind's readers: only its own
+
         return RestApiStream(*where, ref.source, ref.name, ref.spec)
     if isinstance(ref.source, FilesSource) and isinstance(ref.spec, FilesStream):
+        from ingestion_assets.streams.files import FileSourceStream
+
         return FileSourceStream(*where, ref.source, ref.name, ref.spec)
+    from ingestion_assets.streams.postgres_table import PostgresTableStream
+
     assert isinstance(ref.source, PostgresSource) and isinstance(ref.spec, PostgresStream)
     return PostgresTableStream(*where, ref.source, ref.name, ref.spec)
 

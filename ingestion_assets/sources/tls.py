@@ -1,4 +1,5 @@
-"""Verified TLS for outgoing connections: libpq URL parameters (verify-full) and an SSL context for httpx."""
+"""Verified TLS for outgoing connections: libpq URL parameters (verify-full) and an SSL context for HTTP clients
+(whose transport is in tls_http.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
-import httpx
 import psycopg2.extensions
 
 VERIFY_FULL = "verify-full"
@@ -100,26 +100,6 @@ def http_ssl_context(files: TlsFiles, where: str) -> ssl.SSLContext:
         raise TlsError(f"{where}: cannot load the TLS files ({exc.__class__.__name__}: {exc.strerror or exc})") from exc
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     return context
-
-
-class VerifiedTransport(httpx.HTTPTransport):
-    """An HTTPS transport whose failed handshakes (unknown CA, wrong host, certificate refused) are permanent
-    TlsErrors instead of the ConnectErrors a client retries: no retry makes a certificate valid."""
-
-    def __init__(self, context: ssl.SSLContext, where: str, http2: bool = True) -> None:
-        super().__init__(verify=context, http2=http2)
-        self._where = where
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        if request.url.scheme != "https":
-            raise TlsError(f"{self._where}: {request.url.scheme}:// is plaintext; the source's `tls` needs https://")
-        try:
-            return super().handle_request(request)
-        except httpx.TransportError as exc:  # TLS 1.3: a refused client certificate shows on the first read
-            cause = ssl_cause(exc)
-            if cause is None:
-                raise
-            raise TlsError(f"{self._where}: TLS handshake with {request.url.host} failed: {cause}") from exc
 
 
 _PERMANENT_REASONS = ("CERTIFICATE", "UNKNOWN_CA", "HANDSHAKE_FAILURE", "WRONG_VERSION_NUMBER")

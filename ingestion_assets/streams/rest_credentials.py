@@ -19,7 +19,8 @@ from ingestion_assets.sources.rest import (
     OAuth2RefreshToken,
     Secret,
 )
-from ingestion_assets.sources.tls import TlsFiles, VerifiedTransport, http_ssl_context
+from ingestion_assets.sources.tls import TlsFiles, http_ssl_context
+from ingestion_assets.sources.tls_http import VerifiedTransport
 
 
 def build_auth(auth: RestAuth, base_url: str, settings: Settings, where: str, tls: TlsFiles | None = None) -> Auth:

@@ -14,23 +14,26 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
+from ingestion_assets.catalog import FilesStream, RestStream
 from ingestion_assets.errors import classify
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.observe.commit_latency import MEASURED_TO
 from ingestion_assets.state.model import DATA_COMMITTED_AT, Checkpoint
-from ingestion_assets.streams.files import FileSourceStream
-from ingestion_assets.streams.files_schema import files_schema_step
 from ingestion_assets.streams.late_commits import PROBES
 from ingestion_assets.streams.postgres_table import PostgresTableStream, RunOptions, Target
 from ingestion_assets.streams.reconcile import RECONCILED_AT, Reconciliation, carried_details, reconcile_run
-from ingestion_assets.streams.rest_api import RestApiStream
-from ingestion_assets.streams.rest_deletes import KeyListingResult
-from ingestion_assets.streams.rest_schema import api_schema_step
 from ingestion_assets.streams.schema_step import SchemaStep, apply_to_target, settle_schema
 from ingestion_assets.streams.target_binding import TARGET, binding_details, settle_target
 from ingestion_assets.sync import Faults, SyncResult
+
+if TYPE_CHECKING:  # a step imports the modules of its own stream kind only (files and APIs: see `_schema_step`)
+    from ingestion_assets.streams.files import FileSourceStream
+    from ingestion_assets.streams.rest_api import RestApiStream
+    from ingestion_assets.streams.rest_deletes import KeyListingResult
+
+    Stream: TypeAlias = PostgresTableStream | RestApiStream | FileSourceStream
 
 ERROR_CHARS = 400
 CARRIED: tuple[str, ...] = (
@@ -92,9 +95,6 @@ class _Sink:
         return binding_details(self.loader) if self.loader is not None else {}
 
 
-Stream = PostgresTableStream | RestApiStream | FileSourceStream
-
-
 @dataclass
 class PartitionJob:
     stream: Stream
@@ -123,13 +123,7 @@ class PartitionJob:
                 raise
 
     def _attempt(self, details: dict[str, Any], position: dict[str, Any] | None, sink: _Sink) -> PartitionOutcome:
-        schema = (
-            settle_schema(self.stream, details)
-            if isinstance(self.stream, PostgresTableStream)
-            else files_schema_step(self.stream, details)  # learnt file by file
-            if isinstance(self.stream, FileSourceStream)
-            else api_schema_step(self.stream, details)  # learnt from the records, slice by slice
-        )
+        schema = self._schema_step(details)
         generation = int(details.get("generation", 0))  # 0: nothing loaded yet; the first load is generation 1
         refresh = details.get("refresh")  # a refresh in progress: {"mode", "generation"}
         if refresh is None:
@@ -163,6 +157,21 @@ class PartitionJob:
         outcome = self._finish(result, new_generation, mode, schema, loader, binding=binding_details(loader))
         outcome.started_over = started_over
         return outcome
+
+    def _schema_step(self, details: dict[str, Any]) -> SchemaStep:
+        if isinstance(self.stream, PostgresTableStream):
+            return settle_schema(self.stream, details)
+        if isinstance(self.stream.spec, FilesStream):  # learnt file by file
+            from ingestion_assets.streams.files import FileSourceStream
+            from ingestion_assets.streams.files_schema import files_schema_step
+
+            assert isinstance(self.stream, FileSourceStream)
+            return files_schema_step(self.stream, details)
+        from ingestion_assets.streams.rest_api import RestApiStream
+        from ingestion_assets.streams.rest_schema import api_schema_step
+
+        assert isinstance(self.stream, RestApiStream)
+        return api_schema_step(self.stream, details)  # learnt from the records, slice by slice
 
     def _settle_target(
         self, loader: Loader, details: dict[str, Any], after: dict[str, Any] | None, generation: int
@@ -274,7 +283,10 @@ class PartitionJob:
             **self._carried,
         }
         self.store.commit(self.partition, result.position, **outcome.checkpoint)
-        if isinstance(self.stream, RestApiStream):  # behind the checkpoint: every key in the target was read
+        if isinstance(self.stream.spec, RestStream):  # behind the checkpoint: every key in the target was read
+            from ingestion_assets.streams.rest_api import RestApiStream
+
+            assert isinstance(self.stream, RestApiStream)
             outcome.key_listing = self.stream.retire_unlisted(loader)
         if isinstance(self.stream, PostgresTableStream) and schema.plan is not None:
             check = reconcile_run(self.stream, schema.plan, loader, self.partition, result, self._carried, full)

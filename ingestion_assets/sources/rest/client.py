@@ -25,7 +25,8 @@ from ingestion_assets.sources.rest.governor import (
     retry_after_seconds,
 )
 from ingestion_assets.sources.rest.payload import CutOff, parse_json
-from ingestion_assets.sources.tls import TlsError, TlsFiles, VerifiedTransport, http_ssl_context, ssl_cause
+from ingestion_assets.sources.tls import TlsError, TlsFiles, http_ssl_context, ssl_cause
+from ingestion_assets.sources.tls_http import VerifiedTransport
 
 logger = logging.getLogger(__name__)
 
