@@ -6,6 +6,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+import yaml
 
 from ingestion_assets.cli import main
 from ingestion_assets_tests.helpers import StreamHarness
@@ -112,3 +113,16 @@ def test_up_env_down_on_a_fresh_home(
     finally:
         assert main(["down"]) == 0
     assert not (home / "pg" / "data" / "postmaster.pid").exists()
+
+
+def test_an_in_process_executor_runs_the_steps_in_the_runs_own_process(cli_env: StreamHarness) -> None:
+    """`execution: {executor: in_process}`: what CI runs of one stream may pick (no step process)."""
+    harness = cli_env
+    assert harness.catalog_path is not None
+    catalog = yaml.safe_load(harness.catalog_path.read_text())
+    harness.catalog_path.write_text(yaml.safe_dump({**catalog, "execution": {"executor": "in_process"}}))
+    process = harness.materialize_cli("items")
+    harness.wait_ok(process)
+    assert harness.target_count("items") == 1200
+    log = harness.log_text(process)
+    assert "Executing steps in process" in log and "Launching subprocess" not in log

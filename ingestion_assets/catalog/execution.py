@@ -29,8 +29,11 @@ class CeleryExecution(_Model):
 
 
 class Execution(_Model):
-    executor: Literal["multiprocess", "celery"] = Field(
-        "multiprocess", description="multiprocess: a process per step on the run's machine; celery: on workers"
+    executor: Literal["multiprocess", "in_process", "celery"] = Field(
+        "multiprocess",
+        description="multiprocess: a process per step on the run's machine; in_process: every step in the run's "
+        "own process (a second or two less per run; a step killed takes the run with it, retried by the next run "
+        "from its checkpoint, not within the run); celery: on workers",
     )
     celery: CeleryExecution | None = None
 

@@ -1,4 +1,5 @@
-"""The executor of every job, from the catalog's `execution`: Dagster's default, or Celery workers on many hosts.
+"""The executor of every job, from the catalog's `execution`: Dagster's default, the run's own process, or Celery
+workers on many hosts.
 
 The run process (orchestrator) and every worker build their Celery app from the same function, so a
 worker consumes exactly what the runs publish."""
@@ -26,6 +27,8 @@ class ExecutionSettingError(ValueError):
 
 def build_executor(settings: Settings, catalog: Catalog) -> dg.ExecutorDefinition | None:
     """None: Dagster's default (a process per step on the run's machine)."""
+    if catalog.execution.executor == "in_process":
+        return dg.in_process_executor
     celery = catalog.execution.celery
     if catalog.execution.executor != "celery" or celery is None:
         return None
