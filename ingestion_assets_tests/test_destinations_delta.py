@@ -168,3 +168,41 @@ def test_streams_recording_their_bindings_at_once_never_fail_on_each_others_comm
     assert errors == []
     markers = [tables.read_marker(f"s{i}", None) for i in range(6)]
     assert [marker.seq if marker else None for marker in markers] == [3] * 6
+
+
+EXTREMES = """
+CREATE TABLE events (id int PRIMARY KEY, day date, at timestamptz, local timestamp, updated_at timestamptz NOT NULL);
+INSERT INTO events SELECT g, date '2024-01-01' + g, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 h',
+    timestamp '2024-01-01 00:00:00' + g * interval '1 h', timestamptz '2024-01-01 00:00:00+00' + g * interval '1 s'
+FROM generate_series(1, 20) g;
+UPDATE events SET day = 'infinity' WHERE id = 3;
+UPDATE events SET day = '0044-03-15 BC' WHERE id = 4;
+UPDATE events SET at = '-infinity' WHERE id = 5;
+UPDATE events SET local = 'infinity' WHERE id = 6;
+UPDATE events SET at = '10000-01-01 00:00:00+00' WHERE id = 7;
+"""
+
+
+@pytest.mark.parametrize("table_format", FORMATS)
+def test_dates_a_lake_cannot_hold_are_parked_and_the_rest_loads(
+    harness: StreamHarness, tmp_path: Path, table_format: str
+) -> None:
+    """infinity, BC and the year 10000 made Delta's writer panic and pyiceberg fail: the whole stream stopped
+    as a permanent error naming no column (found by the files and lakes attack). They are parked instead."""
+    harness.source.execute(EXTREMES)
+    harness.write_catalog({"events": {"table": "events", "primary_key": "id", "cursor": "updated_at"}})
+    use_destination(harness, {"type": "filesystem", "bucket_url": str(tmp_path / "lake"), "table_format": table_format})
+    result = harness.materialize()
+    url = str(tmp_path / "lake" / harness.source_name / "events")
+    landed = lake_rows(table_format, url, ["id", "day", "at", "local"], "id")
+    assert [row[0] for row in landed] == [i for i in range(1, 21) if i not in (3, 4, 5, 6, 7)]
+    expected = harness.query_source(
+        f'SELECT id, day, at, local FROM "{harness.source.schema}".events WHERE id NOT IN (3, 4, 5, 6, 7) ORDER BY id'
+    )
+    assert [tuple(row) for row in landed] == expected
+    metadata = result.asset_materializations_for_node(f"{harness.source_name}__events")[0].metadata
+    assert metadata["dead letters"].value == 5
+    parked = DeltaTable(str(tmp_path / "lake" / harness.source_name / "_ingest_dead_letter")).to_pyarrow_table()
+    errors = dict(zip(parked.column("record_key").to_pylist(), parked.column("error").to_pylist(), strict=True))
+    assert sorted(errors) == ["3", "4", "5", "6", "7"]
+    assert "column day" in errors["3"] and "years 1-9999" in errors["3"] and "column at" in errors["7"]

@@ -111,7 +111,9 @@ def test_values_mariadb_cannot_hold_are_parked_with_their_reason(harness: Stream
     harness.write_catalog({"odd": {"table": "odd", "primary_key": "id", "cursor": "updated_at"}})
     use_destination(harness, mariadb.destination())
     mariadb.datasets.append(harness.source_name)
-    harness.materialize()
+    result = harness.materialize()
+    metadata = result.asset_materializations_for_node(f"{harness.source_name}__odd")[0].metadata
+    assert metadata["dead letters"].value == 3  # the run says so
     loaded = mariadb.rows(harness.source_name, "odd", ["id", "score", "day"], "id")
     assert loaded == [(1, 1.5, dt.date(2024, 5, 1)), (5, None, None)]
     parked = mariadb.query(

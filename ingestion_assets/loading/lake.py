@@ -28,6 +28,7 @@ from ingestion_assets.loading.lake_sql import LakeSqlView, keep_newest_in_duckdb
 from ingestion_assets.loading.lake_tables import LakeTables, TableStore, _literal
 from ingestion_assets.loading.metadata_columns import DELETED_AT, GENERATION, POSITION
 from ingestion_assets.loading.pipeline import Loader, TargetState
+from ingestion_assets.loading.unfit import LAKE, split_unfit, with_parked
 from ingestion_assets.loading.versions import KeyCheck
 
 
@@ -62,9 +63,15 @@ class LakeLoader(Loader):
 
     def load(self, table: pa.Table | None, dead_letters: pa.Table | None = None) -> int:
         """A slice with several versions of a key (a CDC batch: an insert and its delete) is reduced to the newest
-        first: a Delta MERGE and pyiceberg's upsert refuse a target row matched by two source rows."""
+        first: a Delta MERGE and pyiceberg's upsert refuse a target row matched by two source rows. Rows with a
+        date or time the format's readers cannot hold are parked (loading/unfit.py)."""
         if table is not None and self.target.write_disposition == "merge" and POSITION in table.column_names:
             table = newest_per_key(table, self.target.primary_key)
+        if table is not None and table.num_rows:
+            partition = self._bound_partition or ""
+            table, parked = split_unfit(table, LAKE, self.where(), self.stream_name, partition, self.target.primary_key)
+            dead_letters = with_parked(dead_letters, parked)
+            self._parked_here += 0 if parked is None else parked.num_rows
         return super().load(table, dead_letters)
 
     def _run(self, resources: list[Any], file_format: str | None) -> None:

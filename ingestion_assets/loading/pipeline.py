@@ -93,6 +93,7 @@ class Loader:
     _bindings_known: bool = field(default=False, init=False)  # PostgreSQL: the bindings table is there
     _sql_client: Any = field(default=None, init=False, repr=False)  # PostgreSQL and batch loads: reused_client
     _target_columns: frozenset[str] | None = field(default=None, init=False)  # batch loads: the table's columns
+    _parked_here: int = field(default=0, init=False)  # rows this loader parked itself (values the target cannot hold)
 
     def __post_init__(self) -> None:
         self.names = target_names(self.destination)
@@ -157,6 +158,12 @@ class Loader:
             except DatabaseUndefinedRelation:
                 return None
         return int(rows[0][0]) if rows and rows[0][0] is not None else None
+
+    def take_parked(self) -> int:
+        """How many rows the loader itself parked since it was last asked (a value the destination cannot hold):
+        the run counts them with the reader's dead letters."""
+        parked, self._parked_here = self._parked_here, 0
+        return parked
 
     def load(self, table: pa.Table | None, dead_letters: pa.Table | None = None) -> int:
         """Load one slice and its dead letters in one dlt run; returns how many rows went in (stale

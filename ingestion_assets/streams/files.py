@@ -98,7 +98,7 @@ class FileSourceStream:
             assert isinstance(piece, FileSlice)
             where = (self.name, options.partition or "", options.run_id)
             loaded = load_files(loader, schema, piece.table, piece.dead, options.target.generation, where, piece.whole)
-            return SliceOutcome(loaded=loaded, dead_letters=len(piece.dead))
+            return SliceOutcome(loaded=loaded, dead_letters=len(piece.dead) + loader.take_parked())
 
         result = run_slices(
             self._slices(after, options),

@@ -164,7 +164,8 @@ class PostgresTableStream:
             rows = with_metadata(split.rows, self.spec.cursor, now, options.target.generation, meta=split.meta)
             loaded = loader.load(rows, dead_letters=split.dead)
             latency.observe(split.rows, dt.datetime.now(dt.UTC))  # committed: the load returned
-            return SliceOutcome(loaded=loaded, dead_letters=split.dead_count, nulled=split.nulled)
+            parked = split.dead_count + loader.take_parked()
+            return SliceOutcome(loaded=loaded, dead_letters=parked, nulled=split.nulled)
 
         guard = None
         if self.spec.cursor and self.spec.late_commits.enabled:

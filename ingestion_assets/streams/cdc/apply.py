@@ -61,6 +61,7 @@ def load_changes(sync: CdcSync, pending: dict[str, TableChanges], outcome: CdcOu
         if not batch_loadable(sync._parts(stream).loader):
             _load_one(sync, stream, changes)
             _count(outcome, stream, changes, dt.datetime.now(dt.UTC))
+            outcome.dead_letters += sync._parts(stream).loader.take_parked()  # values the target cannot hold
 
 
 def _slice(sync: CdcSync, stream: PostgresTableStream, changes: TableChanges) -> TableSlice:
