@@ -7,7 +7,7 @@ README (timestamptz lands as DATETIME(6) in UTC; numeric without a precision as 
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
@@ -15,7 +15,7 @@ from ingestion_assets.loading.bindings import set_generation
 from ingestion_assets.loading.lake_sql import keep_newest_in_duckdb
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.loading.relations import table_exists
-from ingestion_assets.loading.sql_targets import target_versions
+from ingestion_assets.loading.sql_targets import index_keys, target_versions
 from ingestion_assets.loading.unfit import MARIADB, split_unfit, with_parked
 from ingestion_assets.loading.versions import KeyCheck
 
@@ -23,6 +23,8 @@ from ingestion_assets.loading.versions import KeyCheck
 @dataclass
 class MariaDbLoader(Loader):
     """Before each slice loads: rows with a value MariaDB would refuse or alter go to the dead letters."""
+
+    _keys_indexed: bool = field(default=False, init=False)
 
     def load(self, table: pa.Table | None, dead_letters: pa.Table | None = None) -> int:
         if table is not None and table.num_rows:
@@ -32,7 +34,16 @@ class MariaDbLoader(Loader):
             )
             dead_letters = with_parked(dead_letters, parked)
             self._parked_here += 0 if parked is None else parked.num_rows
-        return super().load(table, dead_letters)
+        self._index_keys()  # before a merge's delete runs: dlt's staging copy gets its index first
+        loaded = super().load(table, dead_letters)
+        self._index_keys()  # the table the load created
+        return loaded
+
+    def _index_keys(self) -> None:
+        if self._keys_indexed or not self.key or self.target.write_disposition != "merge":
+            return
+        with self._lock(), self._pipeline.sql_client() as client:
+            self._keys_indexed = index_keys(client, self.target.dataset, self.target.table, self.key)
 
     def _check_versions(self, table: pa.Table) -> KeyCheck:
         """The version guard: the target's versions of the slice's keys, compared in DuckDB."""

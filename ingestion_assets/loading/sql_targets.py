@@ -28,6 +28,9 @@ COLLATION = "utf8mb4_nopad_bin"  # byte-exact, trailing spaces significant: keys
 MYSQL_IDENTIFIER_LENGTH = 64
 LOCK_SECONDS = 300
 KEYS_PER_QUERY = 1000  # keys per version-guard query
+KEY_INDEX = "ingest_key"
+TEXT_PREFIX = 255  # characters of a LONGTEXT/LONGBLOB key column the index holds (4 bytes each: 1020 of 3072)
+_UNBOUNDED = {"tinytext", "text", "mediumtext", "longtext", "tinyblob", "blob", "mediumblob", "longblob"}
 
 
 class JsonText(sa.types.TypeDecorator[Any]):
@@ -138,3 +141,46 @@ def refuse_retype(destination: Any, table: str, changes: list[Any]) -> None:
         f"target {table} ({destination.type}): the loader does not change column types there ({listed}); "
         "refresh the stream to rebuild the table with the new types"
     )
+
+
+def index_keys(client: Any, database: str, table: str, key: tuple[str, ...]) -> bool:
+    """An index on the key of the target table and of dlt's staging copy of it (made LIKE the target when dlt has
+    not made it yet). dlt creates neither, and its merge deletes `WHERE EXISTS (SELECT 1 FROM staging WHERE key
+    = key)` row by row: without an index, target rows times slice rows (a 20k-row merge into 60k rows ran for
+    over 11 minutes). False while the target table does not exist yet."""
+    if not _columns(client, database, table):
+        return False
+    staging = database + STAGING_SUFFIX
+    if not _columns(client, staging, table):
+        client.execute_sql(f"CREATE TABLE IF NOT EXISTS {_name(staging, table)} LIKE {_name(database, table)}")
+    for schema in (database, staging):
+        found = client.execute_sql(
+            "SELECT 1 FROM information_schema.statistics WHERE table_schema = %s AND table_name = %s "
+            "AND index_name = %s",
+            schema,
+            table,
+            KEY_INDEX,
+        )
+        if found:
+            continue
+        types = _columns(client, schema, table)
+        parts = [f"{_quote(c)}({TEXT_PREFIX})" if types.get(c) in _UNBOUNDED else _quote(c) for c in key]
+        client.execute_sql(f"CREATE INDEX {_quote(KEY_INDEX)} ON {_name(schema, table)} ({', '.join(parts)})")
+    return True
+
+
+def _columns(client: Any, schema: str, table: str) -> dict[str, str]:
+    rows = client.execute_sql(
+        "SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = %s AND table_name = %s",
+        schema,
+        table,
+    )
+    return {str(name): str(kind).lower() for name, kind in rows or []}
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _name(schema: str, table: str) -> str:
+    return f"{_quote(schema)}.{_quote(table)}"
