@@ -102,6 +102,19 @@ def test_a_late_file_does_not_overwrite_newer_versions_of_its_keys(drops: Drops)
     assert drops.rows() == sorted(_rows(1, 10, tag="new") + _rows(11, 10, tag="old"))
 
 
+def test_a_slice_holding_an_older_and_a_newer_version_of_a_key_keeps_the_newer(drops: Drops) -> None:
+    """Found by the files simulation (`make simulate KIND=files SEED=1002`): the version guard marked a key stale
+    when one of the slice's versions of it was older than the target's, and so dropped the slice's newer one too
+    (a late file and a new file read in one slice; or a file holding a key twice)."""
+    drops.catalog(path="*.csv", primary_key="id")
+    drops.write("m.csv", csv_text([(1, "middle", 2.0), (2, "middle", 2.0)]), BASE + 200)
+    drops.run()
+    drops.write("l.csv", csv_text([(1, "late", 1.0)]), BASE + 100)  # late: older than what the target holds
+    drops.write("n.csv", csv_text([(1, "newest", 3.0), (2, "older", 0.5), (2, "newest", 3.0)]), BASE + 300)
+    assert drops.run().result.slices == 1  # both files in one slice, one load
+    assert drops.rows() == [(1, "newest", 3.0), (2, "newest", 3.0)]
+
+
 def test_without_a_key_rows_are_keyed_by_file_and_row(drops: Drops) -> None:
     drops.catalog(path="*.csv")
     drops.write("a.csv", csv_text([(1, "x", 1.5), (1, "x", 1.5)]), BASE)

@@ -37,10 +37,13 @@ def check_keys(
 
 
 def keep_newest(rows: pa.Table, found: pa.Table | None, primary_key: tuple[str, ...]) -> KeyCheck:
-    """The slice without the rows whose key the target holds at a newer version (`found`: existing_keys)."""
+    """The slice without the keys the target holds at a version newer than every version of them in the slice
+    (`found`: existing_keys, a row per incoming row). A key with one version in the slice older than the target's
+    and one newer (a late file and a new one read together, a key twice in a file) keeps its rows: the merge
+    takes the newest of them (dedup on `_ingest_position`)."""
     if found is None:
         return KeyCheck(rows, 0)
-    stale = found.filter(found[STALE]).select(list(primary_key))
+    stale = _only_stale(found, list(primary_key))
     if stale.num_rows == 0:
         return KeyCheck(rows, found.num_rows)
     if len(primary_key) == 1:
@@ -50,6 +53,13 @@ def keep_newest(rows: pa.Table, found: pa.Table | None, primary_key: tuple[str, 
         fresh = keys.join(stale, keys=list(primary_key), join_type="left anti").column(_ROW)
         kept = rows.take(pc.take(fresh, pc.sort_indices(fresh)))  # in their order
     return KeyCheck(kept, found.num_rows)
+
+
+def _only_stale(found: pa.Table, primary_key: list[str]) -> pa.Table:
+    """The keys (as `found` holds them) of which every incoming version is older than the target's."""
+    flags = found.set_column(found.schema.get_field_index(STALE), STALE, pc.fill_null(found[STALE], False))
+    every = flags.group_by(primary_key, use_threads=False).aggregate([(STALE, "all")])
+    return every.filter(every[f"{STALE}_all"]).select(primary_key)
 
 
 def existing_keys(
