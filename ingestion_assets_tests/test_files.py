@@ -115,6 +115,23 @@ def test_a_slice_holding_an_older_and_a_newer_version_of_a_key_keeps_the_newer(d
     assert drops.rows() == [(1, "newest", 3.0), (2, "newest", 3.0)]
 
 
+def test_a_file_rewritten_with_an_older_time_or_its_rows_reordered_replaces_its_own_rows(drops: Drops) -> None:
+    """Found by the files simulation (`make simulate KIND=files SEED=1005`): a row's version is (modified time,
+    path, row), and the version guard kept the file's old rows when its rewrite had an older time (a copy that
+    keeps an earlier time) or moved a key to an earlier row: the checkpoint said the new bytes were read, the
+    target held the old ones. A file read again now replaces its own rows; other files' newer rows still win."""
+    drops.catalog(path="*.csv", primary_key="id")
+    drops.write("a.csv", csv_text([(1, "a1", 1.0), (2, "a1", 1.0), (3, "a1", 1.0)]), BASE + 100)
+    drops.write("b.csv", csv_text([(3, "b", 9.0)]), BASE + 200)
+    drops.run()
+    drops.write("a.csv", csv_text([(1, "a2", 2.0), (2, "a2", 2.0), (3, "a2", 2.0), (4, "a2", 2.0)]), BASE + 50)
+    drops.run()
+    assert drops.rows() == [(1, "a2", 2.0), (2, "a2", 2.0), (3, "b", 9.0), (4, "a2", 2.0)]
+    drops.write("a.csv", csv_text([(2, "a3", 3.0), (1, "a3", 3.0), (4, "a3", 3.0), (3, "a33", 3.0)]), BASE + 50)
+    drops.run()  # same time, another size: key 1 moved from row 1 to row 2, key 2 from row 2 to row 1
+    assert drops.rows() == [(1, "a3", 3.0), (2, "a3", 3.0), (3, "b", 9.0), (4, "a3", 3.0)]
+
+
 def test_without_a_key_rows_are_keyed_by_file_and_row(drops: Drops) -> None:
     drops.catalog(path="*.csv")
     drops.write("a.csv", csv_text([(1, "x", 1.5), (1, "x", 1.5)]), BASE)

@@ -73,6 +73,8 @@ class FileSourceStream:
             pipeline_name=pipeline_name(self.source_name, target.table, partition),
             # a late file's older rows must not overwrite newer versions of their keys from newer files
             guard_versions=bool(self.spec.primary_key),
+            # ... but a file read again (rewritten with an older time, its rows reordered) replaces its own rows
+            version_source=FILE if self.spec.primary_key else None,
             stream_table=target.stream_table,
         )
 
@@ -171,7 +173,6 @@ class FileSourceStream:
                 batch, index = FileBatch(), index + 1
         if batch.files or batch.tables or batch.dead:
             yield _slice(batch, progress.position(), index)
-
 
 
 def _slice(batch: FileBatch, position: dict[str, Any], index: int) -> FileSlice:
