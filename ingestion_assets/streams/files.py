@@ -124,8 +124,11 @@ class FileSourceStream:
         listed = {relative_path(f.path, root) for f in list_files(fs, root, self.spec.path)}
         scope = PartitionScope.of(self.spec, options.partition)
         retired = retire_deleted_files(loader, listed, scope.holds, self.spec.deletes, self.qualified_name, options.log)
-        if retired.files and result.position is not None:
-            seen = {k: v for k, v in (result.position.get("seen") or {}).items() if k not in set(retired.files)}
+        if listed and result.position is not None:
+            # Every file the listing no longer shows leaves the position, not only those retired now: when an
+            # earlier run retired a file's rows and died before its checkpoint, nothing is left to retire, and
+            # a fingerprint kept here would take the file, put back as it was, as read.
+            seen = {k: v for k, v in (result.position.get("seen") or {}).items() if k in listed}
             result.position = {**result.position, "seen": seen}
         result.figures["files_deleted"] = len(retired.files)
         result.figures["rows_retired"] = retired.rows
