@@ -15,6 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import ingestion_assets.sources.files.csv as csv_reader
+from ingestion_assets.catalog.files import CsvOptions
+from ingestion_assets.sources.files import Resume
 from ingestion_assets.streams.schema_step import SchemaPaused
 from ingestion_assets_tests.files_helpers import Drops, csv_text
 
@@ -165,6 +168,26 @@ def test_bad_lines_and_broken_files_are_parked_and_the_rest_loads(drops: Drops) 
     # the truncated gzip gave the rows before the break: they load, and the file is parked for the rest
     assert ids - {1, 3, 5, 8, 300, 301, 302} <= set(range(200, 700))
     assert drops.run().result.rows == 0  # parked files are not read again until they change
+
+
+def test_a_csv_read_resumed_inside_a_file_parks_a_repeated_bad_line_by_its_own_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found writing the files simulation (its bad CSV lines repeat texts on purpose): a read resumed after a bad
+    line looked the next bad line up by its text from the file's start, found the earlier one, and parked it
+    under the earlier line's key (merged into that dead letter: the later bad line was lost)."""
+    monkeypatch.setattr(csv_reader, "BLOCK_BYTES", 64)  # small blocks: the file is read in pieces
+    good = [f"{i},n{i},{i}\n" for i in range(1, 40)]
+    path = tmp_path / "a.csv"
+    path.write_text(
+        "id,name,value\n" + "".join(good[:5]) + "oops\n" + "".join(good[5:29]) + "oops\n" + "".join(good[29:])
+    )
+    options = CsvOptions(column_types={"value": "int64"})
+    pieces = list(csv_reader.read_csv(lambda: pa.OSFile(str(path)), options, Resume()))
+    assert [b.line for p in pieces for b in p.bad] == [7, 32]
+    stop = next(p for p in pieces if p.bad_done == 1 and not p.bad)  # a slice ended here, after the first
+    resumed = csv_reader.read_csv(lambda: pa.OSFile(str(path)), options, Resume(stop.rows_done, stop.bad_done))
+    assert [b.line for p in resumed for b in p.bad] == [32]
 
 
 def test_a_column_spelled_differently_across_files_lands_in_one_column_and_a_file_mixing_them_is_parked(
