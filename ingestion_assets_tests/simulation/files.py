@@ -286,16 +286,18 @@ class FilesSimulation:
         return records
 
     def _loses_to_another(self, drop: Drop, content: Content, mtime: int) -> bool:
-        """Whether moving the file's time back would hand one of its keys to a row of another file that the
-        target no longer holds (this file's older version beat it): the product does not read that file again."""
-        before = self._winners()
-        saved = (drop.versions, drop.present)
-        drop.versions = [*drop.versions, (fingerprint(mtime, -1), Content(content.kind, content.rows, mtime=mtime))]
-        try:
-            after = self._winners()
-        finally:
-            drop.versions, drop.present = saved
-        return any(before[k].file == drop.path and after[k].file != drop.path for k in before if k in after)
+        """Whether moving the file's time back would put one of its keys below a row of another file that its
+        older version beat: the target then holds this file's new row, older than that row, which is not read
+        again (the README's limit). Such a rewrite keeps its time instead."""
+        old = {r.id: version(drop.mtime, drop.path, n) for n, r in drop.content.rows}
+        new = {r.id: version(mtime, drop.path, n) for n, r in content.rows}
+        others = [d for d in self._contributing() if d is not drop]
+        return any(
+            new[record.id] < version(other.mtime, other.path, n) < old[record.id]
+            for other in others
+            for n, record in other.content.rows
+            if record.id in old and record.id in new
+        )
 
     def _deletable(self, drop: Drop) -> bool:
         if not drop.present or drop.frozen or drop.changed > self.settled:
