@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import os
 import random
 import shutil
 import uuid
@@ -125,8 +124,7 @@ class FilesSimulation:
             self._sync_until_done(0.0, changing=False)  # the folder at rest: the target must equal it
             self._check_final()
         finally:
-            if not os.environ.get("SIM_KEEP"):
-                shutil.rmtree(self.home / self.name, ignore_errors=True)
+            shutil.rmtree(self.home / self.name, ignore_errors=True)
         return self.events
 
     # --- the folder ------------------------------------------------------------------------------
