@@ -12,6 +12,7 @@ from ingestion_assets.catalog import Destination
 from ingestion_assets.loading.metadata_columns import with_metadata
 from ingestion_assets.loading.pipeline import Loader, TargetTable
 from ingestion_assets.loading.targets import make_loader
+from ingestion_assets.loading.versions import STALE, keep_newest
 from ingestion_assets_tests.destination_targets import MariaDb, mariadb
 from ingestion_assets_tests.helpers import StreamHarness
 
@@ -46,7 +47,9 @@ def _target(loader: Loader) -> list[tuple[Any, ...]]:
 
 SLOW = pytest.mark.slow
 CASES = [
-    pytest.param("mariadb", ["updated_at", "n"], id="mariadb-text", marks=SLOW),  # MariaDB would compare DECIMAL or text its way
+    pytest.param(
+        "mariadb", ["updated_at", "n"], id="mariadb-text", marks=SLOW
+    ),  # MariaDB would compare DECIMAL or text its way
     pytest.param("mariadb", ["updated_at"], id="mariadb-timestamp", marks=SLOW),
     pytest.param("delta", ["updated_at", "n"], id="delta-text", marks=SLOW),
     pytest.param("iceberg", ["updated_at"], id="iceberg-timestamp", marks=SLOW),
@@ -72,3 +75,13 @@ def test_an_older_version_arriving_later_never_overwrites_a_newer_one(
     assert loader.load(_rows(old, [1, 2, 3, 4], "v1", cursor)) == 1  # the history chunk: only id 4 is not stale
     assert loader.load(_rows(new, [3], "v2-again", cursor)) == 1  # equal version: a replay is applied
     assert _target(loader) == [(1, "v2"), (2, "v2"), (3, "v2-again"), (4, "v1")]
+
+
+def test_a_key_with_a_version_newer_than_the_target_keeps_its_rows_beside_an_older_one() -> None:
+    """The guard drops a key only when every version of it in the slice is older than the target's (one key
+    and two columns of key alike); the merge then keeps the newest of the rows left."""
+    rows = pa.table({"a": [1, 1, 2, 3], "b": ["x", "x", "y", "z"], "_ingest_position": ["1", "9", "2", "8"]})
+    found = pa.table({"a": [1, 1, 2, 3], "b": ["x", "x", "y", "z"], STALE: [True, False, True, None]})
+    assert keep_newest(rows, found, ("a", "b")).rows == rows.filter(pa.array([True, True, False, True]))
+    single = keep_newest(rows.drop_columns(["b"]), found.drop_columns(["b"]), ("a",)).rows
+    assert single["a"].to_pylist() == [1, 1, 3] and single["_ingest_position"].to_pylist() == ["1", "9", "8"]

@@ -15,6 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import ingestion_assets.sources.files.csv as csv_reader
+from ingestion_assets.catalog.files import CsvOptions
+from ingestion_assets.sources.files import Resume
 from ingestion_assets.streams.schema_step import SchemaPaused
 from ingestion_assets_tests.files_helpers import Drops, csv_text
 
@@ -102,6 +105,36 @@ def test_a_late_file_does_not_overwrite_newer_versions_of_its_keys(drops: Drops)
     assert drops.rows() == sorted(_rows(1, 10, tag="new") + _rows(11, 10, tag="old"))
 
 
+def test_a_slice_holding_an_older_and_a_newer_version_of_a_key_keeps_the_newer(drops: Drops) -> None:
+    """Found by the files simulation (`make simulate KIND=files SEED=1002`): the version guard marked a key stale
+    when one of the slice's versions of it was older than the target's, and so dropped the slice's newer one too
+    (a late file and a new file read in one slice; or a file holding a key twice)."""
+    drops.catalog(path="*.csv", primary_key="id")
+    drops.write("m.csv", csv_text([(1, "middle", 2.0), (2, "middle", 2.0)]), BASE + 200)
+    drops.run()
+    drops.write("l.csv", csv_text([(1, "late", 1.0)]), BASE + 100)  # late: older than what the target holds
+    drops.write("n.csv", csv_text([(1, "newest", 3.0), (2, "older", 0.5), (2, "newest", 3.0)]), BASE + 300)
+    assert drops.run().result.slices == 1  # both files in one slice, one load
+    assert drops.rows() == [(1, "newest", 3.0), (2, "newest", 3.0)]
+
+
+def test_a_file_rewritten_with_an_older_time_or_its_rows_reordered_replaces_its_own_rows(drops: Drops) -> None:
+    """Found by the files simulation (`make simulate KIND=files SEED=1005`): a row's version is (modified time,
+    path, row), and the version guard kept the file's old rows when its rewrite had an older time (a copy that
+    keeps an earlier time) or moved a key to an earlier row: the checkpoint said the new bytes were read, the
+    target held the old ones. A file read again now replaces its own rows; other files' newer rows still win."""
+    drops.catalog(path="*.csv", primary_key="id")
+    drops.write("a.csv", csv_text([(1, "a1", 1.0), (2, "a1", 1.0), (3, "a1", 1.0)]), BASE + 100)
+    drops.write("b.csv", csv_text([(3, "b", 9.0)]), BASE + 200)
+    drops.run()
+    drops.write("a.csv", csv_text([(1, "a2", 2.0), (2, "a2", 2.0), (3, "a2", 2.0), (4, "a2", 2.0)]), BASE + 50)
+    drops.run()
+    assert drops.rows() == [(1, "a2", 2.0), (2, "a2", 2.0), (3, "b", 9.0), (4, "a2", 2.0)]
+    drops.write("a.csv", csv_text([(2, "a3", 3.0), (1, "a3", 3.0), (4, "a3", 3.0), (3, "a33", 3.0)]), BASE + 50)
+    drops.run()  # same time, another size: key 1 moved from row 1 to row 2, key 2 from row 2 to row 1
+    assert drops.rows() == [(1, "a3", 3.0), (2, "a3", 3.0), (3, "b", 9.0), (4, "a3", 3.0)]
+
+
 def test_without_a_key_rows_are_keyed_by_file_and_row(drops: Drops) -> None:
     drops.catalog(path="*.csv")
     drops.write("a.csv", csv_text([(1, "x", 1.5), (1, "x", 1.5)]), BASE)
@@ -135,6 +168,26 @@ def test_bad_lines_and_broken_files_are_parked_and_the_rest_loads(drops: Drops) 
     # the truncated gzip gave the rows before the break: they load, and the file is parked for the rest
     assert ids - {1, 3, 5, 8, 300, 301, 302} <= set(range(200, 700))
     assert drops.run().result.rows == 0  # parked files are not read again until they change
+
+
+def test_a_csv_read_resumed_inside_a_file_parks_a_repeated_bad_line_by_its_own_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found writing the files simulation (its bad CSV lines repeat texts on purpose): a read resumed after a bad
+    line looked the next bad line up by its text from the file's start, found the earlier one, and parked it
+    under the earlier line's key (merged into that dead letter: the later bad line was lost)."""
+    monkeypatch.setattr(csv_reader, "BLOCK_BYTES", 64)  # small blocks: the file is read in pieces
+    good = [f"{i},n{i},{i}\n" for i in range(1, 40)]
+    path = tmp_path / "a.csv"
+    path.write_text(
+        "id,name,value\n" + "".join(good[:5]) + "oops\n" + "".join(good[5:29]) + "oops\n" + "".join(good[29:])
+    )
+    options = CsvOptions(column_types={"value": "int64"})
+    pieces = list(csv_reader.read_csv(lambda: pa.OSFile(str(path)), options, Resume()))
+    assert [b.line for p in pieces for b in p.bad] == [7, 32]
+    stop = next(p for p in pieces if p.bad_done == 1 and not p.bad)  # a slice ended here, after the first
+    resumed = csv_reader.read_csv(lambda: pa.OSFile(str(path)), options, Resume(stop.rows_done, stop.bad_done))
+    assert [b.line for p in resumed for b in p.bad] == [32]
 
 
 def test_a_column_spelled_differently_across_files_lands_in_one_column_and_a_file_mixing_them_is_parked(

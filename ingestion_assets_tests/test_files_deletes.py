@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ingestion_assets.streams.runner import PartitionJob
 from ingestion_assets_tests.files_helpers import Drops, csv_text
 
 BASE = 1_700_000_000.0
@@ -132,3 +133,37 @@ def test_a_deleted_file_retires_its_rows_in_a_lake(drops: Drops, table_format: s
     rows = lake_rows(table_format, str(lake / "drops" / "orders"), ["id", "_ingest_deleted_at"], "id")
     live = [(i, at is None) for i, at in rows]
     assert live == ([(1, False), (2, False)] if deletes == "soft" else []) + [(3, True), (4, True)]
+
+
+class _DiesAtTheEnd:
+    """The run's last checkpoint (after the deleted files' rows were retired) is lost: the process died first."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def latest(self, partition: str | None) -> Any:
+        return self.store.latest(partition)
+
+    def commit(self, partition: str | None, position: Any, **details: Any) -> None:
+        if details.get("complete"):
+            raise KeyboardInterrupt("the process died before its last checkpoint was stored")
+        self.store.commit(partition, position, **details)
+
+
+def test_a_file_put_back_is_read_again_when_its_retirement_was_never_checkpointed(drops: Drops) -> None:
+    """The rows of a deleted file were retired, then the process died before the checkpoint that forgets the file;
+    the next run found nothing left to retire and kept the file's fingerprint as read, so the file put back as it
+    was (same bytes, same time) was never read again. A file the listing no longer shows now leaves the position
+    at every run."""
+    drops.catalog(path="*.csv", deletes="hard")
+    drops.write("a.csv", csv_text(_rows(1, 3)), BASE)
+    drops.write("b.csv", csv_text(_rows(1, 2, "b")), BASE + 1)
+    drops.run()
+    (drops.folder / "a.csv").unlink()
+    with pytest.raises(KeyboardInterrupt):
+        PartitionJob(drops.stream(), _DiesAtTheEnd(drops.store), run_id="test").run()  # type: ignore[arg-type]
+    assert [r[0] for r in drops.rows("_ingest_file, _ingest_file_row")] == ["b.csv"] * 2  # retired, not checkpointed
+    drops.run()  # nothing left to retire
+    drops.write("a.csv", csv_text(_rows(1, 3)), BASE)  # put back as it was
+    drops.run()
+    assert [r[0] for r in drops.rows("_ingest_file, _ingest_file_row")] == ["a.csv"] * 3 + ["b.csv"] * 2

@@ -144,7 +144,7 @@ class LakeLoader(Loader):
 
     def _check_versions(self, table: pa.Table) -> KeyCheck:
         """The version guard against the table's newest version, joined in an in-memory DuckDB."""
-        return keep_newest_in_duckdb(self.tables.dataset(self.target.table), table, self.key)
+        return keep_newest_in_duckdb(self.tables.dataset(self.target.table), table, self.key, self.source_column)
 
     def swap_in(self, shadow: str, table: str, generation: int | None = None) -> None:
         """The shadow's rows replace the table's in one commit (Delta log entry, Iceberg snapshot); then the
@@ -219,7 +219,6 @@ class LakeLoader(Loader):
         rows = delta.to_pyarrow_dataset().to_table(columns=["stream", "record_key"])
         mine = rows.filter(pc.equal(rows["stream"], self.stream_name))["record_key"]
         return {str(key) for key in mine.to_pylist()}
-
 
 
 def newest_per_key(table: pa.Table, key: tuple[str, ...]) -> pa.Table:

@@ -93,7 +93,9 @@ def lake_sql_view(open_dataset: Opener) -> Iterator[LakeSqlView]:
         view.close()
 
 
-def keep_newest_in_duckdb(target: Any | None, rows: pa.Table, key: tuple[str, ...]) -> KeyCheck:
+def keep_newest_in_duckdb(
+    target: Any | None, rows: pa.Table, key: tuple[str, ...], source: str | None = None
+) -> KeyCheck:
     """The version guard where the target's SQL cannot run versions.py's join: `target` (an Arrow dataset or
     table with the key and `_ingest_position`; None: no table yet) is joined with the slice in an in-memory
     DuckDB, which compares text versions byte by byte as sortable_text needs."""
@@ -101,6 +103,6 @@ def keep_newest_in_duckdb(target: Any | None, rows: pa.Table, key: tuple[str, ..
         return keep_newest(rows, None, key)
     with contextlib.closing(duckdb.connect()) as con:
         con.register("_ingest_target", target)
-        con.register(INCOMING, rows.select([*key, POSITION]))
-        found = con.sql(existing_sql("_ingest_target", key, "")).to_arrow_table()
+        con.register(INCOMING, rows.select([*key, POSITION, *([source] if source else [])]))
+        found = con.sql(existing_sql("_ingest_target", key, "", source)).to_arrow_table()
     return keep_newest(rows, found, key)

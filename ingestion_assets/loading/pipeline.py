@@ -78,12 +78,14 @@ class Loader:
     target: TargetTable
     pipeline_name: str
     guard_versions: bool = False  # several writers (partitions, live tail): keep the newest version
+    version_source: str | None = None  # files: the column naming a row's file, whose re-read replaces its rows
     stream_table: str | None = None  # the stream's table when `target` is a refresh's shadow of it
     max_table_nesting: int = 0  # API records: nested objects and lists become child tables up to this depth
     names: TargetNames = field(init=False)
     bound: Marker | None = field(default=None, init=False)  # what the target holds for this run's partition
     _bound_partition: str | None = field(default=None, init=False)
     key: tuple[str, ...] = field(init=False)  # the primary key as the target names it
+    source_column: str | None = field(init=False)  # version_source as the target names it
     _parked_keys: set[str] | None = field(default=None, init=False)
     _known_to_exist: bool = field(default=False, init=False)  # seen in this run: no need to look again
     _pipeline: Any = field(default=None, init=False, repr=False)
@@ -100,6 +102,7 @@ class Loader:
         where = f"target {self.target.dataset}.{self.stream_table or self.target.table}"
         self.names.check(where, self.target.source_columns)
         self.key = self.names.columns(self.target.primary_key)
+        self.source_column = self.names.column(self.version_source) if self.version_source else None
         logging.getLogger("dlt").addFilter(_HINT_NOTICE)  # a set: adding it again changes nothing
         # Loaded packages are not kept (a slice is re-read from the source, never from local files), and
         # the staging copy of a merged slice is emptied: neither disk grows with the number of runs.
@@ -229,7 +232,7 @@ class Loader:
 
     def _check_versions(self, table: pa.Table) -> KeyCheck:
         with self._pipeline.sql_client() as client:
-            return check_keys(client, self.destination.type, self.target.table, self.key, table)
+            return check_keys(client, self.destination.type, self.target.table, self.key, table, self.source_column)
 
     def _run(self, resources: list[Any], file_format: str | None) -> None:
         options: dict[str, Any] = {} if file_format is None else {"loader_file_format": file_format}

@@ -36,6 +36,7 @@ class SliceWrite:
     mode: str  # append | replace | merge
     guard: bool = False  # keep the target's row where its version is newer (several writers)
     bytewise: bool = False  # the version is text: compare it with COLLATE "C"
+    source: str | None = None  # files: a row read again from the same file replaces its own (versions.check_keys)
     keyed: bool = False  # the target has its unique index on the key (a merge may then try COPY straight in)
 
 
@@ -152,7 +153,10 @@ def upsert_sql(write: SliceWrite, slice_columns: list[str], target_columns: list
     if write.guard and assignments and POSITION in target_columns:
         # text versions (several cursor columns) order bytewise; see metadata_columns.sortable_text
         collate = ' COLLATE "C"' if write.bytewise else ""
-        statement += f" WHERE (t.{POSITION}{collate} > EXCLUDED.{POSITION}{collate}) IS NOT TRUE"
+        newer = f"t.{POSITION}{collate} > EXCLUDED.{POSITION}{collate}"
+        if write.source is not None and write.source in target_columns:
+            newer += f" AND t.{quote(write.source)} IS DISTINCT FROM EXCLUDED.{quote(write.source)}"
+        statement += f" WHERE ({newer}) IS NOT TRUE"
     return statement
 
 

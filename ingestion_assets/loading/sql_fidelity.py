@@ -48,8 +48,8 @@ class MariaDbLoader(Loader):
     def _check_versions(self, table: pa.Table) -> KeyCheck:
         """The version guard: the target's versions of the slice's keys, compared in DuckDB."""
         with self._pipeline.sql_client() as client:
-            found = target_versions(client, self.target.table, self.key, table)
-        return keep_newest_in_duckdb(found, table, self.key)
+            found = target_versions(client, self.target.table, self.key, table, self.source_column)
+        return keep_newest_in_duckdb(found, table, self.key, self.source_column)
 
     def swap_in(self, shadow: str, table: str, generation: int | None = None) -> None:
         """MySQL's DDL commits on its own: the swap is one RENAME TABLE of both names, which MySQL does

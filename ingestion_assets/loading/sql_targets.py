@@ -105,14 +105,17 @@ def mysql_lock(url: str, dataset: str, table: str) -> Iterator[None]:
         engine.dispose()
 
 
-def target_versions(client: Any, table: str, key: tuple[str, ...], rows: pa.Table) -> pa.Table | None:
+def target_versions(
+    client: Any, table: str, key: tuple[str, ...], rows: pa.Table, source: str | None = None
+) -> pa.Table | None:
     """The key and `_ingest_position` of the rows the target holds for the slice's keys, typed as the slice's
     (None: no such table). Asked in chunks of keys; compared in DuckDB (lake_sql.keep_newest_in_duckdb), since
     MariaDB's DECIMAL and DATETIME would compare a version text or a timestamp its own way."""
     qualified = client.make_qualified_table_name(table)
     if not table_exists(client, qualified):
         return None
-    columns = [client.escape_column_name(name) for name in (*key, POSITION)]
+    wanted = (*key, POSITION, *([source] if source else []))
+    columns = [client.escape_column_name(name) for name in wanted]
     listed, tuple_of = ", ".join(columns), f"({', '.join(columns[: len(key)])})"
     keys = rows.select(list(key)).to_pylist()
     found: list[tuple[Any, ...]] = []
@@ -121,7 +124,7 @@ def target_versions(client: Any, table: str, key: tuple[str, ...], rows: pa.Tabl
         marks = ", ".join("(" + ", ".join(["%s"] * len(key)) + ")" for _ in chunk)
         values = [row[name] for row in chunk for name in key]
         found += client.execute_sql(f"SELECT {listed} FROM {qualified} WHERE {tuple_of} IN ({marks})", *values) or []
-    schema = rows.select([*key, POSITION]).schema
+    schema = rows.select(list(wanted)).schema
     return pa.table([pa.array([r[i] for r in found], f.type) for i, f in enumerate(schema)], schema=schema)
 
 

@@ -30,17 +30,28 @@ class KeyCheck:
 
 
 def check_keys(
-    client: Any, destination_type: str, table: str, primary_key: tuple[str, ...], rows: pa.Table
+    client: Any,
+    destination_type: str,
+    table: str,
+    primary_key: tuple[str, ...],
+    rows: pa.Table,
+    source: str | None = None,
 ) -> KeyCheck:
-    found = existing_keys(client, destination_type, table, primary_key, rows.select([*primary_key, POSITION]))
+    """`source`: the column naming where a row was read (a file): a row read again from the same source replaces
+    the target's whatever their versions (a file rewritten with an older modified time, or its rows reordered)."""
+    keys = rows.select([*primary_key, POSITION, *([source] if source else [])])
+    found = existing_keys(client, destination_type, table, primary_key, keys, source)
     return keep_newest(rows, found, primary_key)
 
 
 def keep_newest(rows: pa.Table, found: pa.Table | None, primary_key: tuple[str, ...]) -> KeyCheck:
-    """The slice without the rows whose key the target holds at a newer version (`found`: existing_keys)."""
+    """The slice without the keys the target holds at a version newer than every version of them in the slice
+    (`found`: existing_keys, a row per incoming row). A key with one version in the slice older than the target's
+    and one newer (a late file and a new one read together, a key twice in a file) keeps its rows: the merge
+    takes the newest of them (dedup on `_ingest_position`)."""
     if found is None:
         return KeyCheck(rows, 0)
-    stale = found.filter(found[STALE]).select(list(primary_key))
+    stale = _only_stale(found, list(primary_key))
     if stale.num_rows == 0:
         return KeyCheck(rows, found.num_rows)
     if len(primary_key) == 1:
@@ -52,11 +63,24 @@ def keep_newest(rows: pa.Table, found: pa.Table | None, primary_key: tuple[str, 
     return KeyCheck(kept, found.num_rows)
 
 
+def _only_stale(found: pa.Table, primary_key: list[str]) -> pa.Table:
+    """The keys (as `found` holds them) of which every incoming version is older than the target's."""
+    flags = found.set_column(found.schema.get_field_index(STALE), STALE, pc.fill_null(found[STALE], False))
+    every = flags.group_by(primary_key, use_threads=False).aggregate([(STALE, "all")])
+    return every.filter(every[f"{STALE}_all"]).select(primary_key)
+
+
 def existing_keys(
-    client: Any, destination_type: str, table: str, primary_key: tuple[str, ...], keys: pa.Table
+    client: Any,
+    destination_type: str,
+    table: str,
+    primary_key: tuple[str, ...],
+    keys: pa.Table,
+    source: str | None = None,
 ) -> pa.Table | None:
-    """The keys of `keys` (primary key + `_ingest_position`) the target holds, each with `STALE`: whether the
-    target's version is newer. None when the target table does not exist yet."""
+    """The keys of `keys` (primary key + `_ingest_position`, + `source` if given) the target holds, each with
+    `STALE`: whether the target's version is newer (and, with `source`, read elsewhere). None when the target
+    table does not exist yet."""
     if destination_type not in ("duckdb", "postgres"):
         raise NotImplementedError(
             f"the version guard (partitions, a live tail) is built for DuckDB, PostgreSQL and lakes, not for a "
@@ -67,19 +91,19 @@ def existing_keys(
     qualified = client.make_qualified_table_name(table)
     # Several cursor columns make a text version (metadata_columns.sortable_text) whose byte order is its order.
     bytewise = destination_type == "postgres" and pa.types.is_string(keys.schema.field(POSITION).type)
-    statement = existing_sql(qualified, primary_key, ' COLLATE "C"' if bytewise else "")
+    statement = existing_sql(qualified, primary_key, ' COLLATE "C"' if bytewise else "", source)
     if destination_type == "duckdb":
         return _query_duckdb(client.native_connection, statement, keys)
     return _query_postgres(client.native_connection, statement, qualified, primary_key, keys)
 
 
-def existing_sql(qualified: str, primary_key: tuple[str, ...], collate: str) -> str:
+def existing_sql(qualified: str, primary_key: tuple[str, ...], collate: str, source: str | None = None) -> str:
     using = ", ".join(quote_name(k) for k in primary_key)
     columns = ", ".join(f"i.{quote_name(k)}" for k in primary_key)
-    return (
-        f"SELECT {columns}, t.{POSITION}{collate} > i.{POSITION}{collate} AS {STALE} "
-        f"FROM {INCOMING} i JOIN {qualified} t USING ({using})"
-    )
+    newer = f"t.{POSITION}{collate} > i.{POSITION}{collate}"
+    if source is not None:  # the same file read again replaces its own rows: its older bytes are gone
+        newer = f"({newer} AND t.{quote_name(source)} IS DISTINCT FROM i.{quote_name(source)})"
+    return f"SELECT {columns}, {newer} AS {STALE} FROM {INCOMING} i JOIN {qualified} t USING ({using})"
 
 
 def _query_duckdb(con: Any, statement: str, keys: pa.Table) -> pa.Table:
@@ -94,12 +118,12 @@ def _query_duckdb(con: Any, statement: str, keys: pa.Table) -> pa.Table:
 def _query_postgres(
     conn: Any, statement: str, qualified: str, primary_key: tuple[str, ...], keys: pa.Table
 ) -> pa.Table:
-    columns = ", ".join(quote_name(k) for k in primary_key)
+    columns = ", ".join(quote_name(k) for k in keys.column_names)  # the key, the version (and the source)
     buffer = io.BytesIO()
     pacsv.write_csv(for_postgres(keys), buffer, write_options=pacsv.WriteOptions(include_header=False))
     buffer.seek(0)
     with conn.cursor() as cur:
-        cur.execute(f"CREATE TEMP TABLE {INCOMING} AS SELECT {columns}, {POSITION} FROM {qualified} LIMIT 0")
+        cur.execute(f"CREATE TEMP TABLE {INCOMING} AS SELECT {columns} FROM {qualified} LIMIT 0")
         try:
             cur.copy_expert(f"COPY {INCOMING} FROM STDIN WITH (FORMAT csv)", buffer)
             cur.execute(statement)

@@ -13,9 +13,10 @@ from pathlib import Path
 from ingestion_assets.stack.embedded import EmbeddedPostgres
 from ingestion_assets_tests.simulation.api import ApiSimulation
 from ingestion_assets_tests.simulation.cdc import CdcSimulation
+from ingestion_assets_tests.simulation.files import FilesSimulation
 from ingestion_assets_tests.simulation.harness import Simulation, SimulationFailure
 
-KINDS = ("table", "api", "cdc", "cdch")  # cdch: cdc with history partitions
+KINDS = ("table", "api", "cdc", "cdch", "files")  # cdch: cdc with history partitions; files: a files stream
 
 
 def main() -> int:
@@ -36,11 +37,13 @@ def main() -> int:
     try:
         url = server.ensure_database("sim")
         for seed, kind in [(seed, kind) for seed in seeds for kind in kinds]:
-            simulation: Simulation | ApiSimulation | CdcSimulation
+            simulation: Simulation | ApiSimulation | CdcSimulation | FilesSimulation
             if kind == "table":
                 simulation = Simulation(seed, url, root, unsafe=args.unsafe)
             elif kind == "api":
                 simulation = ApiSimulation(seed, root, unsafe=args.unsafe)
+            elif kind == "files":
+                simulation = FilesSimulation(seed, root, unsafe=args.unsafe)
             else:
                 simulation = CdcSimulation(seed, url, root, unsafe=args.unsafe, history=kind == "cdch")
             seed_began = time.monotonic()

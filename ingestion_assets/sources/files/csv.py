@@ -35,7 +35,6 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
     raw_columns: set[str] = set()
     inferred: dict[str, pa.DataType] = {}  # each column's type as the first read typed it
     done = resume
-    lines = _LineFinder(open_file, options.encoding)
     while True:
         try:
             reader, invalid_rows = _open(open_file, options, raw_columns)
@@ -54,6 +53,7 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
             inferred.update(dict.fromkeys(undecoded, pa.string()))
             raw_columns |= undecoded
             continue
+        lines = _LineFinder(open_file, options.encoding)  # each pass meets the bad lines from the file's start
         try:
             for piece in _pieces(reader, invalid_rows, done, inferred, raw_columns, lines):
                 done = Resume(piece.rows_done, piece.bad_done)
@@ -124,9 +124,10 @@ def _pieces(
         bad: list[BadRow] = []
         for row in invalid_rows:
             invalid += 1
+            line = lines.find(row.text)  # also for those given before: the finder passes their lines in order
             if invalid > done.bad:
                 problem = f"{row.actual_columns} fields where the header has {row.expected_columns}"
-                bad.append(BadRow(None, lines.find(row.text), problem, row.text))
+                bad.append(BadRow(None, line, problem, row.text))
         invalid_rows.clear()
         first = good + 1
         good += batch.num_rows
@@ -225,7 +226,9 @@ def _header(open_file: Callable[[], pa.NativeFile], options: CsvOptions) -> list
 
 class _LineFinder:
     """The line number of a bad row (pyarrow's streaming reader does not know it): bad rows come in file order,
-    so one forward scan of the file, only for files that have any, finds them all."""
+    so one forward scan of the file, only for files that have any, finds them all. It must be shown every bad
+    row of the pass, those a resumed read skips too: a later bad line with the same text as a skipped one
+    would otherwise be found at the skipped one's line."""
 
     def __init__(self, open_file: Callable[[], pa.NativeFile], encoding: str) -> None:
         self._open, self._encoding = open_file, encoding
