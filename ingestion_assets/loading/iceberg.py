@@ -159,6 +159,32 @@ class IcebergTables:
             self.sync(table)
         return changed
 
+    def lineage(self, table: str) -> str | None:
+        """The current snapshot (id and sequence number): what a checkpoint records of the table."""
+        iceberg = self.open(table)
+        snapshot = None if iceberg is None else iceberg.current_snapshot()
+        return None if snapshot is None else f"{snapshot.snapshot_id}:{snapshot.sequence_number}"
+
+    def went_back(self, table: str, lineage: str) -> str | None:
+        """Why the table no longer holds what snapshot `lineage` held (None: that snapshot is an ancestor of the
+        current one, or expired below a newer one): a rollback, or the table made again."""
+        iceberg = self.open(table)
+        if iceberg is None:
+            return None
+        snapshot_id, sequence = (int(part) for part in lineage.split(":"))
+        current = iceberg.current_snapshot()
+        if current is None or (current.sequence_number or 0) < sequence:
+            return f"its current snapshot is older than the checkpoint's ({snapshot_id}): rolled back or made again"
+        known = {snap.snapshot_id: snap for snap in iceberg.metadata.snapshots}
+        if snapshot_id not in known:
+            return None  # expired: the current snapshot is newer, and nothing says it does not descend from it
+        walk: Any = current
+        while walk is not None:
+            if walk.snapshot_id == snapshot_id:
+                return None
+            walk = known.get(walk.parent_snapshot_id) if walk.parent_snapshot_id is not None else None
+        return f"its current snapshot {current.snapshot_id} does not descend from the checkpoint's {snapshot_id}"
+
     def sync(self, table: str) -> None:
         """On a local disk, force the newest metadata file (the commit) and its folder to the device before the
         checkpoint counts on it; an object store's PUT is durable when it returns."""

@@ -104,6 +104,14 @@ class LakeLoader(Loader):
             self._known_to_exist = rows is not None
             return TargetState(rows is not None, bool(rows), self.lake.read_marker(self.stream_name, partition))
 
+    def lineage(self) -> str | None:
+        with self._lock():
+            return self.tables.lineage(self.target.table)
+
+    def went_back(self, lineage: str) -> str | None:
+        with self._lock():
+            return self.tables.went_back(self.target.table, lineage)
+
     def bind(self, marker: Marker, partition: str | None, record_now: bool = False) -> None:
         self.bound, self._bound_partition = marker, partition
         if record_now:

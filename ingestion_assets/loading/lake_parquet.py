@@ -38,6 +38,13 @@ class ParquetFiles:
         fs, files = self._files(table)
         return pads.dataset(files, format="parquet", filesystem=fs) if files else None
 
+    def lineage(self, table: str) -> str | None:
+        """Plain files keep no history to compare with."""
+        return None
+
+    def went_back(self, table: str, lineage: str) -> str | None:
+        return None
+
     def has_rows(self, table: str) -> bool | None:
         dataset = self.dataset(table)
         return None if dataset is None else dataset.count_rows() > 0

@@ -48,6 +48,8 @@ class TableStore(Protocol):
     def flag_deleted(self, table: str, key: tuple[str, ...], marks: pa.Table) -> int: ...
     def overwrite_with(self, table: str, shadow: str) -> bool: ...
     def sync(self, table: str) -> None: ...
+    def lineage(self, table: str) -> str | None: ...
+    def went_back(self, table: str, lineage: str) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,28 @@ class LakeTables:
         )
         self.sync(table)
         return True
+
+    def lineage(self, table: str) -> str | None:
+        """The table's version: what a checkpoint records of it, to notice the table taken back later."""
+        delta = self.open(table)
+        return None if delta is None else str(delta.version())
+
+    def went_back(self, table: str, lineage: str) -> str | None:
+        """Why the table no longer holds what it held at version `lineage` (None: it does, whatever was
+        appended, merged, compacted or vacuumed since): an older log (the table made again), or a RESTORE since."""
+        delta = self.open(table)
+        if delta is None:
+            return None
+        recorded, now = int(lineage), delta.version()
+        if now < recorded:
+            return f"its Delta log is at version {now}, older than the checkpoint's {recorded} (the table made again)"
+        for commit in delta.history(now - recorded) if now > recorded else []:
+            if int(commit.get("version", -1)) > recorded and str(commit.get("operation", "")).upper() == "RESTORE":
+                return (
+                    f"its Delta version {commit['version']} restored it to an earlier version "
+                    f"({commit.get('operationParameters', {})}) after the checkpoint's version {recorded}"
+                )
+        return None
 
     def sync(self, table: str) -> None:
         """On a local disk, force the Delta log to the device: an object store's PUT is durable when it

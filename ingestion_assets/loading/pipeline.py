@@ -162,6 +162,15 @@ class Loader:
                 return None
         return int(rows[0][0]) if rows and rows[0][0] is not None else None
 
+    def lineage(self) -> str | None:
+        """Where the target table is in its own history (a lake's version or snapshot), for the checkpoint to
+        record; None where tables keep no history (SQL targets: a restore shows in `_ingest_bindings`)."""
+        return None
+
+    def went_back(self, lineage: str) -> str | None:
+        """Why the table no longer holds what it held at `lineage` (None: it does)."""
+        return None
+
     def take_parked(self) -> int:
         """How many rows the loader itself parked since it was last asked (a value the destination cannot hold):
         the run counts them with the reader's dead letters."""

@@ -53,7 +53,11 @@ def binding_details(loader: Loader) -> dict[str, Any]:
     marker = loader.bound
     if marker is None:
         return {}
-    return {TARGET: {"binding": marker.binding, "seq": marker.seq, "where": loader.where()}}
+    recorded: dict[str, Any] = {"binding": marker.binding, "seq": marker.seq, "where": loader.where()}
+    lineage = loader.lineage()
+    if lineage is not None:
+        recorded["lineage"] = lineage
+    return {TARGET: recorded}
 
 
 def _mismatch(loader: Loader, state: TargetState, stored: Any) -> str | None:
@@ -76,6 +80,10 @@ def _mismatch(loader: Loader, state: TargetState, stored: Any) -> str | None:
         )
     if not state.has_rows:
         return f"{table} in {where} is missing or empty although the checkpoint says rows were loaded"
+    lineage = stored.get("lineage")
+    went_back = loader.went_back(str(lineage)) if lineage else None
+    if went_back is not None:  # one table taken back (a lake's time travel): its bindings table was not
+        return f"{table} in {where} no longer holds what the checkpoint describes: {went_back}"
     return None
 
 
