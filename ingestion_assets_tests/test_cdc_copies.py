@@ -115,7 +115,8 @@ def own_source(tmp_path: Path) -> Iterator[SourceDb]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.mark.parametrize("published", [True, False])
+# unpublished: slow (the wait for older writers covers it; it passed before the fix too)
+@pytest.mark.parametrize("published", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_a_copy_never_sets_back_a_commit_it_cannot_see_yet(
     tmp_path: Path,
     session_settings: Settings,

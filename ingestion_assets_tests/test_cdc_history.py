@@ -118,7 +118,8 @@ def _write_safely(source: SourceDb, stop: threading.Event, seed: int) -> None:
             seed += 1
 
 
-@pytest.mark.parametrize("deletes", ["hard", "soft"])
+# soft: slow (the same machinery as hard; soft deletes into history ranges are also in the simulation's seeds)
+@pytest.mark.parametrize("deletes", ["hard", pytest.param("soft", marks=pytest.mark.slow)])
 def test_history_partitions_under_a_concurrent_writer_end_exact(cdc: StreamHarness, deletes: str) -> None:
     harness = cdc
     harness.source.execute(TABLE)
@@ -310,6 +311,7 @@ def test_several_versions_of_a_new_row_in_one_batch_end_at_the_newest(cdc: Strea
     assert rows == [(5000, "paid")]
 
 
+@pytest.mark.slow  # ~35 s: a WAL gap's message and reset are in test_cdc_streams.py; this adds the ranges again
 def test_after_a_wal_gap_a_reset_and_the_ranges_again_end_exact(cdc: StreamHarness) -> None:
     from ingestion_assets.state.checkpoints import reset_checkpoint
 

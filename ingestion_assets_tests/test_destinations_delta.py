@@ -183,7 +183,7 @@ UPDATE events SET at = '10000-01-01 00:00:00+00' WHERE id = 7;
 """
 
 
-@pytest.mark.parametrize("table_format", FORMATS)
+@pytest.mark.parametrize("table_format", ["delta", pytest.param("iceberg", marks=pytest.mark.slow)])
 def test_dates_a_lake_cannot_hold_are_parked_and_the_rest_loads(
     harness: StreamHarness, tmp_path: Path, table_format: str
 ) -> None:
@@ -223,7 +223,7 @@ def _take_back(url: str, table_format: str) -> None:
     table.manage_snapshots().rollback_to_snapshot(first.snapshot_id).commit()
 
 
-@pytest.mark.parametrize("table_format", FORMATS)
+@pytest.mark.parametrize("table_format", ["delta", pytest.param("iceberg", marks=pytest.mark.slow)])
 def test_a_lake_table_taken_back_with_its_own_time_travel_is_read_again(
     harness: StreamHarness, tmp_path: Path, table_format: str
 ) -> None:

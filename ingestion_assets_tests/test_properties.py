@@ -36,7 +36,7 @@ rows = st.lists(st.tuples(timestamps, amounts, texts), min_size=1, max_size=40)
 changes = st.sampled_from([None, "add", "widen", "drop"])
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(first=rows, second=rows, change=changes)
 def test_every_row_is_loaded_or_parked_never_both_never_neither(
     harness: StreamHarness,
