@@ -95,7 +95,7 @@ class TableChanges:
             return
         new = change.new_record()
         if any(value is UNCHANGED_TOAST for value in new.values()):
-            new = self._fill_toast(new, old, lookup_toast)
+            new = self._fill_toast(new, old if full else None, lookup_toast)
         if old is not None and any(old.get(k) is not None and old.get(k) != new.get(k) for k in self.primary_key):
             self._delete(old, full, version, change.commit_time)  # the key itself changed
         problem = self._unfit(new)
@@ -128,7 +128,10 @@ class TableChanges:
     def _fill_toast(
         self, new: dict[str, Any], old: dict[str, Any] | None, lookup: Callable[[dict[str, Any]], dict[str, Any]]
     ) -> dict[str, Any]:
-        """An unchanged TOASTed value is not resent: take it from the full old row, or from the source."""
+        """An unchanged TOASTed value is not resent: take it from the full old row (replica identity full), or
+        from the source. A key-only old tuple (the default identity, sent when the key changes) holds NULL in every
+        other column: taking those as the values landed the moved row's large values as NULL (found by the CDC
+        attack)."""
         missing = [name for name, value in new.items() if value is UNCHANGED_TOAST]
         if old is not None and all(old.get(name) is not UNCHANGED_TOAST and name in old for name in missing):
             return {**new, **{name: old[name] for name in missing}}
