@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -18,6 +19,8 @@ log = logging.getLogger(__name__)
 
 _PROCESS_EVENTS = {dg.DagsterEventType.RUN_START, dg.DagsterEventType.STEP_WORKER_STARTED}
 _LIVE = {dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.CANCELING}
+_ORPHAN_WAIT_S = 20.0  # a killed group's step process may take a moment to die (its last write to disk)
+_SIGKILL_BIT = 1 << (9 - 1)
 
 
 def release_dead_runs(instance: dg.DagsterInstance) -> list[str]:
@@ -28,7 +31,7 @@ def release_dead_runs(instance: dg.DagsterInstance) -> list[str]:
         run = instance.get_run_by_id(run_id)
         if run is not None and run.status in _LIVE:
             processes = _processes(instance, run_id)
-            if not processes or any(_alive(pid, since) for pid, since in processes):
+            if not processes or not _all_gone(processes):
                 continue  # not started yet, or still running
             pids = ", ".join(str(pid) for pid, _ in processes)
             instance.report_run_failed(
@@ -62,15 +65,45 @@ def _processes(instance: dg.DagsterInstance, run_id: str) -> list[tuple[int, flo
     return [(event.pid, when) for event, when in events if event.pid]
 
 
+def _all_gone(processes: list[tuple[int, float]]) -> bool:
+    """Whether none of the run's processes is alive. When the run's own process (the first) is gone but a
+    step process lingers, it was killed with its group and is still dying, or it is an orphan finishing
+    its step that nobody will record: wait a little for it rather than leave the slot held until the
+    next run of the source comes along (a run that finds the slot held waits for it, not us)."""
+    if _alive(*processes[0]):
+        return False
+    deadline = time.monotonic() + _ORPHAN_WAIT_S
+    while any(_alive(pid, since) for pid, since in processes[1:]):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def _alive(pid: int, since: float) -> bool:
+    """Alive and able to run code: a zombie, or a process with SIGKILL pending, only waits to be reaped."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass  # alive, another user's
+    if _dying(pid):
+        return False
     started = _start_time(pid)
     return started is None or started <= since + 2.0  # started later: the id was reused by another process
+
+
+def _dying(pid: int) -> bool:
+    """A zombie or dead process, or one that SIGKILL was sent to (it runs no more code) (Linux /proc)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return False
+    fields = dict(line.split(":", 1) for line in lines if ":" in line)
+    state = fields.get("State", "").strip()[:1]
+    pending = int(fields.get("ShdPnd", "0").strip() or "0", 16) | int(fields.get("SigPnd", "0").strip() or "0", 16)
+    return state in {"Z", "X"} or bool(pending & _SIGKILL_BIT)
 
 
 def _start_time(pid: int) -> float | None:
