@@ -114,3 +114,23 @@ def test_ingest_refresh_ends_with_the_generation_and_the_rows(
     out = capsys.readouterr().out
     assert out.rstrip().endswith(f"{harness.source_name}.items: generation 2 swapped in, the target holds 321 rows")
     assert "dlt" not in out.lower().replace("(log:", "")  # dlt's own lines stay in the log file
+
+
+def test_status_blames_only_the_stream_that_failed_in_a_run(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the files and lakes attack: one stream failing in a run of two marked both `failed`."""
+    harness.source.execute(
+        "CREATE TABLE good (id int PRIMARY KEY, v text); INSERT INTO good VALUES (1, 'a'), (2, 'b');"
+        "CREATE TABLE bad (id int PRIMARY KEY, v text); INSERT INTO bad VALUES (1, 'a');"
+    )
+    spec = {"primary_key": "id"}
+    harness.write_catalog({"good": {"table": "good", **spec}, "bad": {"table": "bad", **spec}})
+    harness.source.execute("DROP TABLE bad")  # its step fails; the other's succeeds in the same run
+    assert not harness.materialize(raise_on_error=False).success
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["status", "--json"]) == 1
+    lines = {line["stream"].rsplit(".", 1)[1]: line for line in json.loads(capsys.readouterr().out)}
+    assert lines["good"]["status"] == "ok" and lines["good"]["rows_in_target"] == 2
+    assert lines["bad"]["status"] == "failed"

@@ -128,7 +128,7 @@ def _health(
     instance: dg.DagsterInstance, entry: Any, last: dt.datetime | None, slot: SlotFigures | None
 ) -> tuple[str, str]:
     run = instance.get_run_by_id(entry.last_run_id) if entry is not None and entry.last_run_id else None
-    if run is not None and run.status == dg.DagsterRunStatus.FAILURE:
+    if run is not None and run.status == dg.DagsterRunStatus.FAILURE and not _materialized_in(entry, run.run_id):
         return FAILED, f"run {run.run_id[:8]} failed"
     if slot is not None and slot.lagging:
         return LAGGING, (
@@ -140,6 +140,12 @@ def _health(
     if last is None:
         return NEVER, "no materialization yet"
     return OK, ""
+
+
+def _materialized_in(entry: Any, run_id: str) -> bool:
+    """The stream's own step succeeded in a run another stream's step failed: the run failed, the stream did not."""
+    event = entry.last_materialization
+    return event is not None and event.run_id == run_id
 
 
 def _partition_lines(instance: dg.DagsterInstance, key: dg.AssetKey, now: dt.datetime) -> list[PartitionLine]:
