@@ -43,9 +43,12 @@ def _destination(kind: str, drops: Drops, request: pytest.FixtureRequest) -> dic
     return {"type": "filesystem", "bucket_url": str(drops.root / "lake"), "table_format": kind}
 
 
-def _parked(drops: Drops) -> list[str]:
+def _parked(drops: Drops, run_ids: set[str] | None = None) -> list[str]:
     stream = drops.stream()
-    return [row["record_key"] for row in parked_rows(stream.loader(Target(stream.name, 1), None))]
+    rows = parked_rows(stream.loader(Target(stream.name, 1), None))
+    if run_ids is not None:
+        run_ids.update(row["run_id"] for row in rows)
+    return [row["record_key"] for row in rows]
 
 
 # MariaDB's listing (its quoted `partition`) is in the default suite through the year-10000 test below
@@ -93,5 +96,7 @@ def test_a_timestamp_past_year_9999_is_parked_not_fatal(drops: Drops, mariadb: M
     big = pa.array([253_402_387_200_000_000], pa.int64()).cast(pa.timestamp("us"))  # 10000-01-02
     pq.write_table(pa.concat_tables([table, pa.table({"id": [4], "at": big})]), drops.folder / "a.parquet")
     drops.run()  # the run fails (raises) when parking a row fails
-    assert sorted(_parked(drops)) == ["2", "4"]
+    runs: set[str] = set()
+    assert sorted(_parked(drops, runs)) == ["2", "4"]
+    assert runs == {"test"}  # `ingest dlq list` says which run parked them (it was empty)
     assert [r[0] for r in mariadb.rows("drops", "orders", ["id"], "id")] == [1, 3]

@@ -69,7 +69,9 @@ class LakeLoader(Loader):
             table = newest_per_key(table, self.target.primary_key)
         if table is not None and table.num_rows:
             partition = self._bound_partition or ""
-            table, parked = split_unfit(table, LAKE, self.where(), self.stream_name, partition, self.target.primary_key)
+            table, parked = split_unfit(
+                table, LAKE, self.where(), self.stream_name, partition, self.target.primary_key, self.run_id
+            )
             dead_letters = with_parked(dead_letters, parked)
             self._parked_here += 0 if parked is None else parked.num_rows
         return super().load(table, dead_letters)

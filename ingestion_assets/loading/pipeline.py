@@ -95,6 +95,7 @@ class Loader:
     _bindings_known: bool = field(default=False, init=False)  # PostgreSQL: the bindings table is there
     _sql_client: Any = field(default=None, init=False, repr=False)  # PostgreSQL and batch loads: reused_client
     _target_columns: frozenset[str] | None = field(default=None, init=False)  # batch loads: the table's columns
+    run_id: str = field(default="", init=False)  # the Dagster run loading: rows the loader parks name it
     _parked_here: int = field(default=0, init=False)  # rows this loader parked itself (values the target cannot hold)
 
     def __post_init__(self) -> None:

@@ -30,7 +30,7 @@ class MariaDbLoader(Loader):
         if table is not None and table.num_rows:
             partition = self._bound_partition or ""
             table, parked = split_unfit(
-                table, MARIADB, self.where(), self.stream_name, partition, self.target.primary_key
+                table, MARIADB, self.where(), self.stream_name, partition, self.target.primary_key, self.run_id
             )
             dead_letters = with_parked(dead_letters, parked)
             self._parked_here += 0 if parked is None else parked.num_rows

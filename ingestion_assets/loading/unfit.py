@@ -56,7 +56,13 @@ def unfit_reasons(table: pa.Table, holds: Holds) -> list[str | None]:
 
 
 def split_unfit(
-    table: pa.Table, holds: Holds, where: str, stream: str, partition: str, primary_key: tuple[str, ...]
+    table: pa.Table,
+    holds: Holds,
+    where: str,
+    stream: str,
+    partition: str,
+    primary_key: tuple[str, ...],
+    run_id: str,
 ) -> tuple[pa.Table, pa.Table | None]:
     """The rows the destination holds, and dead letters of the others (None: every row fits)."""
     reasons = unfit_reasons(table, holds)
@@ -74,7 +80,7 @@ def split_unfit(
                 "stream": stream,
                 "partition": partition,
                 "record_key": key,
-                "run_id": "",
+                "run_id": run_id,
                 "position": json.dumps({POSITION: row.get(POSITION)}, default=str),
                 "error": f"{where} cannot hold this row: {reason}",
                 "raw_record": json.dumps(row, default=str),

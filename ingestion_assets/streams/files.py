@@ -94,6 +94,7 @@ class FileSourceStream:
 
     def run(self, after: dict[str, Any] | None, sink: CheckpointSink, options: RunOptions) -> SyncResult:
         loader = options.loader or self.loader(options.target, options.partition)
+        loader.run_id = options.run_id
         schema = options.schema if isinstance(options.schema, FilesSchemaStep) else files_schema_step(self, {})
 
         def load(piece: Slice) -> SliceOutcome:

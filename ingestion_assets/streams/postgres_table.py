@@ -145,6 +145,7 @@ class PostgresTableStream:
             raise StreamError(f"stream {self.qualified_name}: {exc}") from exc
         plan = options.plan or self.plan(options.skip_columns)
         loader = options.loader or self.loader(options.target, options.partition, plan)
+        loader.run_id = options.run_id
         if after is None and window is None and loader.use_initial_load_path() and options.log is not None:
             options.log.info("%s: empty target, first full read: loading slices by append", self.qualified_name)
         ordering = [c.name for c in plan.ordering]

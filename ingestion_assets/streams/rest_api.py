@@ -127,6 +127,7 @@ class RestApiStream:
 
     def run(self, after: dict[str, Any] | None, sink: CheckpointSink, options: RunOptions) -> SyncResult:
         loader = options.loader or self.loader(options.target, options.partition)
+        loader.run_id = options.run_id
         if after is None and loader.use_initial_load_path() and options.log is not None:
             options.log.info("%s: empty target, first full read: loading slices by append", self.qualified_name)
         client = self.client()

@@ -507,6 +507,7 @@ class CdcSync:
         parts = self._streams.get(stream.name)
         if parts is None:
             parts = StreamParts(stream.loader(Target(stream.name, 1), None, guard=self.history), stream.discover())
+            parts.loader.run_id = self.run_id
             self._streams[stream.name] = parts
         return parts
 
