@@ -144,6 +144,8 @@ def test_a_truncate_refused_on_a_stream_that_is_not_first_is_fixed_by_resetting_
     result = harness.materialize()
     assert _metadata(result, harness, "orders")["copied"] is True
     assert "copied" not in _metadata(result, harness, "customers")  # the other stream just continued
+    assert "the table's copy beside the log is complete" in _metadata(result, harness, "orders")["summary"]
+    assert "1 changes applied" in _metadata(result, harness, "customers")["summary"]
     _assert_exact(harness, "orders")
     _assert_exact(harness, "customers")
 

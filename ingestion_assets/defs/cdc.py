@@ -13,7 +13,7 @@ from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES
 from ingestion_assets.catalog import Catalog, PostgresSource
 from ingestion_assets.defs.failures import permanent_failure
 from ingestion_assets.defs.jobs import cdc_job, job_name
-from ingestion_assets.defs.metadata import POSITION, ROWS_READ, definition_metadata, target_metadata
+from ingestion_assets.defs.metadata import POSITION, ROWS_READ, SUMMARY, definition_metadata, target_metadata
 from ingestion_assets.defs.run_tags import MODE, SOURCE
 from ingestion_assets.defs.sources import slot_key
 from ingestion_assets.defs.streams import StreamRef
@@ -191,6 +191,20 @@ def _cdc_asset(
     return _asset
 
 
+def _summary(stream: str, outcome: "CdcOutcome") -> str:
+    """One sentence, as table streams give: what this run did for the stream."""
+    from ingestion_assets.sources.postgres.cdc import format_lsn
+
+    rows = outcome.rows.get(stream, 0)
+    what = "rows copied" if outcome.mode in ("snapshot", "chunk") else "changes applied"
+    said = f"{rows:,} {what} ({outcome.mode}), log at {format_lsn(outcome.lsn)}"
+    if stream in outcome.copied:
+        said += "; the table's copy beside the log is complete"
+    if outcome.dead_letters:
+        said += f"; {outcome.dead_letters:,} dead letter(s) in the source's run"
+    return said
+
+
 def _results(
     source: PostgresSource, keys: list[dg.AssetKey], streams: list[StreamRef], outcome: "CdcOutcome"
 ) -> Iterator[Any]:
@@ -216,6 +230,7 @@ def _results(
             metadata[POSITION] = dg.MetadataValue.json({"lsn": format_lsn(lsn)})
         if stream.name in outcome.copied:
             metadata["copied"] = True
+        metadata[SUMMARY] = _summary(stream.name, outcome)
         yield dg.MaterializeResult(asset_key=key, metadata=metadata)
     yield dg.AssetCheckResult(
         asset_key=keys[0],
