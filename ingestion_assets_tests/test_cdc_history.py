@@ -366,3 +366,6 @@ def test_schema_show_reads_a_history_source_s_live_checkpoint(
     assert main(["schema", "show", f"{harness.source_name}.orders"]) == 0
     shown = capsys.readouterr().out
     assert "status" in shown and "no schema stored yet" not in shown
+    assert main(["state", "show", f"{harness.source_name}.orders"]) == 0  # `live` has a checkpoint: not "never"
+    shown = capsys.readouterr().out
+    assert LIVE in shown and "never" not in shown

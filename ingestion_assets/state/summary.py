@@ -48,7 +48,7 @@ def checkpoint_rows(
     with open_instance(settings) as instance:
         for source, stream in streams:
             key = dg.AssetKey([source, stream])
-            partitioned = catalog.sources[source].streams[stream].partitions is not None
+            partitioned = _partitioned(catalog, source, stream)
             partitions = [partition] if partition or not partitioned else partitions_with_state(instance, key)
             for each in partitions or [None]:
                 found = latest_checkpoint(instance, key, each)
@@ -62,6 +62,14 @@ def checkpoint_rows(
                     )
                 )
     return rows
+
+
+def _partitioned(catalog: Catalog, source: str, stream: str) -> bool:
+    """The stream's own partitions, or a CDC source's history partitions (`live` and the key ranges)."""
+    found = catalog.sources[source]
+    cdc = getattr(found, "cdc", None)
+    history = getattr(found, "mode", None) == "cdc" and cdc is not None and cdc.history_chunk is not None
+    return history or found.streams[stream].partitions is not None
 
 
 def partitions_with_state(instance: dg.DagsterInstance, key: dg.AssetKey) -> list[str | None]:
