@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 _PROCESS_EVENTS = {dg.DagsterEventType.RUN_START, dg.DagsterEventType.STEP_WORKER_STARTED}
 _LIVE = {dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.CANCELING}
-_ORPHAN_WAIT_S = 20.0  # a killed group's step process may take a moment to die (its last write to disk)
+_ORPHAN_WAIT_S = 5.0  # a killed group's step process may take a moment to die (its last write to disk)
 _SIGKILL_BIT = 1 << (9 - 1)
 
 
