@@ -130,13 +130,17 @@ def _check_rest(settings: Settings, catalog: Catalog, source_name: str, source: 
 
 
 def _check_cdc(url: str, source_name: str, source: PostgresSource) -> list[str]:
-    """wal_level, slot, publication and replica identity: what `mode: cdc` needs of the server."""
-    from ingestion_assets.sources.postgres.cdc import check_cdc
+    """wal_level, slot, publication, replica identity and keys: what `mode: cdc` needs of the server."""
+    from ingestion_assets.sources.postgres.cdc import DeclaredKey, check_cdc
 
     slot = source.cdc.slot or f"ingest_{source_name}"
     publication = source.cdc.publication or f"ingest_{source_name}"
     tables = [(s.schema_name, s.table_name) for s in source.streams.values()]
+    keys = [
+        DeclaredKey(f"{source_name}.{name}", (s.schema_name, s.table_name), tuple(s.primary_key))
+        for name, s in source.streams.items()
+    ]
     # Read-only: the run creates or extends the publication, and only once every check passed (a table
     # published without a key would make the application's own UPDATEs on it fail).
-    problems = check_cdc(url, slot, publication, tables, expect_slot=False, will_publish=True)
+    problems = check_cdc(url, slot, publication, tables, expect_slot=False, will_publish=True, keys=keys)
     return [f"source {source_name} (cdc): {p}" for p in problems]

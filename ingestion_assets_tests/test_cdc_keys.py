@@ -1,0 +1,106 @@
+"""A CDC stream's declared key must be a key of its table that the log carries: refused before any DDL,
+naming the stream, the table, the key and the table's real keys. On the embedded PostgreSQL and a DuckDB file."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ingestion_assets.catalog import load_catalog
+from ingestion_assets.checks import check_catalog
+from ingestion_assets_tests.helpers import StreamHarness
+from ingestion_assets_tests.test_cdc_real_schemas import FAST, _failure
+from ingestion_assets_tests.test_cdc_streams import cdc
+
+__all__ = ["cdc"]  # the fixture that drops the slot and publication a test leaves
+
+ORDERS = """
+CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL);
+INSERT INTO orders SELECT g, 'new' FROM generate_series(1, 20) g;
+"""
+# An event table as applications keep them: no primary key, REPLICA IDENTITY FULL, `id` repeats per sensor.
+READINGS = """
+CREATE TABLE readings (id int NOT NULL, sensor text NOT NULL, v int);
+ALTER TABLE readings REPLICA IDENTITY FULL;
+INSERT INTO readings SELECT g, s, g * 10 FROM generate_series(1, 30) g, unnest(ARRAY['a', 'b']) s;
+"""
+
+
+def _catalog(harness: StreamHarness, streams: dict[str, dict[str, Any]]) -> None:
+    harness.write_catalog({name: {"table": name, **spec} for name, spec in streams.items()}, mode="cdc", cdc=FAST)
+
+
+def _problems(harness: StreamHarness) -> list[str]:
+    return check_catalog(harness.settings, load_catalog(harness.settings.catalog_path))
+
+
+def _published(harness: StreamHarness) -> list[str]:
+    publication = f"ingest_{harness.source_name}"
+    rows = harness.query_source(f"SELECT tablename::text FROM pg_publication_tables WHERE pubname = '{publication}'")
+    return sorted(r[0] for r in rows)
+
+
+def test_a_declared_key_that_is_not_unique_is_refused_before_any_ddl_then_a_real_key_loads_every_row(
+    cdc: StreamHarness,
+) -> None:
+    harness = cdc
+    harness.source.execute(ORDERS + READINGS)
+    _catalog(harness, {"orders": {"primary_key": "id"}, "readings": {"primary_key": "id"}})
+    stream = f"{harness.source_name}.readings"
+    problems = [p for p in _problems(harness) if "readings" in p]
+    assert len(problems) == 1, problems
+    assert f"stream {stream} (table " in problems[0] and "readings" in problems[0]
+    assert "primary_key ['id'] is not a key of the table" in problems[0]
+    assert "The table's keys: none" in problems[0] and "add a unique index on (id)" in problems[0]
+    assert not any("orders" in p for p in _problems(harness))
+
+    message = _failure(harness.materialize(raise_on_error=False))
+    assert f"stream {stream}" in message and "primary_key ['id'] is not a key" in message
+    assert "nothing was changed on the source" in message
+    assert _published(harness) == []  # refused before any DDL on the source
+    assert harness.query_source(
+        f"SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'ingest_{harness.source_name}'"
+    ) == [(0,)]
+
+    # The fix the message names: a unique index on the real key, declared as the stream's key.
+    harness.source.execute("CREATE UNIQUE INDEX readings_key ON readings (id, sensor)")
+    _catalog(harness, {"orders": {"primary_key": "id"}, "readings": {"primary_key": ["id", "sensor"]}})
+    assert _problems(harness) == []
+    harness.materialize()
+    harness.source.execute(
+        "UPDATE readings SET v = -1 WHERE id = 3 AND sensor = 'b'; DELETE FROM readings WHERE id = 4"
+    )
+    harness.materialize()
+    columns = ["id", "sensor", "v"]
+    target = harness.target_rows_where("readings", columns, "id, sensor", "_ingest_deleted_at IS NULL")
+    assert target == harness.source.rows("readings", "id, sensor")  # 58 rows, none collapsed
+    assert len(target) == 58 and (3, "b", -1) in target and (3, "a", 30) in target
+
+
+def test_a_declared_key_that_is_not_the_tables_key_names_the_real_one(cdc: StreamHarness) -> None:
+    harness = cdc
+    harness.source.execute(
+        "CREATE TABLE items (id int PRIMARY KEY, code text, label text);"
+        "INSERT INTO items SELECT g, CASE WHEN g % 5 = 0 THEN NULL ELSE 'c' || g END, 'l' FROM generate_series(1, 20) g"
+    )
+    _catalog(harness, {"items": {"primary_key": "code"}})
+    (problem,) = _problems(harness)
+    assert f"stream {harness.source_name}.items (table " in problem and "primary_key ['code']" in problem
+    assert "(id) [primary key]" in problem and "set primary_key to ['id']" in problem
+    message = _failure(harness.materialize(raise_on_error=False))  # refused at once: no NOT NULL error from DuckDB
+    assert f"stream {harness.source_name}.items" in message and "set primary_key to ['id']" in message
+    assert _published(harness) == []
+
+    # A unique NOT NULL column is a key, but with the default replica identity a delete carries only `id`.
+    harness.source.execute("DELETE FROM items WHERE code IS NULL; ALTER TABLE items ALTER code SET NOT NULL")
+    harness.source.execute("CREATE UNIQUE INDEX items_code ON items (code)")
+    (problem,) = _problems(harness)
+    assert "deletes carry only (id)" in problem and "REPLICA IDENTITY USING INDEX items_code" in problem
+
+    harness.source.execute("ALTER TABLE items REPLICA IDENTITY USING INDEX items_code")
+    assert _problems(harness) == []
+    harness.materialize()
+    harness.source.execute("DELETE FROM items WHERE id = 7; UPDATE items SET label = 'x' WHERE id = 8")
+    harness.materialize()
+    target = harness.target_rows_where("items", ["id", "code", "label"], "id", "_ingest_deleted_at IS NULL")
+    assert target == harness.source.rows("items", "id")
+    assert (8, "c8", "x") in target and all(row[0] != 7 for row in target)
