@@ -1,15 +1,21 @@
 """A CDC stream's declared key must be a key of its table that the log carries; `ingest check` runs on keys of
-any type. On the embedded PostgreSQL and a DuckDB file."""
+any type; `ingest check` and `ingest cdc status` say what is wrong with a source's connection in one line.
+On the embedded PostgreSQL and a DuckDB file."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+import yaml
 
 from ingestion_assets.catalog import load_catalog
 from ingestion_assets.checks import check_catalog
-from ingestion_assets_tests.helpers import StreamHarness
+from ingestion_assets_tests.helpers import REPO, StreamHarness
 from ingestion_assets_tests.test_cdc_real_schemas import FAST, _failure
 from ingestion_assets_tests.test_cdc_streams import cdc
 
@@ -147,3 +153,61 @@ def test_check_reads_keys_of_types_that_have_no_empty_value(cdc: StreamHarness, 
         )
         moods = harness.target_rows_where("by_mood", ["m"], "m", "_ingest_deleted_at IS NULL")
         assert sorted(m for (m,) in moods) == ["happy", "sad"]
+
+
+def _ingest(harness: StreamHarness, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The `ingest` console script as a user runs it (this checkout's code: its folder is the working one)."""
+    command = [sys.executable, "-c", "import sys; from ingestion_assets.cli import main; sys.exit(main())", *args]
+    return subprocess.run(
+        command, env=harness.cli_env(**env), cwd=REPO, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def _connection(harness: StreamHarness, connection: dict[str, str]) -> None:
+    assert harness.catalog_path is not None
+    catalog = yaml.safe_load(harness.catalog_path.read_text())
+    catalog["sources"][harness.source_name]["connection"] = connection
+    harness.catalog_path.write_text(yaml.safe_dump(catalog))
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://nobody:s3cret-pass@127.0.0.1:{port}/source",  # the server refuses the role and password
+        "postgresql://nobody:s3cret-pass@127.0.0.1:1/source",  # nothing listens there
+    ],
+)
+def test_check_on_a_cdc_source_it_cannot_connect_to_says_so_in_one_line(
+    cdc: StreamHarness, tmp_path: Path, url: str
+) -> None:
+    harness = cdc
+    harness.source.execute(ORDERS)
+    _catalog(harness, {"orders": {"primary_key": "id"}})
+    port = str(urlsplit(harness.source.url).port)
+    secret = tmp_path / "bad_url"
+    secret.write_text(url.format(port=port))
+    _connection(harness, {"file": str(secret)})
+    done = _ingest(harness, "check")
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert "Traceback" not in output and "s3cret-pass" not in output
+    assert f"sources.{harness.source_name}.connection (file:{secret}): cannot connect" in output
+
+
+def test_cdc_status_with_an_unset_connection_variable_or_no_server_says_which(cdc: StreamHarness) -> None:
+    harness = cdc
+    harness.source.execute(ORDERS)
+    _catalog(harness, {"orders": {"primary_key": "id"}})
+    _connection(harness, {"env": "INGEST_TEST_SOURCE_URL"})
+    done = _ingest(harness, "cdc", "status", harness.source_name, INGEST_TEST_SOURCE_URL="")
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert "Traceback" not in output
+    assert f"sources.{harness.source_name}.connection: environment variable INGEST_TEST_SOURCE_URL" in output
+
+    nowhere = "postgresql://nobody:s3cret-pass@127.0.0.1:1/source"
+    done = _ingest(harness, "cdc", "status", harness.source_name, INGEST_TEST_SOURCE_URL=nowhere)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert "Traceback" not in output and "s3cret-pass" not in output
+    assert f"sources.{harness.source_name}.connection (env:INGEST_TEST_SOURCE_URL): cannot connect" in output
