@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from ingestion_assets.catalog import Catalog, FilesSource, PostgresSource, PostgresStream, RestSource
+from ingestion_assets.errors import SourceUnavailable
 from ingestion_assets.loading.destinations import target_names
 from ingestion_assets.loading.naming import NameCollision
 from ingestion_assets.references import UnresolvedReference, postgres_url
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres import dry_run, plan_table_read
 from ingestion_assets.sources.postgres.query import ReadPlan
+from ingestion_assets.sources.postgres.reader import reaching
 from ingestion_assets.sources.tls import TlsError
 
 
@@ -53,14 +55,27 @@ def _check_files(settings: Settings, catalog: Catalog, source_name: str, source:
 
 
 def _check_postgres(settings: Settings, catalog: Catalog, source_name: str, source: PostgresSource) -> list[str]:
-    import psycopg2
-
     where = f"sources.{source_name}.connection"
     try:
         url = postgres_url(source.connection, source.tls, settings, where)
     except (UnresolvedReference, TlsError) as exc:
         return [str(exc)]
-    problems: list[str] = _check_cdc(url, source_name, source) if source.mode == "cdc" else []
+    problems: list[str] = []
+    try:
+        with reaching(url, where, source.connection.describe()):
+            if source.mode == "cdc":
+                problems += _check_cdc(url, source_name, source)
+            problems += _check_postgres_streams(catalog, url, source_name, source)
+    except SourceUnavailable as exc:
+        return [*problems, str(exc)]
+    return problems
+
+
+def _check_postgres_streams(catalog: Catalog, url: str, source_name: str, source: PostgresSource) -> list[str]:
+    """Each stream's table and columns, and its real read run with `LIMIT 0`."""
+    import psycopg2
+
+    problems: list[str] = []
     for stream_name, stream in source.streams.items():
         assert isinstance(stream, PostgresStream)
         name = f"stream {source_name}.{stream_name}"
@@ -70,9 +85,9 @@ def _check_postgres(settings: Settings, catalog: Catalog, source_name: str, sour
             )
             problems += _target_name_problems(catalog, name, plan.shape.column_names)
             dry_run(url, plan)
-        except psycopg2.OperationalError as exc:
-            return [*problems, f"{where} ({source.connection.describe()}): cannot connect: {_first_line(exc)}"]
         except psycopg2.Error as exc:
+            if exc.pgcode is None:
+                raise  # no answer from the server: the connection, said once for the source
             problems.append(f"{name}: its read fails on the server: {_first_line(exc)}")
             continue
         except LookupError as exc:
@@ -130,13 +145,24 @@ def _check_rest(settings: Settings, catalog: Catalog, source_name: str, source: 
 
 
 def _check_cdc(url: str, source_name: str, source: PostgresSource) -> list[str]:
-    """wal_level, slot, publication and replica identity: what `mode: cdc` needs of the server."""
-    from ingestion_assets.sources.postgres.cdc import check_cdc
+    """wal_level, slot, publication, replica identity and keys: what `mode: cdc` needs of the server."""
+    import psycopg2
+
+    from ingestion_assets.sources.postgres.cdc import DeclaredKey, check_cdc
 
     slot = source.cdc.slot or f"ingest_{source_name}"
     publication = source.cdc.publication or f"ingest_{source_name}"
     tables = [(s.schema_name, s.table_name) for s in source.streams.values()]
+    keys = [
+        DeclaredKey(f"{source_name}.{name}", (s.schema_name, s.table_name), tuple(s.primary_key))
+        for name, s in source.streams.items()
+    ]
     # Read-only: the run creates or extends the publication, and only once every check passed (a table
     # published without a key would make the application's own UPDATEs on it fail).
-    problems = check_cdc(url, slot, publication, tables, expect_slot=False, will_publish=True)
+    try:
+        problems = check_cdc(url, slot, publication, tables, expect_slot=False, will_publish=True, keys=keys)
+    except psycopg2.Error as exc:
+        if exc.pgcode is None:
+            raise  # no answer from the server: the connection, said once for the source
+        return [f"source {source_name} (cdc): its checks fail on the server: {_first_line(exc)}"]
     return [f"source {source_name} (cdc): {p}" for p in problems]

@@ -58,6 +58,22 @@ _REFUSED_CONNECTIONS = (
 )
 
 
+class SourceUnavailable(RuntimeError):
+    """A source's server could not be reached or refused the connection (down, wrong host or port, bad
+    credentials). The message names the catalog key and its reference, never the secret; the driver's error
+    is the cause, so `classify` judges it (a refused password is permanent, a refused connection transient)."""
+
+    def __init__(
+        self, where: str, reference: str, exc: BaseException, secret: str | None = None, advice: str = ""
+    ) -> None:
+        text = " ".join(line.strip() for line in str(exc).strip().splitlines()[:1]) or type(exc).__name__
+        if secret:
+            text = text.replace(secret, "***")
+        advice = advice or (classify(exc).advice if _refusal_code(text) else "")
+        advice = advice or "check that the server runs and listens at the host and port the reference holds"
+        super().__init__(f"{where} ({reference}): cannot connect: {text}; {advice}")
+
+
 @dataclass(frozen=True)
 class Verdict:
     transient: bool

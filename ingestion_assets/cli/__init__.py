@@ -10,7 +10,10 @@ from collections.abc import Callable, Sequence
 
 from ingestion_assets.catalog import CatalogError
 from ingestion_assets.cli import cdc, quality, stack, state, status
+from ingestion_assets.errors import SourceUnavailable
+from ingestion_assets.references import UnresolvedReference
 from ingestion_assets.settings import Settings
+from ingestion_assets.sources.tls import TlsError
 
 Handler = Callable[[Settings, argparse.Namespace], int]
 
@@ -23,6 +26,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CatalogError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except (UnresolvedReference, TlsError, SourceUnavailable) as exc:  # a source's reference or server
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # `ingest status | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
         return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from ingestion_assets.catalog import PostgresSource, load_catalog
@@ -18,6 +19,12 @@ class CdcSource:
     url: str
     slot: str
     publication: str
+
+    def reaching(self) -> AbstractContextManager[None]:
+        """Connection failures as one message naming the source and its reference (never the password)."""
+        from ingestion_assets.sources.postgres.reader import reaching
+
+        return reaching(self.url, f"sources.{self.name}.connection", self.source.connection.describe())
 
 
 def _source(settings: Settings, name: str) -> CdcSource:
@@ -81,7 +88,8 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
 
     cdc = _source(settings, args.source)
     try:
-        health = slot_health(cdc.url, cdc.slot)
+        with cdc.reaching():
+            health = slot_health(cdc.url, cdc.slot)
     except SlotMissingError:
         problem = _without_slot(settings, cdc)
         if problem is None:
@@ -139,7 +147,8 @@ def drop_slot_command(settings: Settings, args: argparse.Namespace) -> int:
     from ingestion_assets.sources.postgres.cdc import drop_slot
 
     cdc = _source(settings, args.source)
-    dropped = drop_slot(cdc.url, cdc.slot)
+    with cdc.reaching():
+        dropped = drop_slot(cdc.url, cdc.slot)
     print(f"slot {cdc.slot} {'dropped: its WAL is released' if dropped else 'did not exist'}")
     after = _without_slot(settings, cdc)
     print(f"next run: {after}" if after else "next run: creates the slot with a snapshot of every stream")

@@ -102,8 +102,9 @@ class ReadPlan:
 
     def dry_run_statement(self, conn: PgConnection) -> str:
         """The very read a run starts with, returning no row: `ingest check` proves the server can run it."""
-        lowest: Position = {c.name: None for c in self.ordering}  # every position literal and its cast, evaluated once
-        return (self._select(lowest, None, None) + sql.SQL(" LIMIT 0")).as_string(conn)
+        # A resumed read's keyset comparison with typed NULLs: the casts and comparison operators of every ordering
+        # column are resolved, and no literal is invented that the type may reject ('' is no uuid, inet or enum).
+        return (self._select(None, None, None, probe=True) + sql.SQL(" LIMIT 0")).as_string(conn)
 
     def _select(
         self,
@@ -111,6 +112,7 @@ class ReadPlan:
         window: Window | None,
         keys_in: list[list[str]] | None,
         settled: Settled | None = None,
+        probe: bool = False,
     ) -> sql.Composed:
         keys = [_order_expr(c) for c in self.ordering]
         query = sql.SQL("SELECT {cols}, {raw}{settled} FROM {table} t").format(
@@ -120,8 +122,8 @@ class ReadPlan:
             table=sql.Identifier(self.shape.schema, self.shape.table),
         )
         conditions = self._window_conditions(window) if window is not None else []
-        if after is not None:
-            values = [_literal(c, self._value(after, c)) for c in self.ordering]
+        if after is not None or probe:
+            values = [_typed_null(c) if probe else _literal(c, self._value(after or {}, c)) for c in self.ordering]
             conditions.append(
                 sql.SQL("({keys}) > ({values})").format(
                     keys=sql.SQL(", ").join(keys), values=sql.SQL(", ").join(values)
@@ -229,6 +231,10 @@ def _order_expr(column: Column) -> sql.Composable:
 def _literal(column: Column, value: str | None) -> sql.Composable:
     text = column.lowest_literal if value is None else value
     return sql.SQL("{value}::{type}").format(value=sql.Literal(text), type=sql.SQL(column.sql_type))
+
+
+def _typed_null(column: Column) -> sql.Composable:
+    return sql.SQL("NULL::{type}").format(type=sql.SQL(column.sql_type))
 
 
 def exact_text(value: Any) -> str | None:

@@ -11,12 +11,14 @@ import io
 import os
 import threading
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import psycopg2
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from ingestion_assets.errors import SourceUnavailable
 from ingestion_assets.sources.postgres.introspect import TableShape
 
 SESSION_SETTINGS = (
@@ -31,6 +33,27 @@ SESSION_SETTINGS = (
     "SET max_parallel_workers_per_gather = 0",
 )
 BLOCK_BYTES = 4 << 20
+
+
+@contextlib.contextmanager
+def reaching(url: str, where: str, reference: str) -> Iterator[None]:
+    """A failure to connect inside, as SourceUnavailable naming `where` and `reference` (never the password);
+    errors the server answered with (they carry a SQLSTATE) pass through."""
+    try:
+        yield
+    except (psycopg2.OperationalError, psycopg2.InterfaceError, psycopg2.ProgrammingError) as exc:
+        if exc.pgcode is not None:
+            raise
+        unparsed = isinstance(exc, psycopg2.ProgrammingError)  # libpq refused the URL itself ("invalid dsn")
+        advice = "the connection URL the reference holds does not parse: fix it" if unparsed else ""
+        raise SourceUnavailable(where, reference, exc, _password(url), advice) from exc
+
+
+def _password(url: str) -> str | None:
+    try:
+        return psycopg2.extensions.parse_dsn(url).get("password")
+    except psycopg2.ProgrammingError:  # not even a DSN: take what looks like one in a URL
+        return urlsplit(url).password
 
 
 def connect(url: str, application_name: str) -> psycopg2.extensions.connection:

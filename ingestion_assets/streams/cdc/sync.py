@@ -25,6 +25,7 @@ from ingestion_assets.references import postgres_url
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres.cdc import (
     ChangeBatch,
+    DeclaredKey,
     SlotHealth,
     WalGap,
     acknowledge,
@@ -124,6 +125,12 @@ class CdcSync:
 
     def tables(self) -> list[tuple[str, str]]:
         return [(s.spec.schema_name, s.spec.table_name) for s in self.streams]
+
+    def declared_keys(self) -> list[DeclaredKey]:
+        return [
+            DeclaredKey(s.qualified_name, (s.spec.schema_name, s.spec.table_name), tuple(s.spec.primary_key))
+            for s in self.streams
+        ]
 
     @property
     def history(self) -> bool:
@@ -539,7 +546,8 @@ class CdcSync:
 
     def _check(self, url: str, expect_slot: bool) -> None:
         deadline = time.monotonic() + SLOT_RELEASE_SECONDS
-        check = lambda: check_cdc(url, self.slot, self.publication, self.tables(), expect_slot, will_publish=True)  # noqa: E731
+        tables, keys = self.tables(), self.declared_keys()
+        check = lambda: check_cdc(url, self.slot, self.publication, tables, expect_slot, True, keys)  # noqa: E731
         problems = check()
         # The walsender of the previous run (or of a crashed one) leaves the slot a moment after its client.
         while problems and all(p.transient for p in problems) and time.monotonic() < deadline:

@@ -16,6 +16,7 @@ from ingestion_assets.sources.postgres.cdc.errors import (
     SlotInUseError,
     SlotMissingError,
 )
+from ingestion_assets.sources.postgres.cdc.keys import DeclaredKey
 from ingestion_assets.sources.postgres.cdc.lsn import format_lsn, parse_lsn, to_lsn
 from ingestion_assets.sources.postgres.cdc.messages import UNCHANGED_TOAST, Value
 from ingestion_assets.sources.postgres.cdc.pgoutput import Decoder, decode
@@ -30,6 +31,7 @@ __all__ = [
     "AcknowledgeTimeout",
     "CdcError",
     "ChangeBatch",
+    "DeclaredKey",
     "Decoder",
     "Op",
     "Problem",

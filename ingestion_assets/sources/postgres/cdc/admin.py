@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from psycopg2.extensions import cursor as PgCursor
 
 from ingestion_assets.sources.postgres.cdc.errors import Problem
+from ingestion_assets.sources.postgres.cdc.keys import DeclaredKey, key_problems
 from ingestion_assets.sources.postgres.cdc.publication import TableName, ident, publication_problems
 from ingestion_assets.sources.postgres.cdc.slots import slot_row
 from ingestion_assets.sources.postgres.reader import connect
@@ -19,12 +20,14 @@ def check_cdc(
     tables: Sequence[TableName],
     expect_slot: bool = True,
     will_publish: bool = False,
+    keys: Sequence[DeclaredKey] = (),
 ) -> list[Problem]:
     """Every reason change capture of `tables` through `slot` and `publication` would fail or miss rows.
     Read-only: it changes nothing on the server.
 
     With `expect_slot` False, a missing slot is fine (the first sync creates it with a snapshot). With
     `will_publish`, so is a missing publication or table in it (the run adds them once every check passed).
+    Each of `keys` (the streams' declared primary keys) must be a key of its table that the log carries.
     """
     conn = connect(url, "ingest-cdc-check")
     try:
@@ -36,6 +39,8 @@ def check_cdc(
             present = [t for t in tables if f"table {ident(cur, *t)}" not in missing]
             problems += publication_problems(cur, publication, present, will_publish)
             problems += tables_problems
+            failed = {p.subject for p in tables_problems}
+            problems += [p for k in keys if f"table {ident(cur, *k.table)}" not in failed for p in key_problems(cur, k)]
     finally:
         conn.close()
     return problems
@@ -150,7 +155,10 @@ def _table_problems(cur: PgCursor, schema: str, table: str) -> list[Problem]:
     identity, kind, has_primary_key, has_identity_index = row
     if kind not in ("r", "p"):
         return [Problem(subject, f"is not a table (relkind {kind!r}); only tables can be published")]
-    fix = f"add a primary key, or ALTER TABLE {name} REPLICA IDENTITY FULL"
+    fix = (
+        "add a primary key, or a unique index on the stream's primary_key (NOT NULL columns) and "
+        f"ALTER TABLE {name} REPLICA IDENTITY FULL"
+    )
     if identity == "d" and not has_primary_key:
         return [
             Problem(
