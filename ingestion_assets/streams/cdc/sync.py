@@ -282,8 +282,15 @@ class CdcSync:
         When the last range is copied the copy has covered the whole key space: every row the source holds
         is then at a version at or above the copy's floor (copied, or fenced and changed by the log since the
         copy started: `copy_floor`), so the rows left below it — from before a reset or a WAL gap, deleted in
-        the source since — are retired, in the whole table."""
+        the source since — are retired, in the whole table.
+
+        A copy that starts now starts after the log is caught up (a stream without a position takes nothing of
+        it): its floor is then past the change that made it necessary. Rows can leave a table without a delete
+        in the log (DETACH or DROP of a partition); changed in the log after the other streams' position and
+        before that, they would get versions above a floor at that position and never be retired."""
         names = self._state.copying()
+        if any(self._state.positions.get(name) is None for name in names):
+            self._catch_up(url, outcome, f"the copy of {', '.join(names)}")
         for name in names:
             under_way = self._state.copies.get(name)
             if under_way is not None and under_way.ranges:
@@ -341,6 +348,8 @@ class CdcSync:
         if copied.done:
             # A copy stored without a floor (never written so since floors are set at its start) retires nothing.
             loader.retire_below(Decimal(progress.floor or 0), stream.spec.deletes == "soft")
+            if not progress.rows:  # a copy of an empty table (every partition detached): an empty target is no loss
+                self._parts(stream).empty = not loader.inspect(LIVE if self.history else None).has_rows
             del self._state.copies[stream.name]
 
     def _catch_up(self, url: str, outcome: CdcOutcome, before: str) -> None:
