@@ -521,3 +521,46 @@ def test_a_partition_attached_to_a_table_left_without_partitions_brings_its_rows
     assert f"partition(s) {harness.source.schema}.measures_eu attached" in _run_log(harness, result)
     _assert_partitioned_exact(harness)
     assert len(harness.source.rows("measures", "id")) == 151
+
+
+def test_a_table_whose_key_the_application_drops_leaves_the_publication_and_only_its_stream_pauses(
+    cdc: StreamHarness,
+) -> None:
+    """Dropping the primary key of a published table makes PostgreSQL reject the application's own UPDATE and
+    DELETE on it (an outage our publication causes); the run then failed saying the table "was not published"
+    (false) and stopped every stream. Now `ingest check` and each run take it out of the product's publication
+    at once, the stream pauses saying what to do, the others go on, and a key restored brings a new copy."""
+    harness = cdc
+    harness.source.execute(CUSTOMERS + ORDERS)
+    _catalog(harness, {"customers": {}, "orders": {}})
+    harness.materialize()
+    harness.source.execute("UPDATE orders SET status = 'seen' WHERE id <= 10")  # in the log, not applied yet
+    harness.source.execute("ALTER TABLE orders DROP CONSTRAINT orders_pkey")
+    with pytest.raises(psycopg2.Error, match="does not have a replica identity"):
+        harness.source.execute("UPDATE orders SET status = 'x' WHERE id = 1")
+    table = f"{harness.source.schema}.orders"
+    problems = check_catalog(harness.settings, load_catalog(harness.settings.catalog_path))
+    said = [p for p in problems if table in p]
+    assert len(said) == 1 and f"stream {harness.source_name}.orders" in said[0]
+    assert "taken out of the product's publication" in said[0] and "REPLICA IDENTITY FULL" in said[0]
+    harness.source.execute("UPDATE orders SET status = 'paid' WHERE id <= 3; DELETE FROM orders WHERE id = 4")
+    harness.source.execute("UPDATE customers SET name = 'y' WHERE id = 3")
+    result = harness.materialize()  # the run pauses the stream and the other goes on
+    paused = _metadata(result, harness, "orders")["paused"]
+    assert f"stream {harness.source_name}.orders is paused: table {table} has no primary key" in paused
+    fix = f'ALTER TABLE "{harness.source.schema}"."orders" REPLICA IDENTITY FULL'
+    assert fix in paused and paused in _run_log(harness, result)
+    assert "paused" not in _metadata(result, harness, "customers")
+    _assert_exact(harness, "customers")
+    harness.source.execute("UPDATE orders SET status = 'again' WHERE id = 5")
+    assert "paused" in _metadata(harness.materialize(), harness, "orders")  # still without a key
+    # A dropped key after a run found it (no `ingest check`): the run takes the table out itself.
+    harness.source.execute("ALTER TABLE customers DROP CONSTRAINT customers_pkey")
+    result = harness.materialize()
+    assert "paused" in _metadata(result, harness, "customers")
+    harness.source.execute("UPDATE customers SET name = 'z' WHERE id = 1; DELETE FROM customers WHERE id = 2")
+    harness.source.execute("ALTER TABLE orders ADD PRIMARY KEY (id); ALTER TABLE customers REPLICA IDENTITY FULL")
+    result = harness.materialize()
+    assert _metadata(result, harness, "orders")["copied"] is True
+    _assert_exact(harness, "orders")
+    _assert_exact(harness, "customers")

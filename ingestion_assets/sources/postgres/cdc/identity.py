@@ -1,0 +1,91 @@
+"""Replica identity of published tables: a table that publishes updates and deletes without one makes
+PostgreSQL reject the application's own UPDATE and DELETE on it, so such a table leaves the product's
+publication at once (a key dropped after the table was published: the run, `ingest check` and the slot
+sensor all look)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from psycopg2 import sql
+from psycopg2.extensions import cursor as PgCursor
+
+from ingestion_assets.sources.postgres.cdc.publication import TableName, ident, published_tables
+from ingestion_assets.sources.postgres.reader import connect
+
+_IDENTITY_SQL = (
+    "SELECT c.relreplident, c.relkind, "
+    "EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary), "
+    "EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident) "
+    "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s"
+)
+
+
+def identity_gap(cur: PgCursor, schema: str, table: str) -> str | None:
+    """Why the table's updates and deletes would carry no key (None: they carry one, or it is no table)."""
+    cur.execute(_IDENTITY_SQL, (schema, table))
+    row = cur.fetchone()
+    if row is None or row[1] not in ("r", "p"):
+        return None
+    identity, _, has_primary_key, has_identity_index = row
+    if identity == "d" and not has_primary_key:
+        return "has no primary key"
+    if identity == "n":
+        return "has REPLICA IDENTITY NOTHING"
+    if identity == "i" and not has_identity_index:
+        return "lost its replica identity index"
+    return None
+
+
+def identity_fix(cur: PgCursor, schema: str, table: str) -> str:
+    return f"add a primary key, or ALTER TABLE {ident(cur, schema, table)} REPLICA IDENTITY FULL"
+
+
+@dataclass(frozen=True)
+class Unidentified:
+    """A table of the streams without a usable replica identity, and what was done about its publication."""
+
+    table: TableName
+    reason: str  # "has no primary key", ...
+    fix: str  # the statement that gives it an identity
+    published: bool  # it was in the publication when looked at
+    removed: bool  # the product took it out of its own publication just now
+    unpublish: str  # the statement that takes it out of the publication (for a publication of the user's)
+
+
+def unpublish_unidentified(url: str, publication: str, tables: Sequence[TableName], owned: bool) -> list[Unidentified]:
+    """Every table of `tables` that lacks a usable replica identity. One still in `publication` makes the
+    application's UPDATE and DELETE on it fail: when the publication is the product's (`owned`) it is taken
+    out at once; a publication of the user's is left as it is (the entry says the statement to run)."""
+    conn = connect(url, "ingest-cdc-admin")
+    try:
+        with conn.cursor() as cur:
+            lacking = [(t, gap) for t in tables if (gap := identity_gap(cur, *t)) is not None]
+            if not lacking:
+                return []
+            members = published_tables(cur, publication)
+            found = []
+            for table, gap in lacking:
+                published = table in members
+                statement = f"ALTER PUBLICATION {ident(cur, publication)} DROP TABLE {ident(cur, *table)}"
+                removed = published and owned and _drop(cur, publication, table)
+                fix = identity_fix(cur, *table)
+                found.append(Unidentified(table, gap, fix, published, removed, statement))
+            return found
+    finally:
+        conn.close()
+
+
+def _drop(cur: PgCursor, publication: str, table: TableName) -> bool:
+    """Out of a publication that names it (one FOR ALL TABLES or a schema cannot drop one table)."""
+    cur.execute(
+        "SELECT 1 FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid "
+        "WHERE p.pubname = %s AND r.prrelid = %s::regclass",
+        (publication, ident(cur, *table)),
+    )
+    if cur.fetchone() is None:
+        return False
+    statement = sql.SQL("ALTER PUBLICATION {} DROP TABLE {}")
+    cur.execute(statement.format(sql.Identifier(publication), sql.Identifier(*table)))
+    return True
