@@ -132,27 +132,20 @@ def _check_rest(settings: Settings, catalog: Catalog, source_name: str, source: 
 def _check_cdc(url: str, source_name: str, source: PostgresSource) -> list[str]:
     """wal_level, slot, publication and replica identity: what `mode: cdc` needs of the server."""
     from ingestion_assets.sources.postgres.cdc import check_cdc
-    from ingestion_assets.sources.postgres.cdc.identity import unpublish_unidentified
-    from ingestion_assets.streams.cdc.paused import pause_message
+    from ingestion_assets.streams.cdc.paused import unpublish_for_source
 
     slot = source.cdc.slot or f"ingest_{source_name}"
     publication = source.cdc.publication or f"ingest_{source_name}"
-    streams = {(s.schema_name, s.table_name): name for name, s in source.streams.items()}
-    tables = list(streams)
+    tables = [(s.schema_name, s.table_name) for s in source.streams.values()]
     # The one change a check makes: a table that lost its key leaves the product's own publication at once,
     # since while it is published the application's own UPDATEs and DELETEs on it fail.
-    found = unpublish_unidentified(url, publication, tables, owned=source.cdc.publication is None)
-    problems = [
-        f"source {source_name} (cdc): {pause_message(source_name, streams[e.table], publication, e)}"
-        for e in found
-        if e.published
-    ]
+    messages, said = unpublish_for_source(url, source_name, source)
+    problems = [f"source {source_name} (cdc): {m}" for m in messages]
     # Else read-only: the run creates or extends the publication, and only once every check passed (a table
     # published without a key would make the application's own UPDATEs on it fail).
-    said = {f"table {'.'.join(e.table)}" for e in found if e.published}
     problems += [
         f"source {source_name} (cdc): {p}"
         for p in check_cdc(url, slot, publication, tables, expect_slot=False, will_publish=True)
-        if p.subject.replace('"', "") not in said
+        if p.subject.removeprefix("table ").replace('"', "") not in said
     ]
     return problems

@@ -459,7 +459,6 @@ def test_a_key_change_keeps_the_rows_large_values(cdc: StreamHarness) -> None:
     assert sorted(lengths) == [(101, 6400), (103, 6400), (204, 6400)]
 
 
-
 def _assert_partitioned_exact(harness: StreamHarness) -> None:
     columns = ["id", "region", "v"]
     target = harness.target_rows_where("measures", columns, "id, region", "_ingest_deleted_at IS NULL")
@@ -552,15 +551,35 @@ def test_a_table_whose_key_the_application_drops_leaves_the_publication_and_only
     assert fix in paused and paused in _run_log(harness, result)
     assert "paused" not in _metadata(result, harness, "customers")
     _assert_exact(harness, "customers")
+    # A key dropped with no `ingest check` after it: the run takes the table out itself.
     harness.source.execute("UPDATE orders SET status = 'again' WHERE id = 5")
-    assert "paused" in _metadata(harness.materialize(), harness, "orders")  # still without a key
-    # A dropped key after a run found it (no `ingest check`): the run takes the table out itself.
     harness.source.execute("ALTER TABLE customers DROP CONSTRAINT customers_pkey")
     result = harness.materialize()
     assert "paused" in _metadata(result, harness, "customers")
+    assert "paused" in _metadata(result, harness, "orders")  # still without a key: still paused, no failure
     harness.source.execute("UPDATE customers SET name = 'z' WHERE id = 1; DELETE FROM customers WHERE id = 2")
     harness.source.execute("ALTER TABLE orders ADD PRIMARY KEY (id); ALTER TABLE customers REPLICA IDENTITY FULL")
     result = harness.materialize()
     assert _metadata(result, harness, "orders")["copied"] is True
     _assert_exact(harness, "orders")
     _assert_exact(harness, "customers")
+
+
+def test_cdc_status_takes_a_table_without_a_key_out_of_the_publication_between_runs(
+    cdc: StreamHarness, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The outage a dropped key causes lasts until the product looks: `ingest cdc status` (and the sensor)
+    look between runs."""
+    harness = cdc
+    harness.source.execute(ORDERS)
+    _catalog(harness, {"orders": {}})
+    harness.materialize()
+    harness.source.execute("ALTER TABLE orders DROP CONSTRAINT orders_pkey")
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["cdc", "status", harness.source_name]) == 1
+    out = capsys.readouterr().out
+    assert f"stream {harness.source_name}.orders is paused: table {harness.source.schema}.orders" in out
+    assert "verdict: unhealthy" in out
+    harness.source.execute("UPDATE orders SET status = 'x' WHERE id = 1")  # the application works again
+    assert main(["cdc", "status", harness.source_name]) == 0  # out of the publication: nothing more to do now

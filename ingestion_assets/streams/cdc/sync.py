@@ -149,10 +149,13 @@ class CdcSync:
 
     def _run(self, url: str, partition: str | None) -> CdcOutcome:
         stored = self.store.latest()
-        paused = self._pause_unidentified(url, stored)
+        paused = self._pause_unidentified(url, stored)  # the other streams go on
+        outcome = self._run_streams(url, partition, stored) if self.streams else CdcOutcome("changes", 0)
+        outcome.paused = paused
+        return outcome
+
+    def _run_streams(self, url: str, partition: str | None, stored: dict[str, Any]) -> CdcOutcome:
         self._state = SourceState({s.name: stored.get(s.name) for s in self.streams})
-        if not self.streams:
-            return CdcOutcome("changes", 0, paused=paused)
         for name, checkpoint in stored.items():
             if checkpoint and checkpoint.get(PAUSED) and name in self._state.positions:
                 self._state.recopy(name, "its table has a replica identity again after a pause")
@@ -177,7 +180,7 @@ class CdcSync:
             if not self.history:
                 raise CdcError(f"source {self.source_name} has no history partitions (cdc.history_chunk is unset)")
             return self._chunk(url, lsn, partition or "")
-        outcome = CdcOutcome("changes", lsn, paused=paused)
+        outcome = CdcOutcome("changes", lsn)
         if self._state.copying():
             self._copy_streams(url, outcome)
         if self.source.cdc.live_seconds is None:

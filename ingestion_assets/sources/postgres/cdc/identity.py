@@ -22,8 +22,33 @@ _IDENTITY_SQL = (
 )
 
 
+_LEAVES_SQL = """
+WITH RECURSIVE tree(oid) AS (
+    SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = %s::regclass
+    UNION ALL SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid
+)
+SELECT n.nspname::text, c.relname::text FROM tree JOIN pg_class c ON c.oid = tree.oid
+JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relkind = 'r' ORDER BY 1, 2
+"""
+
+
 def identity_gap(cur: PgCursor, schema: str, table: str) -> str | None:
-    """Why the table's updates and deletes would carry no key (None: they carry one, or it is no table)."""
+    """Why the table's updates and deletes would carry no key (None: they carry one, or it is no table). A
+    partitioned table's rows are written in its partitions: each needs an identity of its own (REPLICA
+    IDENTITY FULL on the parent does not reach them)."""
+    gap = _own_gap(cur, schema, table)
+    if gap is not None or _kind(cur, schema, table) != "p":
+        return gap
+    cur.execute(_LEAVES_SQL, (ident(cur, schema, table),))
+    for leaf in cur.fetchall():
+        leaf_gap = _own_gap(cur, *leaf)
+        if leaf_gap is not None:
+            name = ident(cur, *leaf)
+            return f"has partition {name} that {leaf_gap} (ALTER TABLE {name} REPLICA IDENTITY FULL, or a key)"
+    return None
+
+
+def _own_gap(cur: PgCursor, schema: str, table: str) -> str | None:
     cur.execute(_IDENTITY_SQL, (schema, table))
     row = cur.fetchone()
     if row is None or row[1] not in ("r", "p"):
@@ -36,6 +61,16 @@ def identity_gap(cur: PgCursor, schema: str, table: str) -> str | None:
     if identity == "i" and not has_identity_index:
         return "lost its replica identity index"
     return None
+
+
+def _kind(cur: PgCursor, schema: str, table: str) -> str | None:
+    cur.execute(
+        "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = %s",
+        (schema, table),
+    )
+    row = cur.fetchone()
+    return str(row[0]) if row else None
 
 
 def identity_fix(cur: PgCursor, schema: str, table: str) -> str:
