@@ -149,6 +149,7 @@ def _check_cdc(url: str, source_name: str, source: PostgresSource) -> list[str]:
     import psycopg2
 
     from ingestion_assets.sources.postgres.cdc import DeclaredKey, check_cdc
+    from ingestion_assets.streams.cdc.paused import unpublish_for_source
 
     slot = source.cdc.slot or f"ingest_{source_name}"
     publication = source.cdc.publication or f"ingest_{source_name}"
@@ -157,12 +158,18 @@ def _check_cdc(url: str, source_name: str, source: PostgresSource) -> list[str]:
         DeclaredKey(f"{source_name}.{name}", (s.schema_name, s.table_name), tuple(s.primary_key))
         for name, s in source.streams.items()
     ]
-    # Read-only: the run creates or extends the publication, and only once every check passed (a table
-    # published without a key would make the application's own UPDATEs on it fail).
     try:
-        problems = check_cdc(url, slot, publication, tables, expect_slot=False, will_publish=True, keys=keys)
+        # The one change a check makes: a table that lost its key leaves the product's own publication at
+        # once, since while it is published the application's own UPDATEs and DELETEs on it fail.
+        messages, said = unpublish_for_source(url, source_name, source)
+        problems = [f"source {source_name} (cdc): {m}" for m in messages]
+        # Else read-only: the run creates or extends the publication, and only once every check passed (a
+        # table published without a key would make the application's own UPDATEs on it fail).
+        found = check_cdc(url, slot, publication, tables, expect_slot=False, will_publish=True, keys=keys)
     except psycopg2.Error as exc:
         if exc.pgcode is None:
             raise  # no answer from the server: the connection, said once for the source
         return [f"source {source_name} (cdc): its checks fail on the server: {_first_line(exc)}"]
-    return [f"source {source_name} (cdc): {p}" for p in problems]
+    unsaid = [p for p in found if p.subject.removeprefix("table ").replace('"', "") not in said]
+    problems += [f"source {source_name} (cdc): {p}" for p in unsaid]
+    return problems

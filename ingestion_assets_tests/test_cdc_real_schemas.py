@@ -459,3 +459,129 @@ def test_a_key_change_keeps_the_rows_large_values(cdc: StreamHarness) -> None:
     _assert_exact(harness, "toasted")
     lengths = harness.query_target(f'SELECT id, length(big) FROM "{harness.source_name}".toasted WHERE id > 100')
     assert sorted(lengths) == [(101, 6400), (103, 6400), (204, 6400)]
+
+
+def _assert_partitioned_exact(harness: StreamHarness) -> None:
+    columns = ["id", "region", "v"]
+    target = harness.target_rows_where("measures", columns, "id, region", "_ingest_deleted_at IS NULL")
+    assert target == harness.source.rows("measures", "id, region")
+
+
+def _run_log(harness: StreamHarness, result: dg.ExecuteInProcessResult) -> str:
+    return " ".join(e.user_message for e in harness.instance.all_logs(result.run_id))
+
+
+@pytest.mark.parametrize(
+    ("statement", "deletes"),
+    [
+        ("ALTER TABLE measures DETACH PARTITION measures_eu", "hard"),
+        ("ALTER TABLE measures DETACH PARTITION measures_eu; DROP TABLE measures_eu", "soft"),
+    ],
+)
+def test_rows_of_a_partition_detached_with_changes_still_in_the_log_are_retired(
+    cdc: StreamHarness, statement: str, deletes: str
+) -> None:
+    """The copy after a DETACH (or a DROP) of a partition started at the source's lowest position (another
+    stream's), so the detached rows the log changed after it got versions above the copy's floor and stayed
+    live in the target, rc 0 (found by the CDC attack). The copy now starts after the log is caught up."""
+    harness = cdc
+    harness.source.execute(PARTITIONED + CUSTOMERS)
+    streams = {"measures": {"primary_key": ["id", "region"], "deletes": deletes}, "customers": {}}
+    _catalog(harness, streams)
+    harness.materialize()
+    harness.source.execute("UPDATE measures SET v = -v WHERE region = 'eu' AND id < 50")  # not applied yet
+    harness.source.execute("UPDATE customers SET name = 'x' WHERE id < 5")
+    harness.source.execute(statement)
+    result = harness.materialize()
+    assert f"partition(s) {harness.source.schema}.measures_eu detached or dropped" in _run_log(harness, result)
+    _assert_partitioned_exact(harness)
+    _assert_exact(harness, "customers")
+    retired = "_ingest_deleted_at IS NOT NULL" if deletes == "soft" else "false"
+    gone = harness.target_rows_where("measures", ["id", "region"], "id", retired)
+    assert gone == ([(i, "eu") for i in range(2, 301, 2)] if deletes == "soft" else [])
+
+
+def test_a_partition_attached_to_a_table_left_without_partitions_brings_its_rows(cdc: StreamHarness) -> None:
+    """A partitioned table with no partition left stored no partition list in its checkpoint, so a partition
+    attached later with rows was never noticed: its rows never arrived (rc 0)."""
+    harness = cdc
+    harness.source.execute(PARTITIONED)
+    _catalog(harness, {"measures": {"primary_key": ["id", "region"]}})
+    harness.materialize()
+    harness.source.execute(
+        "ALTER TABLE measures DETACH PARTITION measures_eu; ALTER TABLE measures DETACH PARTITION measures_us"
+    )
+    harness.materialize()
+    _assert_partitioned_exact(harness)  # nothing left
+    harness.source.execute(
+        "UPDATE measures_eu SET v = 0 WHERE id < 10;"  # while detached: not in the log
+        "ALTER TABLE measures ATTACH PARTITION measures_eu FOR VALUES IN ('eu');"
+        "INSERT INTO measures VALUES (1001, 'eu', 1)"
+    )
+    result = harness.materialize()
+    assert f"partition(s) {harness.source.schema}.measures_eu attached" in _run_log(harness, result)
+    _assert_partitioned_exact(harness)
+    assert len(harness.source.rows("measures", "id")) == 151
+
+
+def test_a_table_whose_key_the_application_drops_leaves_the_publication_and_only_its_stream_pauses(
+    cdc: StreamHarness,
+) -> None:
+    """Dropping the primary key of a published table makes PostgreSQL reject the application's own UPDATE and
+    DELETE on it (an outage our publication causes); the run then failed saying the table "was not published"
+    (false) and stopped every stream. Now `ingest check` and each run take it out of the product's publication
+    at once, the stream pauses saying what to do, the others go on, and a key restored brings a new copy."""
+    harness = cdc
+    harness.source.execute(CUSTOMERS + ORDERS)
+    _catalog(harness, {"customers": {}, "orders": {}})
+    harness.materialize()
+    harness.source.execute("UPDATE orders SET status = 'seen' WHERE id <= 10")  # in the log, not applied yet
+    harness.source.execute("ALTER TABLE orders DROP CONSTRAINT orders_pkey")
+    with pytest.raises(psycopg2.Error, match="does not have a replica identity"):
+        harness.source.execute("UPDATE orders SET status = 'x' WHERE id = 1")
+    table = f"{harness.source.schema}.orders"
+    problems = check_catalog(harness.settings, load_catalog(harness.settings.catalog_path))
+    said = [p for p in problems if table in p]
+    assert len(said) == 1 and f"stream {harness.source_name}.orders" in said[0]
+    assert "taken out of the product's publication" in said[0] and "REPLICA IDENTITY FULL" in said[0]
+    harness.source.execute("UPDATE orders SET status = 'paid' WHERE id <= 3; DELETE FROM orders WHERE id = 4")
+    harness.source.execute("UPDATE customers SET name = 'y' WHERE id = 3")
+    result = harness.materialize()  # the run pauses the stream and the other goes on
+    paused = _metadata(result, harness, "orders")["paused"]
+    assert f"stream {harness.source_name}.orders is paused: table {table} has no primary key" in paused
+    fix = f'ALTER TABLE "{harness.source.schema}"."orders" REPLICA IDENTITY FULL'
+    assert fix in paused and paused in _run_log(harness, result)
+    assert "paused" not in _metadata(result, harness, "customers")
+    _assert_exact(harness, "customers")
+    # A key dropped with no `ingest check` after it: the run takes the table out itself.
+    harness.source.execute("UPDATE orders SET status = 'again' WHERE id = 5")
+    harness.source.execute("ALTER TABLE customers DROP CONSTRAINT customers_pkey")
+    result = harness.materialize()
+    assert "paused" in _metadata(result, harness, "customers")
+    assert "paused" in _metadata(result, harness, "orders")  # still without a key: still paused, no failure
+    harness.source.execute("UPDATE customers SET name = 'z' WHERE id = 1; DELETE FROM customers WHERE id = 2")
+    harness.source.execute("ALTER TABLE orders ADD PRIMARY KEY (id); ALTER TABLE customers REPLICA IDENTITY FULL")
+    result = harness.materialize()
+    assert _metadata(result, harness, "orders")["copied"] is True
+    _assert_exact(harness, "orders")
+    _assert_exact(harness, "customers")
+
+
+def test_cdc_status_takes_a_table_without_a_key_out_of_the_publication_between_runs(
+    cdc: StreamHarness, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The outage a dropped key causes lasts until the product looks: `ingest cdc status` (and the sensor)
+    look between runs."""
+    harness = cdc
+    harness.source.execute(ORDERS)
+    _catalog(harness, {"orders": {}})
+    harness.materialize()
+    harness.source.execute("ALTER TABLE orders DROP CONSTRAINT orders_pkey")
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["cdc", "status", harness.source_name]) == 1
+    out = capsys.readouterr().out
+    assert f"stream {harness.source_name}.orders is paused: table {harness.source.schema}.orders" in out
+    assert "verdict: unhealthy" in out
+    harness.source.execute("UPDATE orders SET status = 'x' WHERE id = 1")  # the application works again
+    assert main(["cdc", "status", harness.source_name]) == 0  # out of the publication: nothing more to do now

@@ -85,8 +85,12 @@ def _without_slot(settings: Settings, cdc: CdcSource) -> str | None:
 def status(settings: Settings, args: argparse.Namespace) -> int:
     """The slot's figures and a verdict against the catalog's thresholds; non-zero when unhealthy."""
     from ingestion_assets.sources.postgres.cdc import SlotMissingError, slot_health
+    from ingestion_assets.streams.cdc.paused import unpublish_for_source
 
     cdc = _source(settings, args.source)
+    unpublished, _ = unpublish_for_source(cdc.url, cdc.name, cdc.source)  # the application's writes fail meanwhile
+    for message in unpublished:
+        print(f"warning: {message}")
     try:
         with cdc.reaching():
             health = slot_health(cdc.url, cdc.slot)
@@ -118,6 +122,7 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
         problems.append(behind)
     if health.wal_status == "unreserved":
         problems.append("the server is about to remove WAL the slot needs (wal_status unreserved): run it now")
+    problems += unpublished
     if problems:
         print("verdict: unhealthy: " + "; ".join(problems))
         return 1

@@ -230,6 +230,8 @@ def _results(
             metadata[POSITION] = dg.MetadataValue.json({"lsn": format_lsn(lsn)})
         if stream.name in outcome.copied:
             metadata["copied"] = True
+        if stream.name in outcome.paused:
+            metadata["paused"] = outcome.paused[stream.name]
         metadata[SUMMARY] = _summary(stream.name, outcome)
         yield dg.MaterializeResult(asset_key=key, metadata=metadata)
     yield dg.AssetCheckResult(
@@ -284,6 +286,15 @@ def _slot_sensor(
         if live is not None and sync.add_partitions is not None and not started:
             sync.add_partitions([LIVE])  # its first run creates the slot and plans the history partitions
             return dg.RunRequest(run_key="start", partition_key=LIVE)
+        import psycopg2
+
+        from ingestion_assets.streams.cdc.paused import unpublish_for_source
+
+        try:
+            for message in unpublish_for_source(sync.url(), source_name, source)[0]:  # the application's writes fail
+                context.log.warning(message)
+        except psycopg2.Error as exc:  # the source is unreachable: slot_health below says so
+            context.log.warning(f"source {source_name}: replica identities not checked: {exc}")
         try:
             health = slot_health(sync.url(), sync.slot)
         except SlotError as exc:

@@ -116,3 +116,25 @@ def test_slot_health_follows_retained_wal_and_gaps_are_found(sandbox: Sandbox) -
     assert drop_slot(sandbox.url, sandbox.slot) is True and drop_slot(sandbox.url, sandbox.slot) is False
     gone = find_gap(sandbox.url, sandbox.slot, batch.end_lsn)
     assert gone is not None and "no longer exists" in gone.reason
+
+
+def test_a_published_partitioned_table_whose_partition_has_no_identity_is_taken_out(sandbox: Sandbox) -> None:
+    """REPLICA IDENTITY FULL on a partitioned table does not reach its partitions, where the rows are written:
+    a partition without a key of its own still makes the application's UPDATE fail."""
+    from ingestion_assets.sources.postgres.cdc.identity import unpublish_unidentified
+
+    parent, leaf = sandbox.qualified("p"), sandbox.qualified("p_1")
+    sandbox.execute(
+        f"CREATE TABLE {parent} (id int, v text) PARTITION BY RANGE (id)",
+        f"CREATE TABLE {leaf} PARTITION OF {parent} FOR VALUES FROM (0) TO (100)",
+        f"ALTER TABLE {parent} REPLICA IDENTITY FULL",
+        f"INSERT INTO {parent} VALUES (1, 'a')",
+    )
+    sandbox.execute(f"CREATE PUBLICATION {sandbox.publication} FOR TABLE {parent}")
+    found = unpublish_unidentified(sandbox.url, sandbox.publication, [sandbox.table("p")], owned=True)
+    assert [(e.table, e.removed) for e in found] == [(sandbox.table("p"), True)]
+    assert f"has partition {leaf} that has no primary key" in found[0].reason
+    sandbox.execute(f"UPDATE {parent} SET v = 'b' WHERE id = 1")  # out of the publication: the update works
+    assert (
+        unpublish_unidentified(sandbox.url, sandbox.publication, [sandbox.table("p")], owned=True)[0].removed is False
+    )

@@ -53,7 +53,7 @@ class StreamParts:
             details[EMPTY] = True
         if self.schema is not None:
             details[SCHEMA] = self.schema
-        if self.partitions:
+        if self.partitions is not None:  # [] too: a partition attached to a table left without any is news
             details[PARTITIONS] = self.partitions
         return details
 
@@ -81,7 +81,7 @@ def settle_stream(
     rewritten = [c for c in step.applied if c.kind != "dropped"]
     loaded = int((details.get(TARGET) or {}).get("seq", 1)) > 0  # a log run that changed nothing loads nothing
     parts.partitions = partitions_of(stream)
-    moved = _partitions_moved(details.get(PARTITIONS), parts.partitions) if PARTITIONS in details else None
+    moved = _partitions_moved(details[PARTITIONS], parts.partitions or []) if PARTITIONS in details else None
     if lsn and settled.reason and loaded and not left_empty:
         parts.recopy = f"its target changed: {settled.reason}"
     elif lsn and rewritten:
@@ -109,12 +109,16 @@ def _left_empty(loader: Loader, partition: str | None, details: dict[str, Any]) 
     )
 
 
-def partitions_of(stream: PostgresTableStream) -> list[str]:
-    """Every partition under the stream's table (none for a plain table), as schema-qualified names."""
+def partitions_of(stream: PostgresTableStream) -> list[str] | None:
+    """Every partition under the stream's table, as schema-qualified names (None: not a partitioned table)."""
     conn = connect(stream.source_url(), "ingest-partitions")
     try:
         table = sql.Identifier(stream.spec.schema_name, stream.spec.table_name).as_string(conn)
         with conn.cursor() as cur:
+            cur.execute("SELECT relkind = 'p' FROM pg_class WHERE oid = %(table)s::regclass", {"table": table})
+            found = cur.fetchone()
+            if found is None or not found[0]:
+                return None
             cur.execute(_PARTITIONS_SQL, {"table": table})
             return [str(row[0]) for row in cur.fetchall()]
     finally:
@@ -125,5 +129,5 @@ def _partitions_moved(before: list[str] | None, now: list[str]) -> str | None:
     """What ATTACH/DETACH PARTITION did since the stream last settled, or None."""
     attached, detached = sorted(set(now) - set(before or [])), sorted(set(before or []) - set(now))
     said = [f"partition(s) {', '.join(attached)} attached"] if attached else []
-    said += [f"partition(s) {', '.join(detached)} detached"] if detached else []
+    said += [f"partition(s) {', '.join(detached)} detached or dropped"] if detached else []
     return "; ".join(said) or None

@@ -36,6 +36,7 @@ from ingestion_assets.sources.postgres.cdc import (
     ensure_publication,
     find_gap,
     format_lsn,
+    parse_lsn,
     read_changes,
     slot_health,
 )
@@ -45,11 +46,13 @@ from ingestion_assets.sources.postgres.cdc.chunks import (
     reading_slot,
     wal_insert_position,
 )
+from ingestion_assets.sources.postgres.cdc.identity import unpublish_unidentified
 from ingestion_assets.sources.postgres.cdc.publication import await_older_writers
 from ingestion_assets.streams.cdc.apply import LogLoads, load_changes
 from ingestion_assets.streams.cdc.copy import CopyRules, RangeCopied, copy_as_of, copy_range, create_target
 from ingestion_assets.streams.cdc.history import HISTORY, Fences, fences_for, history_keys, plan_history
 from ingestion_assets.streams.cdc.live import apply_live
+from ingestion_assets.streams.cdc.paused import PAUSED, pause_message
 from ingestion_assets.streams.cdc.rows import TableChanges, copy_floor, snapshot_version, toast_lookup
 from ingestion_assets.streams.cdc.schema import PARTITIONS, SCHEMA, StreamParts, settle_stream
 from ingestion_assets.streams.cdc.state import COPY, CdcStore, SourceState
@@ -85,6 +88,7 @@ class CdcOutcome:
     dead_letters: int = 0
     checkpoints: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)  # stream -> (lsn, details)
     copied: list[str] = field(default_factory=list)  # streams whose copy beside the log ended in this run
+    paused: dict[str, str] = field(default_factory=dict)  # stream -> why it is paused (its table lost its key)
 
     def latency(self) -> dict[str, float]:
         """p50/p95/p99 of the commit-to-target latency (ms); empty when no change was applied."""
@@ -152,7 +156,17 @@ class CdcSync:
 
     def _run(self, url: str, partition: str | None) -> CdcOutcome:
         stored = self.store.latest()
+        paused = self._pause_unidentified(url, stored)  # the other streams go on
+        outcome = self._run_streams(url, partition, stored) if self.streams else CdcOutcome("changes", 0)
+        outcome.paused = paused
+        return outcome
+
+    def _run_streams(self, url: str, partition: str | None, stored: dict[str, Any]) -> CdcOutcome:
         self._state = SourceState({s.name: stored.get(s.name) for s in self.streams})
+        for name, checkpoint in stored.items():
+            if checkpoint and checkpoint.get(PAUSED) and name in self._state.positions:
+                self._state.recopy(name, "its table has a replica identity again after a pause")
+                self._say("%s.%s: copying its table again: it has a replica identity again", self.source_name, name)
         self._preflight(url, expect_slot=self._state.started)  # read-only checks, then the publication
         live = partition is None or partition == LIVE
         if live:
@@ -180,6 +194,29 @@ class CdcSync:
             self._changes(url, outcome)
             return outcome
         return self._live_after(url, outcome)
+
+    def _pause_unidentified(self, url: str, stored: dict[str, Any]) -> dict[str, str]:
+        """Streams whose table lost its replica identity after it was published (a primary key dropped): the
+        table leaves the product's publication at once (the application's UPDATE and DELETE on it fail while
+        it is published), the stream is paused and left out of this run, and its checkpoint holds no position:
+        once the table has an identity again it is copied again. A table never streamed is not paused: the
+        pre-flight check refuses it before anything is published."""
+        owned = self.source.cdc.publication is None
+        found = unpublish_unidentified(url, self.publication, self.tables(), owned)
+        by_table = {(s.spec.schema_name, s.spec.table_name): s for s in self.streams}
+        paused: dict[str, str] = {}
+        for entry in found:
+            stream = by_table[entry.table]
+            checkpoint = stored.get(stream.name) or {}
+            if not (entry.published or checkpoint.get("snapshot_done") or checkpoint.get(PAUSED)):
+                continue
+            paused[stream.name] = pause_message(self.source_name, stream.name, self.publication, entry)
+            self._say("%s", paused[stream.name])
+            if not checkpoint.get(PAUSED):
+                lsn = parse_lsn(str(checkpoint["lsn"])) if checkpoint.get("lsn") else 0
+                self.store.commit(lsn, {stream.name: {"snapshot_done": False, PAUSED: paused[stream.name]}})
+        self.streams = [s for s in self.streams if s.name not in paused]
+        return paused
 
     def _live_after(self, url: str, outcome: CdcOutcome) -> CdcOutcome:
         """With cdc.live_seconds the run stays up applying the log (after its snapshot, too)."""
@@ -289,8 +326,15 @@ class CdcSync:
         When the last range is copied the copy has covered the whole key space: every row the source holds
         is then at a version at or above the copy's floor (copied, or fenced and changed by the log since the
         copy started: `copy_floor`), so the rows left below it — from before a reset or a WAL gap, deleted in
-        the source since — are retired, in the whole table."""
+        the source since — are retired, in the whole table.
+
+        A copy that starts now starts after the log is caught up (a stream without a position takes nothing of
+        it): its floor is then past the change that made it necessary. Rows can leave a table without a delete
+        in the log (DETACH or DROP of a partition); changed in the log after the other streams' position and
+        before that, they would get versions above a floor at that position and never be retired."""
         names = self._state.copying()
+        if any(self._state.positions.get(name) is None for name in names):
+            self._catch_up(url, outcome, f"the copy of {', '.join(names)}")
         for name in names:
             under_way = self._state.copies.get(name)
             if under_way is not None and under_way.ranges:
@@ -348,6 +392,8 @@ class CdcSync:
         if copied.done:
             # A copy stored without a floor (never written so since floors are set at its start) retires nothing.
             loader.retire_below(Decimal(progress.floor or 0), stream.spec.deletes == "soft")
+            if not progress.rows:  # a copy of an empty table (every partition detached): an empty target is no loss
+                self._parts(stream).empty = not loader.inspect(LIVE if self.history else None).has_rows
             del self._state.copies[stream.name]
 
     def _catch_up(self, url: str, outcome: CdcOutcome, before: str) -> None:
@@ -529,6 +575,12 @@ class CdcSync:
         if added:
             published = ", ".join(".".join(t) for t in added)
             self._say("%s: published %s in %s", self.source_name, published, self.publication)
+        for stream in self.streams:  # it held a position while out of the publication: the log lacks its changes
+            table = (stream.spec.schema_name, stream.spec.table_name)
+            if table in added and self._state.positions.get(stream.name) is not None:
+                reason = f"its table was out of publication {self.publication}, whose log lacks the changes meanwhile"
+                self._state.recopy(stream.name, reason)
+                self._say("%s: copying its table again: %s", stream.qualified_name, reason)
         if self.source.cdc.publication is None:  # ours: a table no stream of the catalog reads leaves it
             read = [(spec.schema_name, spec.table_name) for spec in self.source.streams.values()]
             dropped = drop_unread_tables(url, self.publication, read)

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from psycopg2.extensions import cursor as PgCursor
 
 from ingestion_assets.sources.postgres.cdc.errors import Problem
+from ingestion_assets.sources.postgres.cdc.identity import identity_fix, identity_gap
 from ingestion_assets.sources.postgres.cdc.keys import DeclaredKey, key_problems
-from ingestion_assets.sources.postgres.cdc.publication import TableName, ident, publication_problems
+from ingestion_assets.sources.postgres.cdc.publication import TableName, ident, publication_problems, published_tables
 from ingestion_assets.sources.postgres.cdc.slots import slot_row
 from ingestion_assets.sources.postgres.reader import connect
 
@@ -34,7 +35,7 @@ def check_cdc(
         with conn.cursor() as cur:
             problems = _server_problems(cur)
             problems += _slot_problems(cur, slot, expect_slot)
-            tables_problems = [p for schema, table in tables for p in _table_problems(cur, schema, table)]
+            tables_problems = [p for schema, table in tables for p in _table_problems(cur, schema, table, publication)]
             missing = {p.subject for p in tables_problems if p.message.startswith("does not exist")}
             present = [t for t in tables if f"table {ident(cur, *t)}" not in missing]
             problems += publication_problems(cur, publication, present, will_publish)
@@ -139,36 +140,36 @@ def _slot_problems(cur: PgCursor, slot: str, expect_slot: bool) -> list[Problem]
     return problems
 
 
-def _table_problems(cur: PgCursor, schema: str, table: str) -> list[Problem]:
+def _table_problems(cur: PgCursor, schema: str, table: str, publication: str) -> list[Problem]:
     name = ident(cur, schema, table)
     cur.execute(
-        "SELECT c.relreplident, c.relkind, "
-        "EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary), "
-        "EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident) "
-        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+        "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = %s",
         (schema, table),
     )
     row = cur.fetchone()
     subject = f"table {name}"
     if row is None:
         return [Problem(subject, "does not exist; check the schema and table name")]
-    identity, kind, has_primary_key, has_identity_index = row
-    if kind not in ("r", "p"):
-        return [Problem(subject, f"is not a table (relkind {kind!r}); only tables can be published")]
-    fix = (
-        "add a primary key, or a unique index on the stream's primary_key (NOT NULL columns) and "
-        f"ALTER TABLE {name} REPLICA IDENTITY FULL"
-    )
-    if identity == "d" and not has_primary_key:
+    if row[0] not in ("r", "p"):
+        return [Problem(subject, f"is not a table (relkind {row[0]!r}); only tables can be published")]
+    gap = identity_gap(cur, schema, table)
+    if gap is None:
+        return []
+    fix = identity_fix(cur, schema, table)
+    if (schema, table) in published_tables(cur, publication):
         return [
             Problem(
                 subject,
-                "has no primary key, so its updates and deletes carry no key, and once published PostgreSQL "
-                f"would reject the application's UPDATE and DELETE on it; it was not published. {fix}",
+                f"{gap} but is in publication {publication!r}, so PostgreSQL rejects the application's UPDATE and "
+                f"DELETE on it now; ALTER PUBLICATION {ident(cur, publication)} DROP TABLE {name} at once (a run "
+                f"does it for the product's own publication), then {fix}; the stream is then copied again",
             )
         ]
-    if identity == "n":
-        return [Problem(subject, f"has REPLICA IDENTITY NOTHING, so its updates and deletes carry no key; {fix}")]
-    if identity == "i" and not has_identity_index:
-        return [Problem(subject, f"its replica identity index is gone; {fix}")]
-    return []
+    return [
+        Problem(
+            subject,
+            f"{gap}, so its updates and deletes carry no key, and once published PostgreSQL would reject the "
+            f"application's UPDATE and DELETE on it; it was not published. {fix}",
+        )
+    ]
