@@ -138,7 +138,8 @@ def copy_slice(cursor: Any, target: str, table: pa.Table, types: dict[str, str])
     if plan is not None:
         cursor.execute("SAVEPOINT _ingest_binary")
         try:
-            cursor.copy_expert(f"COPY {target} ({columns}) FROM STDIN (FORMAT binary)", BinaryStream(table, plan))
+            statement = f"COPY {target} ({columns}) FROM STDIN (FORMAT binary)"
+            cursor.copy_expert(statement, BinaryStream(table, plan), size=1 << 20)
         except psycopg2.DataError:
             cursor.execute("ROLLBACK TO SAVEPOINT _ingest_binary")
         else:
