@@ -124,17 +124,21 @@ def run_slices(
     stop: Callable[[], bool] | None = None,
     after_commit: Callable[[SyncResult], None] | None = None,
     read_ahead: int = 1,
+    prepare: Callable[[], None] | None = None,
 ) -> SyncResult:
     """Load each slice, then checkpoint it. A crash anywhere costs at most the slice in flight.
 
     `stop` is asked after every checkpoint: a drain finishes the slice in flight, then reads no more.
     `after_commit` may stop the run by raising (a dead-letter threshold): the slice is already safe.
+    `prepare` runs before the first slice loads, while it is read (the target's table made meanwhile).
     """
     faults = faults or Faults()
     unsafe = checkpoint_first()
     result = SyncResult(started_from=started_from, position=started_from)
     began = time.monotonic()
-    for piece in prefetched(iter(slices)) if read_ahead else iter(slices):
+    if prepare is not None and not read_ahead:
+        prepare()
+    for piece in prefetched(iter(slices), meanwhile=prepare) if read_ahead else iter(slices):
         slice_began = time.monotonic()
         if unsafe:  # never in production: checkpoint first, so a crash in the load loses the slice
             sink.commit(piece.position, piece.index, piece.rows)

@@ -31,7 +31,7 @@ class PostgresNativeTypes(PostgresTypeMapper):
         return str(native) if native else str(super().to_destination_type(column, table))
 
 
-_CSV_SAFE = {  # what Arrow's CSV writer prints as PostgreSQL reads it: four-digit years AD, no infinity
+CSV_SAFE = {  # what Arrow's CSV writer prints as PostgreSQL reads it: four-digit years AD, no infinity
     "date": (temporal.days_from_civil(1, 1, 1), temporal.days_from_civil(10000, 1, 1) - 1),
     "timestamp": (
         temporal.days_from_civil(1, 1, 1) * temporal.US_PER_DAY,
@@ -52,12 +52,12 @@ def for_postgres(table: pa.Table) -> pa.Table:
             hexed = [None if v is None else "\\x" + v.hex() for v in table.column(index).to_pylist()]
             table = table.set_column(index, field.name, pa.array(hexed, pa.string()))
             continue
-        kind = _kind(field.type)
+        kind = temporal_kind(field.type)
         if kind is None or table.column(index).null_count == table.num_rows:
             continue
         storage = pa.int32() if kind == "date" else pa.int64()
         integers = pc.cast(table.column(index), storage)
-        low, high = _CSV_SAFE["timestamp" if kind.startswith("timestamp") else kind]
+        low, high = CSV_SAFE["timestamp" if kind.startswith("timestamp") else kind]
         bounds = pc.min_max(integers)
         if bounds["min"].as_py() >= low and bounds["max"].as_py() <= high:
             continue
@@ -66,7 +66,7 @@ def for_postgres(table: pa.Table) -> pa.Table:
     return table
 
 
-def _kind(arrow_type: pa.DataType) -> str | None:
+def temporal_kind(arrow_type: pa.DataType) -> str | None:
     if pa.types.is_timestamp(arrow_type):
         return "timestamptz" if arrow_type.tz else "timestamp"
     if pa.types.is_date32(arrow_type):

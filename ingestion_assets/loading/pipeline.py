@@ -278,6 +278,13 @@ class Loader:
                 resource = dlt.resource([self._with_target_names(empty)], **self._resource_hints("append"))
                 self._run([resource], self._file_format)
 
+    def prepare_ahead(self, empty: pa.Table) -> None:
+        """Before the first slice, while it is read: the PostgreSQL COPY path makes a missing table with a dlt
+        run of an empty slice (~2 s of a first load), which needs no rows; other destinations make it with
+        their first load. A slice with columns the table lacks still adds them when it loads."""
+        if self.destination.type == "postgres" and self.max_table_nesting == 0:
+            self.create_if_missing(empty)
+
     def forget_stored_schema(self) -> None:
         """The table was dropped behind dlt's back: dlt skips its migration while the destination still holds
         its schema's version, so it would load into a table that is gone. Without that record, dlt compares

@@ -14,7 +14,6 @@ from ingestion_assets.loading.bindings import Marker, ensure_table, write_marker
 from ingestion_assets.loading.dead_letters import record_keys
 from ingestion_assets.loading.destinations import writer_lock_key
 from ingestion_assets.loading.metadata_columns import POSITION
-from ingestion_assets.loading.native_types import for_postgres
 from ingestion_assets.loading.parked import dead_letter_resource, parked_keys
 from ingestion_assets.loading.postgres_copy import LOADER_FILE_FORMAT
 from ingestion_assets.loading.postgres_merge import SliceWrite, ensure_unique_key, target_columns, write_slice
@@ -58,7 +57,7 @@ def load_slice(loader: Loader, table: pa.Table | None, dead_letters: pa.Table | 
             )
         if rows is not None:
             parked_loaded = _parked_that_load(loader, client, rows)
-            loaded = write_slice(cursor, write, for_postgres(rows), columns)
+            loaded = write_slice(cursor, write, rows, columns)
         if marker is not None:
             write_marker(client, loader.stream_name, loader._bound_partition, marker)
     if marker is not None:

@@ -1,5 +1,6 @@
-"""A slice into a PostgreSQL target in one transaction: COPY (CSV streamed from the Arrow batches) into a
-temporary staging table, then one set-based `INSERT … ON CONFLICT DO UPDATE` with the version guard.
+"""A slice into a PostgreSQL target in one transaction: COPY (binary where every column's value travels exactly,
+see postgres_binary.py, else CSV; both streamed from the Arrow batches) into a temporary staging table, then
+one set-based `INSERT … ON CONFLICT DO UPDATE` with the version guard.
 
 dlt's own load of the same slice writes CSV files, opens a load package, copies into its staging dataset and
 merges by DELETE + INSERT without an index: about a third of what COPY allows. Here the slice never touches
@@ -21,6 +22,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from ingestion_assets.loading.metadata_columns import POSITION
+from ingestion_assets.loading.native_types import for_postgres
+from ingestion_assets.loading.postgres_binary import BinaryStream, binary_plan, column_types
 
 STAGE = "_ingest_stage"
 _ROW = "_ingest_row"
@@ -97,18 +100,18 @@ def newest_per_key(table: pa.Table, key: tuple[str, ...]) -> pa.Table:
 def write_slice(cursor: Any, write: SliceWrite, table: pa.Table, target_columns: list[str]) -> int:
     """Run inside the caller's transaction; returns how many rows the target took (stale versions skipped)."""
     cursor.execute("SET LOCAL TimeZone = 'UTC'")
-    columns = ", ".join(quote(name) for name in table.column_names)
+    types = column_types(cursor, write.table)  # the stage is made LIKE the target: the same types
     if write.mode == "replace":
         cursor.execute(f"TRUNCATE {write.table}")
     if write.mode in ("append", "replace"):
-        cursor.copy_expert(_copy_sql(write.table, columns), CsvStream(csv_ready(table)), size=1 << 20)
+        copy_slice(cursor, write.table, table, types)
         return int(table.num_rows)
-    if write.keyed and _new_keys_only(cursor, write, table) and _copied_straight_in(cursor, write, table, columns):
+    if write.keyed and _new_keys_only(cursor, write, table) and _copied_straight_in(cursor, write, table, types):
         return int(table.num_rows)
     unique = newest_per_key(table, write.key)
     cursor.execute("SET LOCAL work_mem = '256MB'")  # the stage's hash join and sort stay in memory
     cursor.execute(f"CREATE TEMP TABLE {STAGE} (LIKE {write.table}) ON COMMIT DROP")
-    cursor.copy_expert(_copy_sql(STAGE, columns), CsvStream(csv_ready(unique)), size=1 << 20)
+    copy_slice(cursor, STAGE, unique, types)
     cursor.execute(upsert_sql(write, table.column_names, target_columns))
     taken = int(cursor.rowcount)
     return int(table.num_rows) - (int(unique.num_rows) - taken)
@@ -126,12 +129,31 @@ def _new_keys_only(cursor: Any, write: SliceWrite, table: pa.Table) -> bool:
     return cursor.fetchone() is None
 
 
-def _copied_straight_in(cursor: Any, write: SliceWrite, table: pa.Table, columns: str) -> bool:
+def copy_slice(cursor: Any, target: str, table: pa.Table, types: dict[str, str]) -> None:
+    """COPY the slice into `target` (of column types `types`): in binary when every column travels exactly so,
+    else as CSV. A binary COPY the server refuses (a value its type rejects, such as a NUL in text) is taken
+    back and the slice sent as CSV instead, so a slice fails, or loads, exactly as the CSV path alone did."""
+    columns = ", ".join(quote(name) for name in table.column_names)
+    plan = binary_plan(table, types)
+    if plan is not None:
+        cursor.execute("SAVEPOINT _ingest_binary")
+        try:
+            statement = f"COPY {target} ({columns}) FROM STDIN (FORMAT binary)"
+            cursor.copy_expert(statement, BinaryStream(table, plan), size=1 << 20)
+        except psycopg2.DataError:
+            cursor.execute("ROLLBACK TO SAVEPOINT _ingest_binary")
+        else:
+            cursor.execute("RELEASE SAVEPOINT _ingest_binary")
+            return
+    cursor.copy_expert(_copy_sql(target, columns), CsvStream(csv_ready(for_postgres(table))), size=1 << 20)
+
+
+def _copied_straight_in(cursor: Any, write: SliceWrite, table: pa.Table, types: dict[str, str]) -> bool:
     """COPY into the target under a savepoint; a key that is there after all (another writer, a key twice
     in the slice) violates the unique index and the slice goes through the stage instead."""
     cursor.execute("SAVEPOINT _ingest_direct")
     try:
-        cursor.copy_expert(_copy_sql(write.table, columns), CsvStream(csv_ready(table)), size=1 << 20)
+        copy_slice(cursor, write.table, table, types)
     except psycopg2.errors.UniqueViolation:
         cursor.execute("ROLLBACK TO SAVEPOINT _ingest_direct")
         return False

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,10 +47,11 @@ class _Failure:
     error: BaseException
 
 
-def prefetched(items: Iterator[Any], depth: int = 1) -> Iterator[Any]:
+def prefetched(items: Iterator[Any], depth: int = 1, meanwhile: Callable[[], None] | None = None) -> Iterator[Any]:
     """Advance `items` in a thread, up to `depth` items ahead, so reading overlaps loading.
 
-    The iterator is advanced and closed only in its own thread; stopping early closes it there.
+    The iterator is advanced and closed only in its own thread; stopping early closes it there. `meanwhile`
+    runs in the caller's thread once the reading has begun, before the first item is handed over.
     """
     handoff: queue.Queue[Any] = queue.Queue(maxsize=depth)
     stop = threading.Event()
@@ -81,6 +82,8 @@ def prefetched(items: Iterator[Any], depth: int = 1) -> Iterator[Any]:
     worker = threading.Thread(target=pump, name="prefetch", daemon=True)
     worker.start()
     try:
+        if meanwhile is not None:
+            meanwhile()
         while True:
             item = handoff.get()
             if item is _DONE:

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from ingestion_assets.catalog import Destination, PostgresSource, PostgresStream
 from ingestion_assets.loading.dead_letters import dead_letter_limit, split_bad_rows
 from ingestion_assets.loading.metadata_columns import with_metadata
@@ -187,14 +189,18 @@ class PostgresTableStream:
             stop=options.stop,
             after_commit=lambda result: dead_letter_limit(self.qualified_name, self.spec.dead_letters, result),
             read_ahead=options.read_ahead,
+            prepare=lambda: loader.prepare_ahead(self._empty(plan)),
         )
         latency.finish(result.details, result.figures)
         if guard is not None:
             result.details[PROBES], result.note = guard.probes, guard.note
         if result.slices == 0:
-            empty = with_metadata(plan.shape.arrow_schema.empty_table(), self.spec.cursor, dt.datetime.now(dt.UTC), 0)
-            loader.create_if_missing(empty)
+            loader.create_if_missing(self._empty(plan))
         return result
+
+    def _empty(self, plan: ReadPlan) -> pa.Table:
+        """The target's shape without rows: what a slice of the table becomes, its metadata columns added."""
+        return with_metadata(plan.shape.arrow_schema.empty_table(), self.spec.cursor, dt.datetime.now(dt.UTC), 0)
 
 
 def _looked_back(position: dict[str, Any], cursor: str, seconds: float) -> dict[str, Any]:
