@@ -302,3 +302,30 @@ def test_the_catalog_and_check_name_what_is_wrong_with_a_files_source(drops: Dro
     drops.url = None
     drops.catalog(path="*.csv")
     assert check_catalog(drops.settings, load_catalog(drops.root / "catalog.yaml")) == []
+
+
+def test_a_folder_that_does_not_exist_fails_the_run_and_check_naming_the_stream_and_url(drops: Drops) -> None:
+    """Found by the files attack: a wrong url listed as empty, and the run ended successfully with 0 rows."""
+    from ingestion_assets.catalog import load_catalog
+    from ingestion_assets.checks import check_catalog
+    from ingestion_assets.errors import classify
+    from ingestion_assets.sources.files import MissingLocation
+
+    missing = drops.root / "no-such-folder"
+    drops.url = str(missing)
+    drops.catalog(path="*.csv", primary_key="id")
+    with pytest.raises(MissingLocation) as failed:
+        drops.run()
+    assert str(failed.value).startswith("stream drops.orders: the folder") and f"(url {missing})" in str(failed.value)
+    assert not classify(failed.value).transient  # permanent: fails at once, no retries
+    problems = check_catalog(drops.settings, load_catalog(drops.root / "catalog.yaml"))
+    assert len(problems) == 1 and problems[0].startswith("stream drops.orders: the folder")
+    assert f"(url {missing})" in problems[0]
+    failure = drops.store.latest(None)  # the failure is recorded; no position moved
+    assert failure is not None and failure.position is None and "no-such-folder does not exist" in str(failure.details)
+    missing.mkdir()  # there, empty: 0 rows, no error
+    assert drops.run().result.rows == 0
+    assert check_catalog(drops.settings, load_catalog(drops.root / "catalog.yaml")) == []
+    (missing / "a.csv").write_text(csv_text(_rows(1, 3)))
+    assert drops.run().result.rows == 3
+    assert drops.rows() == _rows(1, 3)

@@ -63,7 +63,7 @@ def test_keep_leaves_the_rows_and_an_empty_listing_retires_nothing(drops: Drops)
     drops.run()
     assert [r[0] for r in drops.rows()] == [1, 2, 3]
     drops.catalog(path="*.csv", primary_key="id", deletes="hard")
-    shutil.rmtree(drops.folder)  # the whole folder gone (a wrong url looks the same): refuse to empty the target
+    shutil.rmtree(drops.folder)  # every file gone (a wrong prefix looks the same): refuse to empty the target
     drops.folder.mkdir()
     outcome = drops.run()
     assert outcome.result.note is not None and "nothing retired" in outcome.result.note

@@ -14,7 +14,16 @@ from ingestion_assets.loading.pipeline import Loader, TargetTable, pipeline_name
 from ingestion_assets.loading.targets import make_loader
 from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
-from ingestion_assets.sources.files import FILE, ROW, CorruptFile, FileInfo, filesystem, list_files, read_file
+from ingestion_assets.sources.files import (
+    FILE,
+    ROW,
+    CorruptFile,
+    FileInfo,
+    MissingLocation,
+    filesystem,
+    list_files,
+    read_file,
+)
 from ingestion_assets.sources.slices import Slice
 from ingestion_assets.streams.files_batch import FileBatch, load_files
 from ingestion_assets.streams.files_deletes import retire_deleted_files
@@ -89,8 +98,16 @@ class FileSourceStream:
 
     def files(self) -> list[FileInfo]:
         """The stream's files as they are now (`ingest check` lists them)."""
+        return self.listing()[2]
+
+    def listing(self) -> tuple[Any, str, list[FileInfo]]:
+        """The filesystem, its root and the stream's files as they are now: the one way every part lists them. A
+        url whose folder or bucket does not exist fails here, naming the stream and the url (never 0 rows)."""
         fs, root = self.filesystem()
-        return list_files(fs, root, self.spec.path)
+        try:
+            return fs, root, list_files(fs, root, self.spec.path)
+        except MissingLocation as exc:
+            raise MissingLocation(f"stream {self.qualified_name}: {exc} (url {self.source.url})") from exc
 
     def run(self, after: dict[str, Any] | None, sink: CheckpointSink, options: RunOptions) -> SyncResult:
         loader = options.loader or self.loader(options.target, options.partition)
@@ -121,8 +138,8 @@ class FileSourceStream:
     def _retire_deleted(self, loader: Loader, result: SyncResult, options: RunOptions) -> None:
         """After the read: rows of files gone from the source go (or are flagged); a file that comes back
         under the same name is then read again (its fingerprint leaves the position)."""
-        fs, root = self.filesystem()
-        listed = {relative_path(f.path, root) for f in list_files(fs, root, self.spec.path)}
+        _, root, files = self.listing()
+        listed = {relative_path(f.path, root) for f in files}
         scope = PartitionScope.of(self.spec, options.partition)
         retired = retire_deleted_files(loader, listed, scope.holds, self.spec.deletes, self.qualified_name, options.log)
         if listed and result.position is not None:
@@ -140,8 +157,7 @@ class FileSourceStream:
         """Whole files up to `files_per_slice` (or `slice_rows` rows) per slice; a file longer than a slice
         ends a slice inside it, the checkpoint then saying how many of its rows were given."""
         scope = PartitionScope.of(self.spec, options.partition)
-        fs, root = self.filesystem()
-        listed = list_files(fs, root, self.spec.path)
+        fs, root, listed = self.listing()
         name = {f.path: relative_path(f.path, root) for f in listed}
         files, window = scope.select(listed, name), scope.rows()
         progress = Progress.of(after)

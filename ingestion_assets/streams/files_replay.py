@@ -13,7 +13,7 @@ from collections import defaultdict
 from typing import Any
 
 from ingestion_assets.loading.parked import parked_rows, release_parked
-from ingestion_assets.sources.files import CorruptFile, FileInfo, Resume, list_files, read_file
+from ingestion_assets.sources.files import CorruptFile, FileInfo, Resume, read_file
 from ingestion_assets.streams.files import FileSourceStream, relative_path
 from ingestion_assets.streams.files_batch import FileBatch, load_files
 from ingestion_assets.streams.files_partitions import PartitionScope
@@ -32,8 +32,8 @@ def replay_file_dead_letters(
     by_file: dict[tuple[str, str], list[str]] = defaultdict(list)
     for row in parked:
         by_file[(str(json.loads(row["raw_record"]).get("file")), row["partition"] or "")].append(row["record_key"])
-    fs, root = stream.filesystem()
-    listed = {relative_path(f.path, root): f for f in list_files(fs, root, stream.spec.path)}
+    fs, root, files = stream.listing()
+    listed = {relative_path(f.path, root): f for f in files}
     loaded = still_bad = 0
     gone: list[str] = []
     for (file, partition), keys in sorted(by_file.items()):
