@@ -31,7 +31,7 @@ def check_catalog(settings: Settings, catalog: Catalog) -> list[str]:
 
 def _check_files(settings: Settings, catalog: Catalog, source_name: str, source: FilesSource) -> list[str]:
     """Each stream's files can be listed (the storage answers, the credentials resolve)."""
-    from ingestion_assets.sources.files import StorageError
+    from ingestion_assets.sources.files import MissingLocation, StorageError
     from ingestion_assets.streams.files import FileSourceStream, relative_path
     from ingestion_assets.streams.files_partitions import unplaced
 
@@ -40,6 +40,9 @@ def _check_files(settings: Settings, catalog: Catalog, source_name: str, source:
         files = FileSourceStream(settings, catalog.destination, source_name, source, stream_name, stream)
         try:
             listed = files.files()
+        except MissingLocation as exc:  # it names the stream and the url
+            problems.append(f"{exc}: {exc.advice}")
+            continue
         except (UnresolvedReference, StorageError, ValueError, ImportError) as exc:  # ImportError: no fsspec driver
             problems.append(f"stream {source_name}.{stream_name}: cannot list {stream.path}: {exc}")
             continue

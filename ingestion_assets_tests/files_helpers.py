@@ -78,9 +78,8 @@ class Drops:
         return Settings(home=self.root / "home", catalog_path=self.root / "catalog.yaml")
 
     def stream(self) -> FileSourceStream:
-        stream = catalog_streams(self.settings, load_catalog(self.root / "catalog.yaml"))[0]
-        assert isinstance(stream, FileSourceStream)
-        return stream
+        streams = catalog_streams(self.settings, load_catalog(self.root / "catalog.yaml"))
+        return next(s for s in streams if isinstance(s, FileSourceStream))  # the catalog may hold other kinds
 
     @property
     def store(self) -> FileStore:

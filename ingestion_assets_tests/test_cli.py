@@ -126,3 +126,46 @@ def test_an_in_process_executor_runs_the_steps_in_the_runs_own_process(cli_env: 
     assert harness.target_count("items") == 1200
     log = harness.log_text(process)
     assert "Executing steps in process" in log and "Launching subprocess" not in log
+
+
+def test_dlq_replay_failures_are_one_line_naming_the_stream(
+    cli_env: StreamHarness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the files attack: `ingest dlq replay` printed a traceback (an API stream; a fixed file the schema
+    policy pauses on; a folder gone). Each failure is now one line naming the stream, with a non-zero exit."""
+    import shutil
+
+    from ingestion_assets.state.checkpoints import InstanceStateStore
+    from ingestion_assets.streams.runner import PartitionJob
+    from ingestion_assets_tests.files_helpers import Drops
+
+    drops = Drops(tmp_path / "files")
+    catalog_path = drops.catalog(path="*.csv", primary_key="id", csv={"column_types": {"amount": "float64"}})
+    catalog = yaml.safe_load(catalog_path.read_text())
+    api = {"path": "/things", "primary_key": ["id"]}
+    catalog["sources"]["api"] = {"type": "rest", "base_url": "http://127.0.0.1:9/", "streams": {"things": api}}
+    catalog_path.write_text(yaml.safe_dump(catalog))
+    monkeypatch.setenv("INGEST_CATALOG", str(catalog_path))
+
+    def refused(stream: str) -> str:
+        with pytest.raises(SystemExit) as failed:
+            main(["dlq", "replay", stream])
+        told = str(failed.value.code)
+        assert told.startswith(f"error: {stream}: ") and "\n" not in told and "Traceback" not in told
+        return told
+
+    assert main(["dlq", "replay", "drops.orders"]) == 0  # never run: nothing parked, nothing listed
+    assert "drops.orders: no parked rows: nothing to replay" in capsys.readouterr().out
+    assert "an API stream cannot fetch single records again" in refused("api.things")
+    drops.write("a.csv", "id,name,amount\n1,a,1.5\n2,b,oops\n", 1_700_000_000)
+    store = InstanceStateStore(cli_env.instance, dg.AssetKey(["drops", "orders"]))  # where the command looks
+    PartitionJob(drops.stream(), store, run_id="test").run()
+    drops.write("a.csv", "id,name,amount\n1,a,1.5\n2.5,b,2.5\n", 1_700_000_000)  # "fixed": the key is not an integer
+    assert "paused by a schema change in file a.csv" in refused("drops.orders")
+    shutil.rmtree(drops.folder)
+    told = refused("drops.orders")
+    assert f"the folder {drops.folder} does not exist (url {drops.folder})" in told
+    drops.folder.mkdir()  # there again, without a.csv: its parked row stays, said so
+    assert main(["dlq", "replay", "drops.orders"]) == 1
+    assert "1 gone from the source (they stay parked: a.csv:row2)" in capsys.readouterr().out
+    assert drops.dead_letters()[0][0] == "a.csv:row2" and drops.rows() == [(1, "a", 1.5)]

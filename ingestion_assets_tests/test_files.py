@@ -18,6 +18,7 @@ import pytest
 import ingestion_assets.sources.files.csv as csv_reader
 from ingestion_assets.catalog.files import CsvOptions
 from ingestion_assets.sources.files import Resume
+from ingestion_assets.streams.runner import PartitionJob
 from ingestion_assets.streams.schema_step import SchemaPaused
 from ingestion_assets_tests.files_helpers import Drops, csv_text
 
@@ -90,9 +91,51 @@ def test_a_late_file_with_an_older_time_is_read_within_the_lookback(drops: Drops
     drops.write("b.csv", csv_text(_rows(1, 10)), BASE + 1000)
     drops.run()
     drops.write("a_late.csv", csv_text(_rows(11, 10)), BASE + 10)  # copied in later, keeping an older time
-    drops.write("ancient.csv", csv_text(_rows(21, 10)), BASE - 7200)  # older than the window: taken as read
     assert drops.run().result.rows == 10
     assert drops.rows() == sorted(_rows(1, 20))
+
+
+def test_a_file_older_than_the_lookback_that_nothing_knows_is_read_and_said(
+    drops: Drops, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by the files attack: a new path with a modified time older than the lookback window (`cp -p`,
+    `rsync -t`, `mv`) was taken as read, silently. Which files were read is now known exactly (the checkpoint's
+    fingerprints, the target's `_ingest_file`), so such a file is read, and the run says so."""
+    import logging
+
+    drops.catalog(path="*.csv", primary_key="id", lookback_seconds=3600)
+    drops.write("b.csv", csv_text(_rows(1, 10)), BASE + 1000)
+    drops.write("old.csv", csv_text(_rows(31, 5)), BASE - 9000)
+    drops.run()
+    drops.write("c.csv", csv_text(_rows(11, 5)), BASE + 9000)  # the window moves: b.csv and old.csv leave it
+    drops.run()
+    drops.write("ancient.csv", csv_text(_rows(21, 10)), BASE - 7200)  # copied in keeping an old time
+    job = PartitionJob(drops.stream(), drops.store, run_id="test", log=logging.getLogger("files-test"))
+    with caplog.at_level(logging.WARNING, logger="files-test"):
+        outcome = job.run()
+    assert outcome.result.rows == 10  # ancient.csv only: b.csv and old.csv are known by the rows the target holds
+    figures = outcome.result.figures
+    assert (figures["files_read_unknown_old"], figures["files_read_unknown_old_examples"]) == (1, "ancient.csv")
+    assert "drops.orders: 1 file(s) older than the lookback window" in caplog.text and "ancient.csv" in caplog.text
+    assert drops.rows() == sorted(_rows(1, 15) + _rows(21, 10) + _rows(31, 5))
+    assert drops.run().result.rows == 0  # read once: known from now on
+
+
+def test_old_snapshots_whose_keys_all_came_again_are_not_read_again(drops: Drops) -> None:
+    """A keyed stream of daily full snapshots: an old snapshot holds no live row (every key came again in a newer
+    one), so the target does not know it; the checkpoint keeps its fingerprint while it is listed, and no run
+    reads it again."""
+    drops.catalog(path="*.csv", primary_key="id", lookback_seconds=3600)
+    for day in range(4):
+        drops.write(f"day{day}.csv", csv_text(_rows(1, 5, f"d{day}")), BASE + day * 86400)
+        assert drops.run().result.rows == 5
+    assert drops.run().result.rows == 0
+    assert drops.rows() == _rows(1, 5, "d3")
+    seen = drops.store.latest(None).position["seen"]  # type: ignore[union-attr]
+    assert sorted(seen) == ["day0.csv", "day1.csv", "day2.csv", "day3.csv"]
+    (drops.folder / "day0.csv").unlink()  # retention: a gone file leaves the checkpoint
+    assert drops.run().result.rows == 0
+    assert sorted(drops.store.latest(None).position["seen"]) == ["day1.csv", "day2.csv", "day3.csv"]  # type: ignore[union-attr]
 
 
 @pytest.mark.slow  # several loads (or a subprocess): beyond the default suite's time budget
@@ -302,3 +345,30 @@ def test_the_catalog_and_check_name_what_is_wrong_with_a_files_source(drops: Dro
     drops.url = None
     drops.catalog(path="*.csv")
     assert check_catalog(drops.settings, load_catalog(drops.root / "catalog.yaml")) == []
+
+
+def test_a_folder_that_does_not_exist_fails_the_run_and_check_naming_the_stream_and_url(drops: Drops) -> None:
+    """Found by the files attack: a wrong url listed as empty, and the run ended successfully with 0 rows."""
+    from ingestion_assets.catalog import load_catalog
+    from ingestion_assets.checks import check_catalog
+    from ingestion_assets.errors import classify
+    from ingestion_assets.sources.files import MissingLocation
+
+    missing = drops.root / "no-such-folder"
+    drops.url = str(missing)
+    drops.catalog(path="*.csv", primary_key="id")
+    with pytest.raises(MissingLocation) as failed:
+        drops.run()
+    assert str(failed.value).startswith("stream drops.orders: the folder") and f"(url {missing})" in str(failed.value)
+    assert not classify(failed.value).transient  # permanent: fails at once, no retries
+    problems = check_catalog(drops.settings, load_catalog(drops.root / "catalog.yaml"))
+    assert len(problems) == 1 and problems[0].startswith("stream drops.orders: the folder")
+    assert f"(url {missing})" in problems[0]
+    failure = drops.store.latest(None)  # the failure is recorded; no position moved
+    assert failure is not None and failure.position is None and "no-such-folder does not exist" in str(failure.details)
+    missing.mkdir()  # there, empty: 0 rows, no error
+    assert drops.run().result.rows == 0
+    assert check_catalog(drops.settings, load_catalog(drops.root / "catalog.yaml")) == []
+    (missing / "a.csv").write_text(csv_text(_rows(1, 3)))
+    assert drops.run().result.rows == 3
+    assert drops.rows() == _rows(1, 3)

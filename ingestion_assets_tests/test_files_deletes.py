@@ -63,7 +63,7 @@ def test_keep_leaves_the_rows_and_an_empty_listing_retires_nothing(drops: Drops)
     drops.run()
     assert [r[0] for r in drops.rows()] == [1, 2, 3]
     drops.catalog(path="*.csv", primary_key="id", deletes="hard")
-    shutil.rmtree(drops.folder)  # the whole folder gone (a wrong url looks the same): refuse to empty the target
+    shutil.rmtree(drops.folder)  # every file gone (a wrong prefix looks the same): refuse to empty the target
     drops.folder.mkdir()
     outcome = drops.run()
     assert outcome.result.note is not None and "nothing retired" in outcome.result.note
@@ -167,3 +167,40 @@ def test_a_file_put_back_is_read_again_when_its_retirement_was_never_checkpointe
     drops.write("a.csv", csv_text(_rows(1, 3)), BASE)  # put back as it was
     drops.run()
     assert [r[0] for r in drops.rows("_ingest_file, _ingest_file_row")] == ["a.csv"] * 3 + ["b.csv"] * 2
+
+
+def test_a_file_renamed_keeping_its_old_time_moves_its_rows_instead_of_losing_them(drops: Drops) -> None:
+    """Found by the files attack: `mv m.csv a.csv` keeps the modified time; older than the lookback window, a.csv
+    was taken as read and m.csv's rows retired: rc 0, rows gone. Now a.csv is read (nothing knew it) before any
+    retirement, and its rows take over the keys even though their versions differ from m.csv's only by the path
+    (a.csv sorts before m.csv: the version guard used to keep m.csv's rows, then retire them)."""
+    drops.catalog(path="*.csv", primary_key="id", deletes="hard", lookback_seconds=3600)
+    drops.write("m.csv", csv_text(_rows(1, 3)), BASE)
+    drops.write("n.csv", csv_text(_rows(4, 2, "n")), BASE + 10_000)  # the newest: m.csv is older than the window
+    drops.run()
+    expected = _rows(1, 3) + _rows(4, 2, "n")
+    for old, new in (("m.csv", "z.csv"), ("z.csv", "a.csv")):  # a later name, then an earlier one
+        (drops.folder / old).rename(drops.folder / new)  # mv: the modified time stays BASE
+        outcome = drops.run()
+        figures = outcome.result.figures
+        assert (outcome.result.rows, figures["files_read_unknown_old"], figures["files_deleted"]) == (3, 1, 0)
+        held = [(i, new, name, amount) for i, name, amount in _rows(1, 3)]
+        assert drops.rows("id, _ingest_file, name, amount") == held + [(i, "n.csv", n, a) for i, n, a in expected[3:]]
+    assert drops.rows() == expected
+    assert drops.run().result.rows == 0
+
+
+def test_a_keyless_file_renamed_keeping_its_old_time_is_read_before_the_old_name_is_retired(drops: Drops) -> None:
+    drops.catalog(path="*.csv", deletes="soft", lookback_seconds=3600)
+    drops.write("m.csv", csv_text(_rows(1, 3)), BASE)
+    drops.write("n.csv", csv_text(_rows(4, 2, "n")), BASE + 10_000)
+    drops.run()
+    (drops.folder / "m.csv").rename(drops.folder / "a.csv")
+    outcome = drops.run()
+    assert (outcome.result.rows, outcome.result.figures["rows_retired"]) == (3, 3)
+    live = drops.rows("_ingest_file, _ingest_file_row, id, name, amount, _ingest_deleted_at IS NULL")
+    assert live == (
+        [("a.csv", r, *row, True) for r, row in enumerate(_rows(1, 3), 1)]
+        + [("m.csv", r, *row, False) for r, row in enumerate(_rows(1, 3), 1)]
+        + [("n.csv", r, *row, True) for r, row in enumerate(_rows(4, 2, "n"), 1)]
+    )

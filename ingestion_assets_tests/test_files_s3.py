@@ -94,3 +94,33 @@ def test_drops_on_s3_load_incrementally_rewrites_merge_and_corrupt_objects_park(
     checkpoint = drops.store.latest(None)
     assert checkpoint is not None and s3["secret"] not in str(checkpoint.position) + str(checkpoint.details)
     assert drops.run().result.rows == 0
+
+
+@pytest.mark.slow  # moto's server takes ~10 s to start here
+def test_a_bucket_that_does_not_exist_fails_the_run_and_check_and_an_empty_prefix_is_empty(
+    s3: dict[str, Any], bucket: tuple[Any, str], tmp_path: Path
+) -> None:
+    """Found by the files attack: a wrong bucket listed as empty, and the run ended successfully with 0 rows."""
+    from ingestion_assets.catalog import load_catalog
+    from ingestion_assets.checks import check_catalog
+    from ingestion_assets.sources.files import MissingLocation
+
+    fs, name = bucket
+    options = {"key": s3["key"], "secret": {"env": "FILES_TEST_S3_SECRET"}, "endpoint_url": s3["endpoint_url"]}
+    wrong = Drops(tmp_path / "wrong", url=f"s3://{name}-missing/partner", storage_options=options)
+    wrong.catalog(path="**/*.csv", primary_key="id")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("FILES_TEST_S3_SECRET", s3["secret"])
+        with pytest.raises(MissingLocation) as failed:
+            wrong.run()
+        told = f"stream drops.orders: the bucket {name}-missing does not exist (url s3://{name}-missing/partner)"
+        assert str(failed.value) == told
+        problems = check_catalog(wrong.settings, load_catalog(wrong.root / "catalog.yaml"))
+        assert len(problems) == 1 and problems[0].startswith(told)
+        right = Drops(tmp_path / "right", url=f"s3://{name}/partner", storage_options=options)
+        right.catalog(path="**/*.csv", primary_key="id")
+        assert right.run().result.rows == 0  # the bucket is there, nothing dropped yet under the prefix
+        assert check_catalog(right.settings, load_catalog(right.root / "catalog.yaml")) == []
+        fs.pipe(f"{name}/partner/day1/a.csv", csv_text(_rows(1, 4)).encode())
+        assert right.run().result.rows == 4
+        assert right.rows() == _rows(1, 4)

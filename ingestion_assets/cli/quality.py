@@ -103,22 +103,58 @@ def dlq_list(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def dlq_replay(settings: Settings, args: argparse.Namespace) -> int:
+    """Every way it can fail ends in one line naming the stream (exit 1), never a traceback."""
+    from ingestion_assets.streams.files import FileSourceStream
+    from ingestion_assets.streams.postgres_table import PostgresTableStream
+
+    stream, store = _stream_and_store(settings, args.stream)
+    name = stream.qualified_name
+    if not isinstance(stream, FileSourceStream | PostgresTableStream):
+        raise SystemExit(
+            f"error: {name}: `ingest dlq replay` reads parked rows again from a table or files source by their key "
+            "or file; an API stream cannot fetch single records again: fix the cause, then run the stream again "
+            f"(`ingest state reset {name}` re-reads it all); `ingest dlq list {name}` shows what is parked"
+        )
+    try:
+        replay = _replay(stream, store)
+    except _replay_failures() as exc:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        raise SystemExit(f"error: {name}: dlq replay failed: {text.removeprefix(f'stream {name}: ')}") from exc
+    if replay.parked == 0:
+        print(f"{name}: no parked rows: nothing to replay")
+        return 0
+    gone = f" (they stay parked: {', '.join(replay.gone[:5])}{', ...' * (len(replay.gone) > 5)})" * bool(replay.gone)
+    print(
+        f"{name}: {replay.parked} parked, {replay.loaded} loaded and released, "
+        f"{replay.still_bad} still bad (parked again with today's error), {len(replay.gone)} gone from the source"
+        + gone
+    )
+    return 0 if replay.still_bad == 0 and not replay.gone else 1
+
+
+def _replay(stream: Any, store: Any) -> Any:
     from ingestion_assets.streams.files import FileSourceStream
     from ingestion_assets.streams.files_replay import replay_file_dead_letters
     from ingestion_assets.streams.replay import replay_dead_letters
 
-    stream, store = _stream_and_store(settings, args.stream)
     latest = store.latest(None)
-    generation = int(latest.details.get("generation", 1)) if latest else 1
+    generation = max(int(latest.details.get("generation", 1)) if latest else 1, 1)
     if isinstance(stream, FileSourceStream):
-        replay = replay_file_dead_letters(stream, max(generation, 1), dict(latest.details) if latest else {})
-    else:
-        replay = replay_dead_letters(stream, max(generation, 1))
-    print(
-        f"{stream.qualified_name}: {replay.parked} parked, {replay.loaded} loaded and released, "
-        f"{replay.still_bad} still bad (parked again with today's error), {len(replay.gone)} gone from the source"
-    )
-    return 0 if replay.still_bad == 0 else 1
+        return replay_file_dead_letters(stream, generation, dict(latest.details) if latest else {})
+    return replay_dead_letters(stream, generation)
+
+
+def _replay_failures() -> tuple[type[BaseException], ...]:
+    """What a replay meets that a user acts on: the source or its storage (missing, unreachable), a schema change
+    the policy pauses on, the destination (unreachable, locked, not able to compare versions)."""
+    import duckdb
+    import psycopg2
+    from dlt.common.exceptions import DltException
+
+    from ingestion_assets.streams.postgres_table import StreamError
+    from ingestion_assets.streams.schema_step import SchemaPaused
+
+    return (OSError, SchemaPaused, StreamError, NotImplementedError, DltException, duckdb.Error, psycopg2.Error)
 
 
 def reconcile(settings: Settings, args: argparse.Namespace) -> int:

@@ -207,7 +207,9 @@ def _http_figures(outcomes: list[PartitionOutcome]) -> dict[str, Any]:
     totals: dict[str, Any] = {}
     for outcome in outcomes:
         for name, value in outcome.result.figures.items():
-            if name != HISTOGRAM:
+            if isinstance(value, str):  # a few names (files read that nothing knew): joined across partitions
+                totals[name] = "; ".join(filter(None, (totals.get(name), value)))
+            elif name != HISTOGRAM:
                 totals[name] = totals.get(name, 0) + value
     return {name: round(value, 3) if isinstance(value, float) else value for name, value in totals.items()}
 

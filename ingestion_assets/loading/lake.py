@@ -154,7 +154,9 @@ class LakeLoader(Loader):
 
     def _check_versions(self, table: pa.Table) -> KeyCheck:
         """The version guard against the table's newest version, joined in an in-memory DuckDB."""
-        return keep_newest_in_duckdb(self.tables.dataset(self.target.table), table, self.key, self.source_column)
+        return keep_newest_in_duckdb(
+            self.tables.dataset(self.target.table), table, self.key, self.source_column, self.released_sources
+        )
 
     def swap_in(self, shadow: str, table: str, generation: int | None = None) -> None:
         """The shadow's rows replace the table's in one commit (Delta log entry, Iceberg snapshot); then the

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -94,7 +94,11 @@ def lake_sql_view(open_dataset: Opener) -> Iterator[LakeSqlView]:
 
 
 def keep_newest_in_duckdb(
-    target: Any | None, rows: pa.Table, key: tuple[str, ...], source: str | None = None
+    target: Any | None,
+    rows: pa.Table,
+    key: tuple[str, ...],
+    source: str | None = None,
+    released: Collection[str] = (),
 ) -> KeyCheck:
     """The version guard where the target's SQL cannot run versions.py's join: `target` (an Arrow dataset or
     table with the key and `_ingest_position`; None: no table yet) is joined with the slice in an in-memory
@@ -104,5 +108,5 @@ def keep_newest_in_duckdb(
     with contextlib.closing(duckdb.connect()) as con:
         con.register("_ingest_target", target)
         con.register(INCOMING, rows.select([*key, POSITION, *([source] if source else [])]))
-        found = con.sql(existing_sql("_ingest_target", key, "", source)).to_arrow_table()
+        found = con.sql(existing_sql("_ingest_target", key, "", source, released)).to_arrow_table()
     return keep_newest(rows, found, key)

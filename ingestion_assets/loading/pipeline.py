@@ -86,6 +86,8 @@ class Loader:
     _bound_partition: str | None = field(default=None, init=False)
     key: tuple[str, ...] = field(init=False)  # the primary key as the target names it
     source_column: str | None = field(init=False)  # version_source as the target names it
+    # files gone from the source (their rows about to be retired): their rows never win over incoming ones
+    released_sources: frozenset[str] = field(default=frozenset(), init=False)
     _parked_keys: set[str] | None = field(default=None, init=False)
     _known_to_exist: bool = field(default=False, init=False)  # seen in this run: no need to look again
     _pipeline: Any = field(default=None, init=False, repr=False)
@@ -242,7 +244,15 @@ class Loader:
 
     def _check_versions(self, table: pa.Table) -> KeyCheck:
         with self._pipeline.sql_client() as client:
-            return check_keys(client, self.destination.type, self.target.table, self.key, table, self.source_column)
+            return check_keys(
+                client,
+                self.destination.type,
+                self.target.table,
+                self.key,
+                table,
+                self.source_column,
+                self.released_sources,
+            )
 
     def _run(self, resources: list[Any], file_format: str | None) -> None:
         options: dict[str, Any] = {} if file_format is None else {"loader_file_format": file_format}

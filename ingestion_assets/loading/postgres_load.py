@@ -43,6 +43,7 @@ def load_slice(loader: Loader, table: pa.Table | None, dead_letters: pa.Table | 
         mode=mode,
         guard=loader.guard_versions,
         source=loader.source_column,
+        released=loader.released_sources,
         keyed=loader._unique_key_known,
         bytewise=rows is not None
         and POSITION in rows.column_names
@@ -118,7 +119,9 @@ def _parked_that_load(loader: Loader, client: Any, rows: pa.Table) -> pa.Table |
     candidates = rows.filter(pc.is_in(keys, pa.array(sorted(loader._parked_keys))))
     if not candidates.num_rows or not loader.guard_versions:
         return candidates
-    return check_keys(client, "postgres", loader.target.table, loader.key, candidates, loader.source_column).rows
+    return check_keys(
+        client, "postgres", loader.target.table, loader.key, candidates, loader.source_column, loader.released_sources
+    ).rows
 
 
 def _client(loader: Loader) -> Any:

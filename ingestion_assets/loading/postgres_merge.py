@@ -24,6 +24,7 @@ import pyarrow.csv as pacsv
 from ingestion_assets.loading.metadata_columns import POSITION
 from ingestion_assets.loading.native_types import for_postgres
 from ingestion_assets.loading.postgres_binary import BinaryStream, binary_plan, column_types
+from ingestion_assets.loading.versions import released_sql
 
 STAGE = "_ingest_stage"
 _ROW = "_ingest_row"
@@ -40,6 +41,7 @@ class SliceWrite:
     guard: bool = False  # keep the target's row where its version is newer (several writers)
     bytewise: bool = False  # the version is text: compare it with COLLATE "C"
     source: str | None = None  # files: a row read again from the same file replaces its own (versions.check_keys)
+    released: frozenset[str] = frozenset()  # files gone from the source: their rows are never newer
     keyed: bool = False  # the target has its unique index on the key (a merge may then try COPY straight in)
 
 
@@ -178,6 +180,7 @@ def upsert_sql(write: SliceWrite, slice_columns: list[str], target_columns: list
         newer = f"t.{POSITION}{collate} > EXCLUDED.{POSITION}{collate}"
         if write.source is not None and write.source in target_columns:
             newer += f" AND t.{quote(write.source)} IS DISTINCT FROM EXCLUDED.{quote(write.source)}"
+            newer += released_sql("t", write.source, write.released)
         statement += f" WHERE ({newer}) IS NOT TRUE"
     return statement
 

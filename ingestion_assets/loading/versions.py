@@ -7,6 +7,7 @@ before an update must not overwrite the update that already landed. Call under t
 from __future__ import annotations
 
 import io
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,11 +37,13 @@ def check_keys(
     primary_key: tuple[str, ...],
     rows: pa.Table,
     source: str | None = None,
+    released: Collection[str] = (),
 ) -> KeyCheck:
     """`source`: the column naming where a row was read (a file): a row read again from the same source replaces
-    the target's whatever their versions (a file rewritten with an older modified time, or its rows reordered)."""
+    the target's whatever their versions (a file rewritten with an older modified time, or its rows reordered).
+    `released`: sources gone from the source system, whose rows in the target are never newer (see `released_sql`)."""
     keys = rows.select([*primary_key, POSITION, *([source] if source else [])])
-    found = existing_keys(client, destination_type, table, primary_key, keys, source)
+    found = existing_keys(client, destination_type, table, primary_key, keys, source, released)
     return keep_newest(rows, found, primary_key)
 
 
@@ -77,6 +80,7 @@ def existing_keys(
     primary_key: tuple[str, ...],
     keys: pa.Table,
     source: str | None = None,
+    released: Collection[str] = (),
 ) -> pa.Table | None:
     """The keys of `keys` (primary key + `_ingest_position`, + `source` if given) the target holds, each with
     `STALE`: whether the target's version is newer (and, with `source`, read elsewhere). None when the target
@@ -91,18 +95,25 @@ def existing_keys(
     qualified = client.make_qualified_table_name(table)
     # Several cursor columns make a text version (metadata_columns.sortable_text) whose byte order is its order.
     bytewise = destination_type == "postgres" and pa.types.is_string(keys.schema.field(POSITION).type)
-    statement = existing_sql(qualified, primary_key, ' COLLATE "C"' if bytewise else "", source)
+    statement = existing_sql(qualified, primary_key, ' COLLATE "C"' if bytewise else "", source, released)
     if destination_type == "duckdb":
         return _query_duckdb(client.native_connection, statement, keys)
     return _query_postgres(client.native_connection, statement, qualified, primary_key, keys)
 
 
-def existing_sql(qualified: str, primary_key: tuple[str, ...], collate: str, source: str | None = None) -> str:
+def existing_sql(
+    qualified: str,
+    primary_key: tuple[str, ...],
+    collate: str,
+    source: str | None = None,
+    released: Collection[str] = (),
+) -> str:
     using = ", ".join(quote_name(k) for k in primary_key)
     columns = ", ".join(f"i.{quote_name(k)}" for k in primary_key)
     newer = f"t.{POSITION}{collate} > i.{POSITION}{collate}"
     if source is not None:  # the same file read again replaces its own rows: its older bytes are gone
-        newer = f"({newer} AND t.{quote_name(source)} IS DISTINCT FROM i.{quote_name(source)})"
+        newer = f"({newer} AND t.{quote_name(source)} IS DISTINCT FROM i.{quote_name(source)}"
+        newer += released_sql("t", source, released) + ")"
     return f"SELECT {columns}, {newer} AS {STALE} FROM {INCOMING} i JOIN {qualified} t USING ({using})"
 
 
@@ -134,6 +145,17 @@ def _query_postgres(
     arrays = [pa.array([row[i] for row in found]) for i in range(len(names))]
     schema = pa.schema([*keys.select(list(primary_key)).schema, pa.field(STALE, pa.bool_())])
     return pa.table(arrays, names=names).cast(schema)
+
+
+def released_sql(alias: str, source: str, released: Collection[str]) -> str:
+    """` AND <alias>.<source> NOT IN (...)`, or nothing: a target row read from a source that is gone (a file no
+    longer listed, its rows about to be retired) is never newer than an incoming one. A file renamed keeping its
+    modified time gives rows of equal version under another path: they must take the rows over, not be dropped
+    as stale and then retired with the old path."""
+    if not released:
+        return ""
+    names = ", ".join("'" + name.replace("'", "''") + "'" for name in sorted(released))
+    return f" AND {alias}.{quote_name(source)} NOT IN ({names})"
 
 
 def quote_name(name: str) -> str:

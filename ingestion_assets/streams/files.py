@@ -3,7 +3,8 @@ checkpointed in slices of whole files (or of a part of one big file), bad rows a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,10 +15,19 @@ from ingestion_assets.loading.pipeline import Loader, TargetTable, pipeline_name
 from ingestion_assets.loading.targets import make_loader
 from ingestion_assets.references import resolve
 from ingestion_assets.settings import Settings
-from ingestion_assets.sources.files import FILE, ROW, CorruptFile, FileInfo, filesystem, list_files, read_file
+from ingestion_assets.sources.files import (
+    FILE,
+    ROW,
+    CorruptFile,
+    FileInfo,
+    MissingLocation,
+    filesystem,
+    list_files,
+    read_file,
+)
 from ingestion_assets.sources.slices import Slice
 from ingestion_assets.streams.files_batch import FileBatch, load_files
-from ingestion_assets.streams.files_deletes import retire_deleted_files
+from ingestion_assets.streams.files_deletes import retire_deleted_files, target_files
 from ingestion_assets.streams.files_names import FileColumnNames
 from ingestion_assets.streams.files_partitions import PartitionScope
 from ingestion_assets.streams.files_progress import Progress
@@ -89,8 +99,16 @@ class FileSourceStream:
 
     def files(self) -> list[FileInfo]:
         """The stream's files as they are now (`ingest check` lists them)."""
+        return self.listing()[2]
+
+    def listing(self) -> tuple[Any, str, list[FileInfo]]:
+        """The filesystem, its root and the stream's files as they are now: the one way every part lists them. A
+        url whose folder or bucket does not exist fails here, naming the stream and the url (never 0 rows)."""
         fs, root = self.filesystem()
-        return list_files(fs, root, self.spec.path)
+        try:
+            return fs, root, list_files(fs, root, self.spec.path)
+        except MissingLocation as exc:
+            raise MissingLocation(f"stream {self.qualified_name}: {exc} (url {self.source.url})") from exc
 
     def run(self, after: dict[str, Any] | None, sink: CheckpointSink, options: RunOptions) -> SyncResult:
         loader = options.loader or self.loader(options.target, options.partition)
@@ -103,8 +121,13 @@ class FileSourceStream:
             loaded = load_files(loader, schema, piece.table, piece.dead, options.target.generation, where, piece.whole)
             return SliceOutcome(loaded=loaded, dead_letters=len(piece.dead) + loader.take_parked())
 
+        fs, root, files = self.listing()
+        name = {f.path: relative_path(f.path, root) for f in files}
+        scope = PartitionScope.of(self.spec, options.partition)
+        known = self._known_files(loader, set(name.values()), scope)
+        progress = Progress.of(after)
         result = run_slices(
-            self._slices(after, options),
+            self._slices(progress, fs, files, name, scope, options, known),
             load,
             sink,
             started_from=after,
@@ -114,42 +137,88 @@ class FileSourceStream:
             after_commit=lambda result: dead_letter_limit(self.qualified_name, self.spec.dead_letters, result),
             read_ahead=options.read_ahead,
         )
-        if self.spec.deletes != "keep" and not result.stopped:
-            self._retire_deleted(loader, result, options)
+        self._tell_unknown(progress.unknown, result, options)
+        if not result.stopped:
+            self._finish(loader, result, options, scope, set(name.values()), known)
         return result
 
-    def _retire_deleted(self, loader: Loader, result: SyncResult, options: RunOptions) -> None:
+    def _known_files(self, loader: Loader, listed: set[str], scope: PartitionScope) -> Callable[[], set[str]]:
+        """The files the target holds live rows of, asked at most once (only when needed): proof that a file older
+        than the lookback window was read. A partition by a column shares every file with the others, so for it
+        the target proves nothing (its checkpoint keeps every listed file's fingerprint instead). With `deletes`,
+        the rows of files gone from the listing (about to be retired) never win over the rows this run reads: a
+        file renamed keeping its modified time gives versions equal but for the path, and takes its rows over."""
+        held = functools.cache(lambda: target_files(loader))
+        if self.spec.deletes != "keep" and listed:
+            loader.released_sources = frozenset(f for f in held() if f not in listed and scope.holds(f))
+        return held if scope.rows() is None else set
+
+    def _finish(
+        self,
+        loader: Loader,
+        result: SyncResult,
+        options: RunOptions,
+        scope: PartitionScope,
+        listed: set[str],
+        known: Callable[[], set[str]],
+    ) -> None:
+        """Retire the rows of files gone from the source (after every due file was read), then settle the position:
+        files no longer listed leave it (also those an earlier run retired, dying before its checkpoint: kept, the
+        file put back as it was would be taken as read), and older fingerprints the target now proves too."""
+        if self.spec.deletes != "keep":
+            listed, live = self._retire_deleted(loader, result, options, scope)
+            known = known if scope.rows() is not None else functools.cache(lambda: live)
+        if result.position is not None:
+            result.position = Progress.of(result.position).settle(listed, known, self.spec.lookback_seconds)
+
+    def _tell_unknown(self, unknown: list[str], result: SyncResult, options: RunOptions) -> None:
+        """Files older than the lookback window that neither the checkpoint nor the target knew were read: say so
+        (a rename or a copy keeping the modified time, or a checkpoint from before this bookkeeping)."""
+        result.figures["files_read_unknown_old"] = len(unknown)
+        if unknown:
+            result.figures["files_read_unknown_old_examples"] = ", ".join(unknown[:5])
+        if unknown and options.log is not None:
+            options.log.warning(
+                "%s: %d file(s) older than the lookback window that no checkpoint or target row knew were read "
+                "(renamed or copied keeping their modified time?), e.g. %s",
+                self.qualified_name,
+                len(unknown),
+                unknown[:5],
+            )
+
+    def _retire_deleted(
+        self, loader: Loader, result: SyncResult, options: RunOptions, scope: PartitionScope
+    ) -> tuple[set[str], set[str]]:
         """After the read: rows of files gone from the source go (or are flagged); a file that comes back
-        under the same name is then read again (its fingerprint leaves the position)."""
-        fs, root = self.filesystem()
-        listed = {relative_path(f.path, root) for f in list_files(fs, root, self.spec.path)}
-        scope = PartitionScope.of(self.spec, options.partition)
+        under the same name is then read again (its fingerprint leaves the position). Returns the files listed
+        now and the files the target holds live rows of."""
+        _, root, files = self.listing()
+        listed = {relative_path(f.path, root) for f in files}
         retired = retire_deleted_files(loader, listed, scope.holds, self.spec.deletes, self.qualified_name, options.log)
-        if listed and result.position is not None:
-            # Every file the listing no longer shows leaves the position, not only those retired now: when an
-            # earlier run retired a file's rows and died before its checkpoint, nothing is left to retire, and
-            # a fingerprint kept here would take the file, put back as it was, as read.
-            seen = {k: v for k, v in (result.position.get("seen") or {}).items() if k in listed}
-            result.position = {**result.position, "seen": seen}
         result.figures["files_deleted"] = len(retired.files)
         result.figures["rows_retired"] = retired.rows
         if retired.refused:
             result.note = retired.refused
+        return listed, retired.live
 
-    def _slices(self, after: dict[str, Any] | None, options: RunOptions) -> Iterator[FileSlice]:
+    def _slices(
+        self,
+        progress: Progress,
+        fs: Any,
+        listed: list[FileInfo],
+        name: dict[str, str],
+        scope: PartitionScope,
+        options: RunOptions,
+        held: Callable[[], set[str]],
+    ) -> Iterator[FileSlice]:
         """Whole files up to `files_per_slice` (or `slice_rows` rows) per slice; a file longer than a slice
         ends a slice inside it, the checkpoint then saying how many of its rows were given."""
-        scope = PartitionScope.of(self.spec, options.partition)
-        fs, root = self.filesystem()
-        listed = list_files(fs, root, self.spec.path)
-        name = {f.path: relative_path(f.path, root) for f in listed}
         files, window = scope.select(listed, name), scope.rows()
-        progress = Progress.of(after)
         lookback = self.spec.lookback_seconds
         batch = FileBatch()
         index = 0
         columns = FileColumnNames(target_names(self.destination), ())
-        for info in progress.due(files, name, lookback):
+        for info in progress.due(files, name, lookback, held):
             relative = name[info.path]
             resume = progress.resume(relative, info)
             batch.begin(relative, resume)
@@ -170,7 +239,7 @@ class FileSourceStream:
                 if options.log is not None:
                     options.log.warning("%s: file %s vanished before it was read", self.qualified_name, relative)
                 continue
-            progress.done(relative, info, lookback)
+            progress.done(relative, info)
             batch.finish(relative)
             if batch.files >= self.spec.files_per_slice or batch.rows >= self.spec.slice_rows:
                 yield _slice(batch, progress.position(), index)

@@ -6,12 +6,17 @@ Keyless, those are exactly the file's rows. Keyed, they are the keys whose newes
 an older version of such a key in a file still present is not brought back (it was superseded, and is read
 again only if that file changes, or after `ingest state reset`). A rewritten file needs nothing here: its
 rows are merged again by key (or by file and row).
+
+No row is retired while a file that may hold it is unread: a run reads every listed file before it retires (an
+old file no checkpoint or target row knows is read too: files_progress.py), and the rows of the files gone from
+the listing never win over rows read in that run (`Loader.released_sources`), so a file renamed keeping its
+modified time moves its rows to the new name (equal versions) before the old name's rows are retired.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -31,6 +36,7 @@ class Retired:
     files: list[str]  # files gone from the source whose rows were retired
     rows: int
     refused: str | None = None
+    live: set[str] = field(default_factory=set)  # the files the target holds live rows of now
 
 
 def retire_deleted_files(
@@ -38,10 +44,10 @@ def retire_deleted_files(
 ) -> Retired:
     """Retire the rows of the files the target holds (those `held(file)` says are the partition's) that are
     not `listed` now. An empty listing retires nothing: a wrong url or prefix must not empty the target."""
-    target = _target_files(loader)
+    target = target_files(loader)
     gone = sorted(f for f in target if f not in listed and held(f))
     if not gone:
-        return Retired([], 0)
+        return Retired([], 0, live=target)
     if not listed:
         refused = (
             f"stream {stream}: the listing found no file at all while the target holds rows of {len(target)} "
@@ -50,14 +56,15 @@ def retire_deleted_files(
         )
         if log is not None:
             log.warning("%s", refused)
-        return Retired([], 0, refused)
+        return Retired([], 0, refused, target)
     rows = _retire(loader, gone, soft=mode == "soft")
     if log is not None:
         log.info("%s: %d file(s) deleted at the source, %d row(s) %s", stream, len(gone), rows, mode + " deleted")
-    return Retired(gone, rows)
+    return Retired(gone, rows, live=target - set(gone))
 
 
-def _target_files(loader: Loader) -> set[str]:
+def target_files(loader: Loader) -> set[str]:
+    """The files the target holds live rows of (its `_ingest_file` values): which files were read, exactly."""
     with loader.client() as client:
         table = client.make_qualified_table_name(loader.target.table)
         column = client.escape_column_name(loader.names.column(FILE))

@@ -1,15 +1,23 @@
-"""Where a file stream stands: the newest file read (modified_at, path), the fingerprints of the files read
-within the lookback window, and the file a run stopped inside. It rides in the checkpoint as the position.
+"""Where a file stream stands: the newest file read (modified_at, path), the fingerprints of the files read that
+nothing else knows, and the file a run stopped inside. It rides in the checkpoint as the position.
 
-Late files: a file is due when its fingerprint (modified time, size, etag) is not among those read, as long
-as its modified time is within `lookback_seconds` of the newest file read. So a file copied in late with an
-older time, or rewritten in place (new size or etag, even with its old time), is read; a file older than the
-window is taken as read (listing and diffing every file ever seen would grow the checkpoint without bound).
+Which files were read is known exactly, from two places, never guessed from a file's modified time:
+- `seen`: the fingerprint (modified time, size, etag) of every file read within `lookback_seconds` of the newest
+  one, and of every older file still listed whose rows the target no longer holds (a keyed daily snapshot whose
+  keys all came again in the next one, an empty file, a file parked whole);
+- the target's `_ingest_file` column: an older file whose rows the target holds was read (its fingerprint leaves
+  `seen` once it is older than the window, at the end of a run (`settle`), so the checkpoint grows with the
+  listing's files that hold no rows, and within a run with the files it read, not with every file ever read).
+A file neither knows is due, whatever its modified time: a file renamed or copied keeping an old time (`mv`,
+`cp -p`, `rsync -t`) is read, and said so (`unknown`). A file in the window is due when its fingerprint is not the
+one read (new, late, or rewritten in place). An older file whose rows the target holds is taken as read even if
+rewritten (its old fingerprint is gone): the README says so.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,8 +27,9 @@ from ingestion_assets.sources.files import FileInfo, Resume
 @dataclass
 class Progress:
     newest: tuple[str, str] | None = None  # (modified_at ISO, path) of the newest file read
-    seen: dict[str, list[Any]] = field(default_factory=dict)  # path -> fingerprint, within the window
+    seen: dict[str, list[Any]] = field(default_factory=dict)  # path -> fingerprint (see the module's docstring)
     partial: dict[str, Any] | None = None  # {"path", "fingerprint", "rows", "bad"}: a file read in part
+    unknown: list[str] = field(default_factory=list)  # due older than the window, known to neither place
 
     @classmethod
     def of(cls, position: dict[str, Any] | None) -> Progress:
@@ -34,14 +43,20 @@ class Progress:
         partial = dict(self.partial) if self.partial else None
         return {"modified_at": modified_at, "path": path, "seen": dict(self.seen), "partial": partial}
 
-    def due(self, files: list[FileInfo], name: dict[str, str], lookback_seconds: float) -> list[FileInfo]:
-        """Files not read yet (or changed since), in (modified_at, path) order; a file read in part first."""
+    def due(
+        self, files: list[FileInfo], name: dict[str, str], lookback_seconds: float, held: Callable[[], set[str]]
+    ) -> list[FileInfo]:
+        """Files not read yet (or changed since), in (modified_at, path) order; a file read in part first. `name`:
+        every listed file's path under the url; `held()`: the files the target holds live rows of (asked only
+        when a file older than the window is listed without its fingerprint)."""
+        if name:  # a file the listing no longer shows leaves: put back, it is read again
+            self.seen = {k: v for k, v in self.seen.items() if k in set(name.values())}
         horizon = self._horizon(lookback_seconds)
-        due = [
-            f
-            for f in files
-            if self.seen.get(name[f.path]) != f.fingerprint and (horizon is None or f.modified_at >= horizon)
-        ]
+        old = {name[f.path] for f in files if horizon is not None and f.modified_at < horizon} - set(self.seen)
+        target = held() if old else set()
+        self.unknown = sorted(old - target)
+        read = old & target  # older than the window, no fingerprint: read if the target holds its rows
+        due = [f for f in files if self.seen.get(name[f.path]) != f.fingerprint and name[f.path] not in read]
         partial = self.partial
         if partial is not None:
             due.sort(key=lambda f: (name[f.path] != partial["path"], f.order))
@@ -56,16 +71,32 @@ class Progress:
     def inside(self, relative: str, info: FileInfo, rows: int, bad: int) -> None:
         self.partial = {"path": relative, "fingerprint": info.fingerprint, "rows": rows, "bad": bad}
 
-    def done(self, relative: str, info: FileInfo, lookback_seconds: float) -> None:
-        """The file is read to its end (or parked): remember it, move the newest, forget what left the window."""
+    def done(self, relative: str, info: FileInfo) -> None:
+        """The file is read to its end (or parked): remember it and move the newest. Fingerprints that left the
+        window are forgotten only by `settle`, which asks the target then: a file's rows may all be superseded by
+        a newer file read later in the same run, and a fingerprint forgotten too early would read it again."""
         self.partial = None
         self.seen[relative] = info.fingerprint
         moment = (info.modified_at.isoformat(), relative)
         if self.newest is None or (dt.datetime.fromisoformat(moment[0]), moment[1]) > self._newest_order():
             self.newest = moment
+
+    def settle(self, listed: set[str], held: Callable[[], set[str]], lookback_seconds: float) -> dict[str, Any]:
+        """The position a run ends with: only listed files (if the listing found any), and an older fingerprint only
+        for a file whose rows the target does not hold now (`held()`, asked only if there is one)."""
+        if listed:
+            self.seen = {k: v for k, v in self.seen.items() if k in listed}
         horizon = self._horizon(lookback_seconds)
-        if horizon is not None:
-            self.seen = {k: v for k, v in self.seen.items() if dt.datetime.fromisoformat(v[0]) >= horizon}
+        if self._aged(horizon):
+            kept = held()
+            assert horizon is not None
+            self.seen = {
+                k: v for k, v in self.seen.items() if k not in kept or dt.datetime.fromisoformat(v[0]) >= horizon
+            }
+        return self.position()
+
+    def _aged(self, horizon: dt.datetime | None) -> bool:
+        return horizon is not None and any(dt.datetime.fromisoformat(v[0]) < horizon for v in self.seen.values())
 
     def _newest_order(self) -> tuple[dt.datetime, str]:
         assert self.newest is not None

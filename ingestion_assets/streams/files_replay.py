@@ -13,7 +13,7 @@ from collections import defaultdict
 from typing import Any
 
 from ingestion_assets.loading.parked import parked_rows, release_parked
-from ingestion_assets.sources.files import CorruptFile, FileInfo, Resume, list_files, read_file
+from ingestion_assets.sources.files import FILE, CorruptFile, FileInfo, Resume, read_file
 from ingestion_assets.streams.files import FileSourceStream, relative_path
 from ingestion_assets.streams.files_batch import FileBatch, load_files
 from ingestion_assets.streams.files_partitions import PartitionScope
@@ -29,11 +29,15 @@ def replay_file_dead_letters(
     loader = stream.loader(Target(stream.name, generation), None)
     schema = files_schema_step(stream, details)
     parked = parked_rows(loader)
+    if not parked:
+        return Replay(0, 0, 0, [])  # nothing to read: the source is not even listed
     by_file: dict[tuple[str, str], list[str]] = defaultdict(list)
     for row in parked:
-        by_file[(str(json.loads(row["raw_record"]).get("file")), row["partition"] or "")].append(row["record_key"])
-    fs, root = stream.filesystem()
-    listed = {relative_path(f.path, root): f for f in list_files(fs, root, stream.spec.path)}
+        by_file[(_file_of(row["raw_record"], loader.names.column(FILE)), row["partition"] or "")].append(
+            row["record_key"]
+        )
+    fs, root, files = stream.listing()
+    listed = {relative_path(f.path, root): f for f in files}
     loaded = still_bad = 0
     gone: list[str] = []
     for (file, partition), keys in sorted(by_file.items()):
@@ -48,6 +52,13 @@ def replay_file_dead_letters(
         if released:
             release_parked(loader, released)
     return Replay(len(parked), loaded, still_bad, sorted(gone))
+
+
+def _file_of(raw_record: Any, column: str) -> str:
+    """The file a dead letter came from: the reader names it `file`; a row the target could not hold (parked by
+    the loader) carries it in its `_ingest_file` column. Anything else is no file at the source ("gone")."""
+    raw = json.loads(raw_record) if isinstance(raw_record, str) else raw_record
+    return str(raw.get("file") or raw.get(column) or "") if isinstance(raw, dict) else ""
 
 
 def _read_again(stream: FileSourceStream, fs: Any, info: FileInfo, file: str, partition: str) -> FileBatch:

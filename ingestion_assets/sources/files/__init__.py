@@ -12,6 +12,7 @@ from ingestion_assets.sources.files.csv import read_csv
 from ingestion_assets.sources.files.jsonl import read_jsonl
 from ingestion_assets.sources.files.listing import (
     FileInfo,
+    MissingLocation,
     StorageError,
     file_format,
     filesystem,
@@ -29,6 +30,7 @@ __all__ = [
     "BadRow",
     "CorruptFile",
     "FileInfo",
+    "MissingLocation",
     "Piece",
     "Resume",
     "RowWindow",

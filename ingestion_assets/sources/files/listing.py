@@ -21,6 +21,14 @@ class StorageError(OSError):
     transient = True
 
 
+class MissingLocation(StorageError):
+    """The folder (or the bucket) the url names does not exist: a wrong url or path, not an empty drop. Permanent:
+    a retry lists the same nothing, and taking it as empty would end the run with 0 rows and no word."""
+
+    transient = False
+    advice = "check the source's `url` (and the bucket's name); an empty folder that exists is fine"
+
+
 @dataclass(frozen=True)
 class FileInfo:
     path: str  # as the filesystem names it (no protocol)
@@ -50,11 +58,28 @@ def list_files(fs: fsspec.AbstractFileSystem, root: str, pattern: str) -> list[F
     try:
         found = fs.glob(f"{root}/{pattern.lstrip('/')}", detail=True)
     except FileNotFoundError:
-        return []
+        found = {}
     except OSError as exc:
         raise StorageError(f"cannot list {root}/{pattern}: {exc}") from exc
+    if not found:
+        _check_location(fs, root)
     infos = [_info(path, detail) for path, detail in found.items() if detail.get("type", "file") == "file"]
     return sorted(infos, key=lambda info: info.order)
+
+
+def _check_location(fs: fsspec.AbstractFileSystem, root: str) -> None:
+    """Raise MissingLocation unless `root` is there: a folder on a disk; on an object store, where folders are only
+    prefixes (an empty one is no object at all), its bucket."""
+    try:
+        if isinstance(fs, LocalFileSystem):
+            if not fs.isdir(root):
+                raise MissingLocation(f"the folder {root} does not exist")
+        elif not fs.exists(root.split("/", 1)[0]):
+            raise MissingLocation(f"the bucket {root.split('/', 1)[0]} does not exist")
+    except MissingLocation:
+        raise
+    except OSError as exc:
+        raise StorageError(f"cannot look up {root}: {exc}") from exc
 
 
 def _info(path: str, detail: dict[str, Any]) -> FileInfo:
