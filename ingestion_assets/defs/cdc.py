@@ -216,6 +216,8 @@ def _results(
             metadata[POSITION] = dg.MetadataValue.json({"lsn": format_lsn(lsn)})
         if stream.name in outcome.copied:
             metadata["copied"] = True
+        if stream.name in outcome.reasons:
+            metadata["copy reason"] = outcome.reasons[stream.name]
         yield dg.MaterializeResult(asset_key=key, metadata=metadata)
     yield dg.AssetCheckResult(
         asset_key=keys[0],

@@ -84,6 +84,7 @@ class CdcOutcome:
     dead_letters: int = 0
     checkpoints: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)  # stream -> (lsn, details)
     copied: list[str] = field(default_factory=list)  # streams whose copy beside the log ended in this run
+    reasons: dict[str, str] = field(default_factory=dict)  # stream -> why this run copies it again
 
     def latency(self) -> dict[str, float]:
         """p50/p95/p99 of the commit-to-target latency (ms); empty when no change was applied."""
@@ -135,6 +136,7 @@ class CdcSync:
         url = self.url()
         with reading_slot(url, self.slot, self.source.cdc.lock_wait_seconds):
             outcome = self._run(url, partition)
+        outcome.reasons = dict(self._state.reasons)
         if outcome.mode != "chunk":
             outcome.checkpoints = {
                 name: (position, self._details(name))
@@ -146,7 +148,9 @@ class CdcSync:
     def _run(self, url: str, partition: str | None) -> CdcOutcome:
         stored = self.store.latest()
         self._state = SourceState({s.name: stored.get(s.name) for s in self.streams})
-        self._preflight(url, expect_slot=self._state.started)  # read-only checks, then the publication
+        # A missing slot is no check's failure: `_resync_at_gap` makes it again (on_wal_gap: resync) or says
+        # which streams to re-copy (fail).
+        self._preflight(url)  # read-only checks, then the publication
         live = partition is None or partition == LIVE
         if live:
             self._settle_streams()
@@ -158,9 +162,10 @@ class CdcSync:
         if self.history and self.add_partitions is not None:
             self.add_partitions(history_keys({HISTORY: self._space}))
         lsn = self._state.low
-        if self._resync_at_gap(url, lsn):
+        gap = self._resync_at_gap(url, lsn)
+        if gap is not None:
             for name in self._state.positions:
-                self._state.recopy(name, "resync after a WAL gap")
+                self._state.recopy(name, f"resync (on_wal_gap: resync): {gap}")
             return self._snapshot(url)
         if not live:
             if not self.history:
@@ -192,24 +197,30 @@ class CdcSync:
                 self._state.recopy(stream.name, parts.recopy)
                 self._say("%s: copying its table again: %s", stream.qualified_name, parts.recopy)
 
-    def _resync_at_gap(self, url: str, lsn: int) -> bool:
-        """False if the slot can deliver every change after `lsn`; True if it was dropped to start over
-        (on_wal_gap: resync); else it stops with the commands that re-copy the source."""
+    def _resync_at_gap(self, url: str, lsn: int) -> WalGap | None:
+        """None if the slot can deliver every change after `lsn`; the gap if the slot was dropped (or was gone
+        already) to start over (on_wal_gap: resync); else it stops with the commands that re-copy the source."""
         gap = find_gap(url, self.slot, lsn)
         if gap is None:
-            return False
+            return None
         if self.source.cdc.on_wal_gap == "resync" and not self.history:
-            self._say("%s: %s; resyncing from a fresh snapshot (on_wal_gap: resync)", self.source_name, gap)
+            self._say(
+                "%s: %s; resyncing every stream from a new slot %s and a fresh snapshot (on_wal_gap: resync)",
+                self.source_name,
+                gap,
+                self.slot,
+            )
             drop_slot(url, self.slot)
-            return True
+            return gap
         behind = [s for s in self.streams if self._lost_to(s.name, gap)]
         resets = ", ".join(f"`ingest state reset {self.source_name}.{s.name}`" for s in behind or self.streams)
         again = (
             f"Reset `live` of every stream ({resets}, each with `--partition live`), run it, then backfill the "
             "history ranges again"
             if self.history
-            else f"Re-copy the streams it concerns ({resets}; the next run copies them again), or set "
-            "cdc.on_wal_gap: resync"
+            else f"This source has on_wal_gap: {self.source.cdc.on_wal_gap}. Re-copy the streams it concerns "
+            f"({resets}; the next run copies them again), or set cdc.on_wal_gap: resync (the next run then makes the "
+            "slot again and copies every stream)"
         )
         raise CdcError(
             f"source {self.source_name}: the slot {self.slot} can no longer deliver the changes after the "
@@ -510,11 +521,11 @@ class CdcSync:
             self._streams[stream.name] = parts
         return parts
 
-    def _preflight(self, url: str, expect_slot: bool) -> None:
+    def _preflight(self, url: str) -> None:
         """Every check first, read-only; only a source that passes them all gets its publication made or
         extended. A table that fails (no key, no replica identity) is never published: publishing it would
         make the source application's own UPDATEs and DELETEs on it fail."""
-        self._check(url, expect_slot)
+        self._check(url, expect_slot=False)
         added = ensure_publication(
             url, self.publication, self.tables(), partition_root=True, owned=self.source.cdc.publication is None
         )

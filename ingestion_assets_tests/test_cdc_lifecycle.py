@@ -1,0 +1,49 @@
+"""CDC streams over their lifetime (embedded PostgreSQL 18, DuckDB): a stream taken out of the catalog and put
+back, a slot an operator dropped under `on_wal_gap: resync` and `fail`, and an incompatible type change accepted
+with `ingest schema accept`. Each must end with the target equal to the source, row by row, and no other stream
+of the source held up."""
+
+from __future__ import annotations
+
+from ingestion_assets.sources.postgres.cdc import drop_slot
+from ingestion_assets_tests.helpers import StreamHarness
+from ingestion_assets_tests.test_cdc_real_schemas import CUSTOMERS, ORDERS, _assert_exact, _catalog, _failure, _metadata
+from ingestion_assets_tests.test_cdc_streams import cdc
+
+__all__ = ["cdc"]  # the fixture that drops the slot and publication a test leaves
+
+
+def _logs(harness: StreamHarness, run_id: str) -> str:
+    return " ".join(e.user_message for e in harness.instance.all_logs(run_id))
+
+
+def test_a_dropped_slot_under_resync_is_made_again_and_every_stream_copied_exactly(cdc: StreamHarness) -> None:
+    harness = cdc
+    harness.source.execute(CUSTOMERS + ORDERS)
+    _catalog(harness, {"customers": {}, "orders": {"deletes": "soft"}}, on_wal_gap="resync")
+    harness.materialize()
+    slot = f"ingest_{harness.source_name}"
+    harness.source.execute("UPDATE orders SET status = 'seen' WHERE id < 50")
+    assert drop_slot(harness.source.url, slot)  # an operator drops it
+    harness.source.execute(
+        "DELETE FROM orders WHERE id BETWEEN 100 AND 149; UPDATE orders SET status = 'unseen' WHERE id > 900;"
+        "DELETE FROM customers WHERE id > 190; INSERT INTO customers VALUES (500, 'new')"
+    )
+    result = harness.materialize(raise_on_error=False)
+    assert result.success, _failure(result)
+    assert f"slot {slot!r} no longer exists" in _logs(harness, result.run_id)
+    for stream in ("orders", "customers"):
+        metadata = _metadata(result, harness, stream)
+        assert metadata["mode"] == "snapshot" and slot in metadata["copy reason"], stream
+    harness.source.execute("UPDATE orders SET note = 'after' WHERE id = 1")
+    harness.materialize()
+    _assert_exact(harness, "orders")  # the deletes made while the slot was gone are retired
+    _assert_exact(harness, "customers")
+    retired = f'SELECT count(*) FROM "{harness.source_name}".orders WHERE _ingest_deleted_at IS NOT NULL'
+    assert harness.query_target(retired) == [(50,)]
+
+    _catalog(harness, {"customers": {}, "orders": {"deletes": "soft"}}, on_wal_gap="fail")
+    assert drop_slot(harness.source.url, slot)
+    message = _failure(harness.materialize(raise_on_error=False))
+    assert slot in message and "on_wal_gap: fail" in message and "cdc.on_wal_gap: resync" in message
+    assert f"ingest state reset {harness.source_name}.orders" in message
