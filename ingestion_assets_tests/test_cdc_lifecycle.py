@@ -5,6 +5,8 @@ of the source held up."""
 
 from __future__ import annotations
 
+import pytest
+
 from ingestion_assets.sources.postgres.cdc import drop_slot
 from ingestion_assets_tests.helpers import StreamHarness
 from ingestion_assets_tests.test_cdc_real_schemas import CUSTOMERS, ORDERS, _assert_exact, _catalog, _failure, _metadata
@@ -15,6 +17,47 @@ __all__ = ["cdc"]  # the fixture that drops the slot and publication a test leav
 
 def _logs(harness: StreamHarness, run_id: str) -> str:
     return " ".join(e.user_message for e in harness.instance.all_logs(run_id))
+
+
+@pytest.mark.parametrize("publication", ["ours", "own"])
+def test_a_stream_put_back_in_the_catalog_is_copied_again_and_the_others_go_on(
+    cdc: StreamHarness, publication: str
+) -> None:
+    """Its checkpoint is behind what the slot still holds: the product's publication dropped its table meanwhile
+    (`ours`), or the runs of the other streams acknowledged the slot past it (`own`: a publication of the user's
+    that kept publishing it). It takes a fresh copy, as a new stream does, not a WAL gap for the whole source."""
+    harness = cdc
+    harness.source.execute(CUSTOMERS + ORDERS)
+    options = {}
+    if publication == "own":
+        options = {"publication": f"own_{harness.source_name}"}
+        harness.source.execute(f"CREATE PUBLICATION own_{harness.source_name} FOR TABLE customers, orders")
+    _catalog(harness, {"customers": {}, "orders": {}}, **options)
+    harness.materialize()
+    _catalog(harness, {"customers": {}}, **options)
+    harness.source.execute("UPDATE customers SET name = 'x' WHERE id < 5; UPDATE orders SET note = 'y' WHERE id < 5")
+    harness.source.execute(
+        "DELETE FROM orders WHERE id BETWEEN 10 AND 19; INSERT INTO orders VALUES (5000, 'n', 1, '')"
+    )
+    harness.materialize()  # the slot is acknowledged past orders' checkpoint
+    harness.source.execute("UPDATE orders SET status = 'gone by' WHERE id > 990; DELETE FROM orders WHERE id = 20")
+    _catalog(harness, {"customers": {}, "orders": {}}, **options)
+    harness.source.execute("UPDATE customers SET name = 'back' WHERE id = 7; UPDATE orders SET note = 'z' WHERE id = 1")
+    try:
+        result = harness.materialize(raise_on_error=False)
+        assert result.success, _failure(result)
+        orders, customers = _metadata(result, harness, "orders"), _metadata(result, harness, "customers")
+        said = "was not in the publication" if publication == "ours" else "is behind the slot"
+        assert orders["copied"] is True and said in orders["copy reason"]
+        assert "copied" not in customers and "copy reason" not in customers
+        assert f"{harness.source_name}.orders: copying its table again: its" in _logs(harness, result.run_id)
+        harness.materialize()
+        _assert_exact(harness, "orders")  # the rows deleted while it was out of the catalog are gone
+        _assert_exact(harness, "customers")
+    finally:
+        if publication == "own":
+            drop_slot(harness.source.url, f"ingest_{harness.source_name}")
+            harness.source.execute(f"DROP PUBLICATION own_{harness.source_name}")
 
 
 def test_a_dropped_slot_under_resync_is_made_again_and_every_stream_copied_exactly(cdc: StreamHarness) -> None:

@@ -150,10 +150,11 @@ class CdcSync:
         self._state = SourceState({s.name: stored.get(s.name) for s in self.streams})
         # A missing slot is no check's failure: `_resync_at_gap` makes it again (on_wal_gap: resync) or says
         # which streams to re-copy (fail).
-        self._preflight(url)  # read-only checks, then the publication
+        published = self._preflight(url)  # read-only checks, then the publication
         live = partition is None or partition == LIVE
         if live:
             self._settle_streams()
+            self._recopy_stale(url, published)
         if not self._state.started:
             if not self.history:
                 return self._live_after(url, self._snapshot(url))
@@ -194,8 +195,37 @@ class CdcSync:
             parts = settle_stream(stream, details, partition, self.history)
             self._streams[stream.name] = parts
             if self._state.positions.get(stream.name) is not None and parts.recopy:
-                self._state.recopy(stream.name, parts.recopy)
-                self._say("%s: copying its table again: %s", stream.qualified_name, parts.recopy)
+                self._recopy(stream, parts.recopy)
+
+    def _recopy_stale(self, url: str, published: tuple[tuple[str, str], ...]) -> None:
+        """Streams whose checkpoint the log can no longer serve while the slot still serves the others get a
+        fresh copy, as a new stream does: a stream back in the catalog after a while out of it (its table was
+        taken out of the publication meanwhile, so the log holds none of its changes since; or the slot was
+        acknowledged past its checkpoint by the runs of the other streams)."""
+        for stream in self.streams:
+            table = (stream.spec.schema_name, stream.spec.table_name)
+            if table in published and self._state.positions.get(stream.name) is not None:
+                why = f"its table was not in the publication {self.publication} (the stream was out of the catalog?)"
+                self._recopy(stream, f"{why}: the log holds none of its changes since its checkpoint")
+        if not self._state.started:
+            return
+        gap = find_gap(url, self.slot, self._state.low)
+        acknowledged = gap.acknowledged_lsn if gap is not None else None
+        if acknowledged is None or not any(p is not None and p >= acknowledged for p in self._state.positions.values()):
+            return  # the slot serves every stream, or none: a WAL gap of the source (`_resync_at_gap`)
+        for stream in self.streams:
+            position = self._state.positions.get(stream.name)
+            if position is not None and position < acknowledged:
+                self._recopy(
+                    stream,
+                    f"its checkpoint {format_lsn(position)} is behind the slot {self.slot}, which the runs of the "
+                    f"other streams acknowledged up to {format_lsn(acknowledged)} (the stream was out of the "
+                    "catalog?): the log no longer holds its changes in between",
+                )
+
+    def _recopy(self, stream: PostgresTableStream, reason: str) -> None:
+        self._state.recopy(stream.name, reason)
+        self._say("%s: copying its table again: %s", stream.qualified_name, reason)
 
     def _resync_at_gap(self, url: str, lsn: int) -> WalGap | None:
         """None if the slot can deliver every change after `lsn`; the gap if the slot was dropped (or was gone
@@ -295,6 +325,7 @@ class CdcSync:
         copy started: `copy_floor`), so the rows left below it — from before a reset or a WAL gap, deleted in
         the source since — are retired, in the whole table."""
         names = self._state.copying()
+        starting = [name for name in names if self._state.positions.get(name) is None]
         for name in names:
             under_way = self._state.copies.get(name)
             if under_way is not None and under_way.ranges:
@@ -308,6 +339,9 @@ class CdcSync:
             elif name not in self._state.reasons:
                 self._say("%s.%s: copying its table (new to the source, first run, or reset)", self.source_name, name)
             self._state.start_copy(name, outcome.lsn, str(copy_floor(outcome.lsn)))
+        # Stored as begun: a run that fails before the first range goes on with the copy, even when what made it
+        # needed (a table put back in the publication, a slot acknowledged past it) no longer shows.
+        self._commit(outcome.lsn, starting)
         await_older_writers(url, self.source.cdc.lock_wait_seconds)
         copying = [s for s in self.streams if s.name in names]
         for stream in copying:
@@ -521,10 +555,10 @@ class CdcSync:
             self._streams[stream.name] = parts
         return parts
 
-    def _preflight(self, url: str) -> None:
+    def _preflight(self, url: str) -> tuple[tuple[str, str], ...]:
         """Every check first, read-only; only a source that passes them all gets its publication made or
-        extended. A table that fails (no key, no replica identity) is never published: publishing it would
-        make the source application's own UPDATEs and DELETEs on it fail."""
+        extended (returns the tables it added). A table that fails (no key, no replica identity) is never
+        published: publishing it would make the source application's own UPDATEs and DELETEs on it fail."""
         self._check(url, expect_slot=False)
         added = ensure_publication(
             url, self.publication, self.tables(), partition_root=True, owned=self.source.cdc.publication is None
@@ -543,6 +577,7 @@ class CdcSync:
                     left,
                     self.publication,
                 )
+        return tuple(added)
 
     def _slot_ready(self, url: str) -> None:
         self._check(url, expect_slot=True)
