@@ -5,8 +5,12 @@ of the source held up."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
+from ingestion_assets.cli import main
 from ingestion_assets.sources.postgres.cdc import drop_slot
 from ingestion_assets_tests.helpers import StreamHarness
 from ingestion_assets_tests.test_cdc_real_schemas import CUSTOMERS, ORDERS, _assert_exact, _catalog, _failure, _metadata
@@ -90,3 +94,83 @@ def test_a_dropped_slot_under_resync_is_made_again_and_every_stream_copied_exact
     message = _failure(harness.materialize(raise_on_error=False))
     assert slot in message and "on_wal_gap: fail" in message and "cdc.on_wal_gap: resync" in message
     assert f"ingest state reset {harness.source_name}.orders" in message
+
+
+def test_an_accepted_incompatible_type_change_retypes_the_target_and_the_stream_goes_on(
+    cdc: StreamHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The log still holds changes made before the ALTER, with values of the old type (text the new type cannot
+    read): the stream's copy after the accept supersedes them, so they must not stop every later run."""
+    harness = cdc
+    harness.source.execute(
+        "CREATE TABLE readings (id int PRIMARY KEY, v text, note text);"
+        "INSERT INTO readings SELECT g, (g * 10)::text, 'r' || g FROM generate_series(1, 500) g;" + CUSTOMERS
+    )
+    _catalog(harness, {"readings": {}, "customers": {}})
+    harness.materialize()
+    harness.source.execute(
+        "UPDATE readings SET v = 'n/a' WHERE id BETWEEN 30 AND 35; DELETE FROM readings WHERE id = 36"
+    )
+    harness.source.execute("UPDATE readings SET v = '0' WHERE v = 'n/a'")  # cleaned up before the ALTER
+    harness.source.execute("ALTER TABLE readings ALTER COLUMN v TYPE int USING v::int")
+    harness.source.execute(
+        "UPDATE readings SET v = v + 1 WHERE id BETWEEN 10 AND 20; DELETE FROM readings WHERE id = 30"
+    )
+    message = _failure(harness.materialize(raise_on_error=False))
+    assert f"ingest schema accept {harness.source_name}.readings" in message
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["schema", "accept", f"{harness.source_name}.readings"]) == 0
+    harness.source.execute("UPDATE readings SET v = -1 WHERE id = 40; UPDATE customers SET name = 'on' WHERE id = 3")
+    result = harness.materialize(raise_on_error=False)
+    assert result.success, _failure(result)
+    assert _metadata(result, harness, "readings")["copied"] is True
+    harness.source.execute("UPDATE readings SET v = 99 WHERE id <= 3; INSERT INTO readings VALUES (600, 6, 'x')")
+    result = harness.materialize(raise_on_error=False)
+    assert result.success, _failure(result)
+    _assert_exact(harness, "readings")
+    _assert_exact(harness, "customers")
+    typed = harness.query_target(
+        f"SELECT data_type FROM information_schema.columns WHERE table_schema = '{harness.source_name}' "
+        "AND table_name = 'readings' AND column_name = 'v'"
+    )
+    assert typed == [("INTEGER",)]
+
+
+def test_a_type_change_made_while_a_live_run_reads_fails_it_naming_the_stream_and_the_next_run_copies(
+    cdc: StreamHarness,
+) -> None:
+    """The run parses the log with the types it found at its start; a value of the new type it cannot read
+    (text into int) fails the run naming the stream, and the next run copies the table with its new types."""
+    harness = cdc
+    harness.source.execute(
+        "CREATE TABLE readings (id int PRIMARY KEY, v int);"
+        "INSERT INTO readings SELECT g, g FROM generate_series(1, 200) g;" + CUSTOMERS
+    )
+    _catalog(harness, {"readings": {}, "customers": {}})
+    harness.materialize()
+    _catalog(harness, {"readings": {}, "customers": {}}, live_seconds=20, batch_seconds=0.3)
+    slot = f"ingest_{harness.source_name}"
+
+    def change_while_live() -> None:
+        deadline = time.monotonic() + 30
+        active = f"SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{slot}' AND active"
+        while harness.query_source(active) != [(1,)] and time.monotonic() < deadline:
+            time.sleep(0.05)  # the live run holds its replication session: its types are settled
+        harness.source.execute(
+            "ALTER TABLE readings ALTER COLUMN v TYPE text; UPDATE readings SET v = 'n/a' WHERE id = 7"
+        )
+
+    changer = threading.Thread(target=change_while_live)
+    changer.start()
+    try:
+        message = _failure(harness.materialize(raise_on_error=False))
+    finally:
+        changer.join()
+    assert f"stream {harness.source_name}.readings:" in message and "n/a" in message
+    _catalog(harness, {"readings": {}, "customers": {}})
+    result = harness.materialize(raise_on_error=False)
+    assert result.success, _failure(result)
+    assert "'v' changed type integer -> text" in _metadata(result, harness, "readings")["copy reason"]
+    _assert_exact(harness, "readings")
+    _assert_exact(harness, "customers")

@@ -521,6 +521,10 @@ class CdcSync:
                 stream = by_table.get((change.table.schema, change.table.table))
                 if stream is None or not self._wants(stream.name, tx.xid, tx.end_lsn, fences):
                     continue
+                if stream.name in self._state.copies and self._parts(stream).outdated(stream, change.table):
+                    # Made before the type change that (this run, or the next one) copies the table again:
+                    # every range's snapshot sees it, so the copy brings what it left and retires what it deleted.
+                    continue
                 # A copy under way rebuilds the target anyway: the truncate empties what it copied so far, and
                 # later ranges and the log bring what the table holds after it.
                 refused = stream.spec.truncate == "refuse" and stream.name not in self._state.copies
