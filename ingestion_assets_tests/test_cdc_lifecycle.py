@@ -25,7 +25,7 @@ def _logs(harness: StreamHarness, run_id: str) -> str:
 
 @pytest.mark.parametrize("publication", ["ours", "own"])
 def test_a_stream_put_back_in_the_catalog_is_copied_again_and_the_others_go_on(
-    cdc: StreamHarness, publication: str
+    cdc: StreamHarness, publication: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its checkpoint is behind what the slot still holds: the product's publication dropped its table meanwhile
     (`ours`), or the runs of the other streams acknowledged the slot past it (`own`: a publication of the user's
@@ -47,6 +47,10 @@ def test_a_stream_put_back_in_the_catalog_is_copied_again_and_the_others_go_on(
     harness.source.execute("UPDATE orders SET status = 'gone by' WHERE id > 990; DELETE FROM orders WHERE id = 20")
     _catalog(harness, {"customers": {}, "orders": {}}, **options)
     harness.source.execute("UPDATE customers SET name = 'back' WHERE id = 7; UPDATE orders SET note = 'z' WHERE id = 1")
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["cdc", "status", harness.source_name]) == 0  # no verdict against the slot: it serves customers
+    assert "streams orders hold log positions" in capsys.readouterr().out
     try:
         result = harness.materialize(raise_on_error=False)
         assert result.success, _failure(result)
