@@ -133,13 +133,22 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
 
 def _behind_the_slot(settings: Settings, cdc: CdcSource, confirmed: int | None) -> str | None:
     """Streams whose position the slot was acknowledged past (it was dropped and created again by a run of
-    other streams, or another consumer reads it): their next run stops, as it cannot get those changes."""
+    other streams, or another consumer reads it): their next run stops, as it cannot get those changes. While
+    other streams hold positions the slot serves (a stream put back in the catalog), the next run copies the
+    streams behind it again instead: said, and no verdict of the slot."""
     from ingestion_assets.sources.postgres.cdc import format_lsn
 
     if confirmed is None:
         return None
-    behind = sorted(name for name, lsn in _positions(settings, cdc).items() if lsn < confirmed)
+    positions = _positions(settings, cdc)
+    behind = sorted(name for name, lsn in positions.items() if lsn < confirmed)
     if not behind:
+        return None
+    if len(behind) < len(positions):
+        print(
+            f"  streams {', '.join(behind)} hold log positions the slot was acknowledged past "
+            f"({format_lsn(confirmed)}) by the runs of the others: the next run copies them again"
+        )
         return None
     resets = "; ".join(f"ingest state reset {cdc.name}.{s}" for s in behind)
     return (

@@ -230,6 +230,8 @@ def _results(
             metadata[POSITION] = dg.MetadataValue.json({"lsn": format_lsn(lsn)})
         if stream.name in outcome.copied:
             metadata["copied"] = True
+        if stream.name in outcome.reasons:
+            metadata["copy reason"] = outcome.reasons[stream.name]
         if stream.name in outcome.paused:
             metadata["paused"] = outcome.paused[stream.name]
         metadata[SUMMARY] = _summary(stream.name, outcome)

@@ -14,6 +14,7 @@ from ingestion_assets.loading.duckdb_batch import TableSlice, batch_loadable, lo
 from ingestion_assets.loading.metadata_columns import DELETED_AT, POSITION, TIMESTAMP_UTC
 from ingestion_assets.observe.commit_latency import record_counts
 from ingestion_assets.partitions import LIVE
+from ingestion_assets.sources.postgres.cdc import CdcError
 from ingestion_assets.sources.postgres.introspect import TableShape
 from ingestion_assets.streams.cdc.rows import VERSION_TYPE, TableChanges, dead_letter_table, mark_deleted
 from ingestion_assets.streams.target_types import fit_shape
@@ -66,7 +67,7 @@ def load_changes(sync: CdcSync, pending: dict[str, TableChanges], outcome: CdcOu
 
 def _slice(sync: CdcSync, stream: PostgresTableStream, changes: TableChanges) -> TableSlice:
     loader = sync._parts(stream).loader
-    rows = changes.to_arrow(generation=1)  # before the dead letters: a value that does not fit moves there
+    rows = _rows(stream, changes)  # before the dead letters: a value that does not fit moves there
     return TableSlice(
         loader,
         rows=rows,
@@ -75,6 +76,21 @@ def _slice(sync: CdcSync, stream: PostgresTableStream, changes: TableChanges) ->
         truncate=changes.truncated_at is not None,
         hard_deletes=stream.spec.deletes == "hard",
     )
+
+
+def _rows(stream: PostgresTableStream, changes: TableChanges) -> pa.Table | None:
+    """The changes as typed rows; a value the parse of the table's current types cannot read stops the run
+    naming the stream (the error of Arrow's CSV reader names a column number only)."""
+    try:
+        return changes.to_arrow(generation=1)
+    except pa.ArrowInvalid as exc:
+        name = stream.qualified_name
+        raise CdcError(
+            f"stream {name}: a change from the log cannot be read as the table's column types "
+            f"({', '.join(f'{c.name} {c.sql_type}' for c in changes.shape.columns)}): {exc}. A column's type changed "
+            f"after the run started: the next run compares the columns and copies the table again (`ingest schema "
+            f"show {name}` shows the change); this batch was not checkpointed: that run reads it again"
+        ) from exc
 
 
 def marks_table(changes: TableChanges, key: tuple[str, ...]) -> pa.Table | None:
@@ -94,7 +110,7 @@ def _load_one(sync: CdcSync, stream: PostgresTableStream, changes: TableChanges)
     loader = parts.loader
     if changes.truncated_at is not None:
         loader.delete_all()
-    rows = changes.to_arrow(generation=1)
+    rows = _rows(stream, changes)
     dead = dead_letter_table(stream, changes, sync.run_id)
     if rows is not None or dead is not None:
         loader.load(rows, dead_letters=dead)

@@ -15,6 +15,7 @@ from typing import Any
 from psycopg2 import sql
 
 from ingestion_assets.loading.pipeline import Loader
+from ingestion_assets.sources.postgres.cdc import TableInfo
 from ingestion_assets.sources.postgres.introspect import TableShape
 from ingestion_assets.sources.postgres.reader import connect
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
@@ -34,6 +35,10 @@ SELECT format('%%I.%%I', n.nspname, c.relname) FROM tree JOIN pg_class c ON c.oi
 JOIN pg_namespace n ON n.oid = c.relnamespace ORDER BY 1
 """
 
+_TYPES_SQL = """
+SELECT attname, atttypid FROM pg_attribute WHERE attrelid = %(table)s::regclass AND attnum > 0 AND NOT attisdropped
+"""
+
 
 @dataclass
 class StreamParts:
@@ -46,6 +51,16 @@ class StreamParts:
     recopy: str | None = None
     partitions: list[str] | None = None
     empty: bool = False  # the last load left the target without rows
+    type_oids: dict[str, int] | None = None  # column -> its type's oid now (`outdated`), read once a run
+
+    def outdated(self, stream: PostgresTableStream, table: TableInfo) -> bool:
+        """The log decoded this change with column types the table no longer has: it was made before a type
+        change (an ALTER ... TYPE the run found at its start, or one made while it reads), so its values are
+        of the old type, which the stream's parse of the current types may not read (text into int)."""
+        if self.type_oids is None:
+            self.type_oids = column_type_oids(stream)
+        now = self.type_oids
+        return any(name in now and now[name] != oid for name, oid in zip(table.columns, table.type_oids, strict=True))
 
     def checkpoint_details(self) -> dict[str, Any]:
         details = binding_details(self.loader)
@@ -107,6 +122,18 @@ def _left_empty(loader: Loader, partition: str | None, details: dict[str, Any]) 
         and marker.binding == str(stored.get("binding"))
         and marker.seq >= int(stored.get("seq", 0))
     )
+
+
+def column_type_oids(stream: PostgresTableStream) -> dict[str, int]:
+    """Each column of the stream's table and its type's oid, as the log's relation messages name them."""
+    conn = connect(stream.source_url(), "ingest-column-types")
+    try:
+        table = sql.Identifier(stream.spec.schema_name, stream.spec.table_name).as_string(conn)
+        with conn.cursor() as cur:
+            cur.execute(_TYPES_SQL, {"table": table})
+            return {str(name): int(oid) for name, oid in cur.fetchall()}
+    finally:
+        conn.close()
 
 
 def partitions_of(stream: PostgresTableStream) -> list[str] | None:

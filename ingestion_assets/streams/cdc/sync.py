@@ -89,6 +89,7 @@ class CdcOutcome:
     checkpoints: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)  # stream -> (lsn, details)
     copied: list[str] = field(default_factory=list)  # streams whose copy beside the log ended in this run
     paused: dict[str, str] = field(default_factory=dict)  # stream -> why it is paused (its table lost its key)
+    reasons: dict[str, str] = field(default_factory=dict)  # stream -> why this run copies it again
 
     def latency(self) -> dict[str, float]:
         """p50/p95/p99 of the commit-to-target latency (ms); empty when no change was applied."""
@@ -146,6 +147,7 @@ class CdcSync:
         url = self.url()
         with reading_slot(url, self.slot, self.source.cdc.lock_wait_seconds):
             outcome = self._run(url, partition)
+        outcome.reasons = dict(self._state.reasons)
         if outcome.mode != "chunk":
             outcome.checkpoints = {
                 name: (position, self._details(name))
@@ -167,10 +169,13 @@ class CdcSync:
             if checkpoint and checkpoint.get(PAUSED) and name in self._state.positions:
                 self._state.recopy(name, "its table has a replica identity again after a pause")
                 self._say("%s.%s: copying its table again: it has a replica identity again", self.source_name, name)
-        self._preflight(url, expect_slot=self._state.started)  # read-only checks, then the publication
+        # A missing slot is no check's failure: `_resync_at_gap` makes it again (on_wal_gap: resync) or says
+        # which streams to re-copy (fail).
+        published = self._preflight(url)  # read-only checks, then the publication
         live = partition is None or partition == LIVE
         if live:
             self._settle_streams()
+            self._recopy_stale(url, published)
         if not self._state.started:
             if not self.history:
                 return self._live_after(url, self._snapshot(url))
@@ -179,9 +184,10 @@ class CdcSync:
         if self.history and self.add_partitions is not None:
             self.add_partitions(history_keys({HISTORY: self._space}))
         lsn = self._state.low
-        if self._resync_at_gap(url, lsn):
+        gap = self._resync_at_gap(url, lsn)
+        if gap is not None:
             for name in self._state.positions:
-                self._state.recopy(name, "resync after a WAL gap")
+                self._state.recopy(name, f"resync (on_wal_gap: resync): {gap}")
             return self._snapshot(url)
         if not live:
             if not self.history:
@@ -233,27 +239,62 @@ class CdcSync:
             parts = settle_stream(stream, details, partition, self.history)
             self._streams[stream.name] = parts
             if self._state.positions.get(stream.name) is not None and parts.recopy:
-                self._state.recopy(stream.name, parts.recopy)
-                self._say("%s: copying its table again: %s", stream.qualified_name, parts.recopy)
+                self._recopy(stream, parts.recopy)
 
-    def _resync_at_gap(self, url: str, lsn: int) -> bool:
-        """False if the slot can deliver every change after `lsn`; True if it was dropped to start over
-        (on_wal_gap: resync); else it stops with the commands that re-copy the source."""
+    def _recopy_stale(self, url: str, published: tuple[tuple[str, str], ...]) -> None:
+        """Streams whose checkpoint the log can no longer serve while the slot still serves the others get a
+        fresh copy, as a new stream does: a stream back in the catalog after a while out of it (its table was
+        taken out of the publication meanwhile, so the log holds none of its changes since; or the slot was
+        acknowledged past its checkpoint by the runs of the other streams)."""
+        for stream in self.streams:
+            table = (stream.spec.schema_name, stream.spec.table_name)
+            if table in published and self._state.positions.get(stream.name) is not None:
+                why = f"its table was not in the publication {self.publication} (the stream was out of the catalog?)"
+                self._recopy(stream, f"{why}: the log holds none of its changes since its checkpoint")
+        if not self._state.started:
+            return
+        gap = find_gap(url, self.slot, self._state.low)
+        acknowledged = gap.acknowledged_lsn if gap is not None else None
+        if acknowledged is None or not any(p is not None and p >= acknowledged for p in self._state.positions.values()):
+            return  # the slot serves every stream, or none: a WAL gap of the source (`_resync_at_gap`)
+        for stream in self.streams:
+            position = self._state.positions.get(stream.name)
+            if position is not None and position < acknowledged:
+                self._recopy(
+                    stream,
+                    f"its checkpoint {format_lsn(position)} is behind the slot {self.slot}, which the runs of the "
+                    f"other streams acknowledged up to {format_lsn(acknowledged)} (the stream was out of the "
+                    "catalog?): the log no longer holds its changes in between",
+                )
+
+    def _recopy(self, stream: PostgresTableStream, reason: str) -> None:
+        self._state.recopy(stream.name, reason)
+        self._say("%s: copying its table again: %s", stream.qualified_name, reason)
+
+    def _resync_at_gap(self, url: str, lsn: int) -> WalGap | None:
+        """None if the slot can deliver every change after `lsn`; the gap if the slot was dropped (or was gone
+        already) to start over (on_wal_gap: resync); else it stops with the commands that re-copy the source."""
         gap = find_gap(url, self.slot, lsn)
         if gap is None:
-            return False
+            return None
         if self.source.cdc.on_wal_gap == "resync" and not self.history:
-            self._say("%s: %s; resyncing from a fresh snapshot (on_wal_gap: resync)", self.source_name, gap)
+            self._say(
+                "%s: %s; resyncing every stream from a new slot %s and a fresh snapshot (on_wal_gap: resync)",
+                self.source_name,
+                gap,
+                self.slot,
+            )
             drop_slot(url, self.slot)
-            return True
+            return gap
         behind = [s for s in self.streams if self._lost_to(s.name, gap)]
         resets = ", ".join(f"`ingest state reset {self.source_name}.{s.name}`" for s in behind or self.streams)
         again = (
             f"Reset `live` of every stream ({resets}, each with `--partition live`), run it, then backfill the "
             "history ranges again"
             if self.history
-            else f"Re-copy the streams it concerns ({resets}; the next run copies them again), or set "
-            "cdc.on_wal_gap: resync"
+            else f"This source has on_wal_gap: {self.source.cdc.on_wal_gap}. Re-copy the streams it concerns "
+            f"({resets}; the next run copies them again), or set cdc.on_wal_gap: resync (the next run then makes the "
+            "slot again and copies every stream)"
         )
         raise CdcError(
             f"source {self.source_name}: the slot {self.slot} can no longer deliver the changes after the "
@@ -333,7 +374,8 @@ class CdcSync:
         in the log (DETACH or DROP of a partition); changed in the log after the other streams' position and
         before that, they would get versions above a floor at that position and never be retired."""
         names = self._state.copying()
-        if any(self._state.positions.get(name) is None for name in names):
+        starting = [name for name in names if self._state.positions.get(name) is None]
+        if starting:
             self._catch_up(url, outcome, f"the copy of {', '.join(names)}")
         for name in names:
             under_way = self._state.copies.get(name)
@@ -348,6 +390,9 @@ class CdcSync:
             elif name not in self._state.reasons:
                 self._say("%s.%s: copying its table (new to the source, first run, or reset)", self.source_name, name)
             self._state.start_copy(name, outcome.lsn, str(copy_floor(outcome.lsn)))
+        # Stored as begun: a run that fails before the first range goes on with the copy, even when what made it
+        # needed (a table put back in the publication, a slot acknowledged past it) no longer shows.
+        self._commit(outcome.lsn, starting)
         await_older_writers(url, self.source.cdc.lock_wait_seconds)
         copying = [s for s in self.streams if s.name in names]
         for stream in copying:
@@ -529,6 +574,10 @@ class CdcSync:
                 stream = by_table.get((change.table.schema, change.table.table))
                 if stream is None or not self._wants(stream.name, tx.xid, tx.end_lsn, fences):
                     continue
+                if stream.name in self._state.copies and self._parts(stream).outdated(stream, change.table):
+                    # Made before the type change that (this run, or the next one) copies the table again:
+                    # every range's snapshot sees it, so the copy brings what it left and retires what it deleted.
+                    continue
                 # A copy under way rebuilds the target anyway: the truncate empties what it copied so far, and
                 # later ranges and the log bring what the table holds after it.
                 refused = stream.spec.truncate == "refuse" and stream.name not in self._state.copies
@@ -564,23 +613,17 @@ class CdcSync:
             self._streams[stream.name] = parts
         return parts
 
-    def _preflight(self, url: str, expect_slot: bool) -> None:
+    def _preflight(self, url: str) -> tuple[tuple[str, str], ...]:
         """Every check first, read-only; only a source that passes them all gets its publication made or
-        extended. A table that fails (no key, no replica identity) is never published: publishing it would
-        make the source application's own UPDATEs and DELETEs on it fail."""
-        self._check(url, expect_slot)
+        extended (returns the tables it added). A table that fails (no key, no replica identity) is never
+        published: publishing it would make the source application's own UPDATEs and DELETEs on it fail."""
+        self._check(url, expect_slot=False)
         added = ensure_publication(
             url, self.publication, self.tables(), partition_root=True, owned=self.source.cdc.publication is None
         )
         if added:
             published = ", ".join(".".join(t) for t in added)
             self._say("%s: published %s in %s", self.source_name, published, self.publication)
-        for stream in self.streams:  # it held a position while out of the publication: the log lacks its changes
-            table = (stream.spec.schema_name, stream.spec.table_name)
-            if table in added and self._state.positions.get(stream.name) is not None:
-                reason = f"its table was out of publication {self.publication}, whose log lacks the changes meanwhile"
-                self._state.recopy(stream.name, reason)
-                self._say("%s: copying its table again: %s", stream.qualified_name, reason)
         if self.source.cdc.publication is None:  # ours: a table no stream of the catalog reads leaves it
             read = [(spec.schema_name, spec.table_name) for spec in self.source.streams.values()]
             dropped = drop_unread_tables(url, self.publication, read)
@@ -592,6 +635,7 @@ class CdcSync:
                     left,
                     self.publication,
                 )
+        return tuple(added)
 
     def _slot_ready(self, url: str) -> None:
         self._check(url, expect_slot=True)

@@ -1,0 +1,180 @@
+"""CDC streams over their lifetime (embedded PostgreSQL 18, DuckDB): a stream taken out of the catalog and put
+back, a slot an operator dropped under `on_wal_gap: resync` and `fail`, and an incompatible type change accepted
+with `ingest schema accept`. Each must end with the target equal to the source, row by row, and no other stream
+of the source held up."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from ingestion_assets.cli import main
+from ingestion_assets.sources.postgres.cdc import drop_slot
+from ingestion_assets_tests.helpers import StreamHarness
+from ingestion_assets_tests.test_cdc_real_schemas import CUSTOMERS, ORDERS, _assert_exact, _catalog, _failure, _metadata
+from ingestion_assets_tests.test_cdc_streams import cdc
+
+__all__ = ["cdc"]  # the fixture that drops the slot and publication a test leaves
+
+
+def _logs(harness: StreamHarness, run_id: str) -> str:
+    return " ".join(e.user_message for e in harness.instance.all_logs(run_id))
+
+
+@pytest.mark.parametrize("publication", ["ours", "own"])
+def test_a_stream_put_back_in_the_catalog_is_copied_again_and_the_others_go_on(
+    cdc: StreamHarness, publication: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its checkpoint is behind what the slot still holds: the product's publication dropped its table meanwhile
+    (`ours`), or the runs of the other streams acknowledged the slot past it (`own`: a publication of the user's
+    that kept publishing it). It takes a fresh copy, as a new stream does, not a WAL gap for the whole source."""
+    harness = cdc
+    harness.source.execute(CUSTOMERS + ORDERS)
+    options = {}
+    if publication == "own":
+        options = {"publication": f"own_{harness.source_name}"}
+        harness.source.execute(f"CREATE PUBLICATION own_{harness.source_name} FOR TABLE customers, orders")
+    _catalog(harness, {"customers": {}, "orders": {}}, **options)
+    harness.materialize()
+    _catalog(harness, {"customers": {}}, **options)
+    harness.source.execute("UPDATE customers SET name = 'x' WHERE id < 5; UPDATE orders SET note = 'y' WHERE id < 5")
+    harness.source.execute(
+        "DELETE FROM orders WHERE id BETWEEN 10 AND 19; INSERT INTO orders VALUES (5000, 'n', 1, '')"
+    )
+    harness.materialize()  # the slot is acknowledged past orders' checkpoint
+    harness.source.execute("UPDATE orders SET status = 'gone by' WHERE id > 990; DELETE FROM orders WHERE id = 20")
+    _catalog(harness, {"customers": {}, "orders": {}}, **options)
+    harness.source.execute("UPDATE customers SET name = 'back' WHERE id = 7; UPDATE orders SET note = 'z' WHERE id = 1")
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["cdc", "status", harness.source_name]) == 0  # no verdict against the slot: it serves customers
+    assert "streams orders hold log positions" in capsys.readouterr().out
+    try:
+        result = harness.materialize(raise_on_error=False)
+        assert result.success, _failure(result)
+        orders, customers = _metadata(result, harness, "orders"), _metadata(result, harness, "customers")
+        said = "was not in the publication" if publication == "ours" else "is behind the slot"
+        assert orders["copied"] is True and said in orders["copy reason"]
+        assert "copied" not in customers and "copy reason" not in customers
+        assert f"{harness.source_name}.orders: copying its table again: its" in _logs(harness, result.run_id)
+        harness.materialize()
+        _assert_exact(harness, "orders")  # the rows deleted while it was out of the catalog are gone
+        _assert_exact(harness, "customers")
+    finally:
+        if publication == "own":
+            drop_slot(harness.source.url, f"ingest_{harness.source_name}")
+            harness.source.execute(f"DROP PUBLICATION own_{harness.source_name}")
+
+
+def test_a_dropped_slot_under_resync_is_made_again_and_every_stream_copied_exactly(cdc: StreamHarness) -> None:
+    harness = cdc
+    harness.source.execute(CUSTOMERS + ORDERS)
+    _catalog(harness, {"customers": {}, "orders": {"deletes": "soft"}}, on_wal_gap="resync")
+    harness.materialize()
+    slot = f"ingest_{harness.source_name}"
+    harness.source.execute("UPDATE orders SET status = 'seen' WHERE id < 50")
+    assert drop_slot(harness.source.url, slot)  # an operator drops it
+    harness.source.execute(
+        "DELETE FROM orders WHERE id BETWEEN 100 AND 149; UPDATE orders SET status = 'unseen' WHERE id > 900;"
+        "DELETE FROM customers WHERE id > 190; INSERT INTO customers VALUES (500, 'new')"
+    )
+    result = harness.materialize(raise_on_error=False)
+    assert result.success, _failure(result)
+    assert f"slot {slot!r} no longer exists" in _logs(harness, result.run_id)
+    for stream in ("orders", "customers"):
+        metadata = _metadata(result, harness, stream)
+        assert metadata["mode"] == "snapshot" and slot in metadata["copy reason"], stream
+    harness.source.execute("UPDATE orders SET note = 'after' WHERE id = 1")
+    harness.materialize()
+    _assert_exact(harness, "orders")  # the deletes made while the slot was gone are retired
+    _assert_exact(harness, "customers")
+    retired = f'SELECT count(*) FROM "{harness.source_name}".orders WHERE _ingest_deleted_at IS NOT NULL'
+    assert harness.query_target(retired) == [(50,)]
+
+    _catalog(harness, {"customers": {}, "orders": {"deletes": "soft"}}, on_wal_gap="fail")
+    assert drop_slot(harness.source.url, slot)
+    message = _failure(harness.materialize(raise_on_error=False))
+    assert slot in message and "on_wal_gap: fail" in message and "cdc.on_wal_gap: resync" in message
+    assert f"ingest state reset {harness.source_name}.orders" in message
+
+
+def test_an_accepted_incompatible_type_change_retypes_the_target_and_the_stream_goes_on(
+    cdc: StreamHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The log still holds changes made before the ALTER, with values of the old type (text the new type cannot
+    read): the stream's copy after the accept supersedes them, so they must not stop every later run."""
+    harness = cdc
+    harness.source.execute(
+        "CREATE TABLE readings (id int PRIMARY KEY, v text, note text);"
+        "INSERT INTO readings SELECT g, (g * 10)::text, 'r' || g FROM generate_series(1, 500) g;" + CUSTOMERS
+    )
+    _catalog(harness, {"readings": {}, "customers": {}})
+    harness.materialize()
+    harness.source.execute(
+        "UPDATE readings SET v = 'n/a' WHERE id BETWEEN 30 AND 35; DELETE FROM readings WHERE id = 36"
+    )
+    harness.source.execute("UPDATE readings SET v = '0' WHERE v = 'n/a'")  # cleaned up before the ALTER
+    harness.source.execute("ALTER TABLE readings ALTER COLUMN v TYPE int USING v::int")
+    harness.source.execute(
+        "UPDATE readings SET v = v + 1 WHERE id BETWEEN 10 AND 20; DELETE FROM readings WHERE id = 30"
+    )
+    message = _failure(harness.materialize(raise_on_error=False))
+    assert f"ingest schema accept {harness.source_name}.readings" in message
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["schema", "accept", f"{harness.source_name}.readings"]) == 0
+    harness.source.execute("UPDATE readings SET v = -1 WHERE id = 40; UPDATE customers SET name = 'on' WHERE id = 3")
+    result = harness.materialize(raise_on_error=False)
+    assert result.success, _failure(result)
+    assert _metadata(result, harness, "readings")["copied"] is True
+    harness.source.execute("UPDATE readings SET v = 99 WHERE id <= 3; INSERT INTO readings VALUES (600, 6, 'x')")
+    result = harness.materialize(raise_on_error=False)
+    assert result.success, _failure(result)
+    _assert_exact(harness, "readings")
+    _assert_exact(harness, "customers")
+    typed = harness.query_target(
+        f"SELECT data_type FROM information_schema.columns WHERE table_schema = '{harness.source_name}' "
+        "AND table_name = 'readings' AND column_name = 'v'"
+    )
+    assert typed == [("INTEGER",)]
+
+
+def test_a_type_change_made_while_a_live_run_reads_fails_it_naming_the_stream_and_the_next_run_copies(
+    cdc: StreamHarness,
+) -> None:
+    """The run parses the log with the types it found at its start; a value of the new type it cannot read
+    (text into int) fails the run naming the stream, and the next run copies the table with its new types."""
+    harness = cdc
+    harness.source.execute(
+        "CREATE TABLE readings (id int PRIMARY KEY, v int);"
+        "INSERT INTO readings SELECT g, g FROM generate_series(1, 200) g;" + CUSTOMERS
+    )
+    _catalog(harness, {"readings": {}, "customers": {}})
+    harness.materialize()
+    _catalog(harness, {"readings": {}, "customers": {}}, live_seconds=20, batch_seconds=0.3)
+    slot = f"ingest_{harness.source_name}"
+
+    def change_while_live() -> None:
+        deadline = time.monotonic() + 30
+        active = f"SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{slot}' AND active"
+        while harness.query_source(active) != [(1,)] and time.monotonic() < deadline:
+            time.sleep(0.05)  # the live run holds its replication session: its types are settled
+        harness.source.execute(
+            "ALTER TABLE readings ALTER COLUMN v TYPE text; UPDATE readings SET v = 'n/a' WHERE id = 7"
+        )
+
+    changer = threading.Thread(target=change_while_live)
+    changer.start()
+    try:
+        message = _failure(harness.materialize(raise_on_error=False))
+    finally:
+        changer.join()
+    assert f"stream {harness.source_name}.readings:" in message and "n/a" in message
+    _catalog(harness, {"readings": {}, "customers": {}})
+    result = harness.materialize(raise_on_error=False)
+    assert result.success, _failure(result)
+    assert "'v' changed type integer -> text" in _metadata(result, harness, "readings")["copy reason"]
+    _assert_exact(harness, "readings")
+    _assert_exact(harness, "customers")
