@@ -161,6 +161,64 @@ def test_point_in_time_restore_replays_older_checkpoints_and_refuses_newer_ones(
     harness.instance.dispose()
 
 
+def test_restore_compares_each_key_partition_with_the_target(
+    storage_home: Path, source_db: SourceDb, tmp_path: Path
+) -> None:
+    """A key-partitioned stream has a checkpoint and a target record per partition and none unpartitioned:
+    each partition is compared with its own (the newest checkpoint of any partition was compared with a
+    record the stream does not have, and every restore was refused)."""
+    settings = Settings(home=storage_home, catalog_path=storage_home / "unused.yaml")
+    bring_up(settings)
+    archive = durability.archive_for(storage_home)
+    durability.enable_archiving(settings.embedded, archive)
+    durability.base_backup(settings.embedded, archive)
+    harness = StreamHarness(tmp_path, storage_home, _instance(settings), source_db)
+    source_db.execute(ITEMS)
+    spec = {"table": "items", "primary_key": "id", "cursor": "updated_at", "slice_rows": 2_000}
+    harness.write_catalog({"items": spec | {"partitions": {"by": "key", "chunk": ROWS // 2}}})
+    settings = harness.settings
+    keys = harness.plan_partitions("items")
+
+    def runs(label: str | None) -> dict[str, object]:
+        if label is not None:
+            source_db.execute(f"UPDATE items SET label = '{label}', updated_at = now() WHERE id % 3 = 0")
+        assert harness.materialize(partition_range=(keys[0], keys[-1])).success
+        assert harness.assert_target_equals_source("items", "items", "id") == ROWS
+        found = {key: harness.checkpoint("items", key) for key in keys}
+        return {key: checkpoint.position for key, checkpoint in found.items() if checkpoint is not None}
+
+    first = runs(None)
+    assert len(first) == len(keys) >= 2
+    after_first = _moment()
+    older_target, newer_target = tmp_path / "after-first.duckdb", tmp_path / "after-second.duckdb"
+    shutil.copy(harness.warehouse, older_target)  # the target's own restore point
+    second = runs("second")
+    assert second != first
+    after_second = _moment()
+    harness.instance.dispose()
+
+    # the target restored to its older copy, the storage to after the second runs: every partition is ahead
+    shutil.copy(harness.warehouse, newer_target)
+    shutil.copy(older_target, harness.warehouse)
+    active = settings.embedded.root
+    with pytest.raises(RestoreRefused) as refused:
+        restore_storage(settings, after_second, timeout=120)
+    message = str(refused.value)
+    for key in keys:
+        assert f"items partition {key}: the restored checkpoint counts" in message, message
+    assert "items: " not in message, message  # a partitioned stream has no checkpoint of its own to compare
+    assert settings.embedded.root == active
+
+    # the storage restored to before the target's state: allowed, each partition replays from its checkpoint
+    shutil.copy(newer_target, harness.warehouse)
+    restored = restore_storage(settings, after_first, timeout=120)
+    assert restored.warnings == [] and settings.embedded.root == restored.server.root
+    harness.instance = _instance(settings)
+    assert {key: harness.checkpoint("items", key).position for key in keys} == first  # type: ignore[union-attr]
+    runs("third")
+    harness.instance.dispose()
+
+
 def _ingest(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], home: Path, *argv: str) -> str:
     """`ingest ARGV` on this installation; its output (stdout and stderr), asserting it succeeded."""
     from ingestion_assets.cli import main

@@ -19,6 +19,7 @@ from ingestion_assets.loading.bindings import TABLE, Marker
 from ingestion_assets.loading.destinations import destination_url, duckdb_path
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import latest_checkpoint
+from ingestion_assets.state.summary import partitions_with_state
 from ingestion_assets.streams.target_binding import TARGET
 
 
@@ -28,8 +29,7 @@ def checkpoints_ahead_of_target(settings: Settings, catalog: Catalog, instance: 
     for source_name, _, stream_name, _ in catalog.streams():
         markers = target_markers(settings, catalog, source_name, stream_name)
         key = dg.AssetKey([source_name, stream_name])
-        partitions: set[str | None] = {None, *markers, *instance.get_materialized_partitions(key)}
-        for partition in sorted(partitions, key=lambda p: p or ""):
+        for partition in _partitions(instance, key, markers):
             checkpoint = latest_checkpoint(instance, key, partition)
             stored = checkpoint.details.get(TARGET) if checkpoint and checkpoint.position is not None else None
             if isinstance(stored, dict) and "seq" in stored:
@@ -38,6 +38,14 @@ def checkpoints_ahead_of_target(settings: Settings, catalog: Catalog, instance: 
                     where = f"{source_name}.{stream_name}" + (f" partition {partition}" if partition else "")
                     problems.append(f"{where}: {problem}")
     return problems
+
+
+def _partitions(instance: dg.DagsterInstance, key: dg.AssetKey, markers: dict[str | None, Marker]) -> list[str | None]:
+    """Each partition the stream holds a checkpoint or a target record of; [None] for an unpartitioned stream.
+    A partitioned stream (key ranges, time windows, CDC history) has no checkpoint of its own: the newest
+    checkpoint of any of its partitions is not one, and its target holds no unpartitioned record to match."""
+    held = {*partitions_with_state(instance, key), *instance.get_materialized_partitions(key), *markers} - {None}
+    return sorted(held, key=str) if held else [None]
 
 
 def _ahead(stored: dict[str, Any], marker: Marker | None) -> str | None:
