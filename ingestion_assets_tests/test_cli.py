@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
 import dagster as dg
@@ -101,7 +103,8 @@ def test_a_dagster_home_other_than_ingest_homes_is_refused_naming_both(
     """`dagster` commands use DAGSTER_HOME, `ingest` INGEST_HOME's instance: when they differ, the `ingest`
     commands that read or change state refuse (they read the other instance: "never synced" after good
     runs) and start nothing; `ingest env` says what to set."""
-    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    # the server's system user must reach its folder: not under pytest's root, which another session may lock
+    home, elsewhere = Path(tempfile.mkdtemp(prefix="ingest-cli-home-")) / "home", tmp_path / "elsewhere"
     monkeypatch.setenv("INGEST_HOME", str(home))
     monkeypatch.setenv("INGEST_CATALOG", str(tmp_path / "none.yaml"))
     monkeypatch.setenv("DAGSTER_HOME", str(elsewhere))
@@ -118,6 +121,7 @@ def test_a_dagster_home_other_than_ingest_homes_is_refused_naming_both(
         assert (home / "dagster" / "dagster.yaml").exists()
     finally:
         assert main(["down"]) == 0
+        shutil.rmtree(home.parent, ignore_errors=True)
 
 
 def test_up_env_down_on_a_fresh_home(
