@@ -17,6 +17,20 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import psycopg2
 
+# Not a SQLSTATE: libpq's own refusal when client and server share no TLS protocol version.
+TLS_PROTOCOL = "tls-protocol"
+TLS_PROTOCOL_ADVICE = (
+    "the client and the server share no TLS protocol version: make the server's ssl_min_protocol_version / "
+    "ssl_max_protocol_version and the client's (libpq URL parameters of the same names; HTTP sources: TLS 1.2 "
+    "at least) overlap"
+)
+# TLS alerts and OpenSSL reasons of a protocol-version mismatch (libpq's words and Python's ssl reasons)
+TLS_PROTOCOL_MISMATCH = re.compile(
+    r"alert[ _]protocol[ _]version|unsupported[ _]protocol|no[ _]protocols[ _]available|"
+    r"does not support any SSL protocol version",
+    re.I,
+)
+
 # SQLSTATE classes (https://www.postgresql.org/docs/current/errcodes-appendix.html) that heal by themselves.
 _TRANSIENT_CLASSES = {"08", "40", "53", "58"}  # connection, rollback (serialization, deadlock), resources, I/O
 # MySQL/MariaDB (a sqlalchemy destination): connection lost or refused by load, server shutting down, lock
@@ -31,6 +45,7 @@ _ADVICE = {
     "28P01": "check the credentials the connection reference holds",
     "28000": "check the credentials the connection reference holds (TLS: the CA, host name and client certificate)",
     "42601": "the generated query did not parse: report it with the message",
+    TLS_PROTOCOL: TLS_PROTOCOL_ADVICE,
 }
 
 
@@ -46,6 +61,7 @@ _REFUSED_CONNECTIONS = (
     (re.compile(r'database "[^"]*" does not exist', re.I), "3D000"),
     (re.compile(r"permission denied for database|must have CONNECT privilege|does not have CONNECT", re.I), "42501"),
     (re.compile(r"certificate verify failed|server certificate for .* does not match", re.I), "28000"),
+    (TLS_PROTOCOL_MISMATCH, TLS_PROTOCOL),
     # TLS: a refused or missing client certificate, unreadable certificate files, a server without TLS
     (
         re.compile(

@@ -47,6 +47,23 @@ class Settings:
     def dagster_home(self) -> Path:
         return self.home / "dagster"
 
+    def dagster_home_conflict(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """Why the `ingest` commands must not run here, if DAGSTER_HOME names another instance than theirs.
+
+        `dagster` commands read DAGSTER_HOME; the `ingest` commands read and bring up INGEST_HOME's instance.
+        When the two differ, runs would checkpoint into one instance while `ingest status`, `state` and
+        `storage` read or restore the other: "never synced" after good runs, resets that miss their stream."""
+        env = os.environ if environ is None else environ
+        given = env.get("DAGSTER_HOME")
+        if not given or Path(given).expanduser().resolve() == self.dagster_home.resolve():
+            return None
+        return (
+            f"DAGSTER_HOME is {Path(given).expanduser().resolve()}, but the instance of INGEST_HOME "
+            f"({self.home}) is {self.dagster_home}: `dagster` commands would use the first while `ingest` reads "
+            f'and changes the second. Set DAGSTER_HOME={self.dagster_home} (`eval "$(ingest env)"`) or unset '
+            "it; or set INGEST_HOME to the folder whose `dagster/` DAGSTER_HOME is"
+        )
+
     @property
     def dlt_dir(self) -> Path:
         return self.home / "dlt"

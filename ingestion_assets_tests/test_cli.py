@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
 import dagster as dg
@@ -93,6 +95,33 @@ def test_check_runs_the_real_read_and_the_target_names(
         assert "source columns 'name' and 'Name' both land as column 'name'" in out
     finally:
         cli_env.source.execute(f'REVOKE ALL ON SCHEMA "{cli_env.source.schema}" FROM {role}; DROP ROLE {role}')
+
+
+def test_a_dagster_home_other_than_ingest_homes_is_refused_naming_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dagster` commands use DAGSTER_HOME, `ingest` INGEST_HOME's instance: when they differ, the `ingest`
+    commands that read or change state refuse (they read the other instance: "never synced" after good
+    runs) and start nothing; `ingest env` says what to set."""
+    # the server's system user must reach its folder: not under pytest's root, which another session may lock
+    home, elsewhere = Path(tempfile.mkdtemp(prefix="ingest-cli-home-")) / "home", tmp_path / "elsewhere"
+    monkeypatch.setenv("INGEST_HOME", str(home))
+    monkeypatch.setenv("INGEST_CATALOG", str(tmp_path / "none.yaml"))
+    monkeypatch.setenv("DAGSTER_HOME", str(elsewhere))
+    try:
+        for argv in (["up"], ["status"], ["state", "show"], ["state", "reset", "shop.orders"], ["storage", "backup"]):
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err
+            assert f"DAGSTER_HOME is {elsewhere}" in err and str(home / "dagster") in err, err
+        assert not (home / "pg" / "data").exists()  # nothing was started or initialized
+        assert main(["env"]) == 0
+        assert f"export DAGSTER_HOME={home / 'dagster'}" in capsys.readouterr().out
+        monkeypatch.setenv("DAGSTER_HOME", str(home / "dagster"))  # as `eval "$(ingest env)"` sets it
+        assert main(["up"]) == 0, capsys.readouterr().err
+        assert (home / "dagster" / "dagster.yaml").exists()
+    finally:
+        assert main(["down"]) == 0
+        shutil.rmtree(home.parent, ignore_errors=True)
 
 
 def test_up_env_down_on_a_fresh_home(

@@ -19,6 +19,7 @@ import psycopg2
 import pytest
 
 from ingestion_assets.settings import Settings
+from ingestion_assets.sources.postgres.cdc import drop_slot
 from ingestion_assets.stack import durability
 from ingestion_assets.stack.embedded import EmbeddedPostgres, EmbeddedServerError
 from ingestion_assets.stack.instance import bring_up
@@ -159,6 +160,127 @@ def test_point_in_time_restore_replays_older_checkpoints_and_refuses_newer_ones(
     assert settings.embedded.root == active and settings.embedded.is_running()
     assert not [p for p in storage_home.glob("pg-restored-*") if p != active]  # the trial copy is gone
     harness.instance.dispose()
+
+
+def test_restore_compares_each_key_partition_with_the_target(
+    storage_home: Path, source_db: SourceDb, tmp_path: Path
+) -> None:
+    """A key-partitioned stream has a checkpoint and a target record per partition and none unpartitioned:
+    each partition is compared with its own (the newest checkpoint of any partition was compared with a
+    record the stream does not have, and every restore was refused)."""
+    settings = Settings(home=storage_home, catalog_path=storage_home / "unused.yaml")
+    bring_up(settings)
+    archive = durability.archive_for(storage_home)
+    durability.enable_archiving(settings.embedded, archive)
+    durability.base_backup(settings.embedded, archive)
+    harness = StreamHarness(tmp_path, storage_home, _instance(settings), source_db)
+    source_db.execute(ITEMS)
+    spec = {"table": "items", "primary_key": "id", "cursor": "updated_at", "slice_rows": 2_000}
+    harness.write_catalog({"items": spec | {"partitions": {"by": "key", "chunk": ROWS // 2}}})
+    settings = harness.settings
+    keys = harness.plan_partitions("items")
+
+    def runs(label: str | None) -> dict[str, object]:
+        if label is not None:
+            source_db.execute(f"UPDATE items SET label = '{label}', updated_at = now() WHERE id % 3 = 0")
+        assert harness.materialize(partition_range=(keys[0], keys[-1])).success
+        assert harness.assert_target_equals_source("items", "items", "id") == ROWS
+        found = {key: harness.checkpoint("items", key) for key in keys}
+        return {key: checkpoint.position for key, checkpoint in found.items() if checkpoint is not None}
+
+    first = runs(None)
+    assert len(first) == len(keys) >= 2
+    after_first = _moment()
+    older_target, newer_target = tmp_path / "after-first.duckdb", tmp_path / "after-second.duckdb"
+    shutil.copy(harness.warehouse, older_target)  # the target's own restore point
+    second = runs("second")
+    assert second != first
+    after_second = _moment()
+    harness.instance.dispose()
+
+    # the target restored to its older copy, the storage to after the second runs: every partition is ahead
+    shutil.copy(harness.warehouse, newer_target)
+    shutil.copy(older_target, harness.warehouse)
+    active = settings.embedded.root
+    with pytest.raises(RestoreRefused) as refused:
+        restore_storage(settings, after_second, timeout=120)
+    message = str(refused.value)
+    for key in keys:
+        assert f"items partition {key}: the restored checkpoint counts" in message, message
+    assert "items: " not in message, message  # a partitioned stream has no checkpoint of its own to compare
+    assert settings.embedded.root == active
+
+    # the storage restored to before the target's state: allowed, each partition replays from its checkpoint
+    shutil.copy(newer_target, harness.warehouse)
+    restored = restore_storage(settings, after_first, timeout=120)
+    assert restored.warnings == [] and settings.embedded.root == restored.server.root
+    harness.instance = _instance(settings)
+    assert {key: harness.checkpoint("items", key).position for key in keys} == first  # type: ignore[union-attr]
+    runs("third")
+    harness.instance.dispose()
+
+
+def test_a_restore_behind_a_cdc_slot_warns_and_the_next_run_meets_a_wal_gap(
+    storage_home: Path, source_db: SourceDb, tmp_path: Path
+) -> None:
+    """The storage goes back to before the second CDC run, the slot does not: the changes between the restored
+    checkpoint and the slot's acknowledged position are gone from it. The restore names the source and the
+    slot; the next run stops (on_wal_gap: fail) instead of carrying on from the slot, or copies again (resync)."""
+    settings = Settings(home=storage_home, catalog_path=storage_home / "unused.yaml")
+    bring_up(settings)
+    archive = durability.archive_for(storage_home)
+    durability.enable_archiving(settings.embedded, archive)
+    durability.base_backup(settings.embedded, archive)
+    harness = StreamHarness(tmp_path, storage_home, _instance(settings), source_db)
+    slot = f"ingest_{harness.source_name}"
+    source_db.execute(
+        "CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL, updated_at timestamptz NOT NULL DEFAULT now());"
+        "INSERT INTO orders (id, status) SELECT g, 'new' FROM generate_series(1, 2000) g"
+    )
+
+    def cdc_catalog(on_wal_gap: str) -> None:
+        harness.write_catalog(
+            {"orders": {"table": "orders", "primary_key": "id"}},
+            mode="cdc",
+            cdc={"max_seconds": 2, "on_wal_gap": on_wal_gap, "retries": {"max_attempts": 1}},
+        )
+
+    def exact() -> None:
+        columns = source_db.columns("orders")
+        target = harness.target_rows_where("orders", columns, "id", "_ingest_deleted_at IS NULL")
+        assert target == source_db.rows("orders", "id")
+
+    try:
+        cdc_catalog("fail")
+        settings = harness.settings
+        assert harness.materialize().success  # the snapshot
+        after_snapshot = _moment()
+        source_db.execute("UPDATE orders SET status = 'shipped', updated_at = now() WHERE id % 4 = 0")
+        assert harness.materialize().success  # the changes: the slot is acknowledged past the first checkpoint
+        exact()
+        harness.instance.dispose()
+
+        restored = restore_storage(settings, after_snapshot, timeout=120)
+        assert restored.warnings == []  # the checkpoint is older than the target: allowed
+        (gap,) = restored.wal_gaps
+        assert f"source {harness.source_name}, slot {slot}:" in gap and "on_wal_gap: fail" in gap, gap
+        source_db.execute("UPDATE orders SET status = 'returned', updated_at = now() WHERE id % 10 = 0")
+
+        harness.instance = _instance(settings)
+        result = harness.materialize(raise_on_error=False)
+        assert not result.success  # not a silent carry-on from the slot's position
+        failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
+        message = str(failure.step_failure_data.error)
+        assert f"the slot {slot} can no longer deliver the changes after the checkpoint" in message, message
+
+        cdc_catalog("resync")
+        assert harness.materialize().success  # a fresh snapshot: the target equals the source again
+        exact()
+    finally:
+        with contextlib.suppress(Exception):
+            harness.instance.dispose()
+        drop_slot(source_db.url, slot)
+        source_db.execute(f"DROP PUBLICATION IF EXISTS {slot}")
 
 
 def _ingest(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], home: Path, *argv: str) -> str:

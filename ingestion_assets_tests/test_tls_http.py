@@ -99,6 +99,30 @@ def test_certificate_problems_fail_at_once_with_a_clear_message(https_api: Https
     assert not classify(caught.value).transient
 
 
+def test_a_server_without_a_protocol_version_we_accept_fails_at_once(https_api: HttpsApi, tmp_path: Path) -> None:
+    """A server that offers TLS 1.1 at most (we require 1.2): no retry changes that, so it is permanent and says
+    which setting to align (it was a ConnectError, retried with backoff)."""
+    from ingestion_assets.demo.api_server import start_demo_api as start
+
+    server_cert = issue(https_api.ca, tmp_path, "legacy-server", "localhost", hosts=("localhost",))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(server_cert.cert, server_cert.key)
+    context.minimum_version, context.maximum_version = ssl.TLSVersion.TLSv1, ssl.TLSVersion.TLSv1_1
+    context.set_ciphers("DEFAULT:@SECLEVEL=0")  # let OpenSSL offer the old versions at all
+    legacy = start(customers=3)
+    assert legacy._server is not None
+    legacy._server.socket = context.wrap_socket(legacy._server.socket, server_side=True)
+    try:
+        with pytest.raises(TlsError) as caught:
+            _fetch(f"https://localhost:{legacy._server.server_address[1]}", https_api.files)
+    finally:
+        legacy.stop()
+    message = str(caught.value)
+    assert "TLS handshake with localhost failed" in message and "protocol version" in message, message
+    assert "ssl_min_protocol_version" in message and "TLS 1.2 at least" in message, message
+    assert not classify(caught.value).transient
+
+
 @pytest.mark.parametrize("auth", ["api_key", "oauth2"])
 def test_api_stream_end_to_end_over_https_with_client_certificate(
     harness: StreamHarness, https_api: HttpsApi, auth: str

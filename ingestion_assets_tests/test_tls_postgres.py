@@ -6,6 +6,7 @@ import contextlib
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -163,6 +164,44 @@ def test_wrong_ca_wrong_host_and_missing_client_certificate_fail_permanently(tls
         {"ca": {"file": str(files.ca)}, "cert": {"file": str(stranger.cert)}, "key": {"file": str(stranger.key)}}
     )
     assert "not retried" in _refusal(foreign)
+
+
+@pytest.mark.parametrize(
+    ("server_setting", "client_setting"),
+    [
+        ("ssl_min_protocol_version = 'TLSv1.3'", "ssl_max_protocol_version=TLSv1.2"),  # server wants 1.3 only
+        ("ssl_max_protocol_version = 'TLSv1.2'", "ssl_min_protocol_version=TLSv1.3"),  # the reverse
+    ],
+)
+def test_a_tls_protocol_version_mismatch_is_permanent_and_names_the_setting(
+    tls_stack: TlsStack, server_setting: str, client_setting: str
+) -> None:
+    """No retry gives client and server a protocol version they share: it fails at once, naming the host and
+    the setting to align (it was taken for a lost connection and retried)."""
+    admin = tls_stack.settings.embedded.url("postgres")
+
+    def configure(statement: str) -> None:
+        with contextlib.closing(psycopg2.connect(admin)) as conn, conn.cursor() as cur:
+            conn.autocommit = True
+            cur.execute(statement)
+            cur.execute("SELECT pg_reload_conf()")
+        time.sleep(0.3)  # the postmaster rereads its TLS settings on SIGHUP
+
+    url_file = tls_stack.tmp / "protocol.url"
+    url_file.write_text(f"{tls_stack.plain_url('source')}?{client_setting}")
+    url = postgres_url(
+        Reference(file=str(url_file)),
+        Tls.model_validate(tls_block(tls_stack.files)),
+        tls_stack.settings,
+        "sources.shop.connection",
+    )
+    configure(f"ALTER SYSTEM SET {server_setting}")
+    try:
+        message = _refusal(url)
+    finally:
+        configure("ALTER SYSTEM RESET ALL")
+    assert 'server at "localhost"' in message and "alert protocol version" in message, message
+    assert "ssl_min_protocol_version" in message and "not retried" in message, message
 
 
 def test_plaintext_and_unverified_connections_are_refused(tls_stack: TlsStack) -> None:

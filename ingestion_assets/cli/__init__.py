@@ -16,11 +16,17 @@ from ingestion_assets.settings import Settings
 from ingestion_assets.sources.tls import TlsError
 
 Handler = Callable[[Settings, argparse.Namespace], int]
+# what neither opens Dagster's instance nor brings up the stack: it runs whatever DAGSTER_HOME says
+_WITHOUT_INSTANCE = {"env", "down", "check"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     settings = Settings.from_env()
+    conflict = settings.dagster_home_conflict() if args.uses_instance else None
+    if conflict is not None:
+        print(f"error: {conflict}", file=sys.stderr)
+        return 2
     try:
         return int(args.handler(settings, args) or 0)
     except CatalogError as exc:
@@ -40,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
 
     def command(name: str, handler: Handler | None, help_text: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.set_defaults(handler=handler)
+        sub.set_defaults(handler=handler, uses_instance=name not in _WITHOUT_INSTANCE)
         return sub
 
     def actions(parent: argparse.ArgumentParser) -> Callable[[str, Handler, str], argparse.ArgumentParser]:

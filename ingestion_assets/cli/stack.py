@@ -107,6 +107,8 @@ def storage_restore(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     for warning in restored.warnings:
         print(f"WARNING (--force): {warning}", file=sys.stderr)
+    for gap in restored.wal_gaps:
+        print(f"WARNING: {gap}", file=sys.stderr)
     print(f"restored Dagster's storage to {to.isoformat()} (base backup of {restored.backup_started_at.isoformat()})")
     print(f"the replaced server is stopped and kept in {restored.previous}")
     print(restored.standby)

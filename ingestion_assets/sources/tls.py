@@ -17,6 +17,8 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg2.extensions
 
+from ingestion_assets.errors import TLS_PROTOCOL_ADVICE, TLS_PROTOCOL_MISMATCH
+
 VERIFY_FULL = "verify-full"
 _FILE_PARAMETERS = ("sslrootcert", "sslcert", "sslkey")
 
@@ -106,15 +108,30 @@ _PERMANENT_REASONS = ("CERTIFICATE", "UNKNOWN_CA", "HANDSHAKE_FAILURE", "WRONG_V
 
 
 def ssl_cause(exc: BaseException) -> ssl.SSLError | None:
-    """The certificate or handshake error behind a transport error; an EOF or reset is no such error."""
+    """The certificate or handshake error behind a transport error; an EOF or reset is no such error. A protocol
+    version no side accepts (the server wants TLS 1.3 only, or offers no more than 1.1) heals no more than a
+    certificate does."""
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, ssl.SSLCertVerificationError):
             return seen
-        if isinstance(seen, ssl.SSLError) and any(r in str(seen.reason or "").upper() for r in _PERMANENT_REASONS):
+        if isinstance(seen, ssl.SSLError) and (
+            any(r in str(seen.reason or "").upper() for r in _PERMANENT_REASONS) or _protocol_mismatch(seen)
+        ):
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+def handshake_failure(where: str, host: str, cause: ssl.SSLError, hint: str = "") -> str:
+    """What a failed handshake says: its cause, and for a protocol-version mismatch which setting to align
+    (else `hint`)."""
+    advice = TLS_PROTOCOL_ADVICE if _protocol_mismatch(cause) else hint
+    return f"{where}: TLS handshake with {host} failed: {cause}" + (f"; {advice}" if advice else "")
+
+
+def _protocol_mismatch(error: ssl.SSLError) -> bool:
+    return TLS_PROTOCOL_MISMATCH.search(f"{error.reason or ''} {error}") is not None
 
 
 _WRITTEN: list[tuple[int, Path]] = []  # (the writing process, its file): removed when that process exits

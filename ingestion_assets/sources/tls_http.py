@@ -9,11 +9,12 @@ import ssl
 
 import httpx
 
-from ingestion_assets.sources.tls import TlsError, ssl_cause
+from ingestion_assets.sources.tls import TlsError, handshake_failure, ssl_cause
 
 
 class VerifiedTransport(httpx.HTTPTransport):
-    """An HTTPS transport whose failed handshakes (unknown CA, wrong host, certificate refused) are permanent
+    """An HTTPS transport whose failed handshakes (unknown CA, wrong host, certificate refused, no common
+    protocol version) are permanent
     TlsErrors instead of the ConnectErrors a client retries: no retry makes a certificate valid."""
 
     def __init__(self, context: ssl.SSLContext, where: str, http2: bool = True) -> None:
@@ -29,4 +30,4 @@ class VerifiedTransport(httpx.HTTPTransport):
             cause = ssl_cause(exc)
             if cause is None:
                 raise
-            raise TlsError(f"{self._where}: TLS handshake with {request.url.host} failed: {cause}") from exc
+            raise TlsError(handshake_failure(self._where, request.url.host, cause)) from exc

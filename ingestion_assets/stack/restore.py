@@ -10,7 +10,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import dagster as dg
@@ -23,7 +23,7 @@ from ingestion_assets.stack.durability import archive_for, copy_tls, make_active
 from ingestion_assets.stack.embedded import EmbeddedPostgres, EmbeddedServerError
 from ingestion_assets.stack.instance import DAGSTER_DATABASE, bring_up, instance_config
 from ingestion_assets.stack.recovery import RestoreRefused, restore_command, start_recovery, wait_for_recovery
-from ingestion_assets.stack.restore_check import checkpoints_ahead_of_target
+from ingestion_assets.stack.restore_check import cdc_slots_past_checkpoints, checkpoints_ahead_of_target
 from ingestion_assets.stack.timelines import backup_position, recovered_from, timeline_at
 
 __all__ = ["RestoreRefused", "Restored", "restore_storage"]
@@ -38,6 +38,7 @@ class Restored:
     previous: Path  # the folder of the server it replaced (kept: delete it once satisfied)
     warnings: list[str]  # with force: the checkpoints that are ahead of the target
     standby: str  # what became of the standby, which followed the replaced server
+    wal_gaps: list[str] = field(default_factory=list)  # CDC sources whose slot is past their restored checkpoints
 
 
 def restore_storage(settings: Settings, to: dt.datetime, force: bool = False, timeout: float = 300.0) -> Restored:
@@ -64,7 +65,7 @@ def restore_storage(settings: Settings, to: dt.datetime, force: bool = False, ti
     server = EmbeddedPostgres(settings.home / f"pg-restored-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}")
     server.prepare_root(current.bin_dir())
     try:
-        problems = _recover(settings, server, (backup, timeline.tli), current, to, timeout)
+        problems, wal_gaps = _recover(settings, server, (backup, timeline.tli), current, to, timeout)
     except BaseException:
         _discard(server)  # nothing changed: the current server is still primary
         raise
@@ -78,7 +79,8 @@ def restore_storage(settings: Settings, to: dt.datetime, force: bool = False, ti
     current.stop()
     make_active(settings.home, server)
     bring_up(settings)
-    return Restored(server, started, current.root, problems, rebuild_standby(settings.home, server, current))
+    standby = rebuild_standby(settings.home, server, current)
+    return Restored(server, started, current.root, problems, standby, wal_gaps)
 
 
 def _recover(
@@ -88,9 +90,9 @@ def _recover(
     current: EmbeddedPostgres,
     to: dt.datetime,
     timeout: float,
-) -> list[str]:
+) -> tuple[list[str], list[str]]:
     """Replay the archive onto the copy of a backup along timeline `source[1]` up to `to`; the checkpoints the
-    result holds that are ahead of the target."""
+    result holds that are ahead of the target, and the CDC slots acknowledged past the checkpoints it holds."""
     archive = archive_for(settings.home)
     backup, tli = source
     _copy_backup(backup, server, current)
@@ -107,8 +109,10 @@ def _recover(
     wait_for_recovery(server, target, archive.wal, timeout)
     _check_branched_off(server, tli, target)
     (server.data_dir / RECOVERY_CONF).write_text("# the recovery to the time above is done\n")
+    catalog = load_catalog(settings.catalog_path)
     with _instance_on(server, settings) as instance:
-        return checkpoints_ahead_of_target(settings, load_catalog(settings.catalog_path), instance)
+        ahead = checkpoints_ahead_of_target(settings, catalog, instance)
+        return ahead, cdc_slots_past_checkpoints(settings, catalog, instance)
 
 
 def _check_branched_off(server: EmbeddedPostgres, tli: int, target: str) -> None:

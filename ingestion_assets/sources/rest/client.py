@@ -25,7 +25,7 @@ from ingestion_assets.sources.rest.governor import (
     retry_after_seconds,
 )
 from ingestion_assets.sources.rest.payload import CutOff, parse_json
-from ingestion_assets.sources.tls import TlsError, TlsFiles, http_ssl_context, ssl_cause
+from ingestion_assets.sources.tls import TlsError, TlsFiles, handshake_failure, http_ssl_context, ssl_cause
 from ingestion_assets.sources.tls_http import VerifiedTransport
 
 logger = logging.getLogger(__name__)
@@ -167,11 +167,8 @@ class RestClient:
                 response = self._http.send(request)
             except httpx.TransportError as exc:  # timeouts, refused or dropped connections
                 if (cause := ssl_cause(exc)) is not None:  # a certificate no retry makes valid: say so at once
-                    raise TlsError(
-                        f"{where}: TLS handshake with {target.host} failed: "
-                        f"{cause}; an API whose certificate a private CA signed needs the source's `tls` block "
-                        "with that CA"
-                    ) from exc
+                    hint = "an API whose certificate a private CA signed needs the source's `tls` block with that CA"
+                    raise TlsError(handshake_failure(where, target.host, cause, hint)) from exc
                 self._failed(attempts, type(exc).__name__, None)
                 continue
             self.figures.bytes += response.num_bytes_downloaded
