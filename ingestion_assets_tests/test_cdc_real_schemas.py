@@ -560,7 +560,10 @@ def test_a_table_whose_key_the_application_drops_leaves_the_publication_and_only
     assert "paused" in _metadata(result, harness, "customers")
     assert "paused" in _metadata(result, harness, "orders")  # still without a key: still paused, no failure
     harness.source.execute("UPDATE customers SET name = 'z' WHERE id = 1; DELETE FROM customers WHERE id = 2")
-    harness.source.execute("ALTER TABLE orders ADD PRIMARY KEY (id); ALTER TABLE customers REPLICA IDENTITY FULL")
+    harness.source.execute(  # FULL alone is no key: a unique index on the stream's key makes it one (test_cdc_keys)
+        "ALTER TABLE orders ADD PRIMARY KEY (id); ALTER TABLE customers REPLICA IDENTITY FULL;"
+        "ALTER TABLE customers ALTER COLUMN id SET NOT NULL; CREATE UNIQUE INDEX ON customers (id)"
+    )
     result = harness.materialize()
     assert _metadata(result, harness, "orders")["copied"] is True
     _assert_exact(harness, "orders")
