@@ -76,6 +76,7 @@ class TableChanges:
     bad: list[tuple[dict[str, Any], str]] = field(default_factory=list)
     commit_times: list[dt.datetime] = field(default_factory=list)
     soft: bool = False  # soft deletes: a deleted row keeps its last values and gets `_ingest_deleted_at`
+    generated: frozenset[str] = frozenset()  # columns the log carries no value of: read from the source
     marks: dict[Key, tuple[Decimal, dt.datetime]] = field(default_factory=dict)  # soft deletes of target rows
     _last: dict[Key, dict[str, Any]] = field(default_factory=dict)  # key -> its newest values in this batch
 
@@ -94,6 +95,8 @@ class TableChanges:
             self._delete(old or {}, full, version, change.commit_time)
             return
         new = change.new_record()
+        for name in self.generated:  # left out of the change (a generated column): as if unchanged, from the source
+            new.setdefault(name, UNCHANGED_TOAST)
         if any(value is UNCHANGED_TOAST for value in new.values()):
             new = self._fill_toast(new, old if full else None, lookup_toast)
         if old is not None and any(old.get(k) is not None and old.get(k) != new.get(k) for k in self.primary_key):
@@ -261,19 +264,29 @@ def dead_letter_table(stream: PostgresTableStream, changes: TableChanges, run_id
     return pa.Table.from_pylist(records, schema=DEAD_LETTER_SCHEMA)
 
 
-def toast_lookup(
-    url: str, stream: PostgresTableStream, shape: TableShape
-) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    return lambda key: _current_row(url, stream, key, shape)
+@dataclass
+class SourceRows:
+    """The source's current rows by key, as text: values a change does not carry (an unchanged TOASTed value,
+    a generated column). One connection for a whole batch of changes, opened at the first lookup."""
 
+    url: str
+    _conn: Any = field(default=None, init=False, repr=False)
 
-def _current_row(url: str, stream: PostgresTableStream, key: dict[str, Any], shape: TableShape) -> dict[str, Any]:
-    """The source's current row by key, as text (an unchanged TOASTed value the log did not resend)."""
-    from psycopg2 import sql
+    def lookup(self, stream: PostgresTableStream, shape: TableShape) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        return lambda key: self._current_row(stream, key, shape)
 
-    conn = connect(url, "ingest-cdc-toast")
-    try:
-        with conn.cursor() as cur:
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _current_row(self, stream: PostgresTableStream, key: dict[str, Any], shape: TableShape) -> dict[str, Any]:
+        from psycopg2 import sql
+
+        if self._conn is None:
+            self._conn = connect(self.url, "ingest-cdc-toast")
+            self._conn.autocommit = True
+        with self._conn.cursor() as cur:
             cur.execute(
                 sql.SQL("SELECT {cols} FROM {table} WHERE {where}").format(
                     cols=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c.name)) for c in shape.columns),
@@ -283,6 +296,4 @@ def _current_row(url: str, stream: PostgresTableStream, key: dict[str, Any], sha
                 [str(v) for v in key.values()],
             )
             row = cur.fetchone()
-    finally:
-        conn.close()
-    return dict(zip([c.name for c in shape.columns], row, strict=True)) if row else {}
+        return dict(zip([c.name for c in shape.columns], row, strict=True)) if row else {}

@@ -38,6 +38,10 @@ JOIN pg_namespace n ON n.oid = c.relnamespace ORDER BY 1
 _TYPES_SQL = """
 SELECT attname, atttypid FROM pg_attribute WHERE attrelid = %(table)s::regclass AND attnum > 0 AND NOT attisdropped
 """
+_GENERATED_SQL = """
+SELECT attname FROM pg_attribute
+WHERE attrelid = %(table)s::regclass AND attnum > 0 AND NOT attisdropped AND attgenerated <> ''
+"""
 
 
 @dataclass
@@ -52,6 +56,14 @@ class StreamParts:
     partitions: list[str] | None = None
     empty: bool = False  # the last load left the target without rows
     type_oids: dict[str, int] | None = None  # column -> its type's oid now (`outdated`), read once a run
+    generated: frozenset[str] | None = None  # generated columns: the log carries no value of them, read once a run
+
+    def generated_columns(self, stream: PostgresTableStream) -> frozenset[str]:
+        """The table's generated columns (stored or virtual): pgoutput leaves them out of every change (unless
+        a publication of PostgreSQL 18 publishes stored ones), so each change's row takes them from the source."""
+        if self.generated is None:
+            self.generated = generated_columns(stream)
+        return self.generated
 
     def outdated(self, stream: PostgresTableStream, table: TableInfo) -> bool:
         """The log decoded this change with column types the table no longer has: it was made before a type
@@ -122,6 +134,17 @@ def _left_empty(loader: Loader, partition: str | None, details: dict[str, Any]) 
         and marker.binding == str(stored.get("binding"))
         and marker.seq >= int(stored.get("seq", 0))
     )
+
+
+def generated_columns(stream: PostgresTableStream) -> frozenset[str]:
+    conn = connect(stream.source_url(), "ingest-generated-columns")
+    try:
+        table = sql.Identifier(stream.spec.schema_name, stream.spec.table_name).as_string(conn)
+        with conn.cursor() as cur:
+            cur.execute(_GENERATED_SQL, {"table": table})
+            return frozenset(str(row[0]) for row in cur.fetchall())
+    finally:
+        conn.close()
 
 
 def column_type_oids(stream: PostgresTableStream) -> dict[str, int]:

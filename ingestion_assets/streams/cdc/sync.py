@@ -53,7 +53,7 @@ from ingestion_assets.streams.cdc.copy import CopyRules, RangeCopied, copy_as_of
 from ingestion_assets.streams.cdc.history import HISTORY, Fences, fences_for, history_keys, plan_history
 from ingestion_assets.streams.cdc.live import apply_live
 from ingestion_assets.streams.cdc.paused import PAUSED, pause_message
-from ingestion_assets.streams.cdc.rows import TableChanges, copy_floor, snapshot_version, toast_lookup
+from ingestion_assets.streams.cdc.rows import SourceRows, TableChanges, copy_floor, snapshot_version
 from ingestion_assets.streams.cdc.schema import PARTITIONS, SCHEMA, StreamParts, settle_stream
 from ingestion_assets.streams.cdc.state import COPY, CdcStore, SourceState
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
@@ -569,6 +569,21 @@ class CdcSync:
     def _apply(self, url: str, batch: ChangeBatch, outcome: CdcOutcome, fences: Fences | None) -> None:
         by_table = {(s.spec.schema_name, s.spec.table_name): s for s in self.streams}
         pending: dict[str, TableChanges] = {}
+        source_rows = SourceRows(url)
+        try:
+            self._gather(batch, by_table, pending, source_rows, fences)
+        finally:
+            source_rows.close()
+        load_changes(self, pending, outcome)  # one load for every table where the destination allows it
+
+    def _gather(
+        self,
+        batch: ChangeBatch,
+        by_table: dict[tuple[str, str], PostgresTableStream],
+        pending: dict[str, TableChanges],
+        source_rows: SourceRows,
+        fences: Fences | None,
+    ) -> None:
         for tx in batch.transactions:
             for change in tx.changes:
                 stream = by_table.get((change.table.schema, change.table.table))
@@ -592,10 +607,10 @@ class CdcSync:
                 changes = pending.get(stream.name)
                 if changes is None:
                     key = tuple(stream.spec.primary_key)
-                    changes = TableChanges(parts.shape, key, soft=stream.spec.deletes == "soft")
+                    generated = parts.generated_columns(stream)
+                    changes = TableChanges(parts.shape, key, soft=stream.spec.deletes == "soft", generated=generated)
                     pending[stream.name] = changes
-                changes.add(change, toast_lookup(url, stream, parts.shape))
-        load_changes(self, pending, outcome)  # one load for every table where the destination allows it
+                changes.add(change, source_rows.lookup(stream, parts.shape))
 
     def _wants(self, name: str, xid: int, end_lsn: int, fences: Fences | None) -> bool:
         """A stream being copied takes only what its copy's snapshot does not see; the others what their own
