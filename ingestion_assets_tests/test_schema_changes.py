@@ -135,3 +135,26 @@ def test_a_dropped_cursor_cannot_be_accepted_away(harness: StreamHarness) -> Non
     failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
     message = str(failure.step_failure_data.error)
     assert "updated_at" in message and "fix the catalog or the source" in message
+
+
+def test_a_column_added_with_a_default_reaches_the_rows_that_already_existed(harness: StreamHarness) -> None:
+    """Found by the README-only attack: `ADD COLUMN flag int NOT NULL DEFAULT 42` fills every existing row
+    without moving its cursor; the run read on from its checkpoint and those rows held NULL in the target while
+    every check passed. A column added with values (a default, generated, identity) is read for every row."""
+    harness.source.execute(TABLE)
+    spec = {"table": "items", "primary_key": "id", "cursor": "updated_at", "slice_rows": 64}
+    harness.write_catalog({"items": spec})
+    harness.materialize()
+    harness.source.execute(
+        "ALTER TABLE items ADD COLUMN flag int NOT NULL DEFAULT 42, ADD COLUMN plain text,"
+        " ADD COLUMN twice int GENERATED ALWAYS AS (qty * 2) STORED;"
+        "UPDATE items SET plain = 'p', updated_at = now() WHERE id = 1"
+    )
+    result = harness.materialize()
+    started = result.asset_materializations_for_node(f"{harness.source_name}__items")[0].metadata
+    assert "flag, twice" in str(started["started over"].value)
+    harness.assert_target_equals_source("items", "items", "id")
+    harness.source.execute("ALTER TABLE items ADD COLUMN later text; UPDATE items SET updated_at = now() WHERE id = 2")
+    result = harness.materialize()  # no default: existing rows hold NULL there, nothing to read again
+    assert result.asset_materializations_for_node(f"{harness.source_name}__items")[0].metadata["rows read"].value == 1
+    harness.assert_target_equals_source("items", "items", "id")

@@ -24,7 +24,7 @@ from ingestion_assets.state.model import DATA_COMMITTED_AT, Checkpoint
 from ingestion_assets.streams.late_commits import PROBES
 from ingestion_assets.streams.postgres_table import PostgresTableStream, RunOptions, Target
 from ingestion_assets.streams.reconcile import RECONCILED_AT, Reconciliation, carried_details, reconcile_run
-from ingestion_assets.streams.schema_step import SchemaStep, apply_to_target, settle_schema
+from ingestion_assets.streams.schema_step import SchemaStep, added_with_values, apply_to_target, settle_schema
 from ingestion_assets.streams.target_binding import TARGET, binding_details, settle_target
 from ingestion_assets.sync import Faults, SyncResult
 
@@ -146,6 +146,16 @@ class PartitionJob:
         target = Target(self.stream.name, new_generation)
         loader = self.stream.loader(target, self.partition, schema.plan)
         after, started_over = self._settle_target(loader, details, after, new_generation)
+        if after is not None and started_over is None and isinstance(self.stream, PostgresTableStream):
+            filled = added_with_values(self.stream, schema)
+            if filled:
+                started_over = (
+                    f"column(s) {', '.join(filled)} added with values in the existing rows (a default, generated "
+                    "or identity column): every row is read again for them, merged by key"
+                )
+                after = None
+                if self.log is not None:
+                    self.log.warning("%s: re-reading from the start: %s", self.stream.qualified_name, started_over)
         sink.loader = loader
         faults = self.faults or Faults.from_env()
         faults.hit("before_migration", 0)

@@ -77,6 +77,34 @@ def settle_schema(stream: PostgresTableStream, details: dict[str, Any]) -> Schem
     return SchemaStep(plan, to_stored(kept), decision.apply, decision.skip)
 
 
+_FILLED_SQL = """
+SELECT attname FROM pg_attribute
+WHERE attrelid = %(table)s::regclass AND attname = ANY(%(names)s) AND NOT attisdropped
+  AND (atthasdef OR attgenerated <> '' OR attidentity <> '')
+"""
+
+
+def added_with_values(stream: PostgresTableStream, step: SchemaStep) -> list[str]:
+    """Columns this run adds that the table filled in its existing rows (a default, a generated or identity
+    column): those rows changed without their cursor moving, so a run reading on from its checkpoint would land
+    them with NULL there. An added column without a default holds NULL in every existing row: nothing to read."""
+    added = [c.column for c in step.applied if c.kind == "added"]
+    if not added or step.plan is None:
+        return []
+    from psycopg2 import sql
+
+    from ingestion_assets.sources.postgres.reader import connect
+
+    conn = connect(stream.source_url(), "ingest-added-columns")
+    try:
+        table = sql.Identifier(stream.spec.schema_name, stream.spec.table_name).as_string(conn)
+        with conn.cursor() as cur:
+            cur.execute(_FILLED_SQL, {"table": table, "names": added})
+            return sorted(str(row[0]) for row in cur.fetchall())
+    finally:
+        conn.close()
+
+
 def apply_to_target(step: SchemaStep, loader: Loader) -> list[str]:
     """Widen or re-type target columns whose type there changed; added and dropped ones need nothing. Then the
     step's plan lands each column as the target holds it (a table an older version made keeps its text)."""
