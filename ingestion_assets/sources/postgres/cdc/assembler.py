@@ -37,7 +37,9 @@ class _Pending:
     """A transaction whose commit has not arrived yet: its changes wait for the commit LSN and time."""
 
     xid: int
-    rows: list[tuple[int, RowData]] = field(default_factory=list)  # (subtransaction xid, change)
+    # (subtransaction xid, change, the tables it names as their Relation messages stood when it came: a
+    # transaction that alters a table between two changes of it sends a new Relation between them)
+    rows: list[tuple[int, RowData, tuple[TableInfo, ...]]] = field(default_factory=list)
     messages: list[LogicalMessageInTx] = field(default_factory=list)
     origin: str | None = None
 
@@ -62,7 +64,9 @@ class TransactionAssembler:
         if isinstance(message, Relation):
             self.tables[message.relation_id] = TableInfo.from_relation(message)
         elif isinstance(message, Insert | Update | Delete | Truncate):
-            self._pending("a change").rows.append((message.xid or 0, message))
+            oids = message.relation_ids if isinstance(message, Truncate) else (message.relation_id,)
+            tables = tuple(self._table(oid) for oid in oids)
+            self._pending("a change").rows.append((message.xid or 0, message, tables))
         elif isinstance(message, LogicalMessage):
             if message.transactional:
                 self._pending("a message").messages.append(
@@ -115,15 +119,15 @@ class TransactionAssembler:
     def _abort_subtransaction(pending: _Pending, subxid: int) -> None:
         """Drop the subtransaction's changes and everything after its first one: the changes that follow
         an aborted subtransaction's first change until its abort belong to it or to its children."""
-        for index, (owner, _) in enumerate(pending.rows):
+        for index, (owner, _, _) in enumerate(pending.rows):
             if owner == subxid:
                 del pending.rows[index:]
                 return
 
     def _complete(self, pending: _Pending, commit_lsn: int, end_lsn: int, time: dt.datetime, streamed: bool) -> None:
         changes: list[RowChange] = []
-        for _, row in pending.rows:
-            changes.extend(self._row_changes(row, pending.xid, commit_lsn, time, len(changes)))
+        for _, row, tables in pending.rows:
+            changes.extend(self._row_changes(row, tables, pending.xid, commit_lsn, time, len(changes)))
         self.completed.append(
             Transaction(
                 xid=pending.xid,
@@ -138,12 +142,14 @@ class TransactionAssembler:
         )
         self.change_count += len(changes)
 
-    def _row_changes(self, row: RowData, xid: int, lsn: int, time: dt.datetime, seq: int) -> list[RowChange]:
+    def _row_changes(
+        self, row: RowData, tables: tuple[TableInfo, ...], xid: int, lsn: int, time: dt.datetime, seq: int
+    ) -> list[RowChange]:
         if isinstance(row, Truncate):
             return [
                 RowChange(
                     Op.TRUNCATE,
-                    self._table(oid),
+                    table,
                     None,
                     None,
                     None,
@@ -154,9 +160,9 @@ class TransactionAssembler:
                     row.cascade,
                     row.restart_identity,
                 )
-                for i, oid in enumerate(row.relation_ids)
+                for i, table in enumerate(tables)
             ]
-        table = self._table(row.relation_id)
+        (table,) = tables
         if isinstance(row, Insert):
             return [RowChange(Op.INSERT, table, self._checked(table, row.new), None, None, xid, lsn, time, seq)]
         if isinstance(row, Update):
