@@ -24,14 +24,15 @@ from ingestion_assets.loading.metadata_columns import POSITION
 class Holds:
     """What a destination holds: the span of years of its dates and times, and whether its floats hold NaN."""
 
-    name: str  # e.g. "MariaDB's DATE/DATETIME", "a Delta table"
+    dates: str  # what holds the dates and times, e.g. "MariaDB's DATE/DATETIME"
+    floats: str  # what holds the floating-point values
     min_year: int
     max_year: int
     nan: bool = True
 
 
-MARIADB = Holds("MariaDB's DATE/DATETIME", 1000, 9999, nan=False)
-LAKE = Holds("the lake table format's readers", 1, 9999)
+MARIADB = Holds("MariaDB's DATE/DATETIME", "MariaDB's DOUBLE/FLOAT", 1000, 9999, nan=False)
+LAKE = Holds("the lake table format's readers", "the lake table format's readers", 1, 9999)
 
 
 def unfit_reasons(table: pa.Table, holds: Holds) -> list[str | None]:
@@ -42,11 +43,11 @@ def unfit_reasons(table: pa.Table, holds: Holds) -> list[str | None]:
         kind = column.type
         if pa.types.is_floating(kind) and not holds.nan:
             bad = pc.or_(pc.is_nan(column), pc.is_inf(column))
-            why = f"column {name}: {holds.name} holds no NaN or infinity"
+            why = f"column {name}: {holds.floats} holds no NaN or infinity"
         elif pa.types.is_timestamp(kind) or pa.types.is_date(kind):
             years = pc.year(column)
             bad = pc.or_(pc.less(years, holds.min_year), pc.greater(years, holds.max_year))
-            why = f"column {name}: {holds.name} span the years {holds.min_year}-{holds.max_year}"
+            why = f"column {name}: {holds.dates} span the years {holds.min_year}-{holds.max_year}"
         else:
             continue
         for index in pc.indices_nonzero(pc.fill_null(bad, False)).to_pylist():

@@ -51,6 +51,10 @@ def test_a_ready_setup_has_no_problems_and_each_fault_is_named(sandbox: Sandbox)
         sandbox.table("keyless"),
     )
     assert check_cdc(sandbox.url, sandbox.slot, sandbox.publication, [table, sandbox.table("keyless")]) == []
+    nothing = sandbox.qualified("nothing")  # a key, but an identity that sends none: the fix is DEFAULT, not a key
+    sandbox.execute(f"CREATE TABLE {nothing} (a int PRIMARY KEY); ALTER TABLE {nothing} REPLICA IDENTITY NOTHING")
+    said = messages(check_cdc(sandbox.url, sandbox.slot, sandbox.publication, [sandbox.table("nothing")]))
+    assert f"ALTER TABLE {nothing} REPLICA IDENTITY DEFAULT" in said and "add a primary key" not in said
 
     missing = check_cdc(sandbox.url, sandbox.slot, "pub_missing", [table])
     assert [p.subject for p in missing] == ["publication 'pub_missing'"]

@@ -74,9 +74,14 @@ def _kind(cur: PgCursor, schema: str, table: str) -> str | None:
 
 
 def identity_fix(cur: PgCursor, schema: str, table: str) -> str:
+    name = ident(cur, schema, table)
+    cur.execute(_IDENTITY_SQL, (schema, table))
+    row = cur.fetchone()
+    if row is not None and row[0] == "n" and row[2]:  # NOTHING on a table that has a primary key
+        return f"ALTER TABLE {name} REPLICA IDENTITY DEFAULT (its primary key)"
     return (
         "add a primary key, or a unique index on the stream's primary_key (NOT NULL columns) and "
-        f"ALTER TABLE {ident(cur, schema, table)} REPLICA IDENTITY FULL"
+        f"ALTER TABLE {name} REPLICA IDENTITY FULL"
     )
 
 
