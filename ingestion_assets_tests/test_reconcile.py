@@ -235,3 +235,24 @@ def test_a_composite_text_key_is_bucketed_by_hash(harness: StreamHarness, destin
     assert _figure(check, "buckets compared") > 1 and _figure(check, "deletions applied") == 2, check.metadata
     assert _figure(check, "sample of keys deleted at the source") == ["us|7", "Ünïcode|7"]
     assert _figure(check, "sample of older keys") == ["eu|9"] and not check.passed
+
+
+def test_a_row_whose_cursor_is_null_fails_the_window_check(harness: StreamHarness) -> None:
+    """Found by the README-only attack: a NULL cursor sorts lowest, so a row inserted (or updated) with a NULL
+    cursor after the first run is never read, and the default window check passed: the row was lost unnoticed."""
+    harness.source.execute(
+        "CREATE TABLE items (id int PRIMARY KEY, name text NOT NULL, updated_at timestamptz);"
+        "INSERT INTO items SELECT g, 'item ' || g, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 second'"
+        " FROM generate_series(1, 300) g"
+    )
+    _catalog(harness)
+    assert _check(harness.materialize()).passed
+    harness.source.execute(
+        "INSERT INTO items VALUES (301, 'no cursor', NULL);"
+        "UPDATE items SET name = 'moved back', updated_at = NULL WHERE id = 5;"
+        "UPDATE items SET name = 'read', updated_at = now() WHERE id = 6"
+    )
+    check = _check(harness.materialize())
+    assert not check.passed
+    assert _figure(check, "missing in target") == 1, check.metadata  # 301: inserted behind the checkpoint
+    assert _figure(check, "sample of newer keys") == ["5"], check.metadata  # its cursor went back to NULL

@@ -64,11 +64,20 @@ class Relation:
                 conditions.append(f"{column.sql} < {self.literal(column, window.upper)}")
         if not scope.full and self.versions:
             columns = [(v.sql, v.nullable) for v in self.versions]
+            ranged = []
             for bound, op in ((scope.lowest, ">="), (scope.highest, "<=")):
                 if bound is not None:
                     pairs = zip(self.versions, scope.cursor, strict=True)
                     values = [self.literal(version, bound.get(name)) for version, name in pairs]
-                    conditions.append(compare(columns, values, op))
+                    ranged.append(compare(columns, values, op))
+            first = self.versions[0]
+            if ranged and first.nullable:
+                # A NULL cursor sorts lowest, behind every checkpoint: a row inserted or updated to NULL there is
+                # never read by an incremental run. Every window check compares those rows, so such a row fails
+                # the check (named as missing or newer) instead of being lost unnoticed.
+                conditions.append(f"(({' AND '.join(ranged)}) OR {first.sql} IS NULL)")
+            else:
+                conditions += ranged
         return " AND ".join(conditions) if conditions else "TRUE"
 
     @property
