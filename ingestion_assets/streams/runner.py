@@ -146,16 +146,9 @@ class PartitionJob:
         target = Target(self.stream.name, new_generation)
         loader = self.stream.loader(target, self.partition, schema.plan)
         after, started_over = self._settle_target(loader, details, after, new_generation)
-        if after is not None and started_over is None and isinstance(self.stream, PostgresTableStream):
-            filled = added_with_values(self.stream, schema)
-            if filled:
-                started_over = (
-                    f"column(s) {', '.join(filled)} added with values in the existing rows (a default, generated "
-                    "or identity column): every row is read again for them, merged by key"
-                )
-                after = None
-                if self.log is not None:
-                    self.log.warning("%s: re-reading from the start: %s", self.stream.qualified_name, started_over)
+        if after is not None and started_over is None:
+            started_over = self._reread_for_schema(schema)
+            after = None if started_over is not None else after
         sink.loader = loader
         faults = self.faults or Faults.from_env()
         faults.hit("before_migration", 0)
@@ -167,6 +160,22 @@ class PartitionJob:
         outcome = self._finish(result, new_generation, mode, schema, loader, binding=binding_details(loader))
         outcome.started_over = started_over
         return outcome
+
+    def _reread_for_schema(self, schema: SchemaStep) -> str | None:
+        """Why this run reads every row again for a schema change that altered rows without moving their
+        cursor (None: it reads on from its checkpoint)."""
+        if not isinstance(self.stream, PostgresTableStream):
+            return None
+        filled = added_with_values(self.stream, schema)
+        why = None
+        if filled:
+            why = (
+                f"column(s) {', '.join(filled)} added with values in the existing rows (a default, generated or "
+                "identity column): every row is read again for them, merged by key"
+            )
+        if why is not None and self.log is not None:
+            self.log.warning("%s: re-reading from the start: %s", self.stream.qualified_name, why)
+        return why
 
     def _schema_step(self, details: dict[str, Any]) -> SchemaStep:
         if isinstance(self.stream, PostgresTableStream):

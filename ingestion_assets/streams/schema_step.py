@@ -146,7 +146,13 @@ def _paused_message(stream: PostgresTableStream, changes: list[SchemaChange]) ->
     kept = [f"`{c.column}__{c.old.type_name}`" for c in changes if c.kind == "incompatible" and c.old is not None]
     action = (
         f"to apply it run `ingest schema accept {stream.qualified_name}`"
-        + (f" (the old values are kept in {', '.join(kept)})" if kept else "")
+        + (
+            f" (the old values are kept in {', '.join(kept)}; rows not read again get the new type by the target's "
+            "own cast of their old value, which may differ from the source's (a USING clause, the session time zone "
+            f"of a timestamp made timestamptz): `ingest refresh {stream.qualified_name}` reads every row)"
+            if kept
+            else ""
+        )
         + ", or fix the source"
         if fixable
         else "fix the catalog or the source: a key or cursor column cannot be accepted away"
