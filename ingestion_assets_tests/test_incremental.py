@@ -73,3 +73,26 @@ def test_a_reader_holding_the_warehouse_delays_a_load_instead_of_failing_it(harn
         harness.materialize()
         assert time.monotonic() - began > 1.0, "the load did not wait: the reader was gone already"
     harness.assert_target_equals_source("orders", "orders", "id", json_columns=["payload"])
+
+
+@pytest.mark.parametrize("kind", ["uuid", "inet", "time", "bool"])
+def test_a_nullable_cursor_of_a_type_without_an_empty_value_is_read(harness: StreamHarness, kind: str) -> None:
+    """A NULL in an ordering column orders as the type's lowest value, which was '' for every type without a
+    numeric or temporal one: the read failed with `invalid input syntax for type uuid: ""` (found by a helper)."""
+    values = {
+        "uuid": "(ARRAY[NULL, '00000000-0000-0000-0000-000000000001', 'ffffffff-0000-0000-0000-000000000000'])[1 + g % 3]::uuid",
+        "inet": "(ARRAY[NULL, '10.0.0.1', '::1'])[1 + g % 3]::inet",
+        "time": "(ARRAY[NULL, '00:00:00', '12:30:00'])[1 + g % 3]::time",
+        "bool": "(ARRAY[NULL, 'false', 'true'])[1 + g % 3]::bool",
+    }
+    harness.source.execute(
+        f"CREATE TABLE items (id int PRIMARY KEY, c {kind}); INSERT INTO items SELECT g, {values[kind]}"
+        " FROM generate_series(1, 30) g"
+    )
+    harness.write_catalog({"items": {"table": "items", "primary_key": "id", "cursor": "c", "slice_rows": 7}})
+    harness.materialize()
+    harness.assert_target_equals_source("items", "items", "id")
+    newest = values[kind].replace("[1 + g % 3]", "[3]")  # at the newest value: after the checkpoint
+    harness.source.execute(f"INSERT INTO items SELECT g, {newest} FROM generate_series(31, 36) g")
+    harness.materialize()
+    harness.assert_target_equals_source("items", "items", "id")

@@ -24,6 +24,18 @@ _LOWEST: dict[str, str] = {
     "numeric": "-Infinity",
     "float4": "-Infinity",
     "float8": "-Infinity",
+    # types with no '' value: each type's own lowest (a NULL in an ordering column orders as it)
+    "bool": "false",
+    "uuid": "00000000-0000-0000-0000-000000000000",
+    "inet": "0.0.0.0/0",
+    "cidr": "0.0.0.0/0",
+    "macaddr": "00:00:00:00:00:00",
+    "macaddr8": "00:00:00:00:00:00:00:00",
+    "time": "00:00:00",
+    "timetz": "00:00:00+15:59",
+    "interval": "-178000000 years",
+    "money": "-92233720368547758.08",
+    "oid": "0",
 }
 
 
