@@ -9,7 +9,13 @@ from psycopg2.extensions import cursor as PgCursor
 from ingestion_assets.sources.postgres.cdc.errors import Problem
 from ingestion_assets.sources.postgres.cdc.identity import identity_fix, identity_gap
 from ingestion_assets.sources.postgres.cdc.keys import DeclaredKey, key_problems
-from ingestion_assets.sources.postgres.cdc.publication import TableName, ident, publication_problems, published_tables
+from ingestion_assets.sources.postgres.cdc.publication import (
+    TableName,
+    ident,
+    publication_problems,
+    published_tables,
+    relkind,
+)
 from ingestion_assets.sources.postgres.cdc.slots import slot_row
 from ingestion_assets.sources.postgres.reader import connect
 
@@ -142,17 +148,12 @@ def _slot_problems(cur: PgCursor, slot: str, expect_slot: bool) -> list[Problem]
 
 def _table_problems(cur: PgCursor, schema: str, table: str, publication: str) -> list[Problem]:
     name = ident(cur, schema, table)
-    cur.execute(
-        "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = %s AND c.relname = %s",
-        (schema, table),
-    )
-    row = cur.fetchone()
+    kind = relkind(cur, schema, table)
     subject = f"table {name}"
-    if row is None:
+    if kind is None:
         return [Problem(subject, "does not exist; check the schema and table name")]
-    if row[0] not in ("r", "p"):
-        return [Problem(subject, f"is not a table (relkind {row[0]!r}); only tables can be published")]
+    if kind not in ("r", "p"):
+        return [Problem(subject, f"is not a table (relkind {kind!r}); only tables can be published")]
     gap = identity_gap(cur, schema, table)
     if gap is None:
         return []

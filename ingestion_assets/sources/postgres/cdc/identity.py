@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from psycopg2 import sql
 from psycopg2.extensions import cursor as PgCursor
 
-from ingestion_assets.sources.postgres.cdc.publication import TableName, ident, published_tables
+from ingestion_assets.sources.postgres.cdc.publication import TableName, ident, published_tables, relkind
 from ingestion_assets.sources.postgres.reader import connect
 
 _IDENTITY_SQL = (
@@ -37,7 +37,7 @@ def identity_gap(cur: PgCursor, schema: str, table: str) -> str | None:
     partitioned table's rows are written in its partitions: each needs an identity of its own (REPLICA
     IDENTITY FULL on the parent does not reach them)."""
     gap = _own_gap(cur, schema, table)
-    if gap is not None or _kind(cur, schema, table) != "p":
+    if gap is not None or relkind(cur, schema, table) != "p":
         return gap
     cur.execute(_LEAVES_SQL, (ident(cur, schema, table),))
     for leaf in cur.fetchall():
@@ -61,16 +61,6 @@ def _own_gap(cur: PgCursor, schema: str, table: str) -> str | None:
     if identity == "i" and not has_identity_index:
         return "lost its replica identity index"
     return None
-
-
-def _kind(cur: PgCursor, schema: str, table: str) -> str | None:
-    cur.execute(
-        "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = %s AND c.relname = %s",
-        (schema, table),
-    )
-    row = cur.fetchone()
-    return str(row[0]) if row else None
 
 
 def identity_fix(cur: PgCursor, schema: str, table: str) -> str:

@@ -118,7 +118,7 @@ def _partition_problems(
     name, which no stream reads."""
     if via_root:
         return []
-    partitioned = [t for t in tables if _relkind(cur, *t) == "p"]
+    partitioned = [t for t in tables if relkind(cur, *t) == "p"]
     return [
         Problem(
             subject,
@@ -130,7 +130,8 @@ def _partition_problems(
     ]
 
 
-def _relkind(cur: PgCursor, schema: str, table: str) -> str | None:
+def relkind(cur: PgCursor, schema: str, table: str) -> str | None:
+    """pg_class.relkind of the table (r, p, v, ...), None if there is none."""
     cur.execute(
         "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE n.nspname = %s AND c.relname = %s",
@@ -203,7 +204,7 @@ def ensure_publication(
             if row is None:
                 cur.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}{}").format(pub, _table_sql(tables), options))
                 return tuple(tables)
-            if owned and partition_root and not row[1] and any(_relkind(cur, *t) == "p" for t in tables):
+            if owned and partition_root and not row[1] and any(relkind(cur, *t) == "p" for t in tables):
                 cur.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(pub))
             if row[0]:
                 return ()
