@@ -36,6 +36,7 @@ _LOWEST: dict[str, str] = {
     "interval": "-178000000 years",
     "money": "-92233720368547758.08",
     "oid": "0",
+    "jsonb": "null",  # jsonb orders null below strings, numbers, booleans, arrays and objects
 }
 
 
@@ -57,6 +58,7 @@ class Column:
     duckdb_type: str | None = None  # the destination's own type where dlt has none (REAL, UUID, INTEGER[] ...)
     postgres_type: str | None = None
     element: Column | None = None  # an array's elements, for decoding
+    lowest: str = ""  # the lowest value of a type the catalog tells (enum, range), else _LOWEST's by kind
 
     @property
     def kind(self) -> str:
@@ -101,7 +103,7 @@ class Column:
     @property
     def lowest_literal(self) -> str:
         """The value a NULL of this column orders as (text types: the empty string)."""
-        return _LOWEST.get(self.kind, "")
+        return self.lowest or _LOWEST.get(self.kind, "")
 
 
 def column_of(name: str, type_name: str, sql_type: str, nullable: bool, pg: PgType, destination: str) -> Column:
@@ -121,6 +123,7 @@ def column_of(name: str, type_name: str, sql_type: str, nullable: bool, pg: PgTy
         landing.duckdb_type,
         landing.postgres_type,
         element,
+        pg.lowest,
     )
 
 
@@ -173,7 +176,10 @@ WITH RECURSIVE reached(oid) AS (
     WHERE next.oid <> 0
 )
 SELECT t.oid, t.typname, t.typtype = 'd', t.typbasetype, t.typtypmod,
-       CASE WHEN t.typcategory = 'A' THEN t.typelem END, t.typdelim, t.typnamespace = 'pg_catalog'::regnamespace
+       CASE WHEN t.typcategory = 'A' THEN t.typelem END, t.typdelim, t.typnamespace = 'pg_catalog'::regnamespace,
+       CASE t.typtype  -- the lowest value of an enum (its first label), a range or a multirange (the empty one)
+           WHEN 'e' THEN (SELECT e.enumlabel FROM pg_enum e WHERE e.enumtypid = t.oid ORDER BY e.enumsortorder LIMIT 1)
+           WHEN 'r' THEN 'empty' WHEN 'm' THEN '{}' ELSE '' END
 FROM reached JOIN pg_type t ON t.oid = reached.oid
 """
 
@@ -202,6 +208,7 @@ class _TypeRow(NamedTuple):
     element: int | None
     delimiter: str
     in_catalog: bool
+    lowest: str | None  # None: an enum without labels
 
 
 def _resolve(types: dict[int, _TypeRow], oid: int, typmod: int, dims: int, builtin: bool = True) -> PgType:
@@ -210,4 +217,4 @@ def _resolve(types: dict[int, _TypeRow], oid: int, typmod: int, dims: int, built
     if row.is_domain:
         return _resolve(types, row.base, row.base_typmod, dims, builtin=False)
     element = None if row.element is None else _resolve(types, row.element, typmod, 0, builtin)
-    return PgType(row.name, typmod, builtin and row.in_catalog, element, row.delimiter, dims)
+    return PgType(row.name, typmod, builtin and row.in_catalog, element, row.delimiter, dims, row.lowest or "")

@@ -75,6 +75,7 @@ class PgType:
     element: PgType | None = None  # for arrays
     delimiter: str = ","
     dims: int = 1  # attndims: the declared dimensions (0 when unknown), never enforced by PostgreSQL
+    lowest: str = ""  # the type's lowest value where the catalog knows it: an enum's first label, an empty range
 
 
 @dataclass(frozen=True)
