@@ -17,10 +17,12 @@ QUEUE = "dagster"  # dagster-celery's queue: the executor publishes every step t
 def worker_app(settings: Settings) -> Celery:
     """The same Celery app as the runs' executor (broker, backend, acks), with dagster-celery's step task.
 
-    The worker reads the same catalog (INGEST_CATALOG) as the runs: its steps load the definitions from it."""
+    The worker must read the same catalog (INGEST_CATALOG) as the runs: its steps load the definitions from it,
+    and it refuses a step whose submitter's catalog has another fingerprint."""
     from dagster_celery.executor import CeleryExecutor
     from dagster_celery.make_app import make_app
-    from dagster_celery.tasks import create_task
+
+    from ingestion_assets.defs.celery_steps import step_task
 
     catalog = load_catalog(settings.catalog_path)
     celery = catalog.execution.celery
@@ -30,7 +32,7 @@ def worker_app(settings: Settings) -> Celery:
             "steps for a worker: set `execution: {executor: celery, celery: {broker: {env: ...}}}`"
         )
     app = make_app(CeleryExecutor.for_cli(**celery_config(settings, celery)).app_args())
-    create_task(app)
+    step_task(app)  # refuses a step submitted under another catalog than this worker's
     return app
 
 

@@ -169,3 +169,48 @@ def test_a_sqlite_url_for_a_sqlalchemy_destination_is_refused_at_run_start(
     assert str(tmp_path) not in message  # the URL itself (a secret) is never shown
     assert harness.instance.get_latest_materialization_event(harness.key("orders")) is None  # no step ran
     assert not (tmp_path / "warehouse.sqlite").exists()
+
+
+def test_a_worker_with_another_catalog_refuses_the_step(
+    harness: StreamHarness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker started before a catalog change (here: another cursor for `orders`) would run the step with its
+    own definitions: it refuses the step, and the run fails at once naming both catalogs and the fix."""
+    harness.source.execute(TABLES)
+    harness.write_catalog(_streams(), destination="postgres")
+    with celery_deployment(tmp_path / "celery") as deployment:
+        with_execution(harness.catalog_path, deployment.execution())  # type: ignore[arg-type]
+        stale = tmp_path / "stale_catalog.yaml"
+        raw = yaml.safe_load(harness.catalog_path.read_text())  # type: ignore[union-attr]
+        del raw["sources"][harness.source_name]["streams"]["orders"]["cursor"]
+        stale.write_text(yaml.safe_dump(raw))
+        deployment.start_worker(stale, harness.settings.dagster_home)
+        deployment.wait_ready()
+        for name, value in harness.cli_env().items():
+            monkeypatch.setenv(name, value)
+        job = ReconstructableRepository.for_module("ingestion_assets.definitions", "defs", str(REPO))
+        with dg.execute_job(
+            job.get_reconstructable_job("__ASSET_JOB"), harness.instance, asset_selection=[harness.key("orders")]
+        ) as done:
+            assert not done.success
+            failures = [e for e in done.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    assert len(failures) == 1, failures
+    message = failures[0].step_failure_data.error.message  # type: ignore[union-attr]
+    assert f"reads catalog {stale} (fingerprint " in message, message
+    assert f"submitted with catalog {harness.catalog_path} (fingerprint " in message, message
+    assert "Restart the workers with the submitter's catalog" in message and "Traceback" not in message
+    assert harness.instance.get_latest_materialization_event(harness.key("orders")) is None
+
+
+def test_a_catalog_fingerprint_ignores_comments_and_layout(tmp_path: Path) -> None:
+    from ingestion_assets.defs.catalog_identity import catalog_identity
+
+    body = "sources:\n  shop:\n    type: postgres\n    connection: {env: SHOP_URL}\n"
+    body += "    streams: {orders: {table: public.orders, primary_key: id}}\n"
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text(body)
+    second.write_text("# the same catalog, another layout\n" + yaml.safe_dump(yaml.safe_load(body)))
+    fingerprint = catalog_identity(Settings(home=tmp_path, catalog_path=first))["fingerprint"]
+    assert catalog_identity(Settings(home=tmp_path, catalog_path=second))["fingerprint"] == fingerprint
+    second.write_text(body.replace("primary_key: id", "primary_key: id, cursor: updated_at"))
+    assert catalog_identity(Settings(home=tmp_path, catalog_path=second))["fingerprint"] != fingerprint
