@@ -105,8 +105,8 @@ class DestinationUnavailable(ServerUnavailable):
 _TLS_MISTAKES = (
     (
         re.compile(r"certificate verify failed", re.I),
-        "the server's certificate is not signed by the CA the client trusts: set {tls}.ca (or sslrootcert in the "
-        "URL) to the CA file that signed the server's certificate",
+        "the server's certificate is not signed by the CA the client trusts: set {ca} to the CA file that "
+        "signed the server's certificate",
     ),
     (
         re.compile(r"server certificate for .* does not match host name", re.I),
@@ -115,7 +115,7 @@ _TLS_MISTAKES = (
     ),
     (
         re.compile(r"root certificate file .* does not exist|could not read root certificate file", re.I),
-        "the CA file is missing or unreadable: set {tls}.ca (or sslrootcert in the URL) to a readable CA file",
+        "the CA file is missing or unreadable: set {ca} to a readable CA file",
     ),
     (
         re.compile(
@@ -123,7 +123,7 @@ _TLS_MISTAKES = (
             r"(could not open|could not load|could not read) certificate file|private key file",
             re.I,
         ),
-        "the server refuses our client certificate, or it cannot be read: set {tls}.cert and {tls}.key to a "
+        "the server refuses our client certificate, or it cannot be read: set {client} to a "
         "certificate signed by the CA the server trusts (ssl_ca_file) and its key",
     ),
     (re.compile(r"server does not support SSL", re.I), "the server has no TLS: turn on `ssl` in its settings"),
@@ -133,9 +133,15 @@ _TLS_MISTAKES = (
 def tls_advice(message: str, tls: str = "the connection's tls", url: str = "the connection URL") -> str | None:
     """Which TLS setting to fix for libpq's `message`, naming the connection's `tls` block and URL keys
     (`sources.shop.tls`, `sources.shop.connection`) where the caller knows them."""
+    return tls_advice_for(message, f"{tls}.ca (or sslrootcert in the URL)", f"{tls}.cert and {tls}.key", url)
+
+
+def tls_advice_for(message: str, ca: str, client: str, url: str) -> str | None:
+    """As tls_advice, naming the settings as given: the CA file, the client certificate and key, the URL."""
     if TLS_PROTOCOL_MISMATCH.search(message):
         return TLS_PROTOCOL_ADVICE
-    return next((advice.format(tls=tls, url=url) for pattern, advice in _TLS_MISTAKES if pattern.search(message)), None)
+    found = (advice for pattern, advice in _TLS_MISTAKES if pattern.search(message))
+    return next((advice.format(ca=ca, client=client, url=url) for advice in found), None)
 
 
 @dataclass(frozen=True)

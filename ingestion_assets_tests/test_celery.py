@@ -203,7 +203,7 @@ def test_a_worker_with_another_catalog_refuses_the_step(
 
 
 def test_a_catalog_fingerprint_ignores_comments_and_layout(tmp_path: Path) -> None:
-    from ingestion_assets.defs.catalog_identity import catalog_identity
+    from ingestion_assets.defs.worker_checks import catalog_identity
 
     body = "sources:\n  shop:\n    type: postgres\n    connection: {env: SHOP_URL}\n"
     body += "    streams: {orders: {table: public.orders, primary_key: id}}\n"

@@ -412,3 +412,70 @@ def test_destination_tls_mistakes_fail_once_naming_the_destination_host_and_sett
     assert "change sslmode" not in messages["missing CA file"]  # libpq's hint: turn verification off
     source = _failed_run(tls_stack, destination(tls_stack.plain_url("source"), good), tls_block(files, ca=files.cert))
     assert "set the connection's tls.ca (or sslrootcert in the URL) to the CA file that signed" in source, source
+
+
+def test_a_worker_whose_storage_tls_fails_says_so_in_one_line(
+    tls_stack: TlsStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dagster.yaml names the storage by reference, resolved on each host: a worker whose URL names another CA
+    fails the step with one line naming the worker, the host and the setting, not with a worker traceback."""
+    from dagster._core.definitions.reconstruct import ReconstructableRepository
+
+    from ingestion_assets_tests.celery_workers import celery_deployment
+    from ingestion_assets_tests.helpers import REPO
+
+    config = yaml.safe_load((tls_stack.settings.dagster_home / "dagster.yaml").read_text())
+    good = config["storage"]["postgres"]["postgres_url"]
+    config["storage"]["postgres"]["postgres_url"] = {"env": "INGEST_TEST_STORAGE_URL"}
+    home = tmp_path / "dagster"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("INGEST_TEST_STORAGE_URL", good)
+    wrong_ca = good.replace(str(tls_stack.files.ca), str(tls_stack.other_ca.cert))
+    assert wrong_ca != good
+    schema, name = f"t_{uuid.uuid4().hex[:8]}", f"src_{uuid.uuid4().hex[:6]}"
+    source = SourceDb(url=tls_stack.settings.embedded.url("source"), schema=schema)
+    source.create_schema()
+    try:
+        source.execute("CREATE TABLE items (id int PRIMARY KEY, updated_at timestamptz)")
+        url_file = tmp_path / "source.url"
+        url_file.write_text(tls_stack.plain_url("source"))
+        tls = tls_block(tls_stack.files)
+        stream = {"table": f"{schema}.items", "cursor": "updated_at", "primary_key": "id"}
+        with (
+            celery_deployment(tmp_path / "celery") as deployment,
+            dg.DagsterInstance.from_config(str(home)) as instance,
+        ):
+            catalog = {
+                "execution": deployment.execution(),
+                "destination": {"type": "postgres", "credentials": {"file": str(url_file)}, "tls": tls},
+                "sources": {
+                    name: {
+                        "type": "postgres",
+                        "connection": {"file": str(url_file)},
+                        "tls": tls,
+                        "streams": {"items": stream},
+                    }
+                },
+            }
+            catalog_path = tmp_path / "catalog.yaml"
+            catalog_path.write_text(yaml.safe_dump(catalog))
+            deployment.start_worker(catalog_path, home, INGEST_TEST_STORAGE_URL=wrong_ca)
+            deployment.wait_ready()
+            monkeypatch.setenv("INGEST_HOME", str(tls_stack.settings.home))
+            monkeypatch.setenv("INGEST_CATALOG", str(catalog_path))
+            monkeypatch.setenv("DAGSTER_HOME", str(home))
+            job = ReconstructableRepository.for_module("ingestion_assets.definitions", "defs", str(REPO))
+            with dg.execute_job(
+                job.get_reconstructable_job("__ASSET_JOB"), instance, asset_selection=[dg.AssetKey([name, "items"])]
+            ) as done:
+                assert not done.success
+                failures = [e for e in done.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    finally:
+        source.drop_schema()
+    assert len(failures) == 1, failures
+    message = failures[0].step_failure_data.error.message  # type: ignore[union-attr]
+    assert "\n" not in message.strip() and "Traceback" not in message, message
+    assert "Celery worker w0-" in message and "cannot connect to Dagster's storage" in message, message
+    assert 'server at "localhost"' in message and "certificate verify failed" in message, message
+    assert "set sslrootcert in storage.postgres.postgres_url in this worker's dagster.yaml" in message, message

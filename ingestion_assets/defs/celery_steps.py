@@ -1,6 +1,6 @@
 """dagster-celery's executor, with three changes: it refuses at run start what the catalog could not refuse before
 its references resolved, it sends its catalog's fingerprint with every step (a worker with another catalog
-refuses the step: defs/catalog_identity.py), and it registers the step task once per Celery app.
+refuses the step: defs/worker_checks.py), and it registers the step task once per Celery app.
 
 dagster-celery's own submit function calls `create_task(app)` for every step: each call defines a new
 function under the same task name on the same app, and Celery warns (DuplicateTaskNameWarning) at the
@@ -22,8 +22,8 @@ from dagster_celery.executor import CELERY_CONFIG, CeleryExecutor
 from dagster_celery.tasks import create_task
 
 from ingestion_assets.catalog import Catalog
-from ingestion_assets.defs.catalog_identity import CATALOG_KWARG, CatalogCheckedTask, CatalogMismatch, catalog_identity
 from ingestion_assets.defs.executors import ExecutionSettingError, run_time_host_bound
+from ingestion_assets.defs.worker_checks import CATALOG_KWARG, CheckedStepTask, WorkerRefusal, catalog_identity
 from ingestion_assets.settings import Settings
 
 _TASK = "_ingest_execute_plan_task"  # the app's one step task, kept on the app itself
@@ -63,7 +63,7 @@ def step_task(app: Celery) -> Any:
     """dagster-celery's step task on `app`, registered at the first call only."""
     task = getattr(app, _TASK, None)
     if task is None:
-        task = create_task(app, base=CatalogCheckedTask, typing=False)  # its extra argument: the catalog
+        task = create_task(app, base=CheckedStepTask, typing=False)  # its extra argument: the catalog
         setattr(app, _TASK, task)
     return task
 
@@ -89,8 +89,8 @@ def submit_step(app: Celery, plan_context: Any, step: Any, queue: str, priority:
 
 
 class StepResult:
-    """A step's Celery result, as the execution loop reads it; a worker's refusal of the step (another catalog)
-    becomes the step's failure with the worker's one-line reason, not a run failure with a worker traceback."""
+    """A step's Celery result, as the execution loop reads it; a worker's refusal of the step (another catalog, no
+    storage) becomes the step's failure with the worker's one-line reason, not a run failure with a traceback."""
 
     def __init__(self, result: Any, plan_context: Any, step: Any) -> None:
         self.result, self.plan_context, self.step = result, plan_context, step
@@ -104,7 +104,7 @@ class StepResult:
     def get(self) -> list[str]:
         try:
             return list(self.result.get())
-        except CatalogMismatch as refused:
+        except WorkerRefusal as refused:
             error = SerializableErrorInfo(str(refused), [], type(refused).__name__)
             failure = dg.DagsterEvent.step_failure_event(
                 self.plan_context.for_step(self.step), StepFailureData(error=error, user_failure_data=None)
