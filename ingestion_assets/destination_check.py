@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from ingestion_assets.catalog import Catalog, Destination
+from ingestion_assets.defs.broker_check import broker_tls_problem
 from ingestion_assets.defs.executors import ExecutionSettingError, celery_config, run_time_host_bound
 from ingestion_assets.errors import DestinationUnavailable
 from ingestion_assets.loading.destinations import connect_postgres, describe_destination, destination_url, duckdb_path
@@ -26,6 +27,8 @@ def check_destination(settings: Settings, catalog: Catalog) -> list[str]:
     try:
         if catalog.execution.celery is not None and catalog.execution.distributed:
             celery_config(settings, catalog.execution.celery)
+            if problem := broker_tls_problem(settings, catalog.execution.celery):
+                return [problem]
         if problems := run_time_host_bound(settings, catalog):
             return problems
         if destination.type == "duckdb":

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from celery import Celery
 
 from ingestion_assets.catalog import load_catalog
+from ingestion_assets.defs.broker_check import broker_tls_problem
 from ingestion_assets.defs.executors import celery_config
 from ingestion_assets.settings import Settings
 
@@ -31,6 +32,8 @@ def worker_app(settings: Settings) -> Celery:
             f"{settings.catalog_path}: `execution.executor` is {catalog.execution.executor}, so no run publishes "
             "steps for a worker: set `execution: {executor: celery, celery: {broker: {env: ...}}}`"
         )
+    if problem := broker_tls_problem(settings, celery):  # Celery would retry it for ever
+        raise SystemExit(f"{settings.catalog_path}: {problem}")
     app = make_app(CeleryExecutor.for_cli(**celery_config(settings, celery)).app_args())
     step_task(app)  # refuses a step submitted under another catalog than this worker's
     return app
