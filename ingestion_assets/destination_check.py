@@ -12,8 +12,10 @@ import os
 from pathlib import Path
 
 from ingestion_assets.catalog import Catalog, Destination
+from ingestion_assets.defs.broker_check import broker_tls_problem
 from ingestion_assets.defs.executors import ExecutionSettingError, celery_config, run_time_host_bound
-from ingestion_assets.loading.destinations import describe_destination, destination_url, duckdb_path
+from ingestion_assets.errors import DestinationUnavailable
+from ingestion_assets.loading.destinations import connect_postgres, describe_destination, destination_url, duckdb_path
 from ingestion_assets.references import UnresolvedReference
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.tls import TlsError
@@ -25,6 +27,8 @@ def check_destination(settings: Settings, catalog: Catalog) -> list[str]:
     try:
         if catalog.execution.celery is not None and catalog.execution.distributed:
             celery_config(settings, catalog.execution.celery)
+            if problem := broker_tls_problem(settings, catalog.execution.celery):
+                return [problem]
         if problems := run_time_host_bound(settings, catalog):
             return problems
         if destination.type == "duckdb":
@@ -55,15 +59,18 @@ def _writable(key: str, path: Path) -> list[str]:
 def _postgres(settings: Settings, destination: Destination) -> list[str]:
     import psycopg2
 
-    url = destination_url(settings, destination)  # verify-full and the catalog's files, as the load
-    try:
+    try:  # verify-full and the catalog's files, as the load
         with (
             contextlib.closing(
-                psycopg2.connect(url, connect_timeout=10, options="-c default_transaction_read_only=on")
+                connect_postgres(
+                    settings, destination, connect_timeout=10, options="-c default_transaction_read_only=on"
+                )
             ) as conn,
             conn.cursor() as cur,
         ):
             cur.execute("SELECT 1")
+    except DestinationUnavailable as exc:
+        return [str(exc)]
     except psycopg2.Error as exc:
         return [
             f"destination.credentials ({describe_destination(settings, destination)}): cannot connect: {_first(exc)}"

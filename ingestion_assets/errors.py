@@ -74,10 +74,10 @@ _REFUSED_CONNECTIONS = (
 )
 
 
-class SourceUnavailable(RuntimeError):
-    """A source's server could not be reached or refused the connection (down, wrong host or port, bad
-    credentials). The message names the catalog key and its reference, never the secret; the driver's error
-    is the cause, so `classify` judges it (a refused password is permanent, a refused connection transient)."""
+class ServerUnavailable(RuntimeError):
+    """A server could not be reached or refused the connection (down, wrong host or port, bad credentials, a
+    certificate that does not verify). The message names the catalog key and its reference, never the secret,
+    and what to fix; the driver's error is the cause and decides whether a retry may help."""
 
     def __init__(
         self, where: str, reference: str, exc: BaseException, secret: str | None = None, advice: str = ""
@@ -85,9 +85,63 @@ class SourceUnavailable(RuntimeError):
         text = " ".join(line.strip() for line in str(exc).strip().splitlines()[:1]) or type(exc).__name__
         if secret:
             text = text.replace(secret, "***")
-        advice = advice or (classify(exc).advice if _refusal_code(text) else "")
+        verdict = classify(exc)
+        keys = (f"{where.rsplit('.', 1)[0]}.tls", where)  # sources.shop.connection -> sources.shop.tls
+        advice = advice or tls_advice(text, *keys) or (verdict.advice if _refusal_code(text) else "")
         advice = advice or "check that the server runs and listens at the host and port the reference holds"
+        self.transient, self.advice = verdict.transient, advice
         super().__init__(f"{where} ({reference}): cannot connect: {text}; {advice}")
+
+
+class SourceUnavailable(ServerUnavailable):
+    """A source's server (`sources.<name>.connection`) could not be reached or refused the connection."""
+
+
+class DestinationUnavailable(ServerUnavailable):
+    """The destination's server (`destination.credentials`) could not be reached or refused the connection."""
+
+
+# libpq's words for a TLS handshake that failed, and which setting of the connection's `tls` block decides it
+_TLS_MISTAKES = (
+    (
+        re.compile(r"certificate verify failed", re.I),
+        "the server's certificate is not signed by the CA the client trusts: set {ca} to the CA file that "
+        "signed the server's certificate",
+    ),
+    (
+        re.compile(r"server certificate for .* does not match host name", re.I),
+        "the host in {url} is not a name the server's certificate carries: connect by a name the certificate "
+        "was issued for, or have the server's certificate issued for this host",
+    ),
+    (
+        re.compile(r"root certificate file .* does not exist|could not read root certificate file", re.I),
+        "the CA file is missing or unreadable: set {ca} to a readable CA file",
+    ),
+    (
+        re.compile(
+            r"requires a valid client certificate|alert (unknown ca|bad certificate|certificate required)|"
+            r"(could not open|could not load|could not read) certificate file|private key file",
+            re.I,
+        ),
+        "the server refuses our client certificate, or it cannot be read: set {client} to a "
+        "certificate signed by the CA the server trusts (ssl_ca_file) and its key",
+    ),
+    (re.compile(r"server does not support SSL", re.I), "the server has no TLS: turn on `ssl` in its settings"),
+)
+
+
+def tls_advice(message: str, tls: str = "the connection's tls", url: str = "the connection URL") -> str | None:
+    """Which TLS setting to fix for libpq's `message`, naming the connection's `tls` block and URL keys
+    (`sources.shop.tls`, `sources.shop.connection`) where the caller knows them."""
+    return tls_advice_for(message, f"{tls}.ca (or sslrootcert in the URL)", f"{tls}.cert and {tls}.key", url)
+
+
+def tls_advice_for(message: str, ca: str, client: str, url: str) -> str | None:
+    """As tls_advice, naming the settings as given: the CA file, the client certificate and key, the URL."""
+    if TLS_PROTOCOL_MISMATCH.search(message):
+        return TLS_PROTOCOL_ADVICE
+    found = (advice for pattern, advice in _TLS_MISTAKES if pattern.search(message))
+    return next((advice.format(ca=ca, client=client, url=url) for advice in found), None)
 
 
 @dataclass(frozen=True)
@@ -100,6 +154,8 @@ def describe_permanent(where: str, exc: BaseException, verdict: Verdict) -> str:
     """`where: <the source's own words> (permanent: ...) <what to do>`."""
     text = " ".join(line.strip() for line in str(exc).strip().splitlines()[:2]) or type(exc).__name__
     text = text.removeprefix(f"{where}: ")  # our own errors often name the stream already
+    if verdict.advice and verdict.advice in text:  # said already (a connection's refusal names what to fix)
+        return f"{where}: {text} — a permanent error, not retried"
     return f"{where}: {text} — a permanent error, not retried; {verdict.advice}"
 
 
@@ -150,7 +206,8 @@ def _judge_postgres(error: psycopg2.Error) -> Verdict:
         return Verdict(isinstance(error, lost.OperationalError | lost.InterfaceError), "")
     if code in _TRANSIENT_CODES or code[:2] in _TRANSIENT_CLASSES:
         return Verdict(True, "")
-    return Verdict(False, _ADVICE.get(code, "fix what the server's message names, then run again"))
+    advice = tls_advice(str(error)) if code == "28000" else None
+    return Verdict(False, advice or _ADVICE.get(code, "fix what the server's message names, then run again"))
 
 
 def _refusal_code(message: str) -> str | None:

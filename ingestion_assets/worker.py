@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from celery import Celery
 
 from ingestion_assets.catalog import load_catalog
+from ingestion_assets.defs.broker_check import broker_tls_problem
 from ingestion_assets.defs.executors import celery_config
 from ingestion_assets.settings import Settings
 
@@ -17,10 +18,12 @@ QUEUE = "dagster"  # dagster-celery's queue: the executor publishes every step t
 def worker_app(settings: Settings) -> Celery:
     """The same Celery app as the runs' executor (broker, backend, acks), with dagster-celery's step task.
 
-    The worker reads the same catalog (INGEST_CATALOG) as the runs: its steps load the definitions from it."""
+    The worker must read the same catalog (INGEST_CATALOG) as the runs: its steps load the definitions from it,
+    and it refuses a step whose submitter's catalog has another fingerprint."""
     from dagster_celery.executor import CeleryExecutor
     from dagster_celery.make_app import make_app
-    from dagster_celery.tasks import create_task
+
+    from ingestion_assets.defs.celery_steps import step_task
 
     catalog = load_catalog(settings.catalog_path)
     celery = catalog.execution.celery
@@ -29,8 +32,10 @@ def worker_app(settings: Settings) -> Celery:
             f"{settings.catalog_path}: `execution.executor` is {catalog.execution.executor}, so no run publishes "
             "steps for a worker: set `execution: {executor: celery, celery: {broker: {env: ...}}}`"
         )
+    if problem := broker_tls_problem(settings, celery):  # Celery would retry it for ever
+        raise SystemExit(f"{settings.catalog_path}: {problem}")
     app = make_app(CeleryExecutor.for_cli(**celery_config(settings, celery)).app_args())
-    create_task(app)
+    step_task(app)  # refuses a step submitted under another catalog than this worker's
     return app
 
 

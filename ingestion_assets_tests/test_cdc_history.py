@@ -4,6 +4,7 @@ runs on (embedded PostgreSQL 18; snapshot visibility also on the server INGEST_T
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import threading
 import time
@@ -369,3 +370,27 @@ def test_schema_show_reads_a_history_source_s_live_checkpoint(
     assert main(["state", "show", f"{harness.source_name}.orders"]) == 0  # `live` has a checkpoint: not "never"
     shown = capsys.readouterr().out
     assert LIVE in shown and "never" not in shown
+
+
+def test_status_counts_history_partitions_and_names_the_failed_chunk(
+    cdc: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A history chunk that failed left its streams `ok` in `ingest status`: it is counted and named now."""
+    from ingestion_assets.cli import main
+
+    harness = cdc
+    harness.source.execute(TABLE)
+    _catalog(harness)
+    _run(harness, LIVE)  # starts the log and plans the ranges
+    monkeypatch.setenv(FAULT_ENV, "after_snapshot_slice:1")
+    assert not _run(harness, "1000-1999", raise_on_error=False).success
+    monkeypatch.delenv(FAULT_ENV)
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["status", "--json"]) == 1
+    lines = json.loads(capsys.readouterr().out)
+    assert {line["stream"].rsplit(".", 1)[1] for line in lines} == {"orders", "customers"}
+    for line in lines:
+        assert line["status"] == "failed" and "partition 1000-1999 failed" in line["detail"], line
+        summary = line["partition_summary"]
+        assert summary == {"total": 5, "materialized": 1, "failed": ["1000-1999"], "running": [], "missing": 3}

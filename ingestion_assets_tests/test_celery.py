@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+import socket
+import subprocess
+import time
 import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
@@ -169,3 +175,129 @@ def test_a_sqlite_url_for_a_sqlalchemy_destination_is_refused_at_run_start(
     assert str(tmp_path) not in message  # the URL itself (a secret) is never shown
     assert harness.instance.get_latest_materialization_event(harness.key("orders")) is None  # no step ran
     assert not (tmp_path / "warehouse.sqlite").exists()
+
+
+def test_a_worker_with_another_catalog_refuses_the_step(
+    harness: StreamHarness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker started before a catalog change (here: another cursor for `orders`) would run the step with its
+    own definitions: it refuses the step, and the run fails at once naming both catalogs and the fix."""
+    harness.source.execute(TABLES)
+    harness.write_catalog(_streams(), destination="postgres")
+    with celery_deployment(tmp_path / "celery") as deployment:
+        with_execution(harness.catalog_path, deployment.execution())  # type: ignore[arg-type]
+        stale = tmp_path / "stale_catalog.yaml"
+        raw = yaml.safe_load(harness.catalog_path.read_text())  # type: ignore[union-attr]
+        del raw["sources"][harness.source_name]["streams"]["orders"]["cursor"]
+        stale.write_text(yaml.safe_dump(raw))
+        deployment.start_worker(stale, harness.settings.dagster_home)
+        deployment.wait_ready()
+        for name, value in harness.cli_env().items():
+            monkeypatch.setenv(name, value)
+        job = ReconstructableRepository.for_module("ingestion_assets.definitions", "defs", str(REPO))
+        with dg.execute_job(
+            job.get_reconstructable_job("__ASSET_JOB"), harness.instance, asset_selection=[harness.key("orders")]
+        ) as done:
+            assert not done.success
+            failures = [e for e in done.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    assert len(failures) == 1, failures
+    message = failures[0].step_failure_data.error.message  # type: ignore[union-attr]
+    assert f"reads catalog {stale} (fingerprint " in message, message
+    assert f"submitted with catalog {harness.catalog_path} (fingerprint " in message, message
+    assert "Restart the workers with the submitter's catalog" in message and "Traceback" not in message
+    assert harness.instance.get_latest_materialization_event(harness.key("orders")) is None
+
+
+def test_a_catalog_fingerprint_ignores_comments_and_layout(tmp_path: Path) -> None:
+    from ingestion_assets.defs.worker_checks import catalog_identity
+
+    body = "sources:\n  shop:\n    type: postgres\n    connection: {env: SHOP_URL}\n"
+    body += "    streams: {orders: {table: public.orders, primary_key: id}}\n"
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text(body)
+    second.write_text("# the same catalog, another layout\n" + yaml.safe_dump(yaml.safe_load(body)))
+    fingerprint = catalog_identity(Settings(home=tmp_path, catalog_path=first))["fingerprint"]
+    assert catalog_identity(Settings(home=tmp_path, catalog_path=second))["fingerprint"] == fingerprint
+    second.write_text(body.replace("primary_key: id", "primary_key: id, cursor: updated_at"))
+    assert catalog_identity(Settings(home=tmp_path, catalog_path=second))["fingerprint"] != fingerprint
+
+
+@dataclass(frozen=True)
+class TlsRedis:
+    port: int
+    ca: Path
+    other_ca: Path  # signed nothing of this server
+
+    def url(self, ca: Path | str, host: str = "localhost") -> str:
+        return f"rediss://{host}:{self.port}/0?ssl_cert_reqs=required&ssl_ca_certs={ca}"
+
+
+@pytest.fixture(scope="module")
+def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRedis]:
+    """A throwaway Redis serving TLS only, with a certificate for localhost from a throwaway CA."""
+    from ingestion_assets.stack.certs import issue, make_ca
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("no redis-server here")
+    folder = tmp_path_factory.mktemp("redis-tls")
+    ca, other = make_ca(folder / "ca", "redis-ca"), make_ca(folder / "other", "other-ca")
+    server = issue(ca, folder / "server", "server", "localhost", hosts=("localhost",))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    options = ["--port", "0", "--tls-port", str(port), "--tls-cert-file", str(server.cert)]
+    options += ["--tls-key-file", str(server.key), "--tls-ca-cert-file", str(ca.cert), "--tls-auth-clients", "no"]
+    options += ["--save", "", "--appendonly", "no", "--dir", str(folder)]
+    process = subprocess.Popen(["redis-server", *options], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not _listening(port):
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.skip("redis-server did not start with TLS")
+            time.sleep(0.05)
+        yield TlsRedis(port, ca.cert, other.cert)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_a_broker_whose_tls_fails_is_refused_in_one_line(
+    tls_redis: TlsRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wrong CA, a host the certificate does not name, a missing CA file: the worker does not start (Celery
+    would retry for ever) and `broker_tls_problem` (a run's start, `ingest check`) names the broker, its host and
+    the URL parameter, where a run failed after 20 s with "Retry limit exceeded ... result store"."""
+    from ingestion_assets.catalog import CeleryExecution, Reference
+    from ingestion_assets.defs.broker_check import broker_tls_problem
+
+    settings = Settings(home=tmp_path, catalog_path=tmp_path / "catalog.yaml")
+    celery = CeleryExecution(broker=Reference(env="INGEST_TEST_BROKER"))
+
+    def problem(url: str) -> str | None:
+        monkeypatch.setenv("INGEST_TEST_BROKER", url)
+        return broker_tls_problem(settings, celery)
+
+    assert problem(tls_redis.url(tls_redis.ca)) is None
+    assert problem(f"redis://127.0.0.1:{tls_redis.port + 1}/0") is None  # not TLS: Celery's own retries
+    head = f"execution.celery.broker (env:INGEST_TEST_BROKER): cannot connect to localhost:{tls_redis.port} over TLS"
+    wrong_ca = problem(tls_redis.url(tls_redis.other_ca))
+    assert wrong_ca is not None and wrong_ca.startswith(head), wrong_ca
+    assert "set ssl_ca_certs in the broker URL to the CA file that signed" in wrong_ca
+    wrong_host = problem(tls_redis.url(tls_redis.ca, host="127.0.0.1"))
+    assert wrong_host is not None and "not valid for '127.0.0.1'" in wrong_host, wrong_host
+    assert "the host in the broker URL is not a name the broker's certificate carries" in wrong_host
+    missing = problem(tls_redis.url(tmp_path / "absent.crt"))
+    assert missing is not None and "(ssl_ca_certs, ssl_certfile or ssl_keyfile) does not exist" in missing, missing
+    body = "execution: {executor: celery, celery: {broker: {env: INGEST_TEST_BROKER}}}\n"
+    body += "destination: {type: postgres, credentials: {env: WAREHOUSE_URL}}\n"
+    body += "sources:\n  shop:\n    type: postgres\n    connection: {env: SHOP_URL}\n"
+    body += "    streams: {orders: {table: public.orders, primary_key: id}}\n"
+    settings.catalog_path.write_text(body)
+    monkeypatch.setenv("INGEST_TEST_BROKER", tls_redis.url(tls_redis.other_ca))
+    with pytest.raises(SystemExit, match=r"cannot connect to localhost:\d+ over TLS: .*set ssl_ca_certs"):
+        worker_app(settings)

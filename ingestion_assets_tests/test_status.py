@@ -3,6 +3,7 @@ and `--json` gives scripts the same figures."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Iterator
 
@@ -134,3 +135,35 @@ def test_status_blames_only_the_stream_that_failed_in_a_run(
     lines = {line["stream"].rsplit(".", 1)[1]: line for line in json.loads(capsys.readouterr().out)}
     assert lines["good"]["status"] == "ok" and lines["good"]["rows_in_target"] == 2
     assert lines["bad"]["status"] == "failed"
+
+
+def test_status_counts_partitions_and_names_the_failed_ones(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A backfill whose one chunk failed looked `ok` (its stream's latest materialization succeeded), and
+    chunks never run were not shown: status counts materialized, failed, running and missing partitions."""
+    start = dt.datetime.now(dt.UTC).date() - dt.timedelta(days=3)
+    harness.source.execute(
+        "CREATE TABLE orders (id int PRIMARY KEY, updated_at timestamptz NOT NULL);"
+        f"INSERT INTO orders SELECT g, timestamptz '{start.isoformat()}' + g * interval '1 hour' "
+        "FROM generate_series(1, 90) g"
+    )
+    partitions = {"by": "time", "column": "updated_at", "start": start.isoformat()}
+    spec = {"table": "orders", "primary_key": "id", "cursor": "updated_at", "partitions": partitions}
+    harness.write_catalog({"orders": {**spec, "retries": {"max_attempts": 1}}})
+    days = [(start + dt.timedelta(days=i)).isoformat() for i in range(4)]
+    harness.source.execute("ALTER TABLE orders RENAME TO orders_away")
+    assert not harness.materialize(partition=days[1], raise_on_error=False).success
+    harness.source.execute("ALTER TABLE orders_away RENAME TO orders")
+    assert harness.materialize(partition=days[0]).success  # the newest materialization: a success
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["status", "--json"]) == 1
+    line = json.loads(capsys.readouterr().out)[0]
+    assert line["status"] == "failed" and f"partition {days[1]} failed" in line["detail"], line
+    summary = line["partition_summary"]
+    assert summary == {"total": 4, "materialized": 1, "failed": [days[1]], "running": [], "missing": 2}, summary
+    assert main(["status"]) == 1
+    out, err = capsys.readouterr()
+    assert "4 partitions: 1 materialized, 1 failed, 0 running, 2 never run" in out, out
+    assert f"failed: {days[1]}" in out and f"partition {days[1]} failed" in err, (out, err)

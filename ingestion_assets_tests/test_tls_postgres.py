@@ -348,3 +348,134 @@ def test_check_connects_to_the_destination_with_its_tls(tls_stack: TlsStack) -> 
     assert len(wrong_ca) == 1 and "cannot connect" in wrong_ca[0] and "certificate verify failed" in wrong_ca[0]
     no_cert = destination_problems(tls_block(tls_stack.files, with_cert=False))
     assert len(no_cert) == 1 and "certificate" in no_cert[0], no_cert
+
+
+def _failed_run(tls_stack: TlsStack, destination: dict[str, object], source_tls: dict[str, object]) -> str:
+    """The one step failure of a run of one stream into `destination`, read from `source_tls`'s connection."""
+    schema, name = f"t_{uuid.uuid4().hex[:8]}", f"src_{uuid.uuid4().hex[:6]}"
+    source = SourceDb(url=tls_stack.settings.embedded.url("source"), schema=schema)
+    source.create_schema()
+    try:
+        source.execute("CREATE TABLE items (id int PRIMARY KEY, updated_at timestamptz)")
+        source.execute("INSERT INTO items SELECT g, now() FROM generate_series(1, 5) g")
+        url_file = tls_stack.tmp / f"{name}.url"
+        url_file.write_text(tls_stack.plain_url("source"))
+        stream = {"table": f"{schema}.items", "cursor": "updated_at", "primary_key": "id"}
+        connection = {"type": "postgres", "connection": {"file": str(url_file)}, "tls": source_tls}
+        catalog = {"destination": destination, "sources": {name: {**connection, "streams": {"items": stream}}}}
+        harness = StreamHarness(tls_stack.tmp, tls_stack.settings.home, tls_stack.instance, source, source_name=name)
+        harness.catalog_path = tls_stack.tmp / f"{name}.yaml"
+        harness.catalog_path.write_text(yaml.safe_dump(catalog))
+        harness.destination = "postgres"
+        result = harness.materialize(raise_on_error=False)
+        failures = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+        retries = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY]
+        assert len(failures) == 1 and not retries, (failures, retries)
+        return failures[0].step_failure_data.error.message  # type: ignore[union-attr]
+    finally:
+        source.drop_schema()
+
+
+def test_destination_tls_mistakes_fail_once_naming_the_destination_host_and_setting(tls_stack: TlsStack) -> None:
+    """A wrong CA, a host the certificate does not name, a missing CA file (in `tls` or in the URL's own
+    verify-ca/verify-full parameters): one line naming the destination, the host and the setting to fix."""
+    files = tls_stack.files
+    good = tls_block(files)
+
+    def destination(url: str, tls: dict[str, object] | None = None) -> dict[str, object]:
+        url_file = tls_stack.tmp / f"destination-{uuid.uuid4().hex[:6]}.url"
+        url_file.write_text(url)
+        return {"type": "postgres", "credentials": {"file": str(url_file)}, **({"tls": tls} if tls else {})}
+
+    client = f"sslcert={files.cert}&sslkey={files.key}"
+    cases = {
+        "wrong CA": destination(tls_stack.plain_url("source"), tls_block(files, ca=tls_stack.other_ca.cert)),
+        "verify-ca, wrong CA": destination(
+            f"{tls_stack.plain_url('source')}?sslmode=verify-ca&sslrootcert={tls_stack.other_ca.cert}&{client}"
+        ),
+        "wrong host": destination(tls_stack.plain_url("source", host="127.0.0.1"), good),
+        "missing CA file": destination(
+            f"{tls_stack.plain_url('source')}?sslmode=verify-full&sslrootcert=/nonexistent/ca.crt&{client}"
+        ),
+    }
+    messages = {case: _failed_run(tls_stack, config, good) for case, config in cases.items()}
+    for case, message in messages.items():
+        assert "\n" not in message.strip() and "Traceback" not in message, (case, message)
+        assert "destination.credentials (postgres:file:" in message and 'server at "' in message, (case, message)
+        assert "a permanent error, not retried" in message and message.count("permanent") == 1, (case, message)
+    for case in ("wrong CA", "verify-ca, wrong CA"):
+        assert "set destination.tls.ca (or sslrootcert in the URL) to the CA file that signed" in messages[case]
+    assert (
+        "the host in destination.credentials is not a name the server's certificate carries" in messages["wrong host"]
+    )
+    assert "set destination.tls.ca (or sslrootcert in the URL) to a readable CA file" in messages["missing CA file"]
+    assert "change sslmode" not in messages["missing CA file"]  # libpq's hint: turn verification off
+    source = _failed_run(tls_stack, destination(tls_stack.plain_url("source"), good), tls_block(files, ca=files.cert))
+    assert "set the connection's tls.ca (or sslrootcert in the URL) to the CA file that signed" in source, source
+
+
+def test_a_worker_whose_storage_tls_fails_says_so_in_one_line(
+    tls_stack: TlsStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dagster.yaml names the storage by reference, resolved on each host: a worker whose URL names another CA
+    fails the step with one line naming the worker, the host and the setting, not with a worker traceback."""
+    from dagster._core.definitions.reconstruct import ReconstructableRepository
+
+    from ingestion_assets_tests.celery_workers import celery_deployment
+    from ingestion_assets_tests.helpers import REPO
+
+    config = yaml.safe_load((tls_stack.settings.dagster_home / "dagster.yaml").read_text())
+    good = config["storage"]["postgres"]["postgres_url"]
+    config["storage"]["postgres"]["postgres_url"] = {"env": "INGEST_TEST_STORAGE_URL"}
+    home = tmp_path / "dagster"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("INGEST_TEST_STORAGE_URL", good)
+    wrong_ca = good.replace(str(tls_stack.files.ca), str(tls_stack.other_ca.cert))
+    assert wrong_ca != good
+    schema, name = f"t_{uuid.uuid4().hex[:8]}", f"src_{uuid.uuid4().hex[:6]}"
+    source = SourceDb(url=tls_stack.settings.embedded.url("source"), schema=schema)
+    source.create_schema()
+    try:
+        source.execute("CREATE TABLE items (id int PRIMARY KEY, updated_at timestamptz)")
+        url_file = tmp_path / "source.url"
+        url_file.write_text(tls_stack.plain_url("source"))
+        tls = tls_block(tls_stack.files)
+        stream = {"table": f"{schema}.items", "cursor": "updated_at", "primary_key": "id"}
+        with (
+            celery_deployment(tmp_path / "celery") as deployment,
+            dg.DagsterInstance.from_config(str(home)) as instance,
+        ):
+            catalog = {
+                "execution": deployment.execution(),
+                "destination": {"type": "postgres", "credentials": {"file": str(url_file)}, "tls": tls},
+                "sources": {
+                    name: {
+                        "type": "postgres",
+                        "connection": {"file": str(url_file)},
+                        "tls": tls,
+                        "streams": {"items": stream},
+                    }
+                },
+            }
+            catalog_path = tmp_path / "catalog.yaml"
+            catalog_path.write_text(yaml.safe_dump(catalog))
+            deployment.start_worker(catalog_path, home, INGEST_TEST_STORAGE_URL=wrong_ca)
+            deployment.wait_ready()
+            monkeypatch.setenv("INGEST_HOME", str(tls_stack.settings.home))
+            monkeypatch.setenv("INGEST_CATALOG", str(catalog_path))
+            monkeypatch.setenv("DAGSTER_HOME", str(home))
+            job = ReconstructableRepository.for_module("ingestion_assets.definitions", "defs", str(REPO))
+            with dg.execute_job(
+                job.get_reconstructable_job("__ASSET_JOB"), instance, asset_selection=[dg.AssetKey([name, "items"])]
+            ) as done:
+                assert not done.success
+                failures = [e for e in done.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    finally:
+        source.drop_schema()
+    assert len(failures) == 1, failures
+    message = failures[0].step_failure_data.error.message  # type: ignore[union-attr]
+    assert "\n" not in message.strip() and "Traceback" not in message, message
+    assert "Celery worker w0-" in message and "cannot connect to Dagster's storage" in message, message
+    assert 'server at "localhost"' in message and "certificate verify failed" in message, message
+    assert "set sslrootcert in storage.postgres.postgres_url in this worker's dagster.yaml" in message, message

@@ -1,5 +1,6 @@
 """`ingest status`: one line per stream (status, rows in target, last run, lag, freshness, dead letters,
-position); `--json` for scripts; exit 1 when a stream needs attention (a failed run or check, never synced,
+position; partitioned streams: partitions materialized, failed, running, never run); `--json` for scripts;
+exit 1 when a stream needs attention (a failed run, partition or check, never synced,
 a CDC slot over its WAL limit, a stream older than its `freshness.max_lag`)."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import sys
 
 from ingestion_assets.catalog import load_catalog
 from ingestion_assets.cli.common import bring_up
+from ingestion_assets.observe.partition_status import named
 from ingestion_assets.observe.status import ATTENTION, OK, StreamStatus, age_text, stream_statuses
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
@@ -60,7 +62,16 @@ def _print_table(found: list[StreamStatus], colour: bool) -> None:
 
 
 def _print_partitions(each: StreamStatus) -> None:
-    """`live` and every partition a run stopped inside, one line each; the complete ones counted."""
+    """How many partitions are materialized, failed, running and never run (the failed ones named); then
+    `live` and every partition a run stopped inside, one line each; the complete ones counted."""
+    if (summary := each.partition_summary) is not None:
+        print(
+            f"  {summary.total} partitions: {summary.materialized} materialized, {len(summary.failed)} failed, "
+            f"{len(summary.running)} running, {summary.missing} never run"
+        )
+        for state, names in (("failed", summary.failed), ("running", summary.running)):
+            if names:
+                print(f"  {state}: {named(names)}")
     if not each.partitions:
         return
     complete = sum(1 for p in each.partitions if p.complete)

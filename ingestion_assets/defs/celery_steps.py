@@ -1,5 +1,6 @@
-"""dagster-celery's executor, with two changes: it refuses at run start what the catalog could not refuse before
-its references resolved, and it registers the step task once per Celery app.
+"""dagster-celery's executor, with three changes: it refuses at run start what the catalog could not refuse before
+its references resolved, it sends its catalog's fingerprint with every step (a worker with another catalog
+refuses the step: defs/worker_checks.py), and it registers the step task once per Celery app.
 
 dagster-celery's own submit function calls `create_task(app)` for every step: each call defines a new
 function under the same task name on the same app, and Celery warns (DuplicateTaskNameWarning) at the
@@ -12,14 +13,18 @@ from typing import Any
 
 import dagster as dg
 from celery import Celery
+from dagster._core.execution.plan.objects import StepFailureData
 from dagster._core.execution.retries import RetryMode
 from dagster._grpc.types import ExecuteStepArgs
-from dagster._serdes import pack_value
+from dagster._serdes import pack_value, serialize_value
+from dagster._utils.error import SerializableErrorInfo
 from dagster_celery.executor import CELERY_CONFIG, CeleryExecutor
 from dagster_celery.tasks import create_task
 
 from ingestion_assets.catalog import Catalog
+from ingestion_assets.defs.broker_check import broker_tls_problem
 from ingestion_assets.defs.executors import ExecutionSettingError, run_time_host_bound
+from ingestion_assets.defs.worker_checks import CATALOG_KWARG, CheckedStepTask, WorkerRefusal, catalog_identity
 from ingestion_assets.settings import Settings
 
 _TASK = "_ingest_execute_plan_task"  # the app's one step task, kept on the app itself
@@ -29,10 +34,13 @@ def ingest_celery_executor(settings: Settings, catalog: Catalog) -> dg.ExecutorD
     @dg.executor(name="celery", config_schema=CELERY_CONFIG, requirements=dg.multiple_process_executor_requirements())
     def celery_executor(init_context: dg.InitExecutorContext) -> dg.Executor:
         problems = run_time_host_bound(settings, catalog)  # at run start: the references resolve here
+        if catalog.execution.celery is not None and (tls := broker_tls_problem(settings, catalog.execution.celery)):
+            problems.append(tls)
         if problems:
             raise ExecutionSettingError("; ".join(problems))
         config = init_context.executor_config
         return IngestCeleryExecutor(
+            catalog=catalog_identity(settings, catalog),
             broker=config.get("broker"),
             backend=config.get("backend"),
             config_source=config.get("config_source"),
@@ -44,6 +52,10 @@ def ingest_celery_executor(settings: Settings, catalog: Catalog) -> dg.ExecutorD
 
 
 class IngestCeleryExecutor(CeleryExecutor):
+    def __init__(self, catalog: dict[str, str], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.catalog = catalog  # the submitter's catalog identity, sent with every step
+
     def execute(self, plan_context: Any, execution_plan: Any) -> Any:
         from dagster_celery.core_execution_loop import core_celery_execution_loop
 
@@ -54,7 +66,7 @@ def step_task(app: Celery) -> Any:
     """dagster-celery's step task on `app`, registered at the first call only."""
     task = getattr(app, _TASK, None)
     if task is None:
-        task = create_task(app)
+        task = create_task(app, base=CheckedStepTask, typing=False)  # its extra argument: the catalog
         setattr(app, _TASK, task)
     return task
 
@@ -73,5 +85,31 @@ def submit_step(app: Celery, plan_context: Any, step: Any, queue: str, priority:
     signature = step_task(app).si(
         execute_step_args_packed=pack_value(execute_step_args),
         executable_dict=plan_context.reconstructable_job.to_dict(),
+        **{CATALOG_KWARG: {**plan_context.executor.catalog, "step": step.key}},
     )
-    return signature.apply_async(priority=priority, queue=queue, routing_key=f"{queue}.execute_plan")
+    result = signature.apply_async(priority=priority, queue=queue, routing_key=f"{queue}.execute_plan")
+    return StepResult(result, plan_context, step)
+
+
+class StepResult:
+    """A step's Celery result, as the execution loop reads it; a worker's refusal of the step (another catalog, no
+    storage) becomes the step's failure with the worker's one-line reason, not a run failure with a traceback."""
+
+    def __init__(self, result: Any, plan_context: Any, step: Any) -> None:
+        self.result, self.plan_context, self.step = result, plan_context, step
+
+    def ready(self) -> bool:
+        return bool(self.result.ready())
+
+    def revoke(self) -> None:
+        self.result.revoke()
+
+    def get(self) -> list[str]:
+        try:
+            return list(self.result.get())
+        except WorkerRefusal as refused:
+            error = SerializableErrorInfo(str(refused), [], type(refused).__name__)
+            failure = dg.DagsterEvent.step_failure_event(
+                self.plan_context.for_step(self.step), StepFailureData(error=error, user_failure_data=None)
+            )
+            return [serialize_value(failure)]

@@ -20,6 +20,7 @@ from dlt.destinations.impl.duckdb.configuration import DuckDbCredentials
 from dlt.destinations.impl.postgres.configuration import PostgresCredentials
 
 from ingestion_assets.catalog import Destination
+from ingestion_assets.errors import DestinationUnavailable
 from ingestion_assets.loading.naming import TargetNames
 from ingestion_assets.loading.native_types import DuckDbNativeTypes, PostgresNativeTypes
 from ingestion_assets.loading.postgres_copy import ExactPostgres
@@ -41,6 +42,20 @@ def duckdb_path(settings: Settings, destination: Destination) -> Path:
 def destination_url(settings: Settings, destination: Destination) -> str:
     assert destination.credentials is not None
     return postgres_url(destination.credentials, destination.tls, settings, "destination.credentials")
+
+
+def connect_postgres(settings: Settings, destination: Destination, **options: Any) -> Any:
+    """A psycopg2 connection to the PostgreSQL destination; a refused or failed connection (a certificate that
+    does not verify, a wrong host) as DestinationUnavailable naming the destination and the setting to fix."""
+    url = destination_url(settings, destination)
+    try:
+        return psycopg2.connect(url, **options)
+    except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+        if exc.pgcode is not None:
+            raise
+        password = psycopg2.extensions.parse_dsn(url).get("password")
+        reference = describe_destination(settings, destination)
+        raise DestinationUnavailable("destination.credentials", reference, exc, password) from exc
 
 
 def make_destination(settings: Settings, destination: Destination) -> Any:
@@ -142,7 +157,7 @@ def writer_lock(settings: Settings, destination: Destination, dataset: str, tabl
                 fcntl.flock(handle, fcntl.LOCK_UN)
         return
     key = writer_lock_key(dataset, table)
-    with contextlib.closing(psycopg2.connect(destination_url(settings, destination))) as conn:
+    with contextlib.closing(connect_postgres(settings, destination)) as conn:
         conn.autocommit = True
         with conn.cursor() as cur:
             cur.execute("SELECT pg_advisory_lock(%s)", (key,))

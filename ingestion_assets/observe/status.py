@@ -17,6 +17,7 @@ from ingestion_assets.defs.cdc import SLOT_HEALTH
 from ingestion_assets.defs.checks import DEAD_LETTERS, RECONCILIATION, SCHEMA
 from ingestion_assets.defs.freshness import FRESHNESS, stored_evaluation
 from ingestion_assets.observe.freshness import HISTOGRAM, merged, percentiles
+from ingestion_assets.observe.partition_status import PartitionSummary, partition_summary, stream_partitions
 from ingestion_assets.references import postgres_url
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import latest_checkpoint
@@ -51,6 +52,7 @@ class StreamStatus:
     failed_checks: list[str]  # checks whose latest evaluation failed
     partitions: list[PartitionLine]  # partitioned streams: every partition that has a checkpoint
     detail: str = ""  # why it needs attention
+    partition_summary: PartitionSummary | None = None  # partitioned streams: materialized, failed, running, never run
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,17 +78,27 @@ def stream_statuses(settings: Settings, catalog: Catalog, instance: dg.DagsterIn
         if isinstance(s, PostgresSource) and s.mode == "cdc"
     }
     found = []
-    for source_name, _, stream_name, spec in catalog.streams():
+    for source_name, source, stream_name, spec in catalog.streams():
         key = dg.AssetKey([source_name, stream_name])
         status = _status(instance, key, f"{source_name}.{stream_name}", now, slots.get(source_name))
         if getattr(spec, "partitions", None) is not None:
             status = replace(status, partitions=_partition_lines(instance, key, now))
+        if (partitions := stream_partitions(source_name, source, stream_name, spec)) is not None:
+            status = _with_partitions(status, partition_summary(instance, key, partitions))
         if spec.freshness is not None and status.status in (OK, CHECK):
             fresh = stored_evaluation(instance, key, spec.freshness)
             if not fresh.passed and fresh.severity == dg.AssetCheckSeverity.ERROR:
                 status = replace(status, status=STALE, detail=f"{fresh.metadata['reason'].value}, over its max_lag")
         found.append(status)
     return found
+
+
+def _with_partitions(status: StreamStatus, summary: PartitionSummary) -> StreamStatus:
+    """A failed partition needs attention even when a later run of another partition succeeded."""
+    if not summary.failed:
+        return replace(status, partition_summary=summary)
+    detail = "; ".join(d for d in (status.detail, summary.failed_text()) if d)
+    return replace(status, status=FAILED, detail=detail, partition_summary=summary)
 
 
 def _status(

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import dlt
 import duckdb
-import psycopg2
 import sqlalchemy as sa
 
 from ingestion_assets.catalog import Destination
 from ingestion_assets.loading.destinations import (
+    connect_postgres,
     destination_url,
     duckdb_path,
     make_destination,
@@ -69,7 +69,7 @@ def read_target(settings: Settings, destination: Destination, dataset: str, tabl
             columns = con.execute(_COLUMNS.replace("%s", "?"), [schema, name]).fetchall()
             rows = con.execute(f'SELECT count(*) FROM "{schema}"."{name}"').fetchone() if columns else None
     else:
-        with contextlib.closing(psycopg2.connect(destination_url(settings, destination))) as conn:
+        with contextlib.closing(connect_postgres(settings, destination)) as conn:
             conn.autocommit = True
             with conn.cursor() as cur:
                 cur.execute(_COLUMNS, (schema, name))

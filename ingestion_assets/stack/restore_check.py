@@ -19,7 +19,7 @@ import psycopg2
 
 from ingestion_assets.catalog import Catalog, PostgresSource
 from ingestion_assets.loading.bindings import TABLE, Marker
-from ingestion_assets.loading.destinations import destination_url, duckdb_path
+from ingestion_assets.loading.destinations import connect_postgres, duckdb_path
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import latest_checkpoint
 from ingestion_assets.state.summary import partitions_with_state
@@ -77,9 +77,8 @@ def target_markers(settings: Settings, catalog: Catalog, source_name: str, strea
         ):
             rows = con.execute(statement.replace("%s", "?"), [stream]).fetchall()
     else:
-        url = destination_url(settings, destination)
         with (
-            contextlib.closing(psycopg2.connect(url)) as conn,
+            contextlib.closing(connect_postgres(settings, destination)) as conn,
             conn.cursor() as cur,
             contextlib.suppress(psycopg2.errors.UndefinedTable),
         ):

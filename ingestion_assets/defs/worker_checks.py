@@ -1,0 +1,87 @@
+"""What a Celery worker checks around a step: that it was submitted under the worker's own catalog, and that the
+worker reached Dagster's storage; either failure is one line the run's orchestrator turns into the step's failure.
+
+A worker builds a step's definitions from its own catalog (INGEST_CATALOG), not the submitter's: a worker
+started before a catalog change, or with another file, would run the step with other streams, keys, cursors
+or destination. The submitter sends its catalog's fingerprint with every step; the worker compares it with
+its own before it loads anything and refuses the step, permanently, on a difference."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import psycopg2
+from celery import Task
+from dagster_postgres.utils import DagsterPostgresException
+
+from ingestion_assets.catalog import Catalog, load_catalog
+from ingestion_assets.errors import tls_advice_for
+from ingestion_assets.settings import Settings
+
+CATALOG_KWARG = "ingest_catalog"  # the step task's extra argument: {"fingerprint", "path", "step"}
+
+
+class WorkerRefusal(RuntimeError):
+    """A step its worker could not start; retrying on the same worker meets the same cause."""
+
+    transient = False
+
+
+class CatalogMismatch(WorkerRefusal):
+    """A worker's catalog differs from the one its step was submitted with."""
+
+
+class StorageUnreachable(WorkerRefusal):
+    """The worker could not connect to Dagster's storage (dagster.yaml resolves its URL on each host)."""
+
+
+def catalog_identity(settings: Settings, catalog: Catalog | None = None) -> dict[str, str]:
+    """The catalog file's path and the fingerprint of what it says (comments and layout aside): what the
+    definitions are built from."""
+    said = (catalog or load_catalog(settings.catalog_path)).model_dump_json()
+    return {"fingerprint": hashlib.sha256(said.encode()).hexdigest()[:16], "path": str(settings.catalog_path)}
+
+
+def mismatch(step: str, worker: str, submitted: dict[str, str], own: dict[str, str]) -> str | None:
+    """Why this worker must not run the step, if the catalogs differ."""
+    if submitted["fingerprint"] == own["fingerprint"]:
+        return None
+    return (
+        f"step {step}: Celery worker {worker} reads catalog {own['path']} (fingerprint {own['fingerprint']}), "
+        f"but the run was submitted with catalog {submitted['path']} (fingerprint {submitted['fingerprint']}): a "
+        "worker would run the step with its own catalog's definitions. Restart the workers with the submitter's "
+        "catalog (INGEST_CATALOG, the same file contents), then launch the run again"
+    )
+
+
+class CheckedStepTask(Task):
+    """dagster-celery's step task: it refuses a step submitted under another catalog, and says in one line why
+    it could not reach Dagster's storage."""
+
+    throws = (WorkerRefusal,)  # an expected refusal: the worker logs its line, not a traceback
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        submitted = kwargs.pop(CATALOG_KWARG, None)
+        worker = str(self.request.hostname)
+        if submitted is not None:
+            own = catalog_identity(Settings.from_env())
+            problem = mismatch(submitted.get("step", "?"), worker, submitted, own)
+            if problem:
+                raise CatalogMismatch(problem)
+        try:
+            return super().__call__(*args, **kwargs)
+        except DagsterPostgresException as exc:  # the step's own errors end as its failure events, not here
+            raise StorageUnreachable(storage_refusal(worker, exc)) from exc
+
+
+def storage_refusal(worker: str, exc: BaseException) -> str:
+    """`Celery worker X: cannot connect to Dagster's storage: <libpq's first line>; <what to fix>`."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, psycopg2.Error):
+        cause = getattr(cause, "orig", None) or cause.__cause__
+    text = str(cause if cause is not None else exc).strip().splitlines()[0]
+    where = "storage.postgres.postgres_url in this worker's dagster.yaml (DAGSTER_HOME, its references resolved here)"
+    advice = tls_advice_for(text, f"sslrootcert in {where}", f"sslcert and sslkey in {where}", where)
+    advice = advice or f"check that this host reaches the storage server that {where} names"
+    return f"Celery worker {worker}: cannot connect to Dagster's storage: {text}; {advice}"
