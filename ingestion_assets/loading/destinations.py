@@ -149,11 +149,14 @@ def writer_lock(settings: Settings, destination: Destination, dataset: str, tabl
         path.parent.mkdir(parents=True, exist_ok=True)
         with Path(f"{path}.lock").open("w") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
-            _wait_until_writable(path)
+            # The probe's connection stays open while the lock is held: the connections opened under it (dlt's,
+            # ours) then share DuckDB's open database instead of opening the file again (~20 ms CPU each).
+            probe = _wait_until_writable(path)
             _note_wait(started, str(path))
             try:
                 yield
             finally:
+                probe.close()
                 fcntl.flock(handle, fcntl.LOCK_UN)
         return
     key = writer_lock_key(dataset, table)
@@ -173,14 +176,14 @@ def writer_lock_key(dataset: str, table: str) -> int:
     return zlib.crc32(f"ingest:{dataset}.{table}".encode())
 
 
-def _wait_until_writable(path: Path, patience: float = DUCKDB_BUSY_SECONDS) -> None:
+def _wait_until_writable(path: Path, patience: float = DUCKDB_BUSY_SECONDS) -> duckdb.DuckDBPyConnection:
     """Another process holding the DuckDB file (a notebook, a BI tool: even a read-only connection) keeps
-    writers out; wait for it rather than fail the slice, and say who holds it if it does not let go."""
+    writers out; wait for it rather than fail the slice, and say who holds it if it does not let go.
+    Returns the connection that got in (opened with DuckDB's defaults, as dlt's and ours are)."""
     deadline, pause = time.monotonic() + patience, 0.05
     while True:
         try:
-            duckdb.connect(str(path)).close()
-            return
+            return duckdb.connect(str(path))
         except duckdb.IOException as exc:
             if "lock" not in str(exc).lower():
                 raise

@@ -13,7 +13,7 @@ import datetime as dt
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, ClassVar
 
 import dlt
 import pyarrow as pa
@@ -49,6 +49,7 @@ class LakeLoader(Loader):
 
     lake: LakeTables = field(init=False)
     tables: TableStore = field(init=False)
+    restore_at_start: ClassVar[bool] = True  # the table stores below read the pipeline's destination at once
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -23,8 +23,9 @@ def dead_letter_resource(records: pa.Table) -> Any:
     return dlt.resource([records], **hints)
 
 
-def parked_keys(pipeline: Any, stream: str) -> set[str]:
-    with pipeline.sql_client() as client:
+def parked_keys(loader: Any, stream: str) -> set[str]:
+    """`loader`: the stream's Loader (anything with dlt's `sql_client()`)."""
+    with loader.sql_client() as client:
         return parked_keys_in(client, stream)
 
 
@@ -80,8 +81,8 @@ def _stale(key: str, whole: dict[str, set[str]]) -> bool:
     return any(file in whole and key not in whole[file] for file in starts)
 
 
-def delete_parked(pipeline: Any, stream: str, keys: list[str]) -> None:
-    with pipeline.sql_client() as client:
+def delete_parked(loader: Any, stream: str, keys: list[str]) -> None:
+    with loader.sql_client() as client:
         delete_parked_in(client, stream, keys)
 
 

@@ -6,10 +6,11 @@ import contextlib
 import gc
 import logging
 import shutil
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
-from typing import Any
+from typing import Any, ClassVar
 
 import dlt
 import pyarrow as pa
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 
 
 _FRESH_IN_THIS_PROCESS: set[str] = set()  # dlt working folders this process started afresh
+_RESTORED_IN_THIS_PROCESS: set[str] = set()  # ... and whose dlt schema it then restored from the destination
 
 
 class _ExpectedHintNotice(logging.Filter):
@@ -99,6 +101,10 @@ class Loader:
     _target_columns: frozenset[str] | None = field(default=None, init=False)  # batch loads: the table's columns
     run_id: str = field(default="", init=False)  # the Dagster run loading: rows the loader parks name it
     _parked_here: int = field(default=0, init=False)  # rows this loader parked itself (values the target cannot hold)
+    _restore_pending: bool = field(default=False, init=False)  # dlt's schema not yet restored from the destination
+    _lock_holder: int | None = field(default=None, init=False)  # the thread holding the writer lock through `_lock`
+    # Restore dlt's schema when the loader is made, not at its first dlt load (lakes: their tables use it at once).
+    restore_at_start: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         self.names = target_names(self.destination)
@@ -128,11 +134,29 @@ class Loader:
         # SIGTERM/SIGINT belong to the drain (finish the slice in flight, then stop); dlt's own interception
         # would take them during a load and abort that very slice (seen in CI as a flaky drain test).
         self._pipeline.config.runtime.intercept_signals = False
-        if fresh:
-            with self._lock():  # it opens the destination: DuckDB admits one process at a time
-                self._pipeline.sync_destination()
-        else:
+        # dlt's schema is restored from the destination only when dlt loads or its schema is read (`pipeline`):
+        # a run with nothing new, or one loading through COPY, never pays for it (~0.4 s of a no-change run).
+        self._restore_pending = str(folder) not in _RESTORED_IN_THIS_PROCESS
+        if not self._restore_pending:
             self._pipeline.abort_packages()  # packages an earlier failed load of this process left: stale re-reads
+        if self.restore_at_start:
+            self._restore_schema()
+
+    def _restore_schema(self) -> None:
+        """dlt's schema, restored once from the destination before dlt first loads or its schema is read."""
+        if not self._restore_pending:
+            return
+        if self._lock_holder == threading.get_ident():
+            self._sync_destination()
+            return
+        with self._lock():  # it opens the destination: DuckDB admits one process at a time
+            self._sync_destination()
+
+    def _sync_destination(self) -> None:
+        if self._restore_pending:
+            self._pipeline.sync_destination()
+            _RESTORED_IN_THIS_PROCESS.add(str(self.settings.dlt_dir / self.pipeline_name))
+            self._restore_pending = False
 
     def use_initial_load_path(self) -> bool:
         """Merge as a plain append when no row of this run can already be in the target.
@@ -258,7 +282,7 @@ class Loader:
         options: dict[str, Any] = {} if file_format is None else {"loader_file_format": file_format}
         if self.destination.is_lake:
             options["table_format"] = self.destination.table_format
-        self._pipeline.run(resources, **options)
+        self.pipeline.run(resources, **options)
 
     def _advance_marker(self) -> None:
         """After the data committed and before the checkpoint: the target holds one more slice."""
@@ -299,7 +323,7 @@ class Loader:
         """The table was dropped behind dlt's back: dlt skips its migration while the destination still holds
         its schema's version, so it would load into a table that is gone. Without that record, dlt compares
         its schema with the tables really there at the next load and creates what is missing."""
-        name = self._pipeline.default_schema_name
+        name = self.pipeline.default_schema_name
         if name is None:
             return
         with self._lock(), self._pipeline.sql_client() as client:
@@ -370,7 +394,7 @@ class Loader:
     def _release_parked(self, loaded: pa.Table) -> None:
         """Rows that loaded leave the dead-letter table (they were parked by an earlier run)."""
         if self._parked_keys is None:
-            self._parked_keys = parked_keys(self._pipeline, self.stream_name)
+            self._parked_keys = parked_keys(self, self.stream_name)
         if not self._parked_keys:
             return
         keys = record_keys(loaded, self.key)
@@ -378,10 +402,10 @@ class Loader:
 
     def _release_parked_keys(self, keys: list[str]) -> None:
         if self._parked_keys is None:
-            self._parked_keys = parked_keys(self._pipeline, self.stream_name)
+            self._parked_keys = parked_keys(self, self.stream_name)
         released = sorted(set(keys) & self._parked_keys)
         if released:
-            delete_parked(self._pipeline, self.stream_name, released)
+            delete_parked(self, self.stream_name, released)
             self._parked_keys -= set(released)
 
     @contextlib.contextmanager
@@ -394,7 +418,7 @@ class Loader:
         """Record keys of this stream waiting in the dead-letter table (under the writer lock: an open DuckDB
         connection of this process keeps every other process's loads out; found in parallel backfills)."""
         with self._lock():
-            return parked_keys(self._pipeline, self.stream_name)
+            return parked_keys(self, self.stream_name)
 
     def migrate(self, changes: list[tuple[SchemaChange, str, pa.DataType]]) -> list[str]:
         """Apply (change, new SQL type, new Arrow type) to the target and to dlt's staging copy of it.
@@ -427,7 +451,7 @@ class Loader:
         return done
 
     def _retype_in_dlt_schema(self, columns: list[tuple[str, pa.DataType]]) -> None:
-        table = self._pipeline.default_schema.tables.get(self.target.table)
+        table = self.pipeline.default_schema.tables.get(self.target.table)
         if table is None:
             return
         for name, arrow_type in columns:
@@ -477,15 +501,28 @@ class Loader:
 
     @property
     def pipeline(self) -> Any:
+        """dlt's pipeline with its schema restored, for a dlt load or dlt's schema: under this loader's `_lock` or
+        with no writer lock of the target held (it takes it). SQL alone goes through `sql_client`."""
+        self._restore_schema()
         return self._pipeline
+
+    def sql_client(self) -> Any:
+        """A new dlt SQL client on the target (its own connection once entered): SQL needs no dlt schema."""
+        return self._pipeline.sql_client()
 
     @property
     def stream_name(self) -> str:
         return self.stream_table or self.target.table
 
-    def _lock(self) -> Any:
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
         table = self.stream_table or self.target.table
-        return writer_lock(self.settings, self.destination, self.target.dataset, table)
+        with writer_lock(self.settings, self.destination, self.target.dataset, table):
+            self._lock_holder = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._lock_holder = None
 
 
 @dataclass(frozen=True)

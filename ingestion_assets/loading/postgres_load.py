@@ -112,7 +112,7 @@ def _parked_that_load(loader: Loader, client: Any, rows: pa.Table) -> pa.Table |
     """The slice's rows whose key waits in the dead-letter table and that the target now takes (not stale):
     they leave it after the commit. Asked only for those keys, inside the slice's transaction."""
     if loader._parked_keys is None:
-        loader._parked_keys = parked_keys(loader.pipeline, loader.stream_name)
+        loader._parked_keys = parked_keys(loader, loader.stream_name)
     if not loader._parked_keys:
         return None
     keys = record_keys(rows, loader.key)
@@ -130,7 +130,7 @@ def _client(loader: Loader) -> Any:
     more than the slice's merge statement on a small slice. A connection that broke is opened again."""
     client = loader._sql_client
     if client is None:
-        client = loader._sql_client = loader.pipeline.sql_client()
+        client = loader._sql_client = loader.sql_client()
         weakref.finalize(loader, client.close_connection)
     connection = client._conn
     if connection is None or connection.closed:

@@ -54,9 +54,10 @@ class TargetKeys:
     def delete(self, keys: Iterable[Key]) -> int:
         """Hard deletes: the rows and their nested rows (child tables of lists in the records) go."""
         removed = 0
+        schema = self.loader.pipeline.default_schema  # restored from the destination first: before the writer lock
         with self.loader.client() as client:
             root = client.make_qualified_table_name(self.loader.target.table)
-            nested = self._nested_tables(client)
+            nested = self._nested_tables(client, schema.tables)
             for where in self._predicates(client, keys):
                 with client.begin_transaction():
                     for table in nested:
@@ -105,9 +106,8 @@ class TargetKeys:
                     for key in chunk
                 )
 
-    def _nested_tables(self, client: Any) -> list[str]:
+    def _nested_tables(self, client: Any, tables: dict[str, Any]) -> list[str]:
         """Child tables (any depth) of the target that exist; dlt gives them `_dlt_root_id` under merge."""
-        tables = self.loader.pipeline.default_schema.tables
         root, found = self.loader.target.table, []
         for name, table in tables.items():
             parent = table.get("parent")
