@@ -35,10 +35,14 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
     raw_columns: set[str] = set()
     inferred: dict[str, pa.DataType] = {}  # each column's type as the first read typed it
     done = resume
+    block = min(BLOCK_BYTES, options.max_row_bytes)
     while True:
         try:
-            reader, invalid_rows = _open(open_file, options, raw_columns)
+            reader, invalid_rows = _open(open_file, options, raw_columns, block)
         except _BadValue as bad:  # in the first block, which the reader converts as it opens
+            if _straddles(str(bad)):
+                block = _larger(block, options)
+                continue
             if bad.column is None or bad.column in raw_columns:
                 raise CorruptFile(f"not readable as CSV: {bad}") from bad
             raw_columns.add(bad.column)
@@ -60,10 +64,27 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
                 yield piece
             return
         except pa.ArrowInvalid as exc:
+            if _straddles(str(exc)):  # a row longer than a block: read again in larger blocks, given rows skipped
+                block = _larger(block, options)
+                continue
             column = _failing_column(str(exc), reader.schema.names)
             if column is None or column in raw_columns:
                 raise CorruptFile(f"not readable as CSV: {exc}") from exc
             raw_columns.add(column)
+
+
+def _straddles(message: str) -> bool:
+    return "straddling object straddles two block boundaries" in message
+
+
+def _larger(block: int, options: CsvOptions) -> int:
+    """The next block size for a file with a row longer than `block`, up to the stream's csv.max_row_bytes."""
+    if block >= options.max_row_bytes:
+        raise CorruptFile(
+            f"a row (one field may be most of it) is longer than csv.max_row_bytes ({options.max_row_bytes} bytes): "
+            "raise csv.max_row_bytes in the stream's catalog entry to read it (each read holds one such row in memory)"
+        )
+    return min(block * 4, options.max_row_bytes)
 
 
 class _BadValue(ValueError):
@@ -73,7 +94,7 @@ class _BadValue(ValueError):
 
 
 def _open(
-    open_file: Callable[[], pa.NativeFile], options: CsvOptions, raw: set[str]
+    open_file: Callable[[], pa.NativeFile], options: CsvOptions, raw: set[str], block: int
 ) -> tuple[pacsv.CSVStreamingReader, list[Any]]:
     bad: list[Any] = []
 
@@ -87,7 +108,7 @@ def _open(
         reader = pacsv.open_csv(
             open_file(),
             read_options=pacsv.ReadOptions(
-                block_size=BLOCK_BYTES,
+                block_size=block,
                 encoding=options.encoding,
                 column_names=options.column_names,
                 skip_rows=1 if options.header and options.column_names else 0,
