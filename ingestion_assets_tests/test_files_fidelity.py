@@ -4,11 +4,13 @@ exactly, or its row, file or stream stops with a message naming what and why; ne
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 
 import pytest
 
+import ingestion_assets.sources.files.csv as csv_reader
 from ingestion_assets_tests.files_helpers import Drops
 
 BASE = 1_700_000_000.0
@@ -40,3 +42,43 @@ def test_a_csv_row_longer_than_the_limit_parks_the_file_naming_the_setting(drops
     ((key, error),) = drops.dead_letters()
     assert key == "a.csv:file"
     assert "longer than csv.max_row_bytes (1048576 bytes): raise csv.max_row_bytes" in error
+
+
+def test_csv_values_keep_their_digits_whatever_file_or_batch_they_are_in(
+    drops: Drops, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inference typed a code 007 as the integer 7, an integer past int64 or a decimal of 19 digits as a double
+    (1e+20): values changed silently. Such columns are text; a file or batch that needs a wider type than the
+    target holds widens it, said in the run's schema changes."""
+    monkeypatch.setattr(csv_reader, "BLOCK_BYTES", 64)  # small blocks: each file is read in several batches
+    drops.catalog(path="*.csv", primary_key="id")
+    early = "".join(f"{i},{i},{i},0.5,2024-01-0{i}\n" for i in range(1, 6))
+    drops.write("1.csv", "id,code,big,ratio,day\n" + early + "6,007,6,0.5,2024-01-06\n", BASE + 1)
+    drops.write("2.csv", "id,code,big,ratio,day\n7,0042,99999999999999999999,0.1234567890123456789,soon\n", BASE + 2)
+    outcome = drops.run()
+    loaded = drops.rows("id, code, big, ratio, day")
+    assert loaded[4:] == [
+        (5, "5", "5", "0.5", "2024-01-05"),
+        (6, "007", "6", "0.5", "2024-01-06"),
+        (7, "0042", "99999999999999999999", "0.1234567890123456789", "soon"),
+    ]
+    assert sorted(outcome.schema_changes) == [
+        "column 'big' changed type bigint -> text (widened)",
+        "column 'code' changed type bigint -> text (widened)",
+        "column 'day' changed type date -> text (widened)",
+        "column 'ratio' changed type double precision -> text (widened)",
+    ]
+
+
+def test_csv_leading_zeros_alone_stay_text_and_plain_numbers_stay_numbers(drops: Drops) -> None:
+    drops.catalog(path="*.csv", primary_key="id")
+    drops.write(
+        "1.csv",
+        "id,zip,qty,price,seen,opens\n1,01234,3,1.25,2024-01-02 10:00:00,09:30:00\n2,90210,-4,1e3,,\n",
+        BASE + 1,
+    )
+    drops.run()
+    assert drops.rows("id, zip, qty, price, seen::varchar, opens") == [
+        (1, "01234", 3, 1.25, "2024-01-02 10:00:00+00", dt.time(9, 30)),
+        (2, "90210", -4, 1000.0, None, None),
+    ]

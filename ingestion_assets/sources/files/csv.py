@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from ingestion_assets.catalog.files import CsvOptions
+from ingestion_assets.sources.files.infer import typed
 from ingestion_assets.sources.files.pieces import ROW, BadRow, CorruptFile, Piece, Resume
 
 BLOCK_BYTES = 4 << 20
@@ -36,9 +37,10 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
     inferred: dict[str, pa.DataType] = {}  # each column's type as the first read typed it
     done = resume
     block = min(BLOCK_BYTES, options.max_row_bytes)
+    texts = {name for name in _header(open_file, options) if name not in options.column_types}  # typed by infer
     while True:
         try:
-            reader, invalid_rows = _open(open_file, options, raw_columns, block)
+            reader, invalid_rows = _open(open_file, options, raw_columns, block, texts)
         except _BadValue as bad:  # in the first block, which the reader converts as it opens
             if _straddles(str(bad)):
                 block = _larger(block, options)
@@ -59,7 +61,7 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
             continue
         lines = _LineFinder(open_file, options.encoding)  # each pass meets the bad lines from the file's start
         try:
-            for piece in _pieces(reader, invalid_rows, done, inferred, raw_columns, lines):
+            for piece in _pieces(reader, invalid_rows, done, inferred, raw_columns, lines, texts):
                 done = Resume(piece.rows_done, piece.bad_done)
                 yield piece
             return
@@ -94,8 +96,9 @@ class _BadValue(ValueError):
 
 
 def _open(
-    open_file: Callable[[], pa.NativeFile], options: CsvOptions, raw: set[str], block: int
+    open_file: Callable[[], pa.NativeFile], options: CsvOptions, raw: set[str], block: int, texts: set[str]
 ) -> tuple[pacsv.CSVStreamingReader, list[Any]]:
+    """The reader of the file: declared columns in their types, the others as text (typed batch by batch)."""
     bad: list[Any] = []
 
     def invalid(row: Any) -> str:
@@ -103,6 +106,7 @@ def _open(
         return "skip"
 
     types = {name: _TYPES[kind] for name, kind in options.column_types.items()}
+    types.update(dict.fromkeys(texts, pa.string()))
     types.update({name: pa.binary() for name in raw})
     try:
         reader = pacsv.open_csv(
@@ -138,6 +142,7 @@ def _pieces(
     inferred: dict[str, pa.DataType],
     raw: set[str],
     lines: _LineFinder,
+    texts: set[str],
 ) -> Iterator[Piece]:
     """`done` counts the rows (and bad rows) an earlier pass or run already gave: they are skipped."""
     good, invalid = 0, 0
@@ -164,7 +169,7 @@ def _pieces(
         if raw:
             table, failed = _coerce(table, inferred, raw)
             bad += failed
-        yield Piece(table, bad, good, max(invalid, done.bad))
+        yield Piece(typed(table, texts), bad, good, max(invalid, done.bad))
 
 
 def _coerce(table: pa.Table, inferred: dict[str, pa.DataType], raw: set[str]) -> tuple[pa.Table, list[BadRow]]:
