@@ -5,13 +5,22 @@ exactly, or its row, file or stream stops with a message naming what and why; ne
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
+from decimal import Decimal
 from pathlib import Path
 
+import psycopg2
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+import yaml
 
 import ingestion_assets.sources.files.csv as csv_reader
+from ingestion_assets.settings import Settings
+from ingestion_assets_tests.conftest import SOURCE_DATABASE
 from ingestion_assets_tests.files_helpers import Drops
+from ingestion_assets_tests.helpers import SourceDb
 
 BASE = 1_700_000_000.0
 HUGE = "x" * (20 << 20)  # a 20 MB field
@@ -82,3 +91,97 @@ def test_csv_leading_zeros_alone_stay_text_and_plain_numbers_stay_numbers(drops:
         (1, "01234", 3, 1.25, "2024-01-02 10:00:00+00", dt.time(9, 30)),
         (2, "90210", -4, 1000.0, None, None),
     ]
+
+
+def _unfit_parquet() -> bytes:
+    """Types a target cannot hold as they are: the last row's timestamp and time have nanoseconds."""
+    second = 1_700_000_000_000_000_000
+    table = pa.table(
+        {
+            "id": [1, 2, 3],
+            "u64": pa.array([1, 2**63 + 5, 2**64 - 1], pa.uint64()),
+            "d256": pa.array([Decimal("1.50"), Decimal("1" * 45 + ".25"), None], pa.decimal256(50, 2)),
+            "d76": pa.array([Decimal("-2.5"), None, Decimal("9" * 30)], pa.decimal256(38, 1)),
+            "ts_ns": pa.array([second + 123_456_000, second, second + 789], pa.timestamp("ns", tz="UTC")),
+            "t_ns": pa.array([1_000_001_000, 0, 5], pa.time64("ns")),
+            "ls": pa.array(["a", "é", None], pa.large_string()),
+            "lb": pa.array([b"\x00\xff", b"", None], pa.large_binary()),
+            "dict": pa.array(["x", "y", "x"]).dictionary_encode(),
+            "f16": pa.array([15872, 31743, 0], pa.uint16()).view(pa.float16()),  # 1.5, 65504, 0
+        }
+    )
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    return buffer.getvalue()
+
+
+UNFIT_COLUMNS = "id, u64, d256, d76, ts_ns, t_ns, ls, lb, dict, f16"
+UNFIT_ROWS = [
+    (
+        1,
+        Decimal(1),
+        "1.50",
+        Decimal("-2.5"),
+        dt.datetime(2023, 11, 14, 22, 13, 20, 123456, tzinfo=dt.UTC),
+        dt.time(0, 0, 1, 1),
+        "a",
+        b"\x00\xff",
+        "x",
+        1.5,
+    ),
+    (
+        2,
+        Decimal(2**63 + 5),
+        "1" * 45 + ".25",
+        None,
+        dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=dt.UTC),
+        dt.time(0),
+        "é",
+        b"",
+        "y",
+        65504.0,
+    ),
+]
+
+
+@pytest.mark.parametrize("destination", ["duckdb", "postgres"])
+def test_parquet_types_a_target_cannot_hold_load_exactly_or_park_their_rows(
+    drops: Drops, destination: str, request: pytest.FixtureRequest
+) -> None:
+    """uint64 past int64 failed the run with a raw Arrow error, a 50-digit decimal with "precision should be
+    between 1 and 38", a nanosecond timestamp with "would lose data", and a nanosecond time lost its
+    nanoseconds silently. Each loads exactly now (numeric(20,0), the decimal's text, microseconds), and a row
+    whose time has nanoseconds is parked naming the file, row, column, type and value."""
+    drops.catalog(path="*.parquet", primary_key="id")
+    if destination == "postgres":
+        settings: Settings = request.getfixturevalue("session_settings")
+        db = SourceDb(settings.embedded.url(SOURCE_DATABASE), "drops")
+        url = drops.root / "url"
+        url.write_text(db.url)
+        catalog = yaml.safe_load(drops.settings.catalog_path.read_text())
+        catalog["destination"] = {"type": "postgres", "credentials": {"file": str(url)}}
+        drops.settings.catalog_path.write_text(yaml.safe_dump(catalog))
+    drops.write("a.parquet", _unfit_parquet(), BASE + 1)
+    try:
+        outcome = drops.run()
+        if destination == "postgres":
+            loaded = _postgres_rows(db.url, UNFIT_COLUMNS)
+            parked = _postgres_rows(db.url, "record_key, error", "_ingest_dead_letter")
+        else:
+            loaded, parked = drops.rows(UNFIT_COLUMNS), drops.dead_letters()
+    finally:
+        if destination == "postgres":
+            db.drop_schema()
+    assert loaded == UNFIT_ROWS
+    assert outcome.result.dead_letters == 1
+    ((key, error),) = parked
+    assert key == "a.parquet:row3"
+    assert "file a.parquet row 3: column 'ts_ns' (timestamp[ns, tz=UTC]) is 2023-11-14 22:13:20.000000789" in error
+    assert "column 't_ns' (time64[ns]) is 00:00:00.000000005: the target counts microseconds" in error
+
+
+def _postgres_rows(url: str, columns: str, table: str = "orders") -> list[tuple[object, ...]]:
+    with psycopg2.connect(url) as conn, conn.cursor() as cur:
+        cur.execute("SET TimeZone = 'UTC'")
+        cur.execute(f"SELECT {columns} FROM drops.{table} ORDER BY 1")
+        return [tuple(bytes(v) if isinstance(v, memoryview) else v for v in row) for row in cur.fetchall()]

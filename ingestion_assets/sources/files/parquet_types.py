@@ -1,0 +1,97 @@
+"""Parquet columns in types every target holds exactly: uint64 as numeric(20,0), decimals past 38 digits as their
+text, dictionaries decoded, large and half-precision types in their usual width, times in microseconds. A row
+whose timestamp or time has nanoseconds (or lies outside what microseconds can count) is parked, never cut."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ingestion_assets.sources.files.pieces import ROW, BadRow
+
+MAX_DECIMAL_DIGITS = 38  # DuckDB's widest DECIMAL, and Arrow's decimal128
+
+
+def fitted(table: pa.Table) -> tuple[pa.Table, list[BadRow]]:
+    """`table` (with ROW) in the types targets hold; rows with a value no such type holds come back as bad rows."""
+    unfit, read = pa.repeat(False, table.num_rows), table
+    problems: dict[str, tuple[pa.DataType, pa.Array]] = {}
+    for index, field in enumerate(table.schema):
+        column = table.column(index)
+        kind = _fit(field.type)
+        if kind is None:
+            continue
+        exact = pc.cast(column, kind, safe=False)
+        if _counts_time(field.type) and _finer(field.type, kind):
+            lost = pc.fill_null(pc.not_equal(pc.cast(exact, field.type, safe=False), column), False)
+            if pc.any(lost).as_py():
+                problems[field.name] = (field.type, lost)
+                unfit = pc.or_(unfit, lost)
+        table = table.set_column(index, pa.field(field.name, kind), exact)
+    if not problems:
+        return table, []
+    bad = _bad_rows(read, problems)
+    return table.filter(pc.invert(unfit)), bad
+
+
+def _fit(kind: pa.DataType) -> pa.DataType | None:
+    """The type a column of `kind` loads as (None: as it is)."""
+    if pa.types.is_dictionary(kind):
+        return _fit(kind.value_type) or kind.value_type
+    if pa.types.is_uint64(kind):
+        return pa.decimal128(20, 0)
+    if pa.types.is_decimal(kind) and kind.precision > MAX_DECIMAL_DIGITS:
+        return pa.string()  # every digit, as text
+    if pa.types.is_decimal256(kind):
+        return pa.decimal128(kind.precision, kind.scale)
+    if pa.types.is_large_string(kind):
+        return pa.string()
+    if pa.types.is_large_binary(kind):
+        return pa.binary()
+    if pa.types.is_float16(kind):
+        return pa.float64()
+    if pa.types.is_timestamp(kind) and (kind.unit != "us" or kind.tz not in (None, "UTC")):
+        return pa.timestamp("us", tz=None if kind.tz is None else "UTC")
+    if pa.types.is_time(kind) and kind != pa.time64("us"):
+        return pa.time64("us")
+    return None
+
+
+def _counts_time(kind: pa.DataType) -> bool:
+    return pa.types.is_timestamp(kind) or pa.types.is_time(kind)
+
+
+def _finer(kind: pa.DataType, target: pa.DataType) -> bool:
+    """Nanoseconds into microseconds may cut; seconds and milliseconds may count past what microseconds can."""
+    return kind.unit != target.unit
+
+
+def _bad_rows(table: pa.Table, problems: dict[str, tuple[pa.DataType, pa.Array]]) -> list[BadRow]:
+    """The rows as read, their too-fine values as ISO text with every digit."""
+    rows = table.column(ROW).to_pylist()
+    for name in problems:
+        index = table.schema.get_field_index(name)
+        table = table.set_column(index, name, pc.cast(table.column(index), pa.string()))
+    by_row: dict[int, list[str]] = {}
+    for name, (kind, lost) in problems.items():
+        for index in pc.indices_nonzero(lost).to_pylist():
+            by_row.setdefault(index, []).append(
+                f"column {name!r} ({kind}) is {_value(table, name, index)}: the target counts microseconds "
+                "and cannot hold it exactly"
+            )
+    records = table.drop_columns([ROW]).take(pa.array(sorted(by_row))).to_pylist()
+    return [
+        BadRow(rows[index], None, "; ".join(by_row[index]), json.dumps(record, default=_text))
+        for index, record in zip(sorted(by_row), records, strict=True)
+    ]
+
+
+def _value(table: pa.Table, name: str, index: int) -> str:
+    return str(table.column(name)[index].as_py())
+
+
+def _text(value: Any) -> str:
+    return str(value)
