@@ -108,6 +108,17 @@ def _unfit_parquet() -> bytes:
             "lb": pa.array([b"\x00\xff", b"", None], pa.large_binary()),
             "dict": pa.array(["x", "y", "x"]).dictionary_encode(),
             "f16": pa.array([15872, 31743, 0], pa.uint16()).view(pa.float16()),  # 1.5, 65504, 0
+            "dur": pa.array([5_000, 1, 0], pa.duration("ms")),
+            "nest": pa.array(
+                [{"u": 2**64 - 1, "at": [second + 1], "m": [("k", Decimal("0.1234567890123456789"))]}, None, None],
+                pa.struct(
+                    [
+                        ("u", pa.uint64()),
+                        ("at", pa.list_(pa.timestamp("ns"))),
+                        ("m", pa.map_(pa.string(), pa.decimal128(20, 19))),
+                    ]
+                ),
+            ),
         }
     )
     buffer = io.BytesIO()
@@ -115,7 +126,7 @@ def _unfit_parquet() -> bytes:
     return buffer.getvalue()
 
 
-UNFIT_COLUMNS = "id, u64, d256, d76, ts_ns, t_ns, ls, lb, dict, f16"
+UNFIT_COLUMNS = "id, u64, d256, d76, ts_ns, t_ns, ls, lb, dict, f16, dur, nest"
 UNFIT_ROWS = [
     (
         1,
@@ -128,6 +139,8 @@ UNFIT_ROWS = [
         b"\x00\xff",
         "x",
         1.5,
+        5_000_000,
+        '{"u": 18446744073709551615, "at": ["2023-11-14 22:13:20.000000001"], "m": {"k": "0.1234567890123456789"}}',
     ),
     (
         2,
@@ -140,6 +153,8 @@ UNFIT_ROWS = [
         b"",
         "y",
         65504.0,
+        1_000,
+        None,
     ),
 ]
 
@@ -149,9 +164,10 @@ def test_parquet_types_a_target_cannot_hold_load_exactly_or_park_their_rows(
     drops: Drops, destination: str, request: pytest.FixtureRequest
 ) -> None:
     """uint64 past int64 failed the run with a raw Arrow error, a 50-digit decimal with "precision should be
-    between 1 and 38", a nanosecond timestamp with "would lose data", and a nanosecond time lost its
-    nanoseconds silently. Each loads exactly now (numeric(20,0), the decimal's text, microseconds), and a row
-    whose time has nanoseconds is parked naming the file, row, column, type and value."""
+    between 1 and 38", a nanosecond timestamp with "would lose data", a duration with dlt's "unsupported", a
+    struct on PostgreSQL with dlt's CSV writer error, and a nanosecond time lost its nanoseconds silently. Each
+    loads exactly now (numeric(20,0), the decimal's text, microseconds, nested values as JSON text with every
+    digit), and a row whose time has nanoseconds is parked naming the file, row, column, type and value."""
     drops.catalog(path="*.parquet", primary_key="id")
     if destination == "postgres":
         settings: Settings = request.getfixturevalue("session_settings")

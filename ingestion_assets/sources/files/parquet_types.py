@@ -21,19 +21,24 @@ def fitted(table: pa.Table) -> tuple[pa.Table, list[BadRow]]:
     problems: dict[str, tuple[pa.DataType, pa.Array]] = {}
     for index, field in enumerate(table.schema):
         column = table.column(index)
+        if pa.types.is_nested(field.type):
+            table = table.set_column(index, pa.field(field.name, pa.string()), as_json(column))
+            continue
         kind = _fit(field.type)
         if kind is None:
             continue
-        exact = pc.cast(column, kind, safe=False)
+        exact = _exact_cast(column, field.type, kind)
         if _counts_time(field.type) and _finer(field.type, kind):
-            lost = pc.fill_null(pc.not_equal(pc.cast(exact, field.type, safe=False), column), False)
+            back = pc.cast(pc.cast(exact, pa.duration("us")), field.type) if pa.types.is_duration(field.type) else None
+            back = back if back is not None else pc.cast(exact, field.type, safe=False)
+            lost = pc.fill_null(pc.not_equal(back, column), False)
             if pc.any(lost).as_py():
                 problems[field.name] = (field.type, lost)
                 unfit = pc.or_(unfit, lost)
         table = table.set_column(index, pa.field(field.name, kind), exact)
     if not problems:
         return table, []
-    bad = _bad_rows(read, problems)
+    bad = _bad_rows(table, read, problems)
     return table.filter(pc.invert(unfit)), bad
 
 
@@ -57,24 +62,73 @@ def _fit(kind: pa.DataType) -> pa.DataType | None:
         return pa.timestamp("us", tz=None if kind.tz is None else "UTC")
     if pa.types.is_time(kind) and kind != pa.time64("us"):
         return pa.time64("us")
+    if pa.types.is_duration(kind):
+        return pa.int64()  # its microseconds: no target loads a duration
     return None
 
 
 def _counts_time(kind: pa.DataType) -> bool:
-    return pa.types.is_timestamp(kind) or pa.types.is_time(kind)
+    return pa.types.is_timestamp(kind) or pa.types.is_time(kind) or pa.types.is_duration(kind)
 
 
 def _finer(kind: pa.DataType, target: pa.DataType) -> bool:
     """Nanoseconds into microseconds may cut; seconds and milliseconds may count past what microseconds can."""
-    return kind.unit != target.unit
+    return pa.types.is_duration(kind) or kind.unit != target.unit
 
 
-def _bad_rows(table: pa.Table, problems: dict[str, tuple[pa.DataType, pa.Array]]) -> list[BadRow]:
-    """The rows as read, their too-fine values as ISO text with every digit."""
+def _exact_cast(column: pa.ChunkedArray, kind: pa.DataType, target: pa.DataType) -> pa.ChunkedArray:
+    if pa.types.is_duration(kind):  # in microseconds, then as their count
+        return pc.cast(pc.cast(column, pa.duration("us"), safe=False), pa.int64())
+    return pc.cast(column, target, safe=False)
+
+
+def as_json(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A struct, list or map column as JSON text, every value exact: times and decimals as their text (with all
+    their digits), integers as numbers, bytes as hex, maps as objects."""
+    texts = _textual(column.type)
+    values = pc.cast(column, texts) if texts != column.type else column
+    return pa.chunked_array(
+        [pa.array([None if v is None else json.dumps(_plain(v, texts)) for v in values.to_pylist()], pa.string())]
+    )
+
+
+def _textual(kind: pa.DataType) -> pa.DataType:
+    """`kind` with every time, decimal and dictionary inside it as text (Arrow casts nested types field by field)."""
+    if pa.types.is_struct(kind):
+        return pa.struct([pa.field(f.name, _textual(f.type)) for f in kind])
+    if pa.types.is_map(kind):
+        return pa.map_(_textual(kind.key_type), _textual(kind.item_type))
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return pa.list_(_textual(kind.value_type))
+    if pa.types.is_dictionary(kind):
+        return _textual(kind.value_type)
+    if pa.types.is_temporal(kind) or pa.types.is_decimal(kind) or pa.types.is_large_string(kind):
+        return pa.string()
+    if pa.types.is_float16(kind):
+        return pa.float64()
+    return kind
+
+
+def _plain(value: Any, kind: pa.DataType) -> Any:
+    if value is None:
+        return None
+    if pa.types.is_map(kind):
+        return {str(k): _plain(v, kind.item_type) for k, v in value}
+    if pa.types.is_struct(kind):
+        return {f.name: _plain(value.get(f.name), f.type) for f in kind}
+    if pa.types.is_list(kind):
+        return [_plain(v, kind.value_type) for v in value]
+    if isinstance(value, bytes):
+        return "\\x" + value.hex()
+    return value
+
+
+def _bad_rows(table: pa.Table, read: pa.Table, problems: dict[str, tuple[pa.DataType, pa.Array]]) -> list[BadRow]:
+    """The rows as loaded would be, but their too-fine values as read, as text with every digit."""
     rows = table.column(ROW).to_pylist()
     for name in problems:
         index = table.schema.get_field_index(name)
-        table = table.set_column(index, name, pc.cast(table.column(index), pa.string()))
+        table = table.set_column(index, name, pc.cast(read.column(name), pa.string()))
     by_row: dict[int, list[str]] = {}
     for name, (kind, lost) in problems.items():
         for index in pc.indices_nonzero(lost).to_pylist():
