@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 
 _NUMBER = re.compile(r"[+-]?[0-9.]")
 _LEADING_ZERO = r"^[+-]?0[0-9]"  # 007, 00.5: a code, or digits a number would not keep
-_DOUBLE_DIGITS = 15  # a decimal of up to 15 significant digits reads back from a double as written
+DOUBLE_DIGITS = 15  # a decimal of up to 15 significant digits reads back from a double as written
 _TRUE, _FALSE = ["true", "True", "TRUE"], ["false", "False", "FALSE"]
 _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _ZONE = re.compile(r"[0-9](Z|[+-][0-9]{2}(:?[0-9]{2})?)$")
@@ -69,12 +69,12 @@ def _leading_zeros(values: pa.ChunkedArray) -> bool:
 
 def _fits_a_double(values: pa.ChunkedArray) -> bool:
     """Every value has at most 15 significant digits (zeros around them do not count)."""
-    long = values.filter(pc.greater(pc.utf8_length(values), _DOUBLE_DIGITS + 1))  # shorter: 15 digits and a dot
+    long = values.filter(pc.greater(pc.utf8_length(values), DOUBLE_DIGITS + 1))  # shorter: 15 digits and a dot
     if len(long) == 0:
         return True
     mantissa = pc.replace_substring_regex(long, r"[eE].*$", "")
     significant = pc.utf8_trim(pc.replace_substring_regex(mantissa, r"[^0-9]", ""), "0")
-    return bool(pc.max(pc.utf8_length(significant)).as_py() <= _DOUBLE_DIGITS)
+    return bool(pc.max(pc.utf8_length(significant)).as_py() <= DOUBLE_DIGITS)
 
 
 def _first_fit(values: pa.ChunkedArray, kinds: list[pa.DataType]) -> pa.ChunkedArray:
