@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 _NUMBER = re.compile(r"[+-]?[0-9.]")
 _LEADING_ZERO = r"^[+-]?0[0-9]"  # 007, 00.5: a code, or digits a number would not keep
 DOUBLE_DIGITS = 15  # a decimal of up to 15 significant digits reads back from a double as written
+_SMALLEST_NORMAL = 2.2250738585072014e-308
 _TRUE, _FALSE = ["true", "True", "TRUE"], ["false", "False", "FALSE"]
 _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _ZONE = re.compile(r"[0-9](Z|[+-][0-9]{2}(:?[0-9]{2})?)$")
@@ -58,7 +59,7 @@ def _number(values: pa.ChunkedArray, present: pa.ChunkedArray) -> pa.ChunkedArra
         integers = _first_fit(values, [pa.int64()])  # past int64: not an integer
         if pa.types.is_integer(integers.type):
             return integers
-    return doubles if _fits_a_double(present) else values
+    return doubles if _fits_a_double(present) and not _out_of_range(doubles.drop_null(), present) else values
 
 
 def _leading_zeros(values: pa.ChunkedArray) -> bool:
@@ -67,9 +68,19 @@ def _leading_zeros(values: pa.ChunkedArray) -> bool:
     return len(zero) > 0 and bool(pc.any(pc.match_substring_regex(zero, _LEADING_ZERO)).as_py())
 
 
+def _out_of_range(doubles: pa.ChunkedArray, texts: pa.ChunkedArray) -> bool:
+    """1e400 read as inf, 1e-400 as 0, 4.9e-324 as 5e-324 (below the normal range a double has fewer digits)."""
+    inf = pc.is_inf(doubles)
+    tiny = pc.less(pc.abs(doubles), _SMALLEST_NORMAL)
+    if not pc.any(pc.or_(inf, tiny)).as_py():
+        return False
+    digits = pc.match_substring_regex(pc.replace_substring_regex(texts, r"[eE].*$", ""), "[1-9]")
+    return bool(pc.any(pc.or_(inf, pc.and_(tiny, digits))).as_py())
+
+
 def _fits_a_double(values: pa.ChunkedArray) -> bool:
     """Every value has at most 15 significant digits (zeros around them do not count)."""
-    long = values.filter(pc.greater(pc.utf8_length(values), DOUBLE_DIGITS + 1))  # shorter: 15 digits and a dot
+    long = values.filter(pc.greater(pc.utf8_length(values), DOUBLE_DIGITS))  # shorter: 15 digits at most
     if len(long) == 0:
         return True
     mantissa = pc.replace_substring_regex(long, r"[eE].*$", "")
