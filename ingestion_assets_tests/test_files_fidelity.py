@@ -207,12 +207,12 @@ def test_json_numbers_keep_their_digits(drops: Drops) -> None:
     """A JSON decimal of 19 digits was parsed as a double (0.12345678901234568): such a column lands as text."""
     drops.catalog(path="*.jsonl", primary_key="id")
     lines = [
-        '{"id": 1, "ratio": 0.1234567890123456789, "big": 99999999999999999999, "x": 1.5, "huge": 1e400}',
-        '{"id": 2, "ratio": 0.5, "big": 7, "x": 2, "huge": null}',
+        '{"id": 1, "ratio": 0.1234567890123456789, "big": 99999999999999999999, "x": 1.5, "huge": 1e400, "tiny": 1e-400}',
+        '{"id": 2, "ratio": 0.5, "big": 7, "x": 2, "huge": null, "tiny": 0.0}',
     ]
     drops.write("a.jsonl", "\n".join(lines) + "\n", BASE + 1)
     drops.run()
-    assert drops.rows("id, ratio, big, x, huge") == [
-        (1, "0.1234567890123456789", "99999999999999999999", 1.5, "1e400"),
-        (2, "0.5", "7", 2.0, None),
+    assert drops.rows("id, ratio, big, x, huge, tiny") == [
+        (1, "0.1234567890123456789", "99999999999999999999", 1.5, "1e400", "1e-400"),
+        (2, "0.5", "7", 2.0, None, "0.0"),
     ]

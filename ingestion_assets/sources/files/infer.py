@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 _NUMBER = re.compile(r"[+-]?[0-9.]")
 _LEADING_ZERO = r"^[+-]?0[0-9]"  # 007, 00.5: a code, or digits a number would not keep
 DOUBLE_DIGITS = 15  # a decimal of up to 15 significant digits reads back from a double as written
-_SMALLEST_NORMAL = 2.2250738585072014e-308
+SMALLEST_NORMAL = 2.2250738585072014e-308
 _TRUE, _FALSE = ["true", "True", "TRUE"], ["false", "False", "FALSE"]
 _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _ZONE = re.compile(r"[0-9](Z|[+-][0-9]{2}(:?[0-9]{2})?)$")
@@ -71,7 +71,7 @@ def _leading_zeros(values: pa.ChunkedArray) -> bool:
 def _out_of_range(doubles: pa.ChunkedArray, texts: pa.ChunkedArray) -> bool:
     """1e400 read as inf, 1e-400 as 0, 4.9e-324 as 5e-324 (below the normal range a double has fewer digits)."""
     inf = pc.is_inf(doubles)
-    tiny = pc.less(pc.abs(doubles), _SMALLEST_NORMAL)
+    tiny = pc.less(pc.abs(doubles), SMALLEST_NORMAL)
     if not pc.any(pc.or_(inf, tiny)).as_py():
         return False
     digits = pc.match_substring_regex(pc.replace_substring_regex(texts, r"[eE].*$", ""), "[1-9]")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ingestion_assets.sources.files.infer import DOUBLE_DIGITS
+from ingestion_assets.sources.files.infer import DOUBLE_DIGITS, SMALLEST_NORMAL
 from ingestion_assets.sources.files.pieces import ROW, BadRow, Piece, Resume
 
 
@@ -53,11 +53,12 @@ def _parse(line: bytes) -> tuple[dict[str, Any], str | None]:
 def _decimal(text: str) -> float | str:
     """A JSON number with a point or an exponent: a double when it holds it as written, else its text (the
     column then lands as text: a double would change its digits)."""
-    mantissa = text.lstrip("+-").split("e")[0].split("E")[0]
-    if len(mantissa.replace(".", "").strip("0")) > DOUBLE_DIGITS:
+    digits = text.lstrip("+-").split("e")[0].split("E")[0].replace(".", "").strip("0")
+    if len(digits) > DOUBLE_DIGITS:
         return text
     value = float(text)
-    return value if math.isfinite(value) else text
+    in_range = math.isfinite(value) and (abs(value) >= SMALLEST_NORMAL or not digits)  # 1e400, 1e-400: text
+    return value if in_range else text
 
 
 def _table(records: list[dict[str, Any]], numbers: list[int]) -> pa.Table:
