@@ -10,11 +10,13 @@ import io
 from decimal import Decimal
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ingestion_assets.catalog.files import CsvOptions
 from ingestion_assets.sources.files.csv import read_csv
+from ingestion_assets.sources.files.parquet import read_parquet
 from ingestion_assets.sources.files.pieces import Resume
 
 _NUMBERS = st.one_of(
@@ -76,3 +78,49 @@ def _same(text: str, value: object, kind: pa.DataType) -> None:
         assert value == dt.datetime.fromisoformat(text).replace(tzinfo=value.tzinfo)  # type: ignore[union-attr]
     else:
         raise AssertionError(f"{text!r} typed {kind}")
+
+
+_UNITS = {"ms": 1_000, "us": 1, "ns": None}  # what Parquet stores (seconds are written as milliseconds)
+
+
+@settings(max_examples=60)
+@given(
+    unit=st.sampled_from(sorted(_UNITS)),
+    counts=st.lists(st.one_of(st.none(), st.integers(-(2**63) + 1, 2**63 - 1)), min_size=1, max_size=6),
+)
+@example(unit="ns", counts=[1_700_000_000_000_000_789, 1_700_000_000_000_000_000])
+@example(unit="ms", counts=[2**62, -5])
+def test_parquet_times_of_any_unit_load_in_microseconds_exactly_or_park_their_row(
+    unit: str, counts: list[int | None]
+) -> None:
+    """Timestamps and durations of every unit: a value microseconds hold loads as exactly that many; any other
+    (nanoseconds, milliseconds past what 64-bit microseconds count) parks its row, naming the column."""
+    table = pa.table(
+        {
+            "at": pa.array(counts, pa.timestamp(unit, tz="UTC")),
+            "took": pa.array(counts, pa.duration(unit)),
+        }
+    )
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    data = buffer.getvalue()
+    pieces = list(read_parquet(lambda: pa.BufferReader(data), 1000, Resume()))
+    loaded = pa.concat_tables([p.table for p in pieces if p.table is not None])
+    parked = {bad.row: bad.error for p in pieces for bad in p.bad}
+    rows = dict(zip(loaded.column("_ingest_file_row").to_pylist(), range(loaded.num_rows), strict=True))
+    at, took = loaded.column("at").cast(pa.int64()).to_pylist(), loaded.column("took").to_pylist()
+    for row, count in enumerate(counts, start=1):
+        if count is not None and _exact_us(count, unit) is None:
+            assert row in parked and "the target counts microseconds" in parked[row]
+            continue
+        assert row in rows
+        micros = None if count is None else _exact_us(count, unit)
+        assert (at[rows[row]], took[rows[row]]) == (micros, micros)
+
+
+def _exact_us(count: int, unit: str) -> int | None:
+    """`count` of `unit` in microseconds, when a signed 64-bit count of microseconds holds it exactly."""
+    if unit == "ns":
+        return count // 1000 if count % 1000 == 0 else None
+    micros = count * _UNITS[unit]  # type: ignore[operator]
+    return micros if -(2**63) < micros < 2**63 else None

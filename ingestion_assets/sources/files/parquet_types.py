@@ -12,7 +12,11 @@ import pyarrow.compute as pc
 
 from ingestion_assets.sources.files.pieces import ROW, BadRow
 
-MAX_DECIMAL_DIGITS = 38  # DuckDB's widest DECIMAL, and Arrow's decimal128
+MAX_DECIMAL_DIGITS = 38
+_PER_UNIT = {
+    "s": 1_000_000,
+    "ms": 1_000,
+}  # microseconds in a count of the unit  # DuckDB's widest DECIMAL, and Arrow's decimal128
 
 
 def fitted(table: pa.Table) -> tuple[pa.Table, list[BadRow]]:
@@ -28,10 +32,8 @@ def fitted(table: pa.Table) -> tuple[pa.Table, list[BadRow]]:
         if kind is None:
             continue
         exact = _exact_cast(column, field.type, kind)
-        if _counts_time(field.type) and _finer(field.type, kind):
-            back = pc.cast(pc.cast(exact, pa.duration("us")), field.type) if pa.types.is_duration(field.type) else None
-            back = back if back is not None else pc.cast(exact, field.type, safe=False)
-            lost = pc.fill_null(pc.not_equal(back, column), False)
+        if _counts_time(field.type) and field.type.unit != "us":
+            lost = _not_in_microseconds(column, field.type.unit)
             if pc.any(lost).as_py():
                 problems[field.name] = (field.type, lost)
                 unfit = pc.or_(unfit, lost)
@@ -71,9 +73,16 @@ def _counts_time(kind: pa.DataType) -> bool:
     return pa.types.is_timestamp(kind) or pa.types.is_time(kind) or pa.types.is_duration(kind)
 
 
-def _finer(kind: pa.DataType, target: pa.DataType) -> bool:
-    """Nanoseconds into microseconds may cut; seconds and milliseconds may count past what microseconds can."""
-    return pa.types.is_duration(kind) or kind.unit != target.unit
+def _not_in_microseconds(column: pa.ChunkedArray, unit: str) -> pa.ChunkedArray:
+    """True where a count of `unit` is no whole count of microseconds a signed 64-bit integer holds: nanoseconds
+    cut, or seconds and milliseconds past it (their cast wraps silently)."""
+    counts = pc.cast(column, pa.int64() if column.type.bit_width == 64 else pa.int32())  # time32 counts in 32 bits
+    if unit == "ns":
+        lost = pc.not_equal(pc.multiply(pc.divide(counts, 1000), 1000), counts)
+    else:
+        limit = (2**63 - 1) // _PER_UNIT[unit]
+        lost = pc.or_(pc.greater(counts, limit), pc.less(counts, -limit))
+    return pc.fill_null(lost, False)
 
 
 def _exact_cast(column: pa.ChunkedArray, kind: pa.DataType, target: pa.DataType) -> pa.ChunkedArray:
