@@ -99,6 +99,7 @@ def test_parquet_times_of_any_unit_load_in_microseconds_exactly_or_park_their_ro
         {
             "at": pa.array(counts, pa.timestamp(unit, tz="UTC")),
             "took": pa.array(counts, pa.duration(unit)),
+            "seen": pa.array(counts, pa.timestamp(unit)).dictionary_encode(),
         }
     )
     buffer = io.BytesIO()
@@ -109,13 +110,14 @@ def test_parquet_times_of_any_unit_load_in_microseconds_exactly_or_park_their_ro
     parked = {bad.row: bad.error for p in pieces for bad in p.bad}
     rows = dict(zip(loaded.column("_ingest_file_row").to_pylist(), range(loaded.num_rows), strict=True))
     at, took = loaded.column("at").cast(pa.int64()).to_pylist(), loaded.column("took").to_pylist()
+    seen = loaded.column("seen").cast(pa.int64()).to_pylist()
     for row, count in enumerate(counts, start=1):
         if count is not None and _exact_us(count, unit) is None:
             assert row in parked and "the target counts microseconds" in parked[row]
             continue
         assert row in rows
         micros = None if count is None else _exact_us(count, unit)
-        assert (at[rows[row]], took[rows[row]]) == (micros, micros)
+        assert (at[rows[row]], took[rows[row]], seen[rows[row]]) == (micros, micros, micros)
 
 
 def _exact_us(count: int, unit: str) -> int | None:

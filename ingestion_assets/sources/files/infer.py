@@ -40,7 +40,7 @@ def infer(values: pa.ChunkedArray) -> pa.ChunkedArray:
             return pc.if_else(pc.is_valid(values), pc.is_in(values, pa.array(_TRUE)), pa.scalar(None, pa.bool_()))
         return values
     if _DATE.fullmatch(first):
-        return _first_fit(values, [pa.date32()])
+        return _first_fit(values, [pa.date32(), pa.timestamp("us")])  # a few with a time too: timestamps
     if _DATE.match(first):  # Arrow's ISO parser: a zone everywhere (timestamptz) or nowhere, 6 digits at most
         return _first_fit(values, [pa.timestamp("us", tz="UTC") if _ZONE.search(first) else pa.timestamp("us")])
     if _TIME.match(first):  # Arrow casts no text to a time: read as a time of 1970-01-01

@@ -12,11 +12,8 @@ import pyarrow.compute as pc
 
 from ingestion_assets.sources.files.pieces import ROW, BadRow
 
-MAX_DECIMAL_DIGITS = 38
-_PER_UNIT = {
-    "s": 1_000_000,
-    "ms": 1_000,
-}  # microseconds in a count of the unit  # DuckDB's widest DECIMAL, and Arrow's decimal128
+MAX_DECIMAL_DIGITS = 38  # DuckDB's widest DECIMAL, and Arrow's decimal128
+_PER_UNIT = {"s": 1_000_000, "ms": 1_000}  # microseconds in a count of the unit
 
 
 def fitted(table: pa.Table) -> tuple[pa.Table, list[BadRow]]:
@@ -25,6 +22,10 @@ def fitted(table: pa.Table) -> tuple[pa.Table, list[BadRow]]:
     problems: dict[str, tuple[pa.DataType, pa.Array]] = {}
     for index, field in enumerate(table.schema):
         column = table.column(index)
+        if pa.types.is_dictionary(field.type):  # its values, then as any column of their type
+            field = pa.field(field.name, field.type.value_type)
+            column = pc.cast(column, field.type)
+            table = table.set_column(index, field, column)
         if pa.types.is_nested(field.type):
             table = table.set_column(index, pa.field(field.name, pa.string()), as_json(column))
             continue
@@ -46,8 +47,6 @@ def fitted(table: pa.Table) -> tuple[pa.Table, list[BadRow]]:
 
 def _fit(kind: pa.DataType) -> pa.DataType | None:
     """The type a column of `kind` loads as (None: as it is)."""
-    if pa.types.is_dictionary(kind):
-        return _fit(kind.value_type) or kind.value_type
     if pa.types.is_uint64(kind):
         return pa.decimal128(20, 0)
     if pa.types.is_decimal(kind) and kind.precision > MAX_DECIMAL_DIGITS:
