@@ -34,7 +34,6 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
     pyarrow's reader; the file is then read again from its start with that column as raw bytes, the rows
     already given are skipped, and each bad value's row is parked instead."""
     raw_columns: set[str] = set()
-    inferred: dict[str, pa.DataType] = {}  # each column's type as the first read typed it
     done = resume
     block = min(BLOCK_BYTES, options.max_row_bytes)
     texts = {name for name in _header(open_file, options) if name not in options.column_types}  # typed by infer
@@ -49,19 +48,12 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
                 raise CorruptFile(f"not readable as CSV: {bad}") from bad
             raw_columns.add(bad.column)
             continue
-        typed = {f.name: f.type for f in reader.schema}
         declared = {name: _TYPES[kind] for name, kind in options.column_types.items()}
-        for name in raw_columns:
-            typed[name] = inferred.get(name) or declared.get(name) or pa.string()
-        inferred = {**typed, **inferred}
-        undecoded = {n for n, kind in inferred.items() if pa.types.is_binary(kind) and n not in raw_columns}
-        if undecoded:  # pyarrow types a column with invalid UTF-8 as bytes: text, with those rows parked
-            inferred.update(dict.fromkeys(undecoded, pa.string()))
-            raw_columns |= undecoded
-            continue
+        # a column read as bytes after a bad value is cast back to its declared type, or to text (then inferred)
+        wanted = {f.name: declared.get(f.name, pa.string()) for f in reader.schema}
         lines = _LineFinder(open_file, options.encoding)  # each pass meets the bad lines from the file's start
         try:
-            for piece in _pieces(reader, invalid_rows, done, inferred, raw_columns, lines, texts):
+            for piece in _pieces(reader, invalid_rows, done, wanted, raw_columns, lines, texts):
                 done = Resume(piece.rows_done, piece.bad_done)
                 yield piece
             return
@@ -139,7 +131,7 @@ def _pieces(
     reader: Any,
     invalid_rows: list[Any],
     done: Resume,
-    inferred: dict[str, pa.DataType],
+    wanted: dict[str, pa.DataType],
     raw: set[str],
     lines: _LineFinder,
     texts: set[str],
@@ -167,18 +159,18 @@ def _pieces(
             first = done.rows + 1
         table = table.append_column(ROW, pa.array(range(first, good + 1), pa.int64()))
         if raw:
-            table, failed = _coerce(table, inferred, raw)
+            table, failed = _coerce(table, wanted, raw)
             bad += failed
         yield Piece(typed(table, texts), bad, good, max(invalid, done.bad))
 
 
-def _coerce(table: pa.Table, inferred: dict[str, pa.DataType], raw: set[str]) -> tuple[pa.Table, list[BadRow]]:
+def _coerce(table: pa.Table, wanted: dict[str, pa.DataType], raw: set[str]) -> tuple[pa.Table, list[BadRow]]:
     """Columns read as bytes after a bad value get their type back; rows whose value does not fit are parked."""
     bad_rows: dict[int, str] = {}
     columns: dict[str, list[Any]] = {}
     read = table  # as read: a parked row keeps its values as they were in the file
     for name in raw:
-        kind = inferred[name]
+        kind = wanted[name]
         values = table.column(name)
         try:
             table = table.set_column(
@@ -192,7 +184,7 @@ def _coerce(table: pa.Table, inferred: dict[str, pa.DataType], raw: set[str]) ->
             fixed.append(_one(value, kind, name, index, bad_rows))
         columns[name] = fixed
     for name, fixed in columns.items():
-        table = table.set_column(table.schema.get_field_index(name), name, pa.array(fixed, inferred[name]))
+        table = table.set_column(table.schema.get_field_index(name), name, pa.array(fixed, wanted[name]))
     if not bad_rows:
         return table, []
     rows = table.column(ROW).to_pylist()
