@@ -79,6 +79,11 @@ class CsvOptions(_Model):
     column_types: dict[str, Literal["string", "int64", "float64", "bool", "timestamp", "date"]] = Field(
         default_factory=dict, description="fix a column's type instead of inferring it per file"
     )
+    max_row_bytes: Annotated[int, Field(gt=0)] = Field(
+        256 << 20,
+        description="the longest row (e.g. one huge field) a file may hold; a file with a longer row is parked "
+        "naming this setting. A read holds a few blocks of up to this size in memory",
+    )
 
     @model_validator(mode="after")
     def _names_without_header(self) -> CsvOptions:

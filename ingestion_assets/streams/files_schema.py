@@ -40,6 +40,8 @@ def column_type(kind: pa.DataType) -> ColumnType | None:
         return ColumnType("timestamp", "timestamp without time zone")
     if pa.types.is_date(kind):
         return ColumnType("date", "date")
+    if pa.types.is_time(kind):
+        return ColumnType("time", "time without time zone")
     if pa.types.is_decimal(kind):
         return ColumnType("numeric", f"numeric({kind.precision},{kind.scale})")
     if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
@@ -63,6 +65,7 @@ _ARROW = {
     "timestamptz": pa.timestamp("us", tz="UTC"),
     "timestamp": pa.timestamp("us"),
     "date": pa.date32(),
+    "time": pa.time64("us"),
     "bytea": pa.binary(),
 }
 

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from ingestion_assets.catalog.files import CsvOptions
+from ingestion_assets.sources.files.infer import typed
 from ingestion_assets.sources.files.pieces import ROW, BadRow, CorruptFile, Piece, Resume
 
 BLOCK_BYTES = 4 << 20
@@ -33,37 +34,51 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
     pyarrow's reader; the file is then read again from its start with that column as raw bytes, the rows
     already given are skipped, and each bad value's row is parked instead."""
     raw_columns: set[str] = set()
-    inferred: dict[str, pa.DataType] = {}  # each column's type as the first read typed it
     done = resume
+    block = min(BLOCK_BYTES, options.max_row_bytes)
+    texts = {name for name in _header(open_file, options) if name not in options.column_types}  # typed by infer
     while True:
         try:
-            reader, invalid_rows = _open(open_file, options, raw_columns)
+            reader, invalid_rows = _open(open_file, options, raw_columns, block, texts)
         except _BadValue as bad:  # in the first block, which the reader converts as it opens
+            if _straddles(str(bad)):
+                block = _larger(block, options)
+                continue
             if bad.column is None or bad.column in raw_columns:
                 raise CorruptFile(f"not readable as CSV: {bad}") from bad
             raw_columns.add(bad.column)
             continue
-        typed = {f.name: f.type for f in reader.schema}
         declared = {name: _TYPES[kind] for name, kind in options.column_types.items()}
-        for name in raw_columns:
-            typed[name] = inferred.get(name) or declared.get(name) or pa.string()
-        inferred = {**typed, **inferred}
-        undecoded = {n for n, kind in inferred.items() if pa.types.is_binary(kind) and n not in raw_columns}
-        if undecoded:  # pyarrow types a column with invalid UTF-8 as bytes: text, with those rows parked
-            inferred.update(dict.fromkeys(undecoded, pa.string()))
-            raw_columns |= undecoded
-            continue
+        # a column read as bytes after a bad value is cast back to its declared type, or to text (then inferred)
+        wanted = {f.name: declared.get(f.name, pa.string()) for f in reader.schema}
         lines = _LineFinder(open_file, options.encoding)  # each pass meets the bad lines from the file's start
         try:
-            for piece in _pieces(reader, invalid_rows, done, inferred, raw_columns, lines):
+            for piece in _pieces(reader, invalid_rows, done, wanted, raw_columns, lines, texts):
                 done = Resume(piece.rows_done, piece.bad_done)
                 yield piece
             return
         except pa.ArrowInvalid as exc:
+            if _straddles(str(exc)):  # a row longer than a block: read again in larger blocks, given rows skipped
+                block = _larger(block, options)
+                continue
             column = _failing_column(str(exc), reader.schema.names)
             if column is None or column in raw_columns:
                 raise CorruptFile(f"not readable as CSV: {exc}") from exc
             raw_columns.add(column)
+
+
+def _straddles(message: str) -> bool:
+    return "straddling object straddles two block boundaries" in message
+
+
+def _larger(block: int, options: CsvOptions) -> int:
+    """The next block size for a file with a row longer than `block`, up to the stream's csv.max_row_bytes."""
+    if block >= options.max_row_bytes:
+        raise CorruptFile(
+            f"a row (one field may be most of it) is longer than csv.max_row_bytes ({options.max_row_bytes} bytes): "
+            "raise csv.max_row_bytes in the stream's catalog entry to read it (each read holds one such row in memory)"
+        )
+    return min(block * 4, options.max_row_bytes)
 
 
 class _BadValue(ValueError):
@@ -73,8 +88,9 @@ class _BadValue(ValueError):
 
 
 def _open(
-    open_file: Callable[[], pa.NativeFile], options: CsvOptions, raw: set[str]
+    open_file: Callable[[], pa.NativeFile], options: CsvOptions, raw: set[str], block: int, texts: set[str]
 ) -> tuple[pacsv.CSVStreamingReader, list[Any]]:
+    """The reader of the file: declared columns in their types, the others as text (typed batch by batch)."""
     bad: list[Any] = []
 
     def invalid(row: Any) -> str:
@@ -82,12 +98,13 @@ def _open(
         return "skip"
 
     types = {name: _TYPES[kind] for name, kind in options.column_types.items()}
+    types.update(dict.fromkeys(texts, pa.string()))
     types.update({name: pa.binary() for name in raw})
     try:
         reader = pacsv.open_csv(
             open_file(),
             read_options=pacsv.ReadOptions(
-                block_size=BLOCK_BYTES,
+                block_size=block,
                 encoding=options.encoding,
                 column_names=options.column_names,
                 skip_rows=1 if options.header and options.column_names else 0,
@@ -114,9 +131,10 @@ def _pieces(
     reader: Any,
     invalid_rows: list[Any],
     done: Resume,
-    inferred: dict[str, pa.DataType],
+    wanted: dict[str, pa.DataType],
     raw: set[str],
     lines: _LineFinder,
+    texts: set[str],
 ) -> Iterator[Piece]:
     """`done` counts the rows (and bad rows) an earlier pass or run already gave: they are skipped."""
     good, invalid = 0, 0
@@ -141,18 +159,18 @@ def _pieces(
             first = done.rows + 1
         table = table.append_column(ROW, pa.array(range(first, good + 1), pa.int64()))
         if raw:
-            table, failed = _coerce(table, inferred, raw)
+            table, failed = _coerce(table, wanted, raw)
             bad += failed
-        yield Piece(table, bad, good, max(invalid, done.bad))
+        yield Piece(typed(table, texts), bad, good, max(invalid, done.bad))
 
 
-def _coerce(table: pa.Table, inferred: dict[str, pa.DataType], raw: set[str]) -> tuple[pa.Table, list[BadRow]]:
+def _coerce(table: pa.Table, wanted: dict[str, pa.DataType], raw: set[str]) -> tuple[pa.Table, list[BadRow]]:
     """Columns read as bytes after a bad value get their type back; rows whose value does not fit are parked."""
     bad_rows: dict[int, str] = {}
     columns: dict[str, list[Any]] = {}
     read = table  # as read: a parked row keeps its values as they were in the file
     for name in raw:
-        kind = inferred[name]
+        kind = wanted[name]
         values = table.column(name)
         try:
             table = table.set_column(
@@ -166,7 +184,7 @@ def _coerce(table: pa.Table, inferred: dict[str, pa.DataType], raw: set[str]) ->
             fixed.append(_one(value, kind, name, index, bad_rows))
         columns[name] = fixed
     for name, fixed in columns.items():
-        table = table.set_column(table.schema.get_field_index(name), name, pa.array(fixed, inferred[name]))
+        table = table.set_column(table.schema.get_field_index(name), name, pa.array(fixed, wanted[name]))
     if not bad_rows:
         return table, []
     rows = table.column(ROW).to_pylist()

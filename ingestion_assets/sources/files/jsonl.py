@@ -4,11 +4,13 @@ with its line number; nested values land as JSON text."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
 
+from ingestion_assets.sources.files.infer import DOUBLE_DIGITS, SMALLEST_NORMAL
 from ingestion_assets.sources.files.pieces import ROW, BadRow, Piece, Resume
 
 
@@ -40,12 +42,23 @@ def _parse(line: bytes) -> tuple[dict[str, Any], str | None]:
     except UnicodeDecodeError as exc:
         return {}, f"invalid UTF-8 (byte {exc.start} of the line)"
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_float=_decimal)
     except json.JSONDecodeError as exc:
         return {}, f"not JSON: {exc.msg} at column {exc.colno}"
     if not isinstance(value, dict):
         return {}, f"a JSON {type(value).__name__}, not an object"
     return value, None
+
+
+def _decimal(text: str) -> float | str:
+    """A JSON number with a point or an exponent: a double when it holds it as written, else its text (the
+    column then lands as text: a double would change its digits)."""
+    digits = text.lstrip("+-").split("e")[0].split("E")[0].replace(".", "").strip("0")
+    if len(digits) > DOUBLE_DIGITS:
+        return text
+    value = float(text)
+    in_range = math.isfinite(value) and (abs(value) >= SMALLEST_NORMAL or not digits)  # 1e400, 1e-400: text
+    return value if in_range else text
 
 
 def _table(records: list[dict[str, Any]], numbers: list[int]) -> pa.Table:
@@ -63,7 +76,7 @@ def _column(values: list[Any]) -> pa.Array:
         return pa.array([None if v is None else json.dumps(v) for v in values], pa.string())
     try:
         return pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # 1 and "a"; an integer past int64
         return pa.array(
             [None if v is None else v if isinstance(v, str) else json.dumps(v) for v in values], pa.string()
         )

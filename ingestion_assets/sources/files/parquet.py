@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ingestion_assets.sources.files.listing import StorageError
+from ingestion_assets.sources.files.parquet_types import fitted
 from ingestion_assets.sources.files.pieces import ROW, CorruptFile, Piece, Resume, RowWindow
 from ingestion_assets.sources.files.window import excluded
 
@@ -40,7 +41,8 @@ def read_parquet(
                     continue
                 if first <= resume.rows:
                     table, first = table.slice(resume.rows - first + 1), resume.rows + 1
-                yield Piece(table.append_column(ROW, pa.array(range(first, offset + 1), pa.int64())), [], offset)
+                table, bad = fitted(table.append_column(ROW, pa.array(range(first, offset + 1), pa.int64())))
+                yield Piece(table, bad, offset)
         except (pa.ArrowInvalid, OSError) as exc:
             if _from_storage(exc):
                 raise

@@ -1,0 +1,98 @@
+"""The type of a CSV column, inferred from its text batch by batch, such that every value reads back as written:
+a code with leading zeros (007), an integer past int64 or a decimal with more digits than a double holds stays
+text; otherwise integers, doubles, booleans, dates, times and timestamps (Arrow's strict ISO parsers)."""
+
+from __future__ import annotations
+
+import re
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+_NUMBER = re.compile(r"[+-]?[0-9.]")
+_LEADING_ZERO = r"^[+-]?0[0-9]"  # 007, 00.5: a code, or digits a number would not keep
+DOUBLE_DIGITS = 15  # a decimal of up to 15 significant digits reads back from a double as written
+SMALLEST_NORMAL = 2.2250738585072014e-308
+_TRUE, _FALSE = ["true", "True", "TRUE"], ["false", "False", "FALSE"]
+_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+_ZONE = re.compile(r"[0-9](Z|[+-][0-9]{2}(:?[0-9]{2})?)$")
+_TIME = re.compile(r"[0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?$")
+
+
+def typed(table: pa.Table, texts: set[str]) -> pa.Table:
+    """`table` with each column of `texts` (strings as read) in the narrowest type that holds all its values."""
+    for name in texts:
+        index = table.schema.get_field_index(name)
+        if index >= 0:
+            column = infer(table.column(index))
+            table = table.set_column(index, pa.field(name, column.type), column)
+    return table
+
+
+def infer(values: pa.ChunkedArray) -> pa.ChunkedArray:
+    """The first value says which type to try (a text column costs one look); every value must then fit it."""
+    present = values.drop_null()
+    if len(present) == 0:
+        return pa.chunked_array([pa.nulls(len(values))])
+    first = present[0].as_py()
+    if first in _TRUE or first in _FALSE:
+        if pc.all(pc.is_in(present, pa.array([*_TRUE, *_FALSE]))).as_py():
+            return pc.if_else(pc.is_valid(values), pc.is_in(values, pa.array(_TRUE)), pa.scalar(None, pa.bool_()))
+        return values
+    if _DATE.fullmatch(first):
+        return _first_fit(values, [pa.date32(), pa.timestamp("us")])  # a few with a time too: timestamps
+    if _DATE.match(first):  # Arrow's ISO parser: a zone everywhere (timestamptz) or nowhere, 6 digits at most
+        return _first_fit(values, [pa.timestamp("us", tz="UTC") if _ZONE.search(first) else pa.timestamp("us")])
+    if _TIME.match(first):  # Arrow casts no text to a time: read as a time of 1970-01-01
+        moments = _first_fit(pc.binary_join_element_wise("1970-01-01 ", values, ""), [pa.timestamp("us")])
+        return pc.cast(moments, pa.time64("us")) if pa.types.is_timestamp(moments.type) else values
+    return _number(values, present) if _NUMBER.match(first) else values
+
+
+def _number(values: pa.ChunkedArray, present: pa.ChunkedArray) -> pa.ChunkedArray:
+    if _leading_zeros(present):
+        return values
+    doubles = _first_fit(values, [pa.float64()])
+    if not pa.types.is_floating(doubles.type):
+        return values
+    if not pc.any(pc.match_substring_regex(present, "[.eEnN]")).as_py():  # no point, exponent, nan or inf
+        integers = _first_fit(values, [pa.int64()])  # past int64: not an integer
+        if pa.types.is_integer(integers.type):
+            return integers
+    return doubles if _fits_a_double(present) and not _out_of_range(doubles.drop_null(), present) else values
+
+
+def _leading_zeros(values: pa.ChunkedArray) -> bool:
+    starts = [pc.starts_with(values, prefix) for prefix in ("0", "-0", "+0")]
+    zero = values.filter(pc.or_(pc.or_(starts[0], starts[1]), starts[2]))  # 0, 0.5 and 007: few, then one regex
+    return len(zero) > 0 and bool(pc.any(pc.match_substring_regex(zero, _LEADING_ZERO)).as_py())
+
+
+def _out_of_range(doubles: pa.ChunkedArray, texts: pa.ChunkedArray) -> bool:
+    """1e400 read as inf, 1e-400 as 0, 4.9e-324 as 5e-324 (below the normal range a double has fewer digits)."""
+    inf = pc.is_inf(doubles)
+    tiny = pc.less(pc.abs(doubles), SMALLEST_NORMAL)
+    if not pc.any(pc.or_(inf, tiny)).as_py():
+        return False
+    digits = pc.match_substring_regex(pc.replace_substring_regex(texts, r"[eE].*$", ""), "[1-9]")
+    return bool(pc.any(pc.or_(inf, pc.and_(tiny, digits))).as_py())
+
+
+def _fits_a_double(values: pa.ChunkedArray) -> bool:
+    """Every value has at most 15 significant digits (zeros around them do not count)."""
+    long = values.filter(pc.greater(pc.utf8_length(values), DOUBLE_DIGITS))  # shorter: 15 digits at most
+    if len(long) == 0:
+        return True
+    mantissa = pc.replace_substring_regex(long, r"[eE].*$", "")
+    significant = pc.utf8_trim(pc.replace_substring_regex(mantissa, r"[^0-9]", ""), "0")
+    return bool(pc.max(pc.utf8_length(significant)).as_py() <= DOUBLE_DIGITS)
+
+
+def _first_fit(values: pa.ChunkedArray, kinds: list[pa.DataType]) -> pa.ChunkedArray:
+    """`values` in the first of `kinds` every one of them parses as (Arrow's strict parsers), else as they are."""
+    for kind in kinds:
+        try:
+            return pc.cast(values, kind)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # 2024-02-30, 25:00, 1e999: not of this kind
+            continue
+    return values
