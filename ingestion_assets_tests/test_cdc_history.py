@@ -169,7 +169,7 @@ def test_a_transaction_the_chunk_does_not_see_keeps_its_rows(
         cur.execute("DELETE FROM orders WHERE id = 6")
         cur.execute("UPDATE orders SET id = 3500 WHERE id = 7")  # a key leaving the range
 
-    import ingestion_assets.streams.cdc.sync as cdc_module
+    import ingestion_assets.streams.cdc.copying as cdc_module
 
     real = cdc_module.chunk_snapshot
 
