@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.sources.postgres.cdc import WalGap, drop_slot, find_gap, format_lsn
-from ingestion_assets.streams.cdc.outcome import CdcError
+from ingestion_assets.streams.cdc.batches import catch_up
+from ingestion_assets.streams.cdc.outcome import CdcError, CdcOutcome
 from ingestion_assets.streams.cdc.schema import settle_stream
 from ingestion_assets.streams.postgres_table import PostgresTableStream
 
@@ -53,6 +54,26 @@ def recopy_stale(sync: CdcSync, url: str, published: tuple[tuple[str, str], ...]
                 f"other streams acknowledged up to {format_lsn(acknowledged)} (the stream was out of the "
                 "catalog?): the log no longer holds its changes in between",
             )
+
+
+def recopy_rewritten(sync: CdcSync, url: str, outcome: CdcOutcome) -> None:
+    """Streams with a partition rewritten outside the log (a TRUNCATE of that partition, which the log does not
+    carry through the partitioned table; also VACUUM FULL or CLUSTER, which a copy leaves exact): the log is
+    applied up to now first, so a TRUNCATE of the whole table it carries is applied or refused as the stream
+    says, then the table is copied again and the rows the copy does not find retire."""
+    rewritten = [
+        (stream, parts)
+        for stream in sync.streams
+        if (parts := sync._streams.get(stream.name)) is not None
+        and parts.rewritten
+        and sync._state.positions.get(stream.name) is not None
+    ]
+    if not rewritten:
+        return
+    catch_up(sync, url, outcome, f"the copy of {', '.join(s.qualified_name for s, _ in rewritten)}")
+    for stream, parts in rewritten:
+        why, parts.rewritten = parts.rewritten, None
+        recopy(sync, stream, why or "")
 
 
 def recopy(sync: CdcSync, stream: PostgresTableStream, reason: str) -> None:

@@ -27,8 +27,8 @@ from ingestion_assets.streams.cdc.live import apply_live
 from ingestion_assets.streams.cdc.outcome import CdcError, CdcOutcome, LogBehind
 from ingestion_assets.streams.cdc.paused import PAUSED
 from ingestion_assets.streams.cdc.preflight import pause_unidentified, preflight
-from ingestion_assets.streams.cdc.recopy import recopy_stale, resync_at_gap, settle_streams
-from ingestion_assets.streams.cdc.schema import PARTITIONS, SCHEMA, StreamParts
+from ingestion_assets.streams.cdc.recopy import recopy_rewritten, recopy_stale, resync_at_gap, settle_streams
+from ingestion_assets.streams.cdc.schema import FILES, PARTITIONS, SCHEMA, StreamParts
 from ingestion_assets.streams.cdc.state import COPY, CdcStore, SourceState
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
 from ingestion_assets.streams.target_binding import TARGET
@@ -137,6 +137,7 @@ class CdcSync:
                 raise CdcError(f"source {self.source_name} has no history partitions (cdc.history_chunk is unset)")
             return chunk(self, url, lsn, partition or "")
         outcome = CdcOutcome("changes", lsn)
+        recopy_rewritten(self, url, outcome)
         if self._state.copying():
             copy_streams(self, url, outcome)
         if self.source.cdc.live_seconds is None:
@@ -163,7 +164,7 @@ class CdcSync:
         """What the stream's checkpoint keeps beside its position. A history range run settles no schema or
         binding: it keeps those of the stream's last checkpoint."""
         stored = self._state.details(name)
-        extra: dict[str, Any] = {k: stored[k] for k in (SCHEMA, TARGET, PARTITIONS) if k in stored}
+        extra: dict[str, Any] = {k: stored[k] for k in (SCHEMA, TARGET, PARTITIONS, FILES) if k in stored}
         if self.history:
             extra[HISTORY] = self._space
         if name in self._state.copies:
