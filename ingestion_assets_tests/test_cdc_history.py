@@ -240,6 +240,27 @@ def test_a_chunk_that_died_mid_copy_is_exact_after_its_retry(
     _assert_exact(harness)
 
 
+@pytest.mark.slow
+def test_a_dropped_publication_copies_every_stream_again_in_live(cdc: StreamHarness) -> None:
+    """The operator dropped the product's publication: every stream lost its position, and the `live` run took
+    that for a first run (a new slot, the ranges planned again, all of them materialized already), so the
+    changes made meanwhile never arrived, rc 0. The tables are now copied again in `live`, saying why."""
+    harness = cdc
+    harness.source.execute(TABLE)
+    _catalog(harness)
+    _run(harness, LIVE)
+    for key in RANGES:
+        _run(harness, key)
+    harness.source.execute(f"DROP PUBLICATION ingest_{harness.source_name}")
+    harness.source.execute(
+        "DELETE FROM orders WHERE id BETWEEN 10 AND 20; UPDATE orders SET status = 'late' WHERE id > 2900;"
+        "INSERT INTO customers VALUES (5000, 'new'); DELETE FROM customers WHERE id = 600"
+    )
+    result = _run(harness, LIVE)
+    assert "was not in the publication" in _metadata(result, harness)["copy reason"]
+    _assert_exact(harness)
+
+
 def test_history_chunks_need_one_key_and_no_resync() -> None:
     base: dict[str, Any] = {"type": "postgres", "connection": {"env": "X"}, "mode": "cdc"}
     with pytest.raises(ValidationError, match="composite keys"):

@@ -120,10 +120,13 @@ class CdcSync:
             settle_streams(self)
             recopy_stale(self, url, published)
         if not self._state.started:
-            if not self.history:
+            if not self.history or self._state.reasons:
+                # In history mode too when every stream lost its position for a reason (its publication dropped,
+                # say): its ranges were copied already and run no more, so its tables are copied in full.
+                self._space = self._stored_space()
                 return self._live_after(url, snapshot(self, url))
             start_log(self, url)
-        self._space = next((c[HISTORY] for c in self._state.checkpoints.values() if c and c.get(HISTORY)), self._space)
+        self._space = self._stored_space()
         if self.history and self.add_partitions is not None:
             self.add_partitions(history_keys({HISTORY: self._space}))
         lsn = self._state.low
@@ -144,6 +147,10 @@ class CdcSync:
             apply_log(self, url, outcome)
             return outcome
         return self._live_after(url, outcome)
+
+    def _stored_space(self) -> dict[str, int] | None:
+        """History mode: the key space the log's start planned, as the checkpoints keep it."""
+        return next((c[HISTORY] for c in self._state.checkpoints.values() if c and c.get(HISTORY)), self._space)
 
     def _live_after(self, url: str, outcome: CdcOutcome) -> CdcOutcome:
         """With cdc.live_seconds the run stays up applying the log (after its snapshot, too)."""
