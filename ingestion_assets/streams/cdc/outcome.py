@@ -33,7 +33,7 @@ class CdcOutcome:
     dead_letters: int = 0
     checkpoints: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)  # stream -> (lsn, details)
     copied: list[str] = field(default_factory=list)  # streams whose copy beside the log ended in this run
-    paused: dict[str, str] = field(default_factory=dict)  # stream -> why it is paused (its table lost its key)
+    paused: dict[str, str] = field(default_factory=dict)  # stream -> why it sits out (key lost, or refused)
     reasons: dict[str, str] = field(default_factory=dict)  # stream -> why this run copies it again
 
     def latency(self) -> dict[str, float]:

@@ -21,7 +21,7 @@ def preflight(sync: CdcSync, url: str) -> tuple[tuple[str, str], ...]:
     """Every check first, read-only; only a source that passes them all gets its publication made or
     extended (returns the tables it added). A table that fails (no key, no replica identity) is never
     published: publishing it would make the source application's own UPDATEs and DELETEs on it fail."""
-    check(sync, url, expect_slot=False)
+    check(sync, url, expect_slot=False, new=_new_streams(sync))
     added = ensure_publication(
         url, sync.publication, sync.tables(), partition_root=True, owned=sync.source.cdc.publication is None
     )
@@ -46,15 +46,30 @@ def slot_ready(sync: CdcSync, url: str) -> None:
     check(sync, url, expect_slot=True)
 
 
-def check(sync: CdcSync, url: str, expect_slot: bool) -> None:
+def _new_streams(sync: CdcSync) -> list[str]:
+    """The streams without a position in a source whose log runs for others (added to the catalog, say)."""
+    if not sync._state.started:
+        return []
+    return [s.qualified_name for s in sync.streams if sync._state.positions.get(s.name) is None]
+
+
+def check(sync: CdcSync, url: str, expect_slot: bool, new: list[str] | None = None) -> None:
+    """Raises with every problem found. A declared key that fails its check for one of the `new` streams leaves
+    that stream out of the run instead (`sync.refused`; its table is not published) and the others go on: it
+    holds no position yet, so nothing of it is lost, and the next run checks it again."""
     deadline = time.monotonic() + SLOT_RELEASE_SECONDS
     tables, keys = sync.tables(), sync.declared_keys()
-    check = lambda: check_cdc(url, sync.slot, sync.publication, tables, expect_slot, True, keys)  # noqa: E731
-    problems = check()
+    problems = check_cdc(url, sync.slot, sync.publication, tables, expect_slot, True, keys)
+    for name in new or []:
+        found = [p for p in problems if p.subject.startswith(f"stream {name} (")]
+        if found:
+            _refuse(sync, name, "; ".join(str(p) for p in found))
+            problems = [p for p in problems if p not in found]
+    tables, keys = sync.tables(), sync.declared_keys()
     # The walsender of the previous run (or of a crashed one) leaves the slot a moment after its client.
     while problems and all(p.transient for p in problems) and time.monotonic() < deadline:
         time.sleep(0.25)
-        problems = check()
+        problems = check_cdc(url, sync.slot, sync.publication, tables, expect_slot, True, keys)
     if problems:
         raise CdcError(
             f"source {sync.source_name} cannot capture changes (nothing was changed on the source): "
@@ -84,3 +99,14 @@ def pause_unidentified(sync: CdcSync, url: str, stored: dict[str, Any]) -> dict[
             sync.store.commit(lsn, {stream.name: {"snapshot_done": False, PAUSED: paused[stream.name]}})
     sync.streams = [s for s in sync.streams if s.name not in paused]
     return paused
+
+
+def _refuse(sync: CdcSync, qualified: str, problem: str) -> None:
+    stream = next(s for s in sync.streams if s.qualified_name == qualified)
+    sync.refused[stream.name] = (
+        f"stream {qualified} is left out of this run (nothing of it was published, read or stored): {problem}. "
+        "The other streams of the source go on; the next run checks it again and copies its table once it passes"
+    )
+    sync._say("%s", sync.refused[stream.name])
+    sync.streams = [s for s in sync.streams if s is not stream]
+    sync._state.positions.pop(stream.name, None)

@@ -57,6 +57,7 @@ class CdcSync:
     _streams: dict[str, StreamParts] = field(default_factory=dict, init=False)  # per stream: loader, shape, schema
     _loads: LogLoads = field(default_factory=LogLoads, init=False)  # what the run's batch loads share
     _applied: array[int] | None = field(default=None, init=False)  # copying: xids applied since the last snapshot
+    refused: dict[str, str] = field(default_factory=dict, init=False)  # new streams whose key fails its check: why
 
     @property
     def slot(self) -> str:
@@ -103,7 +104,7 @@ class CdcSync:
         stored = self.store.latest()
         paused = pause_unidentified(self, url, stored)  # the other streams go on
         outcome = self._run_streams(url, partition, stored) if self.streams else CdcOutcome("changes", 0)
-        outcome.paused = paused
+        outcome.paused = paused | self.refused
         return outcome
 
     def _run_streams(self, url: str, partition: str | None, stored: dict[str, Any]) -> CdcOutcome:
