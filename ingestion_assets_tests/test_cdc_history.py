@@ -170,7 +170,7 @@ def test_a_transaction_the_chunk_does_not_see_keeps_its_rows(
         cur.execute("DELETE FROM orders WHERE id = 6")
         cur.execute("UPDATE orders SET id = 3500 WHERE id = 7")  # a key leaving the range
 
-    import ingestion_assets.streams.cdc.sync as cdc_module
+    import ingestion_assets.streams.cdc.copying as cdc_module
 
     real = cdc_module.chunk_snapshot
 
@@ -238,6 +238,27 @@ def test_a_chunk_that_died_mid_copy_is_exact_after_its_retry(
     for key in RANGES:
         _run(harness, key)
     _run(harness, LIVE)
+    _assert_exact(harness)
+
+
+@pytest.mark.slow
+def test_a_dropped_publication_copies_every_stream_again_in_live(cdc: StreamHarness) -> None:
+    """The operator dropped the product's publication: every stream lost its position, and the `live` run took
+    that for a first run (a new slot, the ranges planned again, all of them materialized already), so the
+    changes made meanwhile never arrived, rc 0. The tables are now copied again in `live`, saying why."""
+    harness = cdc
+    harness.source.execute(TABLE)
+    _catalog(harness)
+    _run(harness, LIVE)
+    for key in RANGES:
+        _run(harness, key)
+    harness.source.execute(f"DROP PUBLICATION ingest_{harness.source_name}")
+    harness.source.execute(
+        "DELETE FROM orders WHERE id BETWEEN 10 AND 20; UPDATE orders SET status = 'late' WHERE id > 2900;"
+        "INSERT INTO customers VALUES (5000, 'new'); DELETE FROM customers WHERE id = 600"
+    )
+    result = _run(harness, LIVE)
+    assert "was not in the publication" in _metadata(result, harness)["copy reason"]
     _assert_exact(harness)
 
 

@@ -16,7 +16,7 @@ import yaml
 from ingestion_assets.catalog import load_catalog
 from ingestion_assets.checks import check_catalog
 from ingestion_assets_tests.helpers import REPO, StreamHarness
-from ingestion_assets_tests.test_cdc_real_schemas import FAST, _failure
+from ingestion_assets_tests.test_cdc_real_schemas import FAST, _failure, _metadata
 from ingestion_assets_tests.test_cdc_streams import cdc
 
 __all__ = ["cdc"]  # the fixture that drops the slot and publication a test leaves
@@ -82,6 +82,29 @@ def test_a_declared_key_that_is_not_unique_is_refused_before_any_ddl_then_a_real
     target = harness.target_rows_where("readings", columns, "id, sensor", "_ingest_deleted_at IS NULL")
     assert target == harness.source.rows("readings", "id, sensor")  # 58 rows, none collapsed
     assert len(target) == 58 and (3, "b", -1) in target and (3, "a", 30) in target
+
+
+def test_a_stream_added_with_a_key_that_fails_its_check_is_left_out_and_the_others_go_on(cdc: StreamHarness) -> None:
+    """A stream added to a running source whose declared key is not a key of its table stopped the whole source
+    until the catalog was fixed. It is now left out (not published, no checkpoint), saying why, while the others
+    go on; fixed, it is copied as a new stream."""
+    harness = cdc
+    harness.source.execute(ORDERS + READINGS)
+    _catalog(harness, {"orders": {"primary_key": "id"}})
+    harness.materialize()
+    _catalog(harness, {"orders": {"primary_key": "id"}, "readings": {"primary_key": "id"}})
+    harness.source.execute("UPDATE orders SET status = 'paid' WHERE id < 5; DELETE FROM orders WHERE id = 9")
+    result = harness.materialize()
+    said = _metadata(result, harness, "readings")["paused"]
+    assert f"stream {harness.source_name}.readings is left out" in said and "is not a key of the table" in said
+    assert _published(harness) == ["orders"]
+    assert harness.target_rows_where("orders", ["id", "status"], "id", "true") == harness.source.rows("orders", "id")
+
+    harness.source.execute("CREATE UNIQUE INDEX readings_key ON readings (id, sensor)")
+    _catalog(harness, {"orders": {"primary_key": "id"}, "readings": {"primary_key": ["id", "sensor"]}})
+    harness.materialize()
+    target = harness.target_rows_where("readings", ["id", "sensor", "v"], "id, sensor", "true")
+    assert target == harness.source.rows("readings", "id, sensor") and len(target) == 60
 
 
 def test_a_declared_key_that_is_not_the_tables_key_names_the_real_one(cdc: StreamHarness) -> None:

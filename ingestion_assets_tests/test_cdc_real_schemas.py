@@ -524,6 +524,32 @@ def test_a_partition_attached_to_a_table_left_without_partitions_brings_its_rows
     assert len(harness.source.rows("measures", "id")) == 151
 
 
+def test_a_truncate_of_one_partition_copies_the_table_again_and_retires_its_rows(cdc: StreamHarness) -> None:
+    """PostgreSQL does not publish a TRUNCATE of one partition through the partitioned table, so the target
+    kept that partition's rows for ever, rc 0. Each partition's relfilenode is now kept in the checkpoint: a
+    new one copies the table again once the log is caught up (a TRUNCATE of the whole table it carries is
+    still refused), and the rows the copy does not find retire."""
+    harness = cdc
+    harness.source.execute(PARTITIONED + CUSTOMERS)
+    _catalog(harness, {"measures": {"primary_key": ["id", "region"], "deletes": "soft"}, "customers": {}})
+    harness.materialize()
+    harness.source.execute(
+        "UPDATE measures SET v = -v WHERE id < 40;"  # in the log, not applied yet
+        "TRUNCATE measures_eu; INSERT INTO measures VALUES (1000, 'eu', 7);"
+        "UPDATE customers SET name = 'x' WHERE id < 5"
+    )
+    result = harness.materialize()
+    said = f"partition(s) {harness.source.schema}.measures_eu rewritten"
+    assert said in _run_log(harness, result)
+    assert said in _metadata(result, harness, "measures")["copy reason"]
+    _assert_partitioned_exact(harness)
+    _assert_exact(harness, "customers")
+    gone = harness.target_rows_where("measures", ["id", "region"], "id", "_ingest_deleted_at IS NOT NULL")
+    assert gone == [(i, "eu") for i in range(2, 301, 2)]
+    harness.source.execute("TRUNCATE measures")  # the whole table: the log carries it, and the stream refuses it
+    assert "the source table was truncated" in _failure(harness.materialize(raise_on_error=False))
+
+
 def test_a_table_whose_key_the_application_drops_leaves_the_publication_and_only_its_stream_pauses(
     cdc: StreamHarness,
 ) -> None:

@@ -31,8 +31,9 @@ import duckdb
 import psycopg2
 import yaml
 
+import ingestion_assets.streams.cdc.batches as batches_module
 import ingestion_assets.streams.cdc.copy as copy_module
-import ingestion_assets.streams.cdc.sync as cdc_module
+import ingestion_assets.streams.cdc.copying as copying_module
 from ingestion_assets.catalog import load_catalog
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
@@ -263,8 +264,8 @@ class CdcSimulation:
         """The source keeps changing between snapshot slices and between batches of changes."""
         real_slices, real_changes, real_snapshot = (
             copy_module.table_slices,
-            cdc_module.read_changes,
-            cdc_module.chunk_snapshot,
+            batches_module.read_changes,
+            copying_module.chunk_snapshot,
         )
         simulation = self
         starts: set[int] = set()  # read positions seen in this run: a repeated read draws nothing
@@ -289,13 +290,13 @@ class CdcSimulation:
                 commit()  # running while the snapshot was taken, committed right after: the snapshot does not see it
                 yield snap
 
-        copy_module.table_slices, cdc_module.read_changes = table_slices, read_changes  # type: ignore[assignment]
-        cdc_module.chunk_snapshot = chunk_snapshot  # type: ignore[assignment]
+        copy_module.table_slices, batches_module.read_changes = table_slices, read_changes  # type: ignore[assignment]
+        copying_module.chunk_snapshot = chunk_snapshot  # type: ignore[assignment]
         try:
             yield
         finally:
-            copy_module.table_slices, cdc_module.read_changes = real_slices, real_changes
-            cdc_module.chunk_snapshot = real_snapshot
+            copy_module.table_slices, batches_module.read_changes = real_slices, real_changes
+            copying_module.chunk_snapshot = real_snapshot
 
     @contextlib.contextmanager
     def _held_across(self) -> Iterator[Any]:

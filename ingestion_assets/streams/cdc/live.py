@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 from ingestion_assets.sources.postgres.cdc import slot_health
 from ingestion_assets.sources.postgres.cdc.live import LiveReader
+from ingestion_assets.streams.cdc.batches import apply_batch
+from ingestion_assets.streams.cdc.preflight import slot_ready
 from ingestion_assets.sync import Faults, checkpoint_first
 
 if TYPE_CHECKING:
@@ -24,7 +26,7 @@ def apply_live(sync: CdcSync, url: str, outcome: CdcOutcome) -> None:
     stored checkpoint, so a kill anywhere resumes from the last one (the merge absorbs the replay)."""
     cdc = sync.source.cdc
     lifetime = float(cdc.live_seconds or 0.0)
-    sync._slot_ready(url)
+    slot_ready(sync, url)
     faults = sync.faults or Faults.from_env()
     unsafe = checkpoint_first()
     until = time.monotonic() + lifetime
@@ -48,7 +50,7 @@ def apply_live(sync: CdcSync, url: str, outcome: CdcOutcome) -> None:
                 sync._commit(batch.end_lsn)
             faults.hit("before_load", index)
             began = time.monotonic()
-            sync._apply(url, batch, outcome, None)
+            apply_batch(sync, url, batch, outcome, None)
             faults.hit("after_load", index)
             loaded = time.monotonic()
             if not unsafe:

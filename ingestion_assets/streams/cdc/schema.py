@@ -24,6 +24,7 @@ from ingestion_assets.streams.target_binding import TARGET, binding_details, set
 
 SCHEMA = "schema"  # the checkpoint detail the table streams keep too (`ingest schema show` reads it)
 PARTITIONS = "partitions"  # a partitioned table's partitions when the stream last settled
+FILES = "partition_files"  # each partition's relfilenode then: a new one means rows rewritten outside the log
 EMPTY = "target_empty"  # the log left the target empty (hard deletes, a truncate): an empty target is no loss
 
 _PARTITIONS_SQL = """
@@ -31,7 +32,7 @@ WITH RECURSIVE tree(oid) AS (
     SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = %(table)s::regclass
     UNION ALL SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid
 )
-SELECT format('%%I.%%I', n.nspname, c.relname) FROM tree JOIN pg_class c ON c.oid = tree.oid
+SELECT format('%%I.%%I', n.nspname, c.relname), c.relfilenode FROM tree JOIN pg_class c ON c.oid = tree.oid
 JOIN pg_namespace n ON n.oid = c.relnamespace ORDER BY 1
 """
 
@@ -53,7 +54,8 @@ class StreamParts:
     shape: TableShape
     schema: dict[str, list[str]] | None = None
     recopy: str | None = None
-    partitions: list[str] | None = None
+    partitions: dict[str, int] | None = None  # partition -> its relfilenode now (0: itself partitioned)
+    rewritten: str | None = None  # partitions rewritten outside the log: copied again once the log is caught up
     empty: bool = False  # the last load left the target without rows
     type_oids: dict[str, int] | None = None  # column -> its type's oid now (`outdated`), read once a run
     generated: frozenset[str] | None = None  # generated columns: the log carries no value of them, read once a run
@@ -81,7 +83,9 @@ class StreamParts:
         if self.schema is not None:
             details[SCHEMA] = self.schema
         if self.partitions is not None:  # [] too: a partition attached to a table left without any is news
-            details[PARTITIONS] = self.partitions
+            details[PARTITIONS] = sorted(self.partitions)
+            if self.rewritten is None:  # else the stored ones stay until the copy starts: a failed run sees it again
+                details[FILES] = self.partitions
         return details
 
 
@@ -108,7 +112,9 @@ def settle_stream(
     rewritten = [c for c in step.applied if c.kind != "dropped"]
     loaded = int((details.get(TARGET) or {}).get("seq", 1)) > 0  # a log run that changed nothing loads nothing
     parts.partitions = partitions_of(stream)
-    moved = _partitions_moved(details[PARTITIONS], parts.partitions or []) if PARTITIONS in details else None
+    now = parts.partitions or {}
+    moved = _partitions_moved(details[PARTITIONS], list(now)) if PARTITIONS in details else None
+    refiled = _partitions_refiled(details.get(FILES), now)
     if lsn and settled.reason and loaded and not left_empty:
         parts.recopy = f"its target changed: {settled.reason}"
     elif lsn and rewritten:
@@ -116,6 +122,11 @@ def settle_stream(
         parts.recopy = f"{what}: the log carries no values for the rows that already existed"
     elif lsn and moved:
         parts.recopy = f"{moved}: the log carries neither the rows a partition brings nor those it takes away"
+    elif lsn and refiled:
+        parts.rewritten = (
+            f"{refiled}: the log carries no delete for the rows a TRUNCATE of a partition takes away (PostgreSQL "
+            "publishes it only for the whole table)"
+        )
     return parts
 
 
@@ -159,8 +170,9 @@ def column_type_oids(stream: PostgresTableStream) -> dict[str, int]:
         conn.close()
 
 
-def partitions_of(stream: PostgresTableStream) -> list[str] | None:
-    """Every partition under the stream's table, as schema-qualified names (None: not a partitioned table)."""
+def partitions_of(stream: PostgresTableStream) -> dict[str, int] | None:
+    """Every partition under the stream's table, as schema-qualified names, with its relfilenode (None: not a
+    partitioned table). TRUNCATE, VACUUM FULL and CLUSTER give a partition a new one."""
     conn = connect(stream.source_url(), "ingest-partitions")
     try:
         table = sql.Identifier(stream.spec.schema_name, stream.spec.table_name).as_string(conn)
@@ -170,7 +182,7 @@ def partitions_of(stream: PostgresTableStream) -> list[str] | None:
             if found is None or not found[0]:
                 return None
             cur.execute(_PARTITIONS_SQL, {"table": table})
-            return [str(row[0]) for row in cur.fetchall()]
+            return {str(name): int(node) for name, node in cur.fetchall()}
     finally:
         conn.close()
 
@@ -181,3 +193,11 @@ def _partitions_moved(before: list[str] | None, now: list[str]) -> str | None:
     said = [f"partition(s) {', '.join(attached)} attached"] if attached else []
     said += [f"partition(s) {', '.join(detached)} detached or dropped"] if detached else []
     return "; ".join(said) or None
+
+
+def _partitions_refiled(before: dict[str, int] | None, now: dict[str, int]) -> str | None:
+    """The partitions (there before and now) whose relfilenode changed since the stream last settled, or None."""
+    changed = sorted(name for name, node in now.items() if node and (before or {}).get(name, node) != node)
+    if not changed:
+        return None
+    return f"partition(s) {', '.join(changed)} rewritten (TRUNCATE, VACUUM FULL or CLUSTER of the partition)"

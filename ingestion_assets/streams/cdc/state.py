@@ -6,7 +6,7 @@ read from the lowest position any stream holds, and a stream skips the transacti
 
 A copy goes in key ranges, each checkpointed: while it is under way the stream holds a log position too
 (it takes every change of the log after it, copied part of the key space or not) and its `copy` detail
-says where the next range starts (sync.py, `_copy_streams`, says why that is exact).
+says where the next range starts (copying.py, `copy_streams`, says why that is exact).
 """
 
 from __future__ import annotations
