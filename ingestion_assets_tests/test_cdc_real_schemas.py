@@ -539,7 +539,7 @@ def test_a_truncate_of_one_partition_copies_the_table_again_and_retires_its_rows
         "UPDATE customers SET name = 'x' WHERE id < 5"
     )
     result = harness.materialize()
-    said = f"partition(s) {harness.source.schema}.measures_eu rewritten"
+    said = f"partition(s) {harness.source.schema}.measures_eu rewritten or attached again"
     assert said in _run_log(harness, result)
     assert said in _metadata(result, harness, "measures")["copy reason"]
     _assert_partitioned_exact(harness)
@@ -548,6 +548,32 @@ def test_a_truncate_of_one_partition_copies_the_table_again_and_retires_its_rows
     assert gone == [(i, "eu") for i in range(2, 301, 2)]
     harness.source.execute("TRUNCATE measures")  # the whole table: the log carries it, and the stream refuses it
     assert "the source table was truncated" in _failure(harness.materialize(raise_on_error=False))
+
+
+def test_a_partition_changed_while_detached_or_made_again_copies_the_table_again(cdc: StreamHarness) -> None:
+    """Between two runs a partition was detached, changed and attached again, or dropped and made again under
+    its name: the partition list was the same, the log carried none of it, and the target kept stale and
+    deleted rows, rc 0 (found by the README-only attack). Each partition's pg_inherits row is now compared too."""
+    harness = cdc
+    harness.source.execute(PARTITIONED)
+    _catalog(harness, {"measures": {"primary_key": ["id", "region"]}})
+    harness.materialize()
+    harness.source.execute(
+        "ALTER TABLE measures DETACH PARTITION measures_eu;"
+        "UPDATE measures_eu SET v = -1 WHERE id <= 100; DELETE FROM measures_eu WHERE id BETWEEN 101 AND 200;"
+        "INSERT INTO measures_eu VALUES (7777, 'eu', 1);"
+        "ALTER TABLE measures ATTACH PARTITION measures_eu FOR VALUES IN ('eu')"
+    )
+    result = harness.materialize()
+    said = f"partition(s) {harness.source.schema}.measures_eu rewritten or attached again"
+    assert said in _metadata(result, harness, "measures")["copy reason"]
+    _assert_partitioned_exact(harness)
+    harness.source.execute(
+        "DROP TABLE measures_us; CREATE TABLE measures_us PARTITION OF measures FOR VALUES IN ('us');"
+        "INSERT INTO measures VALUES (5050, 'us', 2)"
+    )
+    harness.materialize()
+    _assert_partitioned_exact(harness)
 
 
 def test_a_table_whose_key_the_application_drops_leaves_the_publication_and_only_its_stream_pauses(

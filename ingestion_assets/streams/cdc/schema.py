@@ -24,7 +24,9 @@ from ingestion_assets.streams.target_binding import TARGET, binding_details, set
 
 SCHEMA = "schema"  # the checkpoint detail the table streams keep too (`ingest schema show` reads it)
 PARTITIONS = "partitions"  # a partitioned table's partitions when the stream last settled
-FILES = "partition_files"  # each partition's relfilenode then: a new one means rows rewritten outside the log
+# Each partition's relfilenode and the xmin of its pg_inherits row then: a new one means rows changed outside the
+# log (a TRUNCATE of the partition, or changes made while it was detached and then attached again)
+FILES = "partition_files"
 EMPTY = "target_empty"  # the log left the target empty (hard deletes, a truncate): an empty target is no loss
 
 _PARTITIONS_SQL = """
@@ -32,7 +34,8 @@ WITH RECURSIVE tree(oid) AS (
     SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = %(table)s::regclass
     UNION ALL SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid
 )
-SELECT format('%%I.%%I', n.nspname, c.relname), c.relfilenode FROM tree JOIN pg_class c ON c.oid = tree.oid
+SELECT format('%%I.%%I', n.nspname, c.relname), c.relfilenode::text || '/' || i.xmin::text
+FROM tree JOIN pg_class c ON c.oid = tree.oid JOIN pg_inherits i ON i.inhrelid = c.oid
 JOIN pg_namespace n ON n.oid = c.relnamespace ORDER BY 1
 """
 
@@ -54,7 +57,7 @@ class StreamParts:
     shape: TableShape
     schema: dict[str, list[str]] | None = None
     recopy: str | None = None
-    partitions: dict[str, int] | None = None  # partition -> its relfilenode now (0: itself partitioned)
+    partitions: dict[str, str] | None = None  # partition -> "relfilenode/xmin of its pg_inherits row" now
     rewritten: str | None = None  # partitions rewritten outside the log: copied again once the log is caught up
     empty: bool = False  # the last load left the target without rows
     type_oids: dict[str, int] | None = None  # column -> its type's oid now (`outdated`), read once a run
@@ -124,8 +127,8 @@ def settle_stream(
         parts.recopy = f"{moved}: the log carries neither the rows a partition brings nor those it takes away"
     elif lsn and refiled:
         parts.rewritten = (
-            f"{refiled}: the log carries no delete for the rows a TRUNCATE of a partition takes away (PostgreSQL "
-            "publishes it only for the whole table)"
+            f"{refiled}: the log carries neither the rows a TRUNCATE of a partition takes away (PostgreSQL "
+            "publishes it only for the whole table) nor the changes made to a partition while it was detached"
         )
     return parts
 
@@ -170,9 +173,10 @@ def column_type_oids(stream: PostgresTableStream) -> dict[str, int]:
         conn.close()
 
 
-def partitions_of(stream: PostgresTableStream) -> dict[str, int] | None:
-    """Every partition under the stream's table, as schema-qualified names, with its relfilenode (None: not a
-    partitioned table). TRUNCATE, VACUUM FULL and CLUSTER give a partition a new one."""
+def partitions_of(stream: PostgresTableStream) -> dict[str, str] | None:
+    """Every partition under the stream's table, as schema-qualified names, with its relfilenode and the xmin of
+    the row attaching it (None: not a partitioned table). TRUNCATE, VACUUM FULL and CLUSTER give a partition a
+    new relfilenode; DETACH then ATTACH a new pg_inherits row."""
     conn = connect(stream.source_url(), "ingest-partitions")
     try:
         table = sql.Identifier(stream.spec.schema_name, stream.spec.table_name).as_string(conn)
@@ -182,7 +186,7 @@ def partitions_of(stream: PostgresTableStream) -> dict[str, int] | None:
             if found is None or not found[0]:
                 return None
             cur.execute(_PARTITIONS_SQL, {"table": table})
-            return {str(name): int(node) for name, node in cur.fetchall()}
+            return {str(name): str(files) for name, files in cur.fetchall()}
     finally:
         conn.close()
 
@@ -195,9 +199,12 @@ def _partitions_moved(before: list[str] | None, now: list[str]) -> str | None:
     return "; ".join(said) or None
 
 
-def _partitions_refiled(before: dict[str, int] | None, now: dict[str, int]) -> str | None:
-    """The partitions (there before and now) whose relfilenode changed since the stream last settled, or None."""
-    changed = sorted(name for name, node in now.items() if node and (before or {}).get(name, node) != node)
+def _partitions_refiled(before: dict[str, str] | None, now: dict[str, str]) -> str | None:
+    """The partitions (there before and now) rewritten or attached again since the stream last settled, or None."""
+    changed = sorted(name for name, files in now.items() if (before or {}).get(name, files) != files)
     if not changed:
         return None
-    return f"partition(s) {', '.join(changed)} rewritten (TRUNCATE, VACUUM FULL or CLUSTER of the partition)"
+    return (
+        f"partition(s) {', '.join(changed)} rewritten or attached again (TRUNCATE, VACUUM FULL or CLUSTER of the "
+        "partition, or DETACH then ATTACH)"
+    )
