@@ -36,6 +36,16 @@ def pause_message(source_name: str, stream_name: str, publication: str, entry: U
     )
 
 
+def unread_message(source_name: str, publication: str, entry: Unidentified) -> str:
+    """A table no stream of the source reads any more, still in the product's publication, that lost its
+    replica identity: it was taken out (no stream to pause)."""
+    return (
+        f"source {source_name}: table {'.'.join(entry.table)}, which no stream reads any more, {entry.reason} and was "
+        f"still in the product's publication {publication}: it was taken out at once (PostgreSQL rejects the "
+        "application's UPDATE and DELETE on a published table without a replica identity)"
+    )
+
+
 def unpublish_for_source(url: str, source_name: str, source: PostgresSource) -> tuple[list[str], set[str]]:
     """What `ingest check`, `ingest cdc status` and the slot sensor do between runs to shorten the outage: every
     published table of the source's streams without a replica identity leaves the product's own publication
@@ -44,5 +54,10 @@ def unpublish_for_source(url: str, source_name: str, source: PostgresSource) -> 
     streams = {(s.schema_name, s.table_name): name for name, s in source.streams.items()}
     found = unpublish_unidentified(url, publication, list(streams), source.cdc.publication is None)
     published = [e for e in found if e.published]
-    messages = [pause_message(source_name, streams[e.table], publication, e) for e in published]
+    messages = [
+        pause_message(source_name, streams[e.table], publication, e)
+        if e.table in streams
+        else unread_message(source_name, publication, e)
+        for e in published
+    ]
     return messages, {".".join(e.table) for e in published}

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ingestion_assets.sources.postgres.cdc import check_cdc, drop_unread_tables, ensure_publication, parse_lsn
 from ingestion_assets.sources.postgres.cdc.identity import unpublish_unidentified
 from ingestion_assets.streams.cdc.outcome import CdcError
-from ingestion_assets.streams.cdc.paused import PAUSED, pause_message
+from ingestion_assets.streams.cdc.paused import PAUSED, pause_message, unread_message
 
 if TYPE_CHECKING:
     from ingestion_assets.streams.cdc.sync import CdcSync
@@ -21,14 +21,9 @@ def preflight(sync: CdcSync, url: str) -> tuple[tuple[str, str], ...]:
     """Every check first, read-only; only a source that passes them all gets its publication made or
     extended (returns the tables it added). A table that fails (no key, no replica identity) is never
     published: publishing it would make the source application's own UPDATEs and DELETEs on it fail."""
-    check(sync, url, expect_slot=False, new=_new_streams(sync))
-    added = ensure_publication(
-        url, sync.publication, sync.tables(), partition_root=True, owned=sync.source.cdc.publication is None
-    )
-    if added:
-        published = ", ".join(".".join(t) for t in added)
-        sync._say("%s: published %s in %s", sync.source_name, published, sync.publication)
-    if sync.source.cdc.publication is None:  # ours: a table no stream of the catalog reads leaves it
+    # First (it only takes tables out of the product's own publication, which never harms the source): a table
+    # no stream of the catalog reads leaves it, also when a check below refuses the run.
+    if sync.source.cdc.publication is None:
         read = [(spec.schema_name, spec.table_name) for spec in sync.source.streams.values()]
         dropped = drop_unread_tables(url, sync.publication, read)
         if dropped:
@@ -39,6 +34,13 @@ def preflight(sync: CdcSync, url: str) -> tuple[tuple[str, str], ...]:
                 left,
                 sync.publication,
             )
+    check(sync, url, expect_slot=False, new=_new_streams(sync))
+    added = ensure_publication(
+        url, sync.publication, sync.tables(), partition_root=True, owned=sync.source.cdc.publication is None
+    )
+    if added:
+        published = ", ".join(".".join(t) for t in added)
+        sync._say("%s: published %s in %s", sync.source_name, published, sync.publication)
     return tuple(added)
 
 
@@ -88,7 +90,11 @@ def pause_unidentified(sync: CdcSync, url: str, stored: dict[str, Any]) -> dict[
     by_table = {(s.spec.schema_name, s.spec.table_name): s for s in sync.streams}
     paused: dict[str, str] = {}
     for entry in found:
-        stream = by_table[entry.table]
+        stream = by_table.get(entry.table)
+        if stream is None:  # read by no stream any more: out of the publication, nothing to pause
+            if entry.removed:
+                sync._say("%s", unread_message(sync.source_name, sync.publication, entry))
+            continue
         checkpoint = stored.get(stream.name) or {}
         if not (entry.published or checkpoint.get("snapshot_done") or checkpoint.get(PAUSED)):
             continue

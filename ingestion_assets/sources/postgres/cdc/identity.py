@@ -90,14 +90,15 @@ class Unidentified:
 def unpublish_unidentified(url: str, publication: str, tables: Sequence[TableName], owned: bool) -> list[Unidentified]:
     """Every table of `tables` that lacks a usable replica identity. One still in `publication` makes the
     application's UPDATE and DELETE on it fail: when the publication is the product's (`owned`) it is taken
-    out at once; a publication of the user's is left as it is (the entry says the statement to run)."""
+    out at once; a publication of the user's is left as it is (the entry says the statement to run). In the
+    product's publication every member is looked at, also a table no stream reads any more (a stream removed
+    while the runs failed, so the run that takes such tables out did not come)."""
     conn = connect(url, "ingest-cdc-admin")
     try:
         with conn.cursor() as cur:
-            lacking = [(t, gap) for t in tables if (gap := identity_gap(cur, *t)) is not None]
-            if not lacking:
-                return []
             members = published_tables(cur, publication)
+            looked_at = [*tables, *sorted(members - set(tables))] if owned else list(tables)
+            lacking = [(t, gap) for t in looked_at if (gap := identity_gap(cur, *t)) is not None]
             found = []
             for table, gap in lacking:
                 published = table in members
