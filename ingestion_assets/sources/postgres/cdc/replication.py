@@ -2,10 +2,10 @@
 its status written by `copydata.CopyBoth`, so the slot moves only through `send_flush` (see copydata.py for
 what psycopg2's own reader would send).
 
-A stream sends no periodic status (NEVER_SECONDS) and sets its own wal_sender_timeout beyond the read, so
-the server never asks an idle reader for a reply. A server that asks all the same is shutting down: it
-waits for its client to confirm everything sent, so the stream closes at once (a fast shutdown is not held
-up) and raises SourceStopping; the next run resumes from its stored checkpoint.
+A stream sends no periodic status and sets its own wal_sender_timeout beyond the read, so the server never
+asks an idle reader for a reply. A server that asks all the same is shutting down: it waits for its client
+to confirm everything sent, so the stream closes at once (a fast shutdown is not held up) and raises
+SourceStopping; the next run resumes from its stored checkpoint.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ from ingestion_assets.sources.postgres.cdc.lsn import format_lsn, parse_lsn
 from ingestion_assets.sources.postgres.cdc.messages import Message
 from ingestion_assets.sources.postgres.cdc.pgoutput import Decoder
 from ingestion_assets.sources.postgres.cdc.slots import valid_slot_name, wait_until_free
-
-NEVER_SECONDS = 10_000_000  # psycopg2's status interval: no periodic feedback during a read
 
 
 def protocol_version(server_version: int) -> int:
@@ -136,7 +134,6 @@ class ReplicationStream:
                 decode=False,
                 start_lsn=self.start_lsn,
                 options=options,
-                status_interval=NEVER_SECONDS,
             )
         except psycopg2.errors.UndefinedObject as exc:
             raise SlotMissingError(f"replication slot {self.slot!r} does not exist: {exc}") from exc
