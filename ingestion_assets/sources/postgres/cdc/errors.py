@@ -37,6 +37,12 @@ class DecodeTimeout(CdcError):
     transient = True
 
 
+class SourceStopping(CdcError):
+    """The source server is shutting down; the stream was closed at once so as not to hold the shutdown up."""
+
+    transient = True
+
+
 class AcknowledgeTimeout(CdcError):
     """The server did not show the acknowledged position on the slot in time."""
 

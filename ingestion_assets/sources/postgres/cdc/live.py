@@ -3,8 +3,8 @@ acknowledged on the same connection once its checkpoint is stored.
 
 A run that opens a session per batch pays a connection, START_REPLICATION and a decode restart from the
 slot's restart position every time; holding the session makes a batch cost only its load and checkpoint.
-The slot still moves only through `acknowledge`: the session sends no periodic status (see replication.py),
-so psycopg2 never reports a position the caller did not store.
+The slot still moves only through `acknowledge`: the session writes no status of its own (see copydata.py),
+and a server that asks for one (it is shutting down) gets the session closed (SourceStopping).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from psycopg2.extensions import cursor as PgCursor
 
 from ingestion_assets.sources.postgres.cdc.assembler import TransactionAssembler
 from ingestion_assets.sources.postgres.cdc.changes import ChangeBatch
+from ingestion_assets.sources.postgres.cdc.copydata import CopyBoth
 from ingestion_assets.sources.postgres.cdc.errors import AcknowledgeTimeout, CdcError, DecodeTimeout, SlotInUseError
 from ingestion_assets.sources.postgres.cdc.lsn import format_lsn, parse_lsn, to_lsn
 from ingestion_assets.sources.postgres.cdc.replication import (
@@ -162,7 +163,7 @@ def _send_flush(url: str, slot: str, publication: str, target: int, admin_cur: P
             cur.start_replication(slot_name=slot, decode=False, start_lsn=target, options=options, status_interval=10)
         except psycopg2.errors.ObjectInUse as exc:
             raise SlotInUseError(f"replication slot {slot!r} was taken by another reader while acknowledging") from exc
-        cur.send_feedback(flush_lsn=target, force=True)
+        CopyBoth(conn).send_status(target)
         _wait_confirmed(admin_cur, slot, target, timeout)
     finally:
         conn.close()

@@ -1,12 +1,11 @@
-"""An open pgoutput stream from a logical replication slot, read with psycopg2's replication protocol.
+"""An open pgoutput stream from a logical replication slot: started with psycopg2, its messages read and
+its status written by `copydata.CopyBoth`, so the slot moves only through `send_flush` (see copydata.py for
+what psycopg2's own reader would send).
 
-psycopg2 answers keepalives itself with the highest flush position it was given, and when it holds that
-everything it received was confirmed (true before the first data message) it first moves that position
-to the keepalive's WAL end. A status update sent then would acknowledge WAL the caller never stored. So
-a stream never calls send_feedback, sends no periodic status (NEVER_SECONDS), and sets its own
-wal_sender_timeout beyond the read, so the server never asks an idle reader for a reply. (A server that
-shuts down does ask; the position sent then passes only WAL in which nothing was published.) The slot
-moves only through `acknowledge`.
+A stream sends no periodic status and sets its own wal_sender_timeout beyond the read, so the server never
+asks an idle reader for a reply. A server that asks all the same is shutting down: it waits for its client
+to confirm everything sent, so the stream closes at once (a fast shutdown is not held up) and raises
+SourceStopping; the next run resumes from its stored checkpoint.
 """
 
 from __future__ import annotations
@@ -18,13 +17,12 @@ from typing import Any
 import psycopg2
 import psycopg2.extras
 
-from ingestion_assets.sources.postgres.cdc.errors import CdcError, SlotInUseError, SlotMissingError
+from ingestion_assets.sources.postgres.cdc.copydata import CopyBoth, CopyBothError
+from ingestion_assets.sources.postgres.cdc.errors import CdcError, SlotInUseError, SlotMissingError, SourceStopping
 from ingestion_assets.sources.postgres.cdc.lsn import format_lsn, parse_lsn
 from ingestion_assets.sources.postgres.cdc.messages import Message
 from ingestion_assets.sources.postgres.cdc.pgoutput import Decoder
 from ingestion_assets.sources.postgres.cdc.slots import valid_slot_name, wait_until_free
-
-NEVER_SECONDS = 10_000_000  # psycopg2's status interval: no periodic feedback during a read
 
 
 def protocol_version(server_version: int) -> int:
@@ -82,6 +80,7 @@ class ReplicationStream:
         self.proto_version = 0
         self._conn: Any = None
         self._cur: Any = None
+        self._copy: CopyBoth | None = None
 
     def __enter__(self) -> ReplicationStream:
         self._conn = replication_connection(self.url, self.session_seconds, self.work_mem_kb)
@@ -102,7 +101,7 @@ class ReplicationStream:
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
-            self._conn = None
+            self._conn, self._copy = None, None
 
     def _preflight(self) -> None:
         """Fail with the fix rather than stream nothing: PostgreSQL 16+ skips a missing publication silently."""
@@ -135,39 +134,50 @@ class ReplicationStream:
                 decode=False,
                 start_lsn=self.start_lsn,
                 options=options,
-                status_interval=NEVER_SECONDS,
             )
         except psycopg2.errors.UndefinedObject as exc:
             raise SlotMissingError(f"replication slot {self.slot!r} does not exist: {exc}") from exc
         except psycopg2.errors.ObjectInUse as exc:
             raise SlotInUseError(f"replication slot {self.slot!r} was taken by another process: {exc}") from exc
+        self._copy = CopyBoth(self._conn)
 
     def next(self, timeout: float) -> tuple[int, Message] | None:
         """The next message and the WAL position the server gave it, or None after `timeout` seconds."""
         message = self._read()
         if message is None and timeout > 0:
-            select.select([self._cur], [], [], timeout)
+            select.select([self._conn], [], [], timeout)
             message = self._read()
         if message is None:
             return None
-        return message.data_start, self.decoder.decode(message.payload)
+        return message[0], self.decoder.decode(message[1])
 
     def send_flush(self, lsn: int) -> None:
-        """Report everything before `lsn` stored. psycopg2 may send a higher position it took from a
-        keepalive read since, but only when no data message came after `lsn`: WAL in which nothing was
-        published, which the caller's next stored position covers too (it includes `wal_end`)."""
+        """Report everything before `lsn` stored: the slot moves there, and only there."""
         try:
-            self._cur.send_feedback(write_lsn=lsn, flush_lsn=lsn, force=True)
-        except psycopg2.Error as exc:
-            raise CdcError(f"acknowledging {format_lsn(lsn)} on slot {self.slot!r} failed: {str(exc).strip()}") from exc
+            self._open().send_status(lsn)
+        except CopyBothError as exc:
+            raise CdcError(f"acknowledging {format_lsn(lsn)} on slot {self.slot!r} failed: {exc}") from exc
 
-    def _read(self) -> Any:
+    def _read(self) -> tuple[int, bytes] | None:
+        copy = self._open()
         try:
-            message = self._cur.read_message()
-        except psycopg2.Error as exc:
+            message = copy.read()
+        except CopyBothError as exc:
             raise CdcError(
                 f"reading replication slot {self.slot!r} (publication {self.publication!r}) "
-                f"from {format_lsn(self.start_lsn)} failed: {str(exc).strip()}"
+                f"from {format_lsn(self.start_lsn)} failed: {exc}"
             ) from exc
-        self.wal_end = max(self.wal_end, self._cur.wal_end)
+        self.wal_end = max(self.wal_end, copy.wal_end)
+        if copy.reply_asked:
+            self.close()
+            raise SourceStopping(
+                f"the server of replication slot {self.slot!r} asked the reader to confirm what it was sent: it is "
+                "shutting down. The session was closed so as not to hold the shutdown up; the slot stays at the "
+                "last stored checkpoint, and the next run resumes from there"
+            )
         return message
+
+    def _open(self) -> CopyBoth:
+        if self._copy is None:
+            raise CdcError(f"replication slot {self.slot!r}: the stream is closed")
+        return self._copy
