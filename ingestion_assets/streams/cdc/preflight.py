@@ -56,14 +56,15 @@ def _new_streams(sync: CdcSync) -> list[str]:
 
 
 def check(sync: CdcSync, url: str, expect_slot: bool, new: list[str] | None = None) -> None:
-    """Raises with every problem found. A declared key that fails its check for one of the `new` streams leaves
-    that stream out of the run instead (`sync.refused`; its table is not published) and the others go on: it
-    holds no position yet, so nothing of it is lost, and the next run checks it again."""
+    """Raises with every problem found. A problem of the table of one of the `new` streams (no replica identity,
+    missing, a declared key that fails its check) leaves that stream out of the run instead (`sync.refused`; its
+    table is not published) and the others go on: it holds no position yet, so nothing of it is lost, and the
+    next run checks it again."""
     deadline = time.monotonic() + SLOT_RELEASE_SECONDS
     tables, keys = sync.tables(), sync.declared_keys()
     problems = check_cdc(url, sync.slot, sync.publication, tables, expect_slot, True, keys)
     for name in new or []:
-        found = [p for p in problems if p.subject.startswith(f"stream {name} (")]
+        found = [p for p in problems if p.table is not None and p.table in _tables_only_of(sync, name)]
         if found:
             _refuse(sync, name, "; ".join(str(p) for p in found))
             problems = [p for p in problems if p not in found]
@@ -77,6 +78,13 @@ def check(sync: CdcSync, url: str, expect_slot: bool, new: list[str] | None = No
             f"source {sync.source_name} cannot capture changes (nothing was changed on the source): "
             + "; ".join(str(p) for p in problems)
         )
+
+
+def _tables_only_of(sync: CdcSync, qualified: str) -> list[tuple[str, str]]:
+    """The stream's table, when no other stream of the run reads it (a problem of a shared table stops them all)."""
+    table = next((s.spec.schema_name, s.spec.table_name) for s in sync.streams if s.qualified_name == qualified)
+    others = [s for s in sync.streams if s.qualified_name != qualified]
+    return [] if any((s.spec.schema_name, s.spec.table_name) == table for s in others) else [table]
 
 
 def pause_unidentified(sync: CdcSync, url: str, stored: dict[str, Any]) -> dict[str, str]:

@@ -151,9 +151,11 @@ def _table_problems(cur: PgCursor, schema: str, table: str, publication: str) ->
     kind = relkind(cur, schema, table)
     subject = f"table {name}"
     if kind is None:
-        return [Problem(subject, "does not exist; check the schema and table name")]
+        return [Problem(subject, "does not exist; check the schema and table name", table=(schema, table))]
     if kind not in ("r", "p"):
-        return [Problem(subject, f"is not a table (relkind {kind!r}); only tables can be published")]
+        return [
+            Problem(subject, f"is not a table (relkind {kind!r}); only tables can be published", table=(schema, table))
+        ]
     gap = identity_gap(cur, schema, table)
     if gap is None:
         return []
@@ -165,6 +167,7 @@ def _table_problems(cur: PgCursor, schema: str, table: str, publication: str) ->
                 f"{gap} but is in publication {publication!r}, so PostgreSQL rejects the application's UPDATE and "
                 f"DELETE on it now; ALTER PUBLICATION {ident(cur, publication)} DROP TABLE {name} at once (a run "
                 f"does it for the product's own publication), then {fix}; the stream is then copied again",
+                table=(schema, table),
             )
         ]
     return [
@@ -172,5 +175,6 @@ def _table_problems(cur: PgCursor, schema: str, table: str, publication: str) ->
             subject,
             f"{gap}, so its updates and deletes carry no key, and once published PostgreSQL would reject the "
             f"application's UPDATE and DELETE on it; it was not published. {fix}",
+            table=(schema, table),
         )
     ]

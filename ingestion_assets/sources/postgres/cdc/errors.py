@@ -54,6 +54,7 @@ class Problem:
     subject: str  # what is wrong: "server", "slot 'x'", "publication 'p'", "table s.t"
     message: str  # why it matters and what to do
     transient: bool = False  # may clear by itself in a moment (a slot still held by a reader that is exiting)
+    table: tuple[str, str] | None = None  # (schema, table) when the problem is one table's
 
     def __str__(self) -> str:
         return f"{self.subject}: {self.message}"

@@ -65,10 +65,10 @@ def key_problems(cur: PgCursor, key: DeclaredKey) -> list[Problem]:
     subject = f"stream {key.stream} (table {ident(cur, *key.table)})"
     matching = next((k for k in keys if k.not_null and set(k.columns) == declared), None)
     if matching is None:
-        return [Problem(subject, _not_unique(key, keys))]
+        return [Problem(subject, _not_unique(key, keys), table=key.table)]
     carried = _carried(identity, keys)
     if carried is not None and not declared <= set(carried.columns):
-        return [Problem(subject, _not_carried(cur, key, identity, carried, matching))]
+        return [Problem(subject, _not_carried(cur, key, identity, carried, matching), table=key.table)]
     return []
 
 
