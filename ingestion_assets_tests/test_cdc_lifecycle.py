@@ -178,3 +178,42 @@ def test_a_type_change_made_while_a_live_run_reads_fails_it_naming_the_stream_an
     assert "'v' changed type integer -> text" in _metadata(result, harness, "readings")["copy reason"]
     _assert_exact(harness, "readings")
     _assert_exact(harness, "customers")
+
+
+def test_columns_of_a_domain_retyped_to_other_types_retype_the_target(
+    cdc: StreamHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A domain lands as its base type (numeric(10,2), int): a change to or from a domain retypes the target by
+    what it holds, not by the domain's name, so a value of the new type loads instead of failing every run."""
+    harness = cdc
+    harness.source.execute(
+        "CREATE DOMAIN posnum AS numeric(10,2) CHECK (value > 0); CREATE DOMAIN smallcount AS int;"
+        "CREATE DOMAIN label AS text;"
+        "CREATE TABLE exotic (id int PRIMARY KEY, p posnum, c smallcount, n int);"
+        "INSERT INTO exotic SELECT g, g + 0.5, g, g FROM generate_series(1, 50) g;" + CUSTOMERS
+    )
+    _catalog(harness, {"exotic": {}, "customers": {}})
+    harness.materialize()
+    harness.source.execute(
+        "ALTER TABLE exotic ALTER COLUMN p TYPE text; ALTER TABLE exotic ALTER COLUMN c TYPE bigint;"
+        "ALTER TABLE exotic ALTER COLUMN n TYPE label;"
+        "UPDATE exotic SET p = 'not a number', c = 5000000000, n = 'many' WHERE id = 2"
+    )
+    result = harness.materialize(raise_on_error=False)
+    if not result.success:  # a change its policy does not apply by itself pauses the stream until accepted
+        assert f"ingest schema accept {harness.source_name}.exotic" in _failure(result)
+        for key, value in harness.cli_env().items():
+            monkeypatch.setenv(key, value)
+        assert main(["schema", "accept", f"{harness.source_name}.exotic"]) == 0
+        result = harness.materialize(raise_on_error=False)
+    assert result.success, _failure(result)
+    harness.source.execute("UPDATE exotic SET p = 'also text' WHERE id = 3; UPDATE customers SET name = 'on'")
+    result = harness.materialize(raise_on_error=False)
+    assert result.success, _failure(result)
+    _assert_exact(harness, "exotic")
+    _assert_exact(harness, "customers")
+    typed = harness.query_target(
+        f"SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = "
+        f"'{harness.source_name}' AND table_name = 'exotic' AND column_name IN ('p', 'c', 'n') ORDER BY 1"
+    )
+    assert typed == [("c", "BIGINT"), ("n", "VARCHAR"), ("p", "VARCHAR")]
