@@ -369,3 +369,29 @@ def test_schema_show_reads_a_history_source_s_live_checkpoint(
     assert main(["state", "show", f"{harness.source_name}.orders"]) == 0  # `live` has a checkpoint: not "never"
     shown = capsys.readouterr().out
     assert LIVE in shown and "never" not in shown
+
+
+@pytest.mark.slow  # ~30 s: the refresh runs `dagster asset materialize --partition live` as the CLI does
+def test_refresh_of_a_stream_of_a_history_source_copies_it_in_a_live_run(
+    cdc: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ingest refresh` failed with Dagster's DagsterInvalidSubsetError for a CDC stream; in a history source it
+    resets the stream's `live` position and runs `live`, which copies that stream's table again."""
+    import duckdb
+
+    from ingestion_assets.cli import main
+
+    harness = cdc
+    harness.source.execute(TABLE)
+    _catalog(harness)
+    _run(harness, LIVE)
+    for key in RANGES:
+        _run(harness, key)
+    with duckdb.connect(str(harness.warehouse)) as con:  # a target changed outside the product
+        con.execute(f"UPDATE \"{harness.source_name}\".customers SET name = 'tampered' WHERE id < 600")
+    harness.source.execute("UPDATE orders SET status = 'paid' WHERE id % 9 = 0")
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["refresh", f"{harness.source_name}.customers"]) == 0
+    assert "the table's copy beside the log is complete" in capsys.readouterr().out
+    _assert_exact(harness)

@@ -217,3 +217,40 @@ def test_columns_of_a_domain_retyped_to_other_types_retype_the_target(
         f"'{harness.source_name}' AND table_name = 'exotic' AND column_name IN ('p', 'c', 'n') ORDER BY 1"
     )
     assert typed == [("c", "BIGINT"), ("n", "VARCHAR"), ("p", "VARCHAR")]
+
+
+@pytest.mark.slow  # ~25 s: the refresh runs `dagster asset materialize` as the CLI does
+def test_refresh_of_a_cdc_stream_copies_its_table_again_and_the_others_go_on(
+    cdc: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the README-only attack: `ingest refresh` of a CDC stream recorded a refresh request, then
+    failed with Dagster's DagsterInvalidSubsetError (the source's streams are one asset). It now copies the
+    stream's table again in a run of its source, or refuses `--retain` before recording anything."""
+    import duckdb
+
+    from ingestion_assets.state.checkpoints import latest_checkpoint
+
+    harness = cdc
+    harness.source.execute(CUSTOMERS + ORDERS)
+    _catalog(harness, {"customers": {}, "orders": {}})
+    harness.materialize()
+    with duckdb.connect(str(harness.warehouse)) as con:  # a target changed outside the product
+        con.execute(f"UPDATE \"{harness.source_name}\".orders SET note = 'tampered' WHERE id < 5")
+        con.execute(f'DELETE FROM "{harness.source_name}".orders WHERE id = 10')
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    before = latest_checkpoint(harness.instance, harness.key("orders"), None)
+    with pytest.raises(SystemExit, match=r"is a CDC stream: --retain does not apply"):
+        main(["refresh", f"{harness.source_name}.orders", "--retain"])
+    after = latest_checkpoint(harness.instance, harness.key("orders"), None)
+    assert after is not None and before is not None and after.storage_id == before.storage_id  # nothing recorded
+    harness.source.execute("UPDATE customers SET name = 'on' WHERE id = 3; UPDATE orders SET note = 'n' WHERE id = 7")
+    assert main(["refresh", f"{harness.source_name}.orders"]) == 0
+    out = capsys.readouterr().out
+    assert "copies its table again" in out and "the table's copy beside the log is complete" in out
+    _assert_exact(harness, "orders")
+    _assert_exact(harness, "customers")
+    harness.source.execute("UPDATE orders SET note = 'later' WHERE id = 1")
+    result = harness.materialize()
+    assert "copied" not in _metadata(result, harness, "orders")
+    _assert_exact(harness, "orders")

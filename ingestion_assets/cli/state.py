@@ -37,10 +37,13 @@ def state_reset(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def refresh(settings: Settings, args: argparse.Namespace) -> int:
+    from ingestion_assets.cli.cdc_refresh import is_cdc, refresh_cdc
     from ingestion_assets.state.summary import request_refresh
 
     catalog = load_catalog(settings.catalog_path)
     source, stream = stream_key(catalog, args.stream)
+    if is_cdc(catalog, source):
+        return refresh_cdc(settings, catalog, source, stream, args)
     if catalog.sources[source].streams[stream].partitions is not None:
         raise SystemExit(f"error: {source}.{stream} is partitioned: refresh its partitions with a backfill instead")
     env = bring_up(settings)
