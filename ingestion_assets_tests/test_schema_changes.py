@@ -118,6 +118,12 @@ def test_each_change_under_each_policy(
         (("timestamp", "timestamp without time zone"), ("timestamptz", "timestamp with time zone"), "incompatible"),
         (("int4", "integer"), ("numeric", "numeric(8,0)"), "incompatible"),
         (("int4", "integer"), ("numeric", "numeric(12,0)"), "widened"),
+        (("smallcount", "smallcount", "int4"), ("int8", "bigint"), "widened"),  # domains count as their base
+        (("int4", "integer"), ("label", "label", "text"), "widened"),
+        (("posnum", "posnum", "numeric"), ("text", "text"), "widened"),
+        (("smallcount", "smallcount", "int4"), ("int4", "integer"), "widened"),
+        (("int8", "bigint"), ("smallcount", "smallcount", "int4"), "incompatible"),
+        (("posnum", "posnum", "numeric"), ("int4", "integer"), "incompatible"),
     ],
 )
 def test_type_changes_are_classified(old: tuple[str, str], new: tuple[str, str], kind: str) -> None:

@@ -36,7 +36,7 @@ def schema_show(settings: Settings, args: argparse.Namespace) -> int:
     if isinstance(stream, RestApiStream | FileSourceStream):  # learnt as they load: nothing to discover first
         return _api_schema_show(stream, stored, latest)
     plan = stream.plan()
-    discovered = {c.name: ColumnType(c.type_name, c.sql_type) for c in plan.shape.columns}
+    discovered = {c.name: ColumnType(c.type_name, c.sql_type, c.base_type) for c in plan.shape.columns}
     print(f"{stream.qualified_name} (policy {stream.spec.schema_policy})")
     for name, column in (stored or discovered).items():
         print(f"  {name:<30}{column.sql_type}")

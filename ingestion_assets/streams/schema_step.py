@@ -64,7 +64,7 @@ class InferredSchemaStep(SchemaStep):
 
 def settle_schema(stream: PostgresTableStream, details: dict[str, Any]) -> SchemaStep:
     """Discover, diff against the stored schema, and pause, skip or apply each change by policy."""
-    discovered = {c.name: ColumnType(c.type_name, c.sql_type) for c in stream.discover().columns}
+    discovered = {c.name: ColumnType(c.type_name, c.sql_type, c.base_type) for c in stream.discover().columns}
     stored = parse_stored(details.get("schema"))
     if stored is None:
         return SchemaStep(stream.plan(), to_stored(discovered))
@@ -133,14 +133,14 @@ def apply_to_target(step: SchemaStep, loader: Loader) -> list[str]:
 
 
 def _stored_column(name: str, column: ColumnType, destination: str) -> Column:
-    """How a column of a stored schema landed, as far as its type name tells (a domain's name does not: it is
-    guessed as text), for destinations whose tables are not read back."""
+    """How a column of a stored schema landed, as far as the schema tells (a domain by its base type, whose
+    limits it does not keep), for destinations whose tables are not read back."""
     typmod = -1
-    if column.type_name in _NUMERIC and "(" in column.sql_type:
+    if column.kind in _NUMERIC and "(" in column.sql_type:
         digits = [int(part) for part in column.sql_type.split("(")[-1].rstrip(")[]").split(",")]
         typmod = ((digits[0] << 16) | ((digits[1] if len(digits) > 1 else 0) & 0x7FF)) + 4
-    element = PgType(column.type_name[1:], typmod) if column.type_name.startswith("_") else None
-    pg = PgType(column.type_name, -1 if element else typmod, element=element)
+    element = PgType(column.kind[1:], typmod) if column.kind.startswith("_") else None
+    pg = PgType(column.kind, -1 if element else typmod, element=element)
     return column_of(name, column.type_name, column.sql_type, True, pg, destination)
 
 
