@@ -90,6 +90,15 @@ class SourceUnavailable(RuntimeError):
         super().__init__(f"{where} ({reference}): cannot connect: {text}; {advice}")
 
 
+# A target column whose type does not hold a source value (changed outside the product, or by a version that
+# did not alter it): the message names the value and the column.
+_UNFIT_TARGET = (
+    "the target column's type does not hold the source's value: alter that column to the source's type, or "
+    "rebuild the target (`ingest refresh STREAM` for a table stream; for a CDC stream drop the target table: the "
+    "next run copies it again)"
+)
+
+
 @dataclass(frozen=True)
 class Verdict:
     transient: bool
@@ -129,6 +138,8 @@ def _judge(error: BaseException) -> Verdict | None:
         error, duckdb.IOException | duckdb.TransactionException
     ):
         return Verdict(True, "")  # a file lock or a write conflict: another writer goes away
+    if (duckdb := _imported("duckdb")) is not None and isinstance(error, duckdb.ConversionException):
+        return Verdict(False, _UNFIT_TARGET)
     if isinstance(error, MemoryError):
         return Verdict(False, "the slice does not fit in memory: lower `slice_rows` (or `pages_per_slice`)")
     if type(error).__module__.startswith("dlt.") and "Transient" in type(error).__name__:
