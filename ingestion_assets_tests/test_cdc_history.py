@@ -395,3 +395,33 @@ def test_refresh_of_a_stream_of_a_history_source_copies_it_in_a_live_run(
     assert main(["refresh", f"{harness.source_name}.customers"]) == 0
     assert "the table's copy beside the log is complete" in capsys.readouterr().out
     _assert_exact(harness)
+
+
+@pytest.mark.slow  # ~30 s: several runs of a history source
+def test_reset_and_accept_of_a_history_source_stream_act_on_its_live_checkpoint(
+    cdc: StreamHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ingest schema accept STREAM` (the command a pause names) said "has never run" and `ingest state reset
+    STREAM` reset a checkpoint nothing reads: a history source keeps its streams' checkpoints on `live`."""
+    from ingestion_assets.cli import main
+
+    harness = cdc
+    harness.source.execute(TABLE)
+    _catalog(harness)
+    _run(harness, LIVE)
+    for key in RANGES:
+        _run(harness, key)
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    harness.source.execute("ALTER TABLE customers ALTER COLUMN name TYPE int USING length(name)")
+    failure = next(e for e in _run(harness, LIVE, False).all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
+    assert f"ingest schema accept {harness.source_name}.customers" in str(failure.step_failure_data.error)
+    assert main(["schema", "accept", f"{harness.source_name}.customers"]) == 0
+    _run(harness, LIVE)
+    _assert_exact(harness)
+    assert main(["state", "reset", f"{harness.source_name}.orders"]) == 0
+    harness.source.execute("UPDATE orders SET status = 'after' WHERE id % 7 = 0")
+    materializations = _run(harness, LIVE).asset_materializations_for_node(f"{harness.source_name}__cdc")
+    orders = next(m for m in materializations if m.asset_key == harness.key("orders"))
+    assert orders.metadata["copied"].value is True
+    _assert_exact(harness)

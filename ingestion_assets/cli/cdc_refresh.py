@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ingestion_assets.catalog import Catalog, PostgresSource
-from ingestion_assets.cli.common import bring_up
+from ingestion_assets.cli.common import bring_up, checkpoint_partition
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
 
@@ -31,7 +31,7 @@ def refresh_cdc(settings: Settings, catalog: Catalog, source: str, stream: str, 
         )
     spec = catalog.sources[source]
     assert isinstance(spec, PostgresSource)
-    partition = LIVE if spec.cdc.history_chunk is not None else None
+    partition = checkpoint_partition(spec)
     env = bring_up(settings)
     with open_instance(settings) as instance:
         reset_checkpoint(instance, dg.AssetKey([source, stream]), partition, reason="ingest refresh")
