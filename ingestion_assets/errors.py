@@ -144,6 +144,15 @@ def tls_advice_for(message: str, ca: str, client: str, url: str) -> str | None:
     return next((advice.format(ca=ca, client=client, url=url) for advice in found), None)
 
 
+# A target column whose type does not hold a source value (changed outside the product, or by a version that
+# did not alter it): the message names the value and the column.
+_UNFIT_TARGET = (
+    "the target column's type does not hold the source's value: alter that column to the source's type, or "
+    "rebuild the target (`ingest refresh STREAM`: a table stream reads every row again, a CDC stream copies its "
+    "table again)"
+)
+
+
 @dataclass(frozen=True)
 class Verdict:
     transient: bool
@@ -185,6 +194,8 @@ def _judge(error: BaseException) -> Verdict | None:
         error, duckdb.IOException | duckdb.TransactionException
     ):
         return Verdict(True, "")  # a file lock or a write conflict: another writer goes away
+    if (duckdb := _imported("duckdb")) is not None and isinstance(error, duckdb.ConversionException):
+        return Verdict(False, _UNFIT_TARGET)
     if isinstance(error, MemoryError):
         return Verdict(False, "the slice does not fit in memory: lower `slice_rows` (or `pages_per_slice`)")
     if type(error).__module__.startswith("dlt.") and "Transient" in type(error).__name__:

@@ -415,3 +415,59 @@ def test_status_counts_history_partitions_and_names_the_failed_chunk(
         assert line["status"] == "failed" and "partition 1000-1999 failed" in line["detail"], line
         summary = line["partition_summary"]
         assert summary == {"total": 5, "materialized": 1, "failed": ["1000-1999"], "running": [], "missing": 3}
+
+
+@pytest.mark.slow  # ~30 s: the refresh runs `dagster asset materialize --partition live` as the CLI does
+def test_refresh_of_a_stream_of_a_history_source_copies_it_in_a_live_run(
+    cdc: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ingest refresh` failed with Dagster's DagsterInvalidSubsetError for a CDC stream; in a history source it
+    resets the stream's `live` position and runs `live`, which copies that stream's table again."""
+    import duckdb
+
+    from ingestion_assets.cli import main
+
+    harness = cdc
+    harness.source.execute(TABLE)
+    _catalog(harness)
+    _run(harness, LIVE)
+    for key in RANGES:
+        _run(harness, key)
+    with duckdb.connect(str(harness.warehouse)) as con:  # a target changed outside the product
+        con.execute(f"UPDATE \"{harness.source_name}\".customers SET name = 'tampered' WHERE id < 600")
+    harness.source.execute("UPDATE orders SET status = 'paid' WHERE id % 9 = 0")
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["refresh", f"{harness.source_name}.customers"]) == 0
+    assert "the table's copy beside the log is complete" in capsys.readouterr().out
+    _assert_exact(harness)
+
+
+@pytest.mark.slow  # ~30 s: several runs of a history source
+def test_reset_and_accept_of_a_history_source_stream_act_on_its_live_checkpoint(
+    cdc: StreamHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ingest schema accept STREAM` (the command a pause names) said "has never run" and `ingest state reset
+    STREAM` reset a checkpoint nothing reads: a history source keeps its streams' checkpoints on `live`."""
+    from ingestion_assets.cli import main
+
+    harness = cdc
+    harness.source.execute(TABLE)
+    _catalog(harness)
+    _run(harness, LIVE)
+    for key in RANGES:
+        _run(harness, key)
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    harness.source.execute("ALTER TABLE customers ALTER COLUMN name TYPE int USING length(name)")
+    failure = next(e for e in _run(harness, LIVE, False).all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
+    assert f"ingest schema accept {harness.source_name}.customers" in str(failure.step_failure_data.error)
+    assert main(["schema", "accept", f"{harness.source_name}.customers"]) == 0
+    _run(harness, LIVE)
+    _assert_exact(harness)
+    assert main(["state", "reset", f"{harness.source_name}.orders"]) == 0
+    harness.source.execute("UPDATE orders SET status = 'after' WHERE id % 7 = 0")
+    materializations = _run(harness, LIVE).asset_materializations_for_node(f"{harness.source_name}__cdc")
+    orders = next(m for m in materializations if m.asset_key == harness.key("orders"))
+    assert orders.metadata["copied"].value is True
+    _assert_exact(harness)

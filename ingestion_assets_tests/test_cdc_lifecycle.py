@@ -178,3 +178,72 @@ def test_a_type_change_made_while_a_live_run_reads_fails_it_naming_the_stream_an
     assert "'v' changed type integer -> text" in _metadata(result, harness, "readings")["copy reason"]
     _assert_exact(harness, "readings")
     _assert_exact(harness, "customers")
+
+
+def test_columns_of_a_domain_retyped_to_other_types_retype_the_target(cdc: StreamHarness) -> None:
+    """A domain lands as its base type (numeric(10,2), int): a change to or from a domain retypes the target by
+    what it holds, not by the domain's name, so a value of the new type loads instead of failing every run."""
+    harness = cdc
+    harness.source.execute(
+        "CREATE DOMAIN posnum AS numeric(10,2) CHECK (value > 0); CREATE DOMAIN smallcount AS int;"
+        "CREATE DOMAIN label AS text;"
+        "CREATE TABLE exotic (id int PRIMARY KEY, p posnum, c smallcount, n int);"
+        "INSERT INTO exotic SELECT g, g + 0.5, g, g FROM generate_series(1, 50) g;" + CUSTOMERS
+    )
+    _catalog(harness, {"exotic": {}, "customers": {}})
+    harness.materialize()
+    harness.source.execute(
+        "ALTER TABLE exotic ALTER COLUMN p TYPE text; ALTER TABLE exotic ALTER COLUMN c TYPE bigint;"
+        "ALTER TABLE exotic ALTER COLUMN n TYPE label;"
+        "UPDATE exotic SET p = 'not a number', c = 5000000000, n = 'many' WHERE id = 2"
+    )
+    result = harness.materialize(raise_on_error=False)  # each a widening of the domain's base type: no pause
+    assert result.success, _failure(result)
+    assert _metadata(result, harness, "exotic")["copied"] is True
+    harness.source.execute("UPDATE exotic SET p = 'also text' WHERE id = 3; UPDATE customers SET name = 'on'")
+    result = harness.materialize(raise_on_error=False)
+    assert result.success, _failure(result)
+    _assert_exact(harness, "exotic")
+    _assert_exact(harness, "customers")
+    typed = harness.query_target(
+        f"SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = "
+        f"'{harness.source_name}' AND table_name = 'exotic' AND column_name IN ('p', 'c', 'n') ORDER BY 1"
+    )
+    assert typed == [("c", "BIGINT"), ("n", "VARCHAR"), ("p", "VARCHAR")]
+
+
+@pytest.mark.slow  # ~25 s: the refresh runs `dagster asset materialize` as the CLI does
+def test_refresh_of_a_cdc_stream_copies_its_table_again_and_the_others_go_on(
+    cdc: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the README-only attack: `ingest refresh` of a CDC stream recorded a refresh request, then
+    failed with Dagster's DagsterInvalidSubsetError (the source's streams are one asset). It now copies the
+    stream's table again in a run of its source, or refuses `--retain` before recording anything."""
+    import duckdb
+
+    from ingestion_assets.state.checkpoints import latest_checkpoint
+
+    harness = cdc
+    harness.source.execute(CUSTOMERS + ORDERS)
+    _catalog(harness, {"customers": {}, "orders": {}})
+    harness.materialize()
+    with duckdb.connect(str(harness.warehouse)) as con:  # a target changed outside the product
+        con.execute(f"UPDATE \"{harness.source_name}\".orders SET note = 'tampered' WHERE id < 5")
+        con.execute(f'DELETE FROM "{harness.source_name}".orders WHERE id = 10')
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    before = latest_checkpoint(harness.instance, harness.key("orders"), None)
+    with pytest.raises(SystemExit, match=r"is a CDC stream: --retain does not apply"):
+        main(["refresh", f"{harness.source_name}.orders", "--retain"])
+    after = latest_checkpoint(harness.instance, harness.key("orders"), None)
+    assert after is not None and before is not None and after.storage_id == before.storage_id  # nothing recorded
+    harness.source.execute("UPDATE customers SET name = 'on' WHERE id = 3; UPDATE orders SET note = 'n' WHERE id = 7")
+    assert main(["refresh", f"{harness.source_name}.orders"]) == 0
+    out = capsys.readouterr().out
+    assert "copies its table again" in out and "the table's copy beside the log is complete" in out
+    _assert_exact(harness, "orders")
+    _assert_exact(harness, "customers")
+    harness.source.execute("UPDATE orders SET note = 'later' WHERE id = 1")
+    result = harness.materialize()
+    assert "copied" not in _metadata(result, harness, "orders")
+    _assert_exact(harness, "orders")

@@ -111,3 +111,13 @@ def test_a_permanent_error_that_names_its_stream_is_not_prefixed_twice() -> None
 
     message = describe_permanent("stream s.t", ValueError("stream s.t: table public.t does not exist"), Verdict(False, "x"))
     assert message.startswith("stream s.t: table public.t does not exist — a permanent error")
+
+
+def test_a_value_the_target_column_cannot_hold_says_what_to_do() -> None:
+    """Found by the README-only attack: DuckDB's conversion error of a load named the value and column but the
+    failure said only "fix its cause": it now says how the target's column gets a type that holds it."""
+    loaded = RuntimeError("load failed")
+    loaded.__cause__ = duckdb.ConversionException('Could not convert string "n/a" to DECIMAL(10,2) from column p')
+    verdict = classify(loaded)
+    assert not verdict.transient
+    assert "ingest refresh" in verdict.advice and "copies its table again" in verdict.advice

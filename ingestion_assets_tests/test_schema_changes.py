@@ -118,6 +118,12 @@ def test_each_change_under_each_policy(
         (("timestamp", "timestamp without time zone"), ("timestamptz", "timestamp with time zone"), "incompatible"),
         (("int4", "integer"), ("numeric", "numeric(8,0)"), "incompatible"),
         (("int4", "integer"), ("numeric", "numeric(12,0)"), "widened"),
+        (("smallcount", "smallcount", "int4"), ("int8", "bigint"), "widened"),  # domains count as their base
+        (("int4", "integer"), ("label", "label", "text"), "widened"),
+        (("posnum", "posnum", "numeric"), ("text", "text"), "widened"),
+        (("smallcount", "smallcount", "int4"), ("int4", "integer"), "widened"),
+        (("int8", "bigint"), ("smallcount", "smallcount", "int4"), "incompatible"),
+        (("posnum", "posnum", "numeric"), ("int4", "integer"), "incompatible"),
     ],
 )
 def test_type_changes_are_classified(old: tuple[str, str], new: tuple[str, str], kind: str) -> None:
@@ -157,4 +163,23 @@ def test_a_column_added_with_a_default_reaches_the_rows_that_already_existed(har
     harness.source.execute("ALTER TABLE items ADD COLUMN later text; UPDATE items SET updated_at = now() WHERE id = 2")
     result = harness.materialize()  # no default: existing rows hold NULL there, nothing to read again
     assert result.asset_materializations_for_node(f"{harness.source_name}__items")[0].metadata["rows read"].value == 1
+    harness.assert_target_equals_source("items", "items", "id")
+
+
+def test_a_domain_column_retyped_to_text_retypes_the_target(harness: StreamHarness) -> None:
+    """Found by the README-only attack: a domain over numeric(10,2) lands as DECIMAL(10,2); changed to text, the
+    change was "widened" but the target kept DECIMAL and every run failed loading 'not a number' into it."""
+    harness.source.execute(
+        "CREATE DOMAIN posnum AS numeric(10,2) CHECK (value > 0);"
+        "CREATE TABLE items (id int PRIMARY KEY, p posnum, updated_at timestamptz NOT NULL DEFAULT now());"
+        "INSERT INTO items (id, p) SELECT g, g + 0.5 FROM generate_series(1, 20) g"
+    )
+    harness.write_catalog({"items": {"table": "items", "primary_key": "id", "cursor": "updated_at"}})
+    harness.materialize()
+    assert _target_columns(harness)["p"] == "DECIMAL(10,2)"
+    harness.source.execute(
+        "ALTER TABLE items ALTER COLUMN p TYPE text; UPDATE items SET p = 'not a number', updated_at = now() WHERE id = 2"
+    )
+    harness.materialize()
+    assert _target_columns(harness)["p"] == "VARCHAR"
     harness.assert_target_equals_source("items", "items", "id")

@@ -49,13 +49,12 @@ def _positions(settings: Settings, cdc: CdcSource) -> dict[str, int]:
     """Each stream's log position, for the streams whose copy is done (what a run reads the slot after)."""
     import dagster as dg
 
-    from ingestion_assets.cli.common import bring_up
-    from ingestion_assets.partitions import LIVE
+    from ingestion_assets.cli.common import bring_up, checkpoint_partition
     from ingestion_assets.sources.postgres.cdc import parse_lsn
     from ingestion_assets.state.checkpoints import latest_checkpoint
     from ingestion_assets.state.summary import open_instance
 
-    partition = LIVE if cdc.source.cdc.history_chunk is not None else None
+    partition = checkpoint_partition(cdc.source)
     bring_up(settings)
     with open_instance(settings) as instance:
         found = {s: latest_checkpoint(instance, dg.AssetKey([cdc.name, s]), partition) for s in cdc.source.streams}

@@ -5,11 +5,23 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from ingestion_assets.catalog import Catalog, CatalogError, load_catalog
+from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
 
 DEFINITIONS_MODULE = "ingestion_assets.definitions"
+
+
+def checkpoint_partition(source: Any, partition: str | None = None) -> str | None:
+    """Where a stream's checkpoint (position, schema, acceptance) lives when no partition is named: a CDC source
+    with history partitions keeps it on `live`."""
+    if partition is not None:
+        return partition
+    cdc = getattr(source, "cdc", None)
+    history = getattr(source, "mode", None) == "cdc" and getattr(cdc, "history_chunk", None) is not None
+    return LIVE if history else None
 
 
 def stream_key(catalog: Catalog, name: str) -> tuple[str, str]:

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from ingestion_assets.catalog import load_catalog
-from ingestion_assets.cli.common import bring_up, stream_key
+from ingestion_assets.cli.common import bring_up, checkpoint_partition, stream_key
 from ingestion_assets.settings import Settings
 
 
@@ -31,12 +31,12 @@ def schema_show(settings: Settings, args: argparse.Namespace) -> int:
     from ingestion_assets.streams.rest_api import RestApiStream
 
     stream, store = _stream_and_store(settings, args.stream)
-    latest = store.latest(_schema_partition(stream))
+    latest = store.latest(checkpoint_partition(stream.source))
     stored = parse_stored(latest.details.get("schema") if latest else None)
     if isinstance(stream, RestApiStream | FileSourceStream):  # learnt as they load: nothing to discover first
         return _api_schema_show(stream, stored, latest)
     plan = stream.plan()
-    discovered = {c.name: ColumnType(c.type_name, c.sql_type) for c in plan.shape.columns}
+    discovered = {c.name: ColumnType(c.type_name, c.sql_type, c.base_type) for c in plan.shape.columns}
     print(f"{stream.qualified_name} (policy {stream.spec.schema_policy})")
     for name, column in (stored or discovered).items():
         print(f"  {name:<30}{column.sql_type}")
@@ -51,16 +51,6 @@ def schema_show(settings: Settings, args: argparse.Namespace) -> int:
     if not changes:
         print("no change in the source since the last run")
     return 0
-
-
-def _schema_partition(stream: Any) -> str | None:
-    """A CDC source with history partitions keeps each stream's schema on its `live` partition."""
-    from ingestion_assets.partitions import LIVE
-
-    source = getattr(stream, "source", None)
-    cdc = getattr(source, "cdc", None)
-    history = getattr(source, "mode", None) == "cdc" and getattr(cdc, "history_chunk", None) is not None
-    return LIVE if history else None
 
 
 def _api_schema_show(stream: Any, stored: dict[str, Any] | None, latest: Any) -> int:
@@ -80,10 +70,11 @@ def _api_schema_show(stream: Any, stored: dict[str, Any] | None, latest: Any) ->
 
 def schema_accept(settings: Settings, args: argparse.Namespace) -> int:
     stream, store = _stream_and_store(settings, args.stream)
-    latest = store.latest(args.partition)
+    partition = checkpoint_partition(stream.source, args.partition)
+    latest = store.latest(partition)
     if latest is None:
         raise SystemExit(f"error: {stream.qualified_name} has never run: there is nothing to accept")
-    store.commit(args.partition, latest.position, **{**latest.details, "schema_accepted": True})
+    store.commit(partition, latest.position, **{**latest.details, "schema_accepted": True})
     print(f"{stream.qualified_name}: the next run applies the schema changes that paused it")
     return 0
 

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from ingestion_assets.catalog import Catalog, load_catalog
-from ingestion_assets.cli.common import bring_up, stream_key
+from ingestion_assets.cli.common import bring_up, checkpoint_partition, stream_key
 from ingestion_assets.settings import Settings
 
 
@@ -31,16 +31,19 @@ def state_reset(settings: Settings, args: argparse.Namespace) -> int:
     catalog = load_catalog(settings.catalog_path)
     bring_up(settings)
     source, stream = stream_key(catalog, args.stream)
-    reset_stream(settings, source, stream, args.partition)
+    reset_stream(settings, source, stream, checkpoint_partition(catalog.sources[source], args.partition))
     print(f"reset {source}.{stream}: the next run re-reads from the start; the merge keeps the target exact")
     return 0
 
 
 def refresh(settings: Settings, args: argparse.Namespace) -> int:
+    from ingestion_assets.cli.cdc_refresh import is_cdc, refresh_cdc
     from ingestion_assets.state.summary import request_refresh
 
     catalog = load_catalog(settings.catalog_path)
     source, stream = stream_key(catalog, args.stream)
+    if is_cdc(catalog, source):
+        return refresh_cdc(settings, catalog, source, stream, args)
     if catalog.sources[source].streams[stream].partitions is not None:
         raise SystemExit(f"error: {source}.{stream} is partitioned: refresh its partitions with a backfill instead")
     env = bring_up(settings)

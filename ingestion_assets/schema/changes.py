@@ -19,9 +19,15 @@ _TYPMOD = re.compile(r"\((\d+)(?:,(\d+))?\)")
 class ColumnType:
     type_name: str  # pg_type.typname: int4, numeric, varchar ...
     sql_type: str  # format_type(): numeric(12,2), character varying(20) ...
+    base: str = ""  # a domain's base type (typname, domains resolved); "" when type_name is not a domain
+
+    @property
+    def kind(self) -> str:
+        """What the values are: a change to or from a domain is judged by its base type."""
+        return self.base or self.type_name
 
 
-StoredSchema = dict[str, list[str]]  # column -> [type_name, sql_type], as kept with the stream's state
+StoredSchema = dict[str, list[str]]  # column -> [type_name, sql_type(, base)], as kept with the stream's state
 
 
 @dataclass(frozen=True)
@@ -50,11 +56,11 @@ def _sql(column: ColumnType | None) -> str | None:
 def parse_stored(stored: Mapping[str, Any] | None) -> dict[str, ColumnType] | None:
     if not stored:
         return None
-    return {name: ColumnType(str(value[0]), str(value[1])) for name, value in stored.items()}
+    return {name: ColumnType(*(str(part) for part in value[:3])) for name, value in stored.items()}
 
 
 def to_stored(columns: Mapping[str, ColumnType]) -> StoredSchema:
-    return {name: [c.type_name, c.sql_type] for name, c in columns.items()}
+    return {name: [c.type_name, c.sql_type, *([c.base] if c.base else [])] for name, c in columns.items()}
 
 
 def diff(old: Mapping[str, ColumnType], new: Mapping[str, ColumnType], key_columns: set[str]) -> list[SchemaChange]:
@@ -78,27 +84,28 @@ def diff(old: Mapping[str, ColumnType], new: Mapping[str, ColumnType], key_colum
 
 
 def classify(old: ColumnType, new: ColumnType) -> ChangeKind | None:
-    """`widened` when every old value fits the new type exactly; None when nothing that matters changed."""
+    """`widened` when every old value fits the new type exactly; None when nothing that matters changed. A domain
+    counts as its base type (its limits are the source's to enforce: every value already met them)."""
     if old.sql_type == new.sql_type:
         return None
-    if new.type_name in _TEXT and _typmod(new)[0] is None:
+    if new.kind in _TEXT and _typmod(new)[0] is None:
         return "widened"  # unbounded text holds any value's text
-    if old.type_name == new.type_name:
+    if old.kind == new.kind:
         return "widened" if _wider_same_type(old, new) else "incompatible"
-    if {old.type_name, new.type_name} <= {"json", "jsonb"} or (old.type_name in _TEXT and new.type_name in _TEXT):
+    if {old.kind, new.kind} <= {"json", "jsonb"} or (old.kind in _TEXT and new.kind in _TEXT):
         return (
             "widened" if _typmod(new)[0] is None or (_typmod(old)[0] or 0) <= (_typmod(new)[0] or 0) else "incompatible"
         )
-    if old.type_name in _INTEGER_RANK:
-        if new.type_name in _INTEGER_RANK:
-            return "widened" if _INTEGER_RANK[new.type_name] > _INTEGER_RANK[old.type_name] else "incompatible"
-        if new.type_name == "numeric":
+    if old.kind in _INTEGER_RANK:
+        if new.kind in _INTEGER_RANK:
+            return "widened" if _INTEGER_RANK[new.kind] > _INTEGER_RANK[old.kind] else "incompatible"
+        if new.kind == "numeric":
             precision, scale = _typmod(new)
-            fits = precision is None or precision - (scale or 0) >= _INTEGER_DIGITS[old.type_name]
+            fits = precision is None or precision - (scale or 0) >= _INTEGER_DIGITS[old.kind]
             return "widened" if fits else "incompatible"
-        if new.type_name == "float8" and old.type_name != "int8":
+        if new.kind == "float8" and old.kind != "int8":
             return "widened"
-    if old.type_name == "float4" and new.type_name == "float8":
+    if old.kind == "float4" and new.kind == "float8":
         return "widened"
     return "incompatible"
 
@@ -110,7 +117,7 @@ def _wider_same_type(old: ColumnType, new: ColumnType) -> bool:
         return True  # numeric, varchar, timestamp without a limit: wider than any limited one
     if old_p is None:
         return False
-    if old.type_name == "numeric":
+    if old.kind == "numeric":
         return (new_s or 0) >= (old_s or 0) and new_p - (new_s or 0) >= old_p - (old_s or 0)
     return new_p >= old_p
 

@@ -13,7 +13,7 @@ from ingestion_assets.sources.postgres.introspect import Column, column_of
 from ingestion_assets.sources.postgres.landing import PgType
 from ingestion_assets.sources.postgres.query import ReadPlan
 from ingestion_assets.streams.postgres_table import PostgresTableStream
-from ingestion_assets.streams.target_types import fit_plan
+from ingestion_assets.streams.target_types import fit_plan, same_sql_type, target_column_types
 
 
 class SchemaPaused(RuntimeError):
@@ -64,7 +64,7 @@ class InferredSchemaStep(SchemaStep):
 
 def settle_schema(stream: PostgresTableStream, details: dict[str, Any]) -> SchemaStep:
     """Discover, diff against the stored schema, and pause, skip or apply each change by policy."""
-    discovered = {c.name: ColumnType(c.type_name, c.sql_type) for c in stream.discover().columns}
+    discovered = {c.name: ColumnType(c.type_name, c.sql_type, c.base_type) for c in stream.discover().columns}
     stored = parse_stored(details.get("schema"))
     if stored is None:
         return SchemaStep(stream.plan(), to_stored(discovered))
@@ -106,19 +106,26 @@ def added_with_values(stream: PostgresTableStream, step: SchemaStep) -> list[str
 
 
 def apply_to_target(step: SchemaStep, loader: Loader) -> list[str]:
-    """Widen or re-type target columns whose type there changed; added and dropped ones need nothing. Then the
-    step's plan lands each column as the target holds it (a table an older version made keeps its text)."""
+    """Widen or re-type target columns whose type there changed; added and dropped ones need nothing. Whether a
+    column's type there changes is judged by what the target holds (a domain lands as its base type, which its
+    name in the stored schema does not tell). Then the step's plan lands each column as the target holds it."""
     plan = step.plan
     if plan is None:
         return []
     kind = loader.destination.type
+    held = target_column_types(loader)
     typed = []
     for change in step.applied:
         if change.old is None or change.new is None:
             continue
         column = plan.shape.column(change.column)
         new_type = sql_type(kind, column)
-        if sql_type(kind, _stored_column(change.column, change.old, kind)) != new_type:
+        if held is None:  # a destination whose tables we do not read: the stored schema tells how it landed
+            differs = sql_type(kind, _stored_column(change.column, change.old, kind)) != new_type
+        else:
+            existing = held.get(loader.names.column(change.column))
+            differs = existing is None or not same_sql_type(existing, new_type)
+        if differs:
             typed.append((change, new_type, column.arrow_type))
     done = loader.migrate(typed) if typed else []
     step.plan = fit_plan(plan, loader)
@@ -126,14 +133,14 @@ def apply_to_target(step: SchemaStep, loader: Loader) -> list[str]:
 
 
 def _stored_column(name: str, column: ColumnType, destination: str) -> Column:
-    """How a column of a stored schema landed (the stored schema keeps type names only: a domain lands as text,
-    an array's element is its name without the leading underscore)."""
+    """How a column of a stored schema landed, as far as the schema tells (a domain by its base type, whose
+    limits it does not keep), for destinations whose tables are not read back."""
     typmod = -1
-    if column.type_name in _NUMERIC and "(" in column.sql_type:
+    if column.kind in _NUMERIC and "(" in column.sql_type:
         digits = [int(part) for part in column.sql_type.split("(")[-1].rstrip(")[]").split(",")]
         typmod = ((digits[0] << 16) | ((digits[1] if len(digits) > 1 else 0) & 0x7FF)) + 4
-    element = PgType(column.type_name[1:], typmod) if column.type_name.startswith("_") else None
-    pg = PgType(column.type_name, -1 if element else typmod, element=element)
+    element = PgType(column.kind[1:], typmod) if column.kind.startswith("_") else None
+    pg = PgType(column.kind, -1 if element else typmod, element=element)
     return column_of(name, column.type_name, column.sql_type, True, pg, destination)
 
 

@@ -50,6 +50,44 @@ def fit_shape(shape: TableShape, loader: Loader) -> TableShape:
     return fitted
 
 
+def target_column_types(loader: Loader) -> dict[str, str] | None:
+    """Column -> SQL type of the stream's target table as it is now ({} when it does not exist); None for a
+    destination whose tables are not read back here."""
+    kind = loader.destination.type
+    if kind not in _COLUMNS:
+        return None
+    with loader.client() as client:
+        return _column_types(client, kind, loader.target.table)
+
+
+_SAME = {  # PostgreSQL's format_type() names of what the landing names otherwise
+    "timestamptz": "timestamp with time zone",
+    "timestamp": "timestamp without time zone",
+    "time": "time without time zone",
+    "varchar": "character varying",
+    "double": "double precision",
+    "float8": "double precision",
+    "float4": "real",
+    "int": "integer",
+    "int4": "integer",
+    "int8": "bigint",
+    "int2": "smallint",
+    "bool": "boolean",
+    "decimal": "numeric",
+}
+
+
+def same_sql_type(held: str, wanted: str) -> bool:
+    """Whether a column the target holds as `held` (its catalog's spelling) already has the type `wanted`."""
+    return _spelled(held) == _spelled(wanted)
+
+
+def _spelled(sql_type: str) -> str:
+    name, paren, rest = sql_type.strip().lower().partition("(")
+    name = _SAME.get(name.strip(), name.strip())
+    return f"{name}{paren}{rest.replace(' ', '')}"
+
+
 def _kept_as_text(column: Column, existing: str | None, kind: str) -> bool:
     native = column.duckdb_type if kind == "duckdb" else column.postgres_type
     lands_natively = native is not None or column.arrow_type != pa.string()
