@@ -107,6 +107,8 @@ def copy_streams(sync: CdcSync, url: str, outcome: CdcOutcome) -> None:
                 under_way.ranges,
                 under_way.rows,
             )
+        elif under_way is not None:  # begun by an earlier run that failed before its first range
+            sync._say("%s.%s: going on with the copy an earlier run began", sync.source_name, name)
         elif name not in sync._state.reasons:
             sync._say("%s.%s: copying its table (new to the source, first run, or reset)", sync.source_name, name)
         sync._state.start_copy(name, outcome.lsn, str(copy_floor(outcome.lsn)))
