@@ -121,6 +121,31 @@ def test_a_file_older_than_the_lookback_that_nothing_knows_is_read_and_said(
     assert drops.run().result.rows == 0  # read once: known from now on
 
 
+def test_a_file_with_a_future_modified_time_hides_no_later_rewrite(
+    drops: Drops, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by the README-only attack: the lookback window was anchored on the newest modified time read, so a
+    file stamped two days ahead moved it past now, and a.csv rewritten now counted as older than the window with
+    its rows in the target: never read again, status ok. The window is anchored at most at the run's clock, and
+    the run names the file from the future."""
+    import logging
+
+    drops.catalog(path="*.csv", primary_key="id")  # the default lookback: one day
+    now = time.time()
+    drops.write("a.csv", "id,name\n1,a\n", now - 60)
+    drops.run()
+    drops.write("z.csv", "id,name\n9,future\n", now + 2 * 86400)
+    drops.run()
+    drops.write("a.csv", "id,name\n1,a-rewritten\n2,new\n")
+    drops.write("b.csv", "id,name\n3,b\n")
+    job = PartitionJob(drops.stream(), drops.store, run_id="test", log=logging.getLogger("files-test"))
+    with caplog.at_level(logging.WARNING, logger="files-test"):
+        outcome = job.run()
+    assert drops.rows("id, name") == [(1, "a-rewritten"), (2, "new"), (3, "b"), (9, "future")]
+    assert outcome.result.figures["files_modified_in_future_examples"] == "z.csv"
+    assert "z.csv" in caplog.text and "in the future" in caplog.text
+
+
 def test_old_snapshots_whose_keys_all_came_again_are_not_read_again(drops: Drops) -> None:
     """A keyed stream of daily full snapshots: an old snapshot holds no live row (every key came again in a newer
     one), so the target does not know it; the checkpoint keeps its fingerprint while it is listed, and no run

@@ -35,6 +35,15 @@ from ingestion_assets.streams.files_schema import FilesSchemaStep, files_schema_
 from ingestion_assets.streams.postgres_table import RunOptions, Target
 from ingestion_assets.sync import CheckpointSink, Faults, SliceOutcome, SyncResult, run_slices
 
+# files a run says it found: older than the window and known to neither the checkpoint nor the target (a rename or a
+# copy keeping the modified time, or a checkpoint from before this bookkeeping); stamped ahead of the run's clock
+# (read like any other, but their rows' versions win over later files' until the clock catches up)
+_UNKNOWN_OLD = (
+    "older than the lookback window that no checkpoint or target row knew were read "
+    "(renamed or copied keeping their modified time?)"
+)
+_FUTURE = "modified in the future (a writer's clock ahead of this one?)"
+
 
 @dataclass(frozen=True)
 class FileSlice(Slice):
@@ -137,7 +146,8 @@ class FileSourceStream:
             after_commit=lambda result: dead_letter_limit(self.qualified_name, self.spec.dead_letters, result),
             read_ahead=options.read_ahead,
         )
-        self._tell_unknown(progress.unknown, result, options)
+        self._tell("files_read_unknown_old", progress.unknown, _UNKNOWN_OLD, result, options)
+        self._tell("files_modified_in_future", progress.future, _FUTURE, result, options)
         if not result.stopped:
             self._finish(loader, result, options, scope, set(name.values()), known)
         return result
@@ -171,20 +181,13 @@ class FileSourceStream:
         if result.position is not None:
             result.position = Progress.of(result.position).settle(listed, known, self.spec.lookback_seconds)
 
-    def _tell_unknown(self, unknown: list[str], result: SyncResult, options: RunOptions) -> None:
-        """Files older than the lookback window that neither the checkpoint nor the target knew were read: say so
-        (a rename or a copy keeping the modified time, or a checkpoint from before this bookkeeping)."""
-        result.figures["files_read_unknown_old"] = len(unknown)
-        if unknown:
-            result.figures["files_read_unknown_old_examples"] = ", ".join(unknown[:5])
-        if unknown and options.log is not None:
-            options.log.warning(
-                "%s: %d file(s) older than the lookback window that no checkpoint or target row knew were read "
-                "(renamed or copied keeping their modified time?), e.g. %s",
-                self.qualified_name,
-                len(unknown),
-                unknown[:5],
-            )
+    def _tell(self, figure: str, files: list[str], what: str, result: SyncResult, options: RunOptions) -> None:
+        """Say which files a run found odd: the figure `figure` (count) and `<figure>_examples`, and a warning."""
+        result.figures[figure] = len(files)
+        if files:
+            result.figures[f"{figure}_examples"] = ", ".join(files[:5])
+        if files and options.log is not None:
+            options.log.warning("%s: %d file(s) %s, e.g. %s", self.qualified_name, len(files), what, files[:5])
 
     def _retire_deleted(
         self, loader: Loader, result: SyncResult, options: RunOptions, scope: PartitionScope

@@ -11,7 +11,9 @@ Which files were read is known exactly, from two places, never guessed from a fi
 A file neither knows is due, whatever its modified time: a file renamed or copied keeping an old time (`mv`,
 `cp -p`, `rsync -t`) is read, and said so (`unknown`). A file in the window is due when its fingerprint is not the
 one read (new, late, or rewritten in place). An older file whose rows the target holds is taken as read even if
-rewritten (its old fingerprint is gone): the README says so.
+rewritten (its old fingerprint is gone): the README says so. The window is anchored on the newest file read but
+never later than the run's clock: a file stamped in the future (a wrong clock) would otherwise push every file
+written now out of the window, their rewrites unseen (`future` names such files; the run warns).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Any
 
 from ingestion_assets.sources.files import FileInfo, Resume
 
+SKEW = dt.timedelta(minutes=5)  # a modified time further ahead of the run's clock is a wrong clock: said
+
 
 @dataclass
 class Progress:
@@ -30,6 +34,8 @@ class Progress:
     seen: dict[str, list[Any]] = field(default_factory=dict)  # path -> fingerprint (see the module's docstring)
     partial: dict[str, Any] | None = None  # {"path", "fingerprint", "rows", "bad"}: a file read in part
     unknown: list[str] = field(default_factory=list)  # due older than the window, known to neither place
+    future: list[str] = field(default_factory=list)  # listed with a modified time ahead of the run's clock
+    now: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))  # the run's clock
 
     @classmethod
     def of(cls, position: dict[str, Any] | None) -> Progress:
@@ -51,6 +57,7 @@ class Progress:
         when a file older than the window is listed without its fingerprint)."""
         if name:  # a file the listing no longer shows leaves: put back, it is read again
             self.seen = {k: v for k, v in self.seen.items() if k in set(name.values())}
+        self.future = sorted(name[f.path] for f in files if f.modified_at > self.now + SKEW)
         horizon = self._horizon(lookback_seconds)
         old = {name[f.path] for f in files if horizon is not None and f.modified_at < horizon} - set(self.seen)
         target = held() if old else set()
@@ -105,4 +112,5 @@ class Progress:
     def _horizon(self, lookback_seconds: float) -> dt.datetime | None:
         if self.newest is None:
             return None
-        return dt.datetime.fromisoformat(self.newest[0]) - dt.timedelta(seconds=lookback_seconds)
+        anchor = min(dt.datetime.fromisoformat(self.newest[0]), self.now)
+        return anchor - dt.timedelta(seconds=lookback_seconds)
