@@ -13,11 +13,15 @@ A file neither knows is due, whatever its modified time: a file renamed or copie
 one read (new, late, or rewritten in place). An older file whose rows the target holds is taken as read even if
 rewritten (its old fingerprint is gone): the README says so. The window is anchored on the newest file read but
 never later than the run's clock: a file stamped in the future (a wrong clock) would otherwise push every file
-written now out of the window, their rewrites unseen (`future` names such files; the run warns).
+written now out of the window, their rewrites unseen (`future` names such files; the run warns). A due file whose
+content (size and etag) was read under another name still in `seen` (a copy, or a move: copy and delete) is a
+copy, not news: its rows keep the version (modified time) of that first read (`origin`), else they would win over
+the files read after the original and bring back its old values.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +40,7 @@ class Progress:
     unknown: list[str] = field(default_factory=list)  # due older than the window, known to neither place
     future: list[str] = field(default_factory=list)  # listed with a modified time ahead of the run's clock
     now: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))  # the run's clock
+    origin: dict[str, str] = field(default_factory=dict)  # due copy -> modified time (ISO) of its content's first read
 
     @classmethod
     def of(cls, position: dict[str, Any] | None) -> Progress:
@@ -55,6 +60,7 @@ class Progress:
         """Files not read yet (or changed since), in (modified_at, path) order; a file read in part first. `name`:
         every listed file's path under the url; `held()`: the files the target holds live rows of (asked only
         when a file older than the window is listed without its fingerprint)."""
+        self.origin = self._origins(files, name)  # before a moved file's original leaves `seen`
         if name:  # a file the listing no longer shows leaves: put back, it is read again
             self.seen = {k: v for k, v in self.seen.items() if k in set(name.values())}
         self.future = sorted(name[f.path] for f in files if f.modified_at > self.now + SKEW)
@@ -69,6 +75,27 @@ class Progress:
             due.sort(key=lambda f: (name[f.path] != partial["path"], f.order))
         return due
 
+    def _origins(self, files: list[FileInfo], name: dict[str, str]) -> dict[str, str]:
+        first: dict[tuple[int, str], list[tuple[str, str]]] = {}  # (size, etag) -> [(modified time, path)] read
+        for path, (moment, size, etag) in self.seen.items():
+            if etag:
+                first.setdefault((int(size), str(etag)), []).append((str(moment), path))
+        partial = self.partial or {}
+        origin = {}
+        for f in files:
+            earlier = [m for m, p in first.get((f.size, f.etag or ""), []) if p != name[f.path]]
+            if partial.get("origin") and partial["path"] == name[f.path] and partial["fingerprint"] == f.fingerprint:
+                earlier.append(str(partial["origin"]))  # a copy read in part: its original may have left `seen`
+            moment = min(earlier, key=dt.datetime.fromisoformat, default=None)
+            if moment is not None and dt.datetime.fromisoformat(moment) < f.modified_at:
+                origin[name[f.path]] = moment
+        return origin
+
+    def version(self, relative: str, info: FileInfo) -> FileInfo:
+        """The file as its rows' versions see it: a copy of content read before carries that read's time."""
+        moment = self.origin.get(relative)
+        return info if moment is None else dataclasses.replace(info, modified_at=dt.datetime.fromisoformat(moment))
+
     def resume(self, relative: str, info: FileInfo) -> Resume:
         partial = self.partial
         if partial is None or partial["path"] != relative or partial["fingerprint"] != info.fingerprint:
@@ -77,6 +104,8 @@ class Progress:
 
     def inside(self, relative: str, info: FileInfo, rows: int, bad: int) -> None:
         self.partial = {"path": relative, "fingerprint": info.fingerprint, "rows": rows, "bad": bad}
+        if relative in self.origin:
+            self.partial["origin"] = self.origin[relative]
 
     def done(self, relative: str, info: FileInfo) -> None:
         """The file is read to its end (or parked): remember it and move the newest. Fingerprints that left the
