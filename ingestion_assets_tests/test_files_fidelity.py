@@ -93,6 +93,27 @@ def test_csv_leading_zeros_alone_stay_text_and_plain_numbers_stay_numbers(drops:
     ]
 
 
+def test_only_an_unquoted_empty_csv_field_is_null_unless_the_stream_says_more(drops: Drops) -> None:
+    """Found by the README-only attack: `NULL`, `null`, a quoted "NULL" and a quoted empty "" became SQL NULL
+    (pyarrow's null texts). A quoted empty field is the empty string, `NULL` is text; `csv.null_values` adds
+    texts that mean NULL (unquoted ones)."""
+    text = 'id,name\n1,NULL\n2,null\n3,"NULL"\n4,""\n5,\n6,x\n'
+    drops.catalog(path="*.csv", primary_key="id")
+    drops.write("a.csv", text, BASE)
+    drops.run()
+    assert drops.rows("id, name") == [(1, "NULL"), (2, "null"), (3, "NULL"), (4, ""), (5, None), (6, "x")]
+    declared = Drops(drops.root / "declared")
+    declared.catalog(path="*.csv", primary_key="id", csv={"null_values": ["", "NULL"]})
+    declared.write("a.csv", text, BASE)
+    declared.run()
+    assert declared.rows("id, name") == [(1, None), (2, "null"), (3, "NULL"), (4, ""), (5, None), (6, "x")]
+    typed = Drops(drops.root / "typed")  # every field quoted: a missing number is "", in a typed column a NULL
+    typed.catalog(path="*.csv", primary_key="id", csv={"column_types": {"amount": "int64"}})
+    typed.write("a.csv", 'id,n,amount,name\n"1","","","x"\n"2","2.5","7",""\n', BASE)
+    typed.run()
+    assert typed.rows("id, n, amount, name") == [(1, None, None, "x"), (2, 2.5, 7, "")]
+
+
 def _unfit_parquet() -> bytes:
     """Types a target cannot hold as they are: the last row's timestamp and time have nanoseconds."""
     second = 1_700_000_000_000_000_000

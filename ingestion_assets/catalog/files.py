@@ -75,7 +75,11 @@ class CsvOptions(_Model):
     header: bool = Field(True, description="false: the first line is data; give `column_names`")
     column_names: list[str] | None = Field(None, description="names for a file without a header (or to rename)")
     encoding: str = Field("utf-8", description="the files' text encoding; other encodings are transcoded to UTF-8")
-    null_values: list[str] = Field(default=["", "NULL", "null"], description="texts that mean a missing value")
+    null_values: list[str] = Field(
+        default=[""],
+        description="unquoted texts that mean a missing value (default: only an empty field); a quoted value is "
+        'never one: "" is the empty string',
+    )
     column_types: dict[str, Literal["string", "int64", "float64", "bool", "timestamp", "date"]] = Field(
         default_factory=dict, description="fix a column's type instead of inferring it per file"
     )

@@ -116,8 +116,11 @@ def _open(
                 escape_char=options.escape_char or False,
                 invalid_row_handler=invalid,
             ),
-            convert_options=pacsv.ConvertOptions(
-                column_types=types, null_values=options.null_values, strings_can_be_null=True
+            convert_options=pacsv.ConvertOptions(  # a quoted value is text as written: "" and "NULL" are no NULL
+                column_types=types,
+                null_values=options.null_values,
+                strings_can_be_null=True,
+                quoted_strings_can_be_null=False,
             ),
         )
     except pa.ArrowInvalid as exc:
@@ -172,6 +175,8 @@ def _coerce(table: pa.Table, wanted: dict[str, pa.DataType], raw: set[str]) -> t
     for name in raw:
         kind = wanted[name]
         values = table.column(name)
+        if not pa.types.is_string(kind):  # a quoted "" in a typed column: missing, as an empty field is
+            values = pc.if_else(pc.equal(pc.binary_length(values), 0), pa.scalar(None, values.type), values)
         try:
             table = table.set_column(
                 table.schema.get_field_index(name), name, pc.cast(pc.cast(values, pa.string()), kind)

@@ -30,6 +30,16 @@ def typed(table: pa.Table, texts: set[str]) -> pa.Table:
 
 
 def infer(values: pa.ChunkedArray) -> pa.ChunkedArray:
+    """`values` in the type all of them fit. An empty text (a quoted "" field) is the empty string in a text column
+    but the missing value in a typed one (a writer quoting every field writes a missing number as "")."""
+    blank = pc.equal(values, "")
+    if not pc.any(blank).as_py():
+        return _infer(values)
+    kind = _infer(pc.if_else(blank, pa.scalar(None, values.type), values))
+    return values if pa.types.is_string(kind.type) or pa.types.is_null(kind.type) else kind
+
+
+def _infer(values: pa.ChunkedArray) -> pa.ChunkedArray:
     """The first value says which type to try (a text column costs one look); every value must then fit it."""
     present = values.drop_null()
     if len(present) == 0:
