@@ -229,7 +229,7 @@ class FileSourceStream:
                 for piece in read_file(fs, info, self.spec, resume, window):
                     if piece.table is not None:
                         columns.check(piece.table)  # two columns landing as one: parked, never mixed up
-                    batch.add(piece.table, relative, progress.version(relative, info), piece.bad)
+                    batch.add(piece.table, relative, info, piece.bad, progress.version(relative, info))
                     progress.inside(relative, info, piece.rows_done, piece.bad_done)
                     if batch.rows >= self.spec.slice_rows:
                         yield _slice(batch, progress.position(), index)

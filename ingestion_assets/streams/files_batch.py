@@ -89,7 +89,15 @@ class FileBatch:
         if relative in self._fresh:
             self._fresh[relative].add(key)
 
-    def add(self, table: pa.Table | None, relative: str, info: FileInfo, bad: list[BadRow]) -> None:
+    def add(
+        self,
+        table: pa.Table | None,
+        relative: str,
+        info: FileInfo,
+        bad: list[BadRow],
+        version: tuple[dt.datetime, str] | None = None,
+    ) -> None:
+        """`version`: the (modified time, path) the rows' versions carry; default the file's own (a copy's differ)."""
         for row in bad:
             where = f"line {row.line}" if row.line is not None else f"row {row.row}" if row.row else "line unknown"
             key = f"{relative}:{where.replace(' ', '')}" if row.line or row.row else f"{relative}:{row.raw}"
@@ -103,7 +111,9 @@ class FileBatch:
                 }
             )
         if table is not None and table.num_rows:
-            self.tables.append((_labelled(table, relative, info), f"file {relative}"))
+            self.tables.append(
+                (_labelled(table, relative, version or (info.modified_at, relative)), f"file {relative}")
+            )
             self.rows += table.num_rows
 
     def park(self, relative: str, info: FileInfo, reason: str) -> None:
@@ -118,10 +128,11 @@ class FileBatch:
         )
 
 
-def _labelled(table: pa.Table, relative: str, info: FileInfo) -> pa.Table:
+def _labelled(table: pa.Table, relative: str, version: tuple[dt.datetime, str]) -> pa.Table:
     """The file's name, and each row's version: newer files win, then later paths, then later rows."""
     rows = table.num_rows
-    prefix = f"{info.modified_at.strftime('%Y-%m-%dT%H:%M:%S.%f')}|{relative}|"
+    moment, path = version
+    prefix = f"{moment.strftime('%Y-%m-%dT%H:%M:%S.%f')}|{path}|"
     numbers = pc.utf8_lpad(pc.cast(table.column(ROW), pa.string()), width=12, padding="0")
     version = pc.binary_join_element_wise(pa.repeat(pa.scalar(prefix), rows), numbers, "")
     return table.append_column(FILE, pa.repeat(pa.scalar(relative), rows)).append_column(VERSION, version)

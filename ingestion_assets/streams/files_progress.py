@@ -15,13 +15,12 @@ rewritten (its old fingerprint is gone): the README says so. The window is ancho
 never later than the run's clock: a file stamped in the future (a wrong clock) would otherwise push every file
 written now out of the window, their rewrites unseen (`future` names such files; the run warns). A due file whose
 content (size and etag) was read under another name still in `seen` (a copy, or a move: copy and delete) is a
-copy, not news: its rows keep the version (modified time) of that first read (`origin`), else they would win over
-the files read after the original and bring back its old values.
+copy, not news: its rows keep the version (modified time and path) of that first read (`origin`), else they would
+win over the files read after the original and bring back its old values.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ class Progress:
     unknown: list[str] = field(default_factory=list)  # due older than the window, known to neither place
     future: list[str] = field(default_factory=list)  # listed with a modified time ahead of the run's clock
     now: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))  # the run's clock
-    origin: dict[str, str] = field(default_factory=dict)  # due copy -> modified time (ISO) of its content's first read
+    origin: dict[str, tuple[str, str]] = field(default_factory=dict)  # due copy -> (modified time, path) first read
 
     @classmethod
     def of(cls, position: dict[str, Any] | None) -> Progress:
@@ -75,7 +74,7 @@ class Progress:
             due.sort(key=lambda f: (name[f.path] != partial["path"], f.order))
         return due
 
-    def _origins(self, files: list[FileInfo], name: dict[str, str]) -> dict[str, str]:
+    def _origins(self, files: list[FileInfo], name: dict[str, str]) -> dict[str, tuple[str, str]]:
         first: dict[tuple[int, str], list[tuple[str, str]]] = {}  # (size, etag) -> [(modified time, path)] read
         for path, (moment, size, etag) in self.seen.items():
             if etag:
@@ -83,18 +82,19 @@ class Progress:
         partial = self.partial or {}
         origin = {}
         for f in files:
-            earlier = [m for m, p in first.get((f.size, f.etag or ""), []) if p != name[f.path]]
+            earlier = [(m, p) for m, p in first.get((f.size, f.etag or ""), []) if p != name[f.path]]
             if partial.get("origin") and partial["path"] == name[f.path] and partial["fingerprint"] == f.fingerprint:
-                earlier.append(str(partial["origin"]))  # a copy read in part: its original may have left `seen`
-            moment = min(earlier, key=dt.datetime.fromisoformat, default=None)
-            if moment is not None and dt.datetime.fromisoformat(moment) < f.modified_at:
-                origin[name[f.path]] = moment
+                moment, path = partial["origin"]  # a copy read in part: its original may have left `seen`
+                earlier.append((str(moment), str(path)))
+            read = min(earlier, key=lambda v: (dt.datetime.fromisoformat(v[0]), v[1]), default=None)
+            if read is not None and (dt.datetime.fromisoformat(read[0]), read[1]) < (f.modified_at, name[f.path]):
+                origin[name[f.path]] = read
         return origin
 
-    def version(self, relative: str, info: FileInfo) -> FileInfo:
-        """The file as its rows' versions see it: a copy of content read before carries that read's time."""
-        moment = self.origin.get(relative)
-        return info if moment is None else dataclasses.replace(info, modified_at=dt.datetime.fromisoformat(moment))
+    def version(self, relative: str, info: FileInfo) -> tuple[dt.datetime, str]:
+        """(modified time, path) of a file's rows' versions: a copy of content read before carries that read's."""
+        moment, path = self.origin.get(relative, (info.modified_at.isoformat(), relative))
+        return dt.datetime.fromisoformat(moment), path
 
     def resume(self, relative: str, info: FileInfo) -> Resume:
         partial = self.partial
@@ -105,7 +105,7 @@ class Progress:
     def inside(self, relative: str, info: FileInfo, rows: int, bad: int) -> None:
         self.partial = {"path": relative, "fingerprint": info.fingerprint, "rows": rows, "bad": bad}
         if relative in self.origin:
-            self.partial["origin"] = self.origin[relative]
+            self.partial["origin"] = list(self.origin[relative])
 
     def done(self, relative: str, info: FileInfo) -> None:
         """The file is read to its end (or parked): remember it and move the newest. Fingerprints that left the
