@@ -213,6 +213,21 @@ def test_bad_lines_and_broken_files_are_parked_and_the_rest_loads(drops: Drops) 
     assert drops.run().result.rows == 0  # parked files are not read again until they change
 
 
+def test_rows_with_a_null_or_missing_key_are_parked_and_the_rest_of_the_stream_loads(drops: Drops) -> None:
+    drops.catalog(path="*", primary_key="id")
+    drops.write("a.csv", "id,name\n1,a\n,b\n3,c\n", BASE + 1)
+    drops.write("b.jsonl", '{"id": 4, "name": "d"}\n{"name": "e"}\n{"id": null, "name": "f"}\n', BASE + 2)
+    drops.write("c.jsonl", '{"name": "g"}\n', BASE + 3)  # no row of the file has the key
+    drops.write("d.csv", "ID,name\n5,h\n", BASE + 4)  # the key spelled in capitals is still the key
+    outcome = drops.run()
+    assert drops.rows("id, name") == [(1, "a"), (3, "c"), (4, "d"), (5, "h")]
+    parked = dict(drops.dead_letters())
+    assert sorted(parked) == ["a.csv:row2", "b.jsonl:line2", "b.jsonl:line3", "c.jsonl:line1"]
+    assert parked["a.csv:row2"].startswith("file a.csv row 2: key column 'id' is null or missing")
+    assert parked["b.jsonl:line2"].startswith("file b.jsonl line 2: key column 'id' is null or missing")
+    assert outcome.result.dead_letters == 4
+
+
 def test_a_csv_read_resumed_inside_a_file_parks_a_repeated_bad_line_by_its_own_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
