@@ -228,6 +228,25 @@ def test_rows_with_a_null_or_missing_key_are_parked_and_the_rest_of_the_stream_l
     assert outcome.result.dead_letters == 4
 
 
+def test_an_unnamed_csv_column_is_dropped_while_empty_and_a_bad_header_parks_its_file(drops: Drops) -> None:
+    drops.catalog(path="*.csv", primary_key="id")
+    drops.write("a.csv", "id,name,\r\n1,a,\r\n2,b,\r\n", BASE + 1)  # a spreadsheet's trailing comma
+    drops.write("b.csv", "id,name,\n3,c,\n4,d,oops\n", BASE + 2)  # the unnamed column holds a value
+    drops.write("c.csv", b"id,na\xefme\n5,e\n", BASE + 3)  # the header is not UTF-8
+    drops.write("d.csv", "id,name\n6,f\n", BASE + 4)
+    drops.run()
+    assert drops.rows("id, name") == [(1, "a"), (2, "b"), (6, "f")]
+    parked = dict(drops.dead_letters())
+    assert sorted(parked) == ["b.csv:file", "c.csv:file"]
+    assert parked["b.csv:file"] == (
+        "file b.csv parked as a whole: column 3 of the header has no name but row 2 holds 'oops' in it: "
+        "name the column in the file's header, or give csv.column_names"
+    )
+    assert parked["c.csv:file"].startswith(
+        "file c.csv parked as a whole: its header (line 1) is not valid utf-8 at byte 5 (b'\\xef')"
+    )
+
+
 def test_a_csv_read_resumed_inside_a_file_parks_a_repeated_bad_line_by_its_own_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
