@@ -247,6 +247,13 @@ def test_an_unnamed_csv_column_is_dropped_while_empty_and_a_bad_header_parks_its
     )
 
 
+def test_a_json_lines_file_starting_with_a_byte_order_mark_loads_its_first_line(drops: Drops) -> None:
+    drops.catalog(path="*.jsonl", primary_key="id")
+    drops.write("a.jsonl", b'\xef\xbb\xbf{"id": 1, "name": "a"}\n{"id": 2, "name": "b"}\n', BASE)
+    assert drops.run().result.dead_letters == 0
+    assert drops.rows("id, name") == [(1, "a"), (2, "b")]
+
+
 def test_a_csv_read_resumed_inside_a_file_parks_a_repeated_bad_line_by_its_own_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
