@@ -238,6 +238,47 @@ def test_bad_lines_and_broken_files_are_parked_and_the_rest_loads(drops: Drops) 
     assert drops.run().result.rows == 0  # parked files are not read again until they change
 
 
+def test_rows_with_a_null_or_missing_key_are_parked_and_the_rest_of_the_stream_loads(drops: Drops) -> None:
+    drops.catalog(path="*", primary_key="id")
+    drops.write("a.csv", "id,name\n1,a\n,b\n3,c\n", BASE + 1)
+    drops.write("b.jsonl", '{"id": 4, "name": "d"}\n{"name": "e"}\n{"id": null, "name": "f"}\n', BASE + 2)
+    drops.write("c.jsonl", '{"name": "g"}\n', BASE + 3)  # no row of the file has the key
+    drops.write("d.csv", "ID,name\n5,h\n", BASE + 4)  # the key spelled in capitals is still the key
+    outcome = drops.run()
+    assert drops.rows("id, name") == [(1, "a"), (3, "c"), (4, "d"), (5, "h")]
+    parked = dict(drops.dead_letters())
+    assert sorted(parked) == ["a.csv:row2", "b.jsonl:line2", "b.jsonl:line3", "c.jsonl:line1"]
+    assert parked["a.csv:row2"].startswith("file a.csv row 2: key column 'id' is null or missing")
+    assert parked["b.jsonl:line2"].startswith("file b.jsonl line 2: key column 'id' is null or missing")
+    assert outcome.result.dead_letters == 4
+
+
+def test_an_unnamed_csv_column_is_dropped_while_empty_and_a_bad_header_parks_its_file(drops: Drops) -> None:
+    drops.catalog(path="*.csv", primary_key="id")
+    drops.write("a.csv", "id,name,\r\n1,a,\r\n2,b,\r\n", BASE + 1)  # a spreadsheet's trailing comma
+    drops.write("b.csv", "id,name,\n3,c,\n4,d,oops\n", BASE + 2)  # the unnamed column holds a value
+    drops.write("c.csv", b"id,na\xefme\n5,e\n", BASE + 3)  # the header is not UTF-8
+    drops.write("d.csv", "id,name\n6,f\n", BASE + 4)
+    drops.run()
+    assert drops.rows("id, name") == [(1, "a"), (2, "b"), (6, "f")]
+    parked = dict(drops.dead_letters())
+    assert sorted(parked) == ["b.csv:file", "c.csv:file"]
+    assert parked["b.csv:file"] == (
+        "file b.csv parked as a whole: column 3 of the header has no name but row 2 holds 'oops' in it: "
+        "name the column in the file's header, or give csv.column_names"
+    )
+    assert parked["c.csv:file"].startswith(
+        "file c.csv parked as a whole: its header (line 1) is not valid utf-8 at byte 5 (b'\\xef')"
+    )
+
+
+def test_a_json_lines_file_starting_with_a_byte_order_mark_loads_its_first_line(drops: Drops) -> None:
+    drops.catalog(path="*.jsonl", primary_key="id")
+    drops.write("a.jsonl", b'\xef\xbb\xbf{"id": 1, "name": "a"}\n{"id": 2, "name": "b"}\n', BASE)
+    assert drops.run().result.dead_letters == 0
+    assert drops.rows("id, name") == [(1, "a"), (2, "b")]
+
+
 def test_a_csv_read_resumed_inside_a_file_parks_a_repeated_bad_line_by_its_own_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

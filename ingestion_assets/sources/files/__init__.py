@@ -10,6 +10,7 @@ import fsspec
 from ingestion_assets.catalog.files import FilesStream
 from ingestion_assets.sources.files.csv import read_csv
 from ingestion_assets.sources.files.jsonl import read_jsonl
+from ingestion_assets.sources.files.keys import keyed
 from ingestion_assets.sources.files.listing import (
     FileInfo,
     MissingLocation,
@@ -45,13 +46,16 @@ def read_file(
     fs: fsspec.AbstractFileSystem, info: FileInfo, spec: FilesStream, resume: Resume, window: RowWindow | None = None
 ) -> Iterator[Piece]:
     """The file's rows after `resume` (within `window`, if given), piece by piece. Raises CorruptFile for bytes
-    that are not the format (the caller parks the file), StorageError / FileNotFoundError for the storage."""
+    that are not the format (the caller parks the file), StorageError / FileNotFoundError for the storage. Rows
+    without their primary key come as bad rows."""
+    by_line = file_format(info.path, spec.format)[0] == "jsonl"  # a JSON line's row number is its line
     for piece in _read(fs, info, spec, resume, window):
-        if window is None or piece.table is None:
+        if piece.table is None:
             yield piece
             continue
-        kept, outside = within(piece.table, window)
-        yield Piece(kept, piece.bad + outside, piece.rows_done, piece.bad_done)
+        kept, outside = within(piece.table, window) if window is not None else (piece.table, [])
+        kept, keyless = keyed(kept, spec.primary_key, by_line)
+        yield Piece(kept, piece.bad + outside + keyless, piece.rows_done, piece.bad_done)
 
 
 def _read(

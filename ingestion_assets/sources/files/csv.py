@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from ingestion_assets.catalog.files import CsvOptions
+from ingestion_assets.sources.files.csv_header import without_unnamed
 from ingestion_assets.sources.files.infer import typed
 from ingestion_assets.sources.files.pieces import ROW, BadRow, CorruptFile, Piece, Resume
 
@@ -164,7 +165,7 @@ def _pieces(
         if raw:
             table, failed = _coerce(table, wanted, raw)
             bad += failed
-        yield Piece(typed(table, texts), bad, good, max(invalid, done.bad))
+        yield Piece(typed(without_unnamed(table), texts), bad, good, max(invalid, done.bad))
 
 
 def _coerce(table: pa.Table, wanted: dict[str, pa.DataType], raw: set[str]) -> tuple[pa.Table, list[BadRow]]:
@@ -234,7 +235,14 @@ def _header(open_file: Callable[[], pa.NativeFile], options: CsvOptions) -> list
     """The column names, read apart (a bad value in the first block stops pyarrow before it names them)."""
     if options.column_names:
         return list(options.column_names)
-    first = next(_lines_of(open_file()), b"").decode(options.encoding, "replace")
+    line = next(_lines_of(open_file()), b"")
+    try:
+        first = line.decode(options.encoding)
+    except UnicodeDecodeError as exc:
+        raise CorruptFile(
+            f"its header (line 1) is not valid {options.encoding} at byte {exc.start} "
+            f"({line[exc.start : exc.start + 1]!r}): fix the header, or set csv.encoding or csv.column_names"
+        ) from exc
     quote = options.quote_char or ""
     return next(
         pycsv.reader(

@@ -23,6 +23,8 @@ def read_jsonl(open_file: Callable[[], pa.NativeFile], batch_rows: int, resume: 
     for number, line in enumerate(_lines(open_file()), start=1):
         if number <= resume.rows or not line.strip():
             continue
+        if number == 1:
+            line = line.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark, as some editors write
         record, problem = _parse(line)
         if problem is not None:
             bad.append(BadRow(number, number, problem, line.decode("utf-8", "backslashreplace")[:65536]))
