@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from ingestion_assets.catalog import Catalog, Destination
-from ingestion_assets.defs.broker_check import broker_tls_problem
+from ingestion_assets.defs.broker_check import broker_problem
 from ingestion_assets.defs.executors import ExecutionSettingError, celery_config, run_time_host_bound
 from ingestion_assets.errors import DestinationUnavailable
 from ingestion_assets.loading.destinations import connect_postgres, describe_destination, destination_url, duckdb_path
@@ -25,12 +25,13 @@ def check_destination(settings: Settings, catalog: Catalog) -> list[str]:
     """Every problem with the destination (and the executor settings), each naming the catalog key."""
     destination = catalog.destination
     try:
-        if catalog.execution.celery is not None and catalog.execution.distributed:
-            celery_config(settings, catalog.execution.celery)
-            if problem := broker_tls_problem(settings, catalog.execution.celery):
-                return [problem]
+        celery = catalog.execution.celery if catalog.execution.distributed else None
+        if celery is not None:
+            celery_config(settings, celery)
         if problems := run_time_host_bound(settings, catalog):
             return problems
+        if celery is not None and (problem := broker_problem(settings, celery)):  # the settings first
+            return [problem.message]
         if destination.type == "duckdb":
             return _writable("destination.path", duckdb_path(settings, destination))
         if destination.type == "postgres":

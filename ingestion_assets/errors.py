@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ingestion_assets.sources.redact import redact
+
 if TYPE_CHECKING:
     import psycopg2
 
@@ -82,7 +84,7 @@ class ServerUnavailable(RuntimeError):
     def __init__(
         self, where: str, reference: str, exc: BaseException, secret: str | None = None, advice: str = ""
     ) -> None:
-        text = " ".join(line.strip() for line in str(exc).strip().splitlines()[:1]) or type(exc).__name__
+        text = redact(" ".join(line.strip() for line in str(exc).strip().splitlines()[:1])) or type(exc).__name__
         if secret:
             text = text.replace(secret, "***")
         verdict = classify(exc)
@@ -161,7 +163,7 @@ class Verdict:
 
 def describe_permanent(where: str, exc: BaseException, verdict: Verdict) -> str:
     """`where: <the source's own words> (permanent: ...) <what to do>`."""
-    text = " ".join(line.strip() for line in str(exc).strip().splitlines()[:2]) or type(exc).__name__
+    text = redact(" ".join(line.strip() for line in str(exc).strip().splitlines()[:2])) or type(exc).__name__
     text = text.removeprefix(f"{where}: ")  # our own errors often name the stream already
     if verdict.advice and verdict.advice in text:  # said already (a connection's refusal names what to fix)
         return f"{where}: {text} — a permanent error, not retried"

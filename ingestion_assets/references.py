@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ingestion_assets.catalog import Reference, Tls
 from ingestion_assets.settings import Settings
+from ingestion_assets.sources.redact import remember_resolved
 from ingestion_assets.sources.tls import TlsFiles, pem_file, with_verified_tls
 
 PEM_PREFIX = "-----BEGIN "
@@ -24,6 +25,7 @@ def resolve(ref: Reference, settings: Settings, where: str) -> str:
         value = os.environ.get(ref.env)
         if not value:
             raise UnresolvedReference(f"{where}: environment variable {ref.env} is not set or empty")
+        remember_resolved(value)
         return value
     if ref.file:
         path = reference_path(ref, settings)
@@ -33,6 +35,7 @@ def resolve(ref: Reference, settings: Settings, where: str) -> str:
             raise UnresolvedReference(f"{where}: cannot read secret file {path}: {exc.strerror}") from exc
         if not value:
             raise UnresolvedReference(f"{where}: secret file {path} is empty")
+        remember_resolved(value)
         return value
     if ref.service == "demo_api":
         from ingestion_assets.stack.demo_api import DemoApiProcess

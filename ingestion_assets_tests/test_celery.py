@@ -301,3 +301,51 @@ def test_a_broker_whose_tls_fails_is_refused_in_one_line(
     monkeypatch.setenv("INGEST_TEST_BROKER", tls_redis.url(tls_redis.other_ca))
     with pytest.raises(SystemExit, match=r"cannot connect to localhost:\d+ over TLS: .*set ssl_ca_certs"):
         worker_app(settings)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_broker_that_is_down_is_one_line_in_check_and_at_run_start(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing listens at the broker's port: `ingest check` said ok (only rediss:// was tried) and a run failed
+    after 24 s of Celery's retries with a 279-line traceback ending in an empty `RuntimeError:`."""
+    from ingestion_assets.catalog import CeleryExecution, Reference
+    from ingestion_assets.cli import main
+    from ingestion_assets.defs.broker_check import broker_problem
+    from ingestion_assets.defs.executors import ExecutionSettingError
+
+    port, settings = _free_port(), Settings(home=harness.home, catalog_path=harness.tmp_path / "catalog.yaml")
+    celery = CeleryExecution(broker=Reference(env="TEST_BROKER"))
+    line = (
+        f"execution.celery.broker (env:TEST_BROKER): cannot reach the broker at 127.0.0.1:{port} "
+        "(Connection refused): start the broker, then run again"
+    )
+    monkeypatch.setenv("TEST_BROKER", f"amqp://guest:s3cret-broker@127.0.0.1:{port}//")
+    amqp = broker_problem(settings, celery)
+    assert amqp is not None and amqp.message == line and amqp.transient, amqp
+    monkeypatch.setenv("TEST_BROKER", "redis://127.0.0.1:6379/13")
+    assert broker_problem(settings, celery) is None  # a broker that answers
+
+    harness.source.execute(TABLES)
+    with_execution(
+        harness.write_catalog(_streams(), destination="postgres"),
+        {"executor": "celery", "celery": {"broker": {"env": "TEST_BROKER"}}},
+    )
+    monkeypatch.setenv("TEST_BROKER", f"redis://:s3cret-broker@127.0.0.1:{port}/0")
+    for name, value in harness.cli_env().items():
+        monkeypatch.setenv(name, value)
+    assert main(["check"]) == 1
+    out = capsys.readouterr().out
+    assert line in out and "s3cret-broker" not in out, out
+    job = ReconstructableRepository.for_module("ingestion_assets.definitions", "defs", str(REPO))
+    with pytest.raises(ExecutionSettingError) as refused:
+        dg.execute_job(
+            job.get_reconstructable_job("__ASSET_JOB"), harness.instance, asset_selection=[harness.key("orders")]
+        )
+    assert line in str(refused.value) and "s3cret-broker" not in str(refused.value)
+    assert harness.instance.get_latest_materialization_event(harness.key("orders")) is None  # no step ran

@@ -22,7 +22,7 @@ from dagster_celery.executor import CELERY_CONFIG, CeleryExecutor
 from dagster_celery.tasks import create_task
 
 from ingestion_assets.catalog import Catalog
-from ingestion_assets.defs.broker_check import broker_tls_problem
+from ingestion_assets.defs.broker_check import broker_problem
 from ingestion_assets.defs.executors import ExecutionSettingError, run_time_host_bound
 from ingestion_assets.defs.worker_checks import CATALOG_KWARG, CheckedStepTask, WorkerRefusal, catalog_identity
 from ingestion_assets.settings import Settings
@@ -34,8 +34,8 @@ def ingest_celery_executor(settings: Settings, catalog: Catalog) -> dg.ExecutorD
     @dg.executor(name="celery", config_schema=CELERY_CONFIG, requirements=dg.multiple_process_executor_requirements())
     def celery_executor(init_context: dg.InitExecutorContext) -> dg.Executor:
         problems = run_time_host_bound(settings, catalog)  # at run start: the references resolve here
-        if catalog.execution.celery is not None and (tls := broker_tls_problem(settings, catalog.execution.celery)):
-            problems.append(tls)
+        if catalog.execution.celery is not None and (broker := broker_problem(settings, catalog.execution.celery)):
+            problems.append(broker.message)
         if problems:
             raise ExecutionSettingError("; ".join(problems))
         config = init_context.executor_config

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import httpx
 
+from ingestion_assets.sources.redact import redact
+
 _MAX_DETAIL = 200  # characters of the server's own explanation kept in a message
 
 
@@ -57,15 +59,16 @@ class BadPayload(ApiError):
 
 
 def server_detail(response: httpx.Response) -> str:
-    """The server's `error` / `error_description` (or the start of its body), for a message."""
+    """The server's `error` / `error_description` (or the start of its body), for a message; a secret it
+    echoes (a rejected token, often) is masked."""
     try:
         body = response.json()
     except ValueError:
-        return response.text[:_MAX_DETAIL].strip()
+        return redact(response.text)[:_MAX_DETAIL].strip()
     if not isinstance(body, dict):
         return ""
     parts = [str(body[key]) for key in ("error", "error_description", "message", "detail") if body.get(key)]
-    return ": ".join(parts)[:_MAX_DETAIL]
+    return redact(": ".join(parts))[:_MAX_DETAIL]
 
 
 def error_for(response: httpx.Response, where: str, credential: str) -> ApiError:

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ingestion_assets.sources.redact import remember
+
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -26,6 +28,7 @@ class Secret:
     def __init__(self, value: str, source: str = "a value given in code") -> None:
         self._value = value
         self.source = source
+        remember(value)
 
     def reveal(self) -> str:
         return self._value
@@ -63,6 +66,7 @@ class FileSecretStore:
 
     def write(self, name: str, value: str | Secret) -> None:
         text = value.reveal() if isinstance(value, Secret) else value
+        remember(text)
         path = self.path(name)
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=self.directory, prefix=f".{name}.")  # created with mode 0600
