@@ -7,7 +7,7 @@ import os
 
 import dagster as dg
 
-from ingestion_assets.catalog import load_catalog
+from ingestion_assets.catalog import Catalog, load_catalog
 from ingestion_assets.defs.assets import stream_asset
 from ingestion_assets.defs.cdc import build_cdc_assets
 from ingestion_assets.defs.executors import build_executor
@@ -18,9 +18,10 @@ from ingestion_assets.defs.schedules import build_schedules
 from ingestion_assets.defs.sensors import build_sensors
 from ingestion_assets.defs.sources import source_specs
 from ingestion_assets.defs.streams import catalog_refs, is_cdc
+from ingestion_assets.defs.worker_checks import catalog_identity
 from ingestion_assets.settings import Settings
 
-_built: dict[tuple[Settings, str, str], dg.Definitions] = {}
+_built: dict[tuple[Settings, str, str], tuple[dg.Definitions, dict[str, str]]] = {}
 
 
 @dg.definitions
@@ -32,12 +33,18 @@ def defs() -> dg.Definitions:
     key = (settings, os.environ.get("DAGSTER_HOME", ""), hashlib.sha256(text).hexdigest())
     if key not in _built:
         _built.clear()
-        _built[key] = _build(settings)
-    return _built[key]
+        catalog = load_catalog(settings.catalog_path)
+        _built[key] = (_build(settings, catalog), catalog_identity(settings, catalog))
+    return _built[key][0]
 
 
-def _build(settings: Settings) -> dg.Definitions:
-    catalog = load_catalog(settings.catalog_path)
+def built_identity() -> dict[str, str] | None:
+    """The catalog identity (defs/worker_checks.py) of the definitions this process built last, taken from the
+    catalog they were built from: what a Celery worker's next step executes, whatever the file says by then."""
+    return next(iter(_built.values()))[1] if _built else None
+
+
+def _build(settings: Settings, catalog: Catalog) -> dg.Definitions:
     streams = [s for s in catalog_refs(settings, catalog) if not is_cdc(s)]
     keys = [dg.AssetKey([s.source_name, s.name]) for s in streams]
     # on workers a run's process ids name processes of other hosts: no dead runs are released there

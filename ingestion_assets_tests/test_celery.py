@@ -349,3 +349,34 @@ def test_a_broker_that_is_down_is_one_line_in_check_and_at_run_start(
         )
     assert line in str(refused.value) and "s3cret-broker" not in str(refused.value)
     assert harness.instance.get_latest_materialization_event(harness.key("orders")) is None  # no step ran
+
+
+def test_a_worker_runs_a_step_with_its_catalog_file_as_edited_since_its_last_step(
+    harness: StreamHarness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dagster keeps the job a worker process built for its last step: after the catalog file was edited in place
+    (here `orders` reads public.orders again instead of orders_v2), the next step read orders_v2 with the old
+    definitions while the submitter's fingerprint matched the file, moved the checkpoint and wrote nothing of
+    orders. The worker builds the step's definitions from the file and compares what it built."""
+    harness.source.execute(TABLES)
+    harness.source.execute(
+        "CREATE TABLE orders_v2 (LIKE orders INCLUDING ALL); INSERT INTO orders_v2 "
+        "SELECT id, amount * 2, note, updated_at - interval '1 year' FROM orders"
+    )
+    streams = _streams()
+    del streams["keywords"]
+    with celery_deployment(tmp_path / "celery") as deployment:
+        for table in ("orders_v2", "orders"):
+            harness.write_catalog({"orders": {**streams["orders"], "table": table}}, destination="postgres")
+            with_execution(harness.catalog_path, deployment.execution())  # type: ignore[arg-type]
+            if not deployment.workers:
+                deployment.start_worker(harness.settings.catalog_path, harness.settings.dagster_home)
+                deployment.wait_ready()
+            for name, value in harness.cli_env().items():
+                monkeypatch.setenv(name, value)
+            job = ReconstructableRepository.for_module("ingestion_assets.definitions", "defs", str(REPO))
+            with dg.execute_job(
+                job.get_reconstructable_job("__ASSET_JOB"), harness.instance, asset_selection=[harness.key("orders")]
+            ) as done:
+                assert done.success
+    harness.assert_target_equals_source("orders", "orders", "id")

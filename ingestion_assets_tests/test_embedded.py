@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg2
@@ -57,3 +59,25 @@ def test_a_restart_keeps_the_port_and_the_data(server: EmbeddedPostgres) -> None
     with psycopg2.connect(url) as conn, conn.cursor() as cur:
         cur.execute("SELECT answer FROM t")
         assert cur.fetchone() == (42,)
+
+
+def test_a_storage_restore_refuses_to_roll_back_the_servers_other_databases(
+    server: EmbeddedPostgres, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A restore recovers the whole server: a source or target database on it (the demo's `{embedded: shop}`)
+    lost every write after `--to` while only Dagster's storage was said restored. It is refused first, naming
+    them, and nothing is done."""
+    from ingestion_assets.cli import main
+
+    with contextlib.closing(psycopg2.connect(server.url())) as conn:
+        conn.autocommit = True
+        for database in ("dagster", "shop", "warehouse"):
+            conn.cursor().execute(f"CREATE DATABASE {database}")
+    monkeypatch.setenv("INGEST_HOME", str(server.root.parent))
+    monkeypatch.setenv("INGEST_CATALOG", str(server.root.parent / "none.yaml"))
+    moment = datetime.now(UTC).isoformat()
+    assert main(["storage", "restore", "--to", moment]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("refused: the embedded server also holds database(s) shop, warehouse: "), err
+    assert f"every write after {moment} too" in err and "pass --include-other-databases" in err, err
+    assert server.is_running() and not list(server.root.parent.glob("pg-restored-*"))

@@ -501,3 +501,47 @@ def test_a_restore_follows_the_timeline_that_was_current_at_its_target(
         restored = restore_storage(settings, to, timeout=120)
         assert settings.embedded.root == restored.server.root
         assert _marks(settings) == expected, f"restored to {to.isoformat()}"
+
+
+def test_a_restore_rolls_back_the_servers_other_databases_only_when_asked_and_says_so(
+    storage_home: Path,
+    source_db: SourceDb,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A source database on the embedded server (the demo's `shop`) is rolled back with Dagster's storage: only
+    with --include-other-databases, and the restore says which databases and the server's new port."""
+    settings = Settings(home=storage_home, catalog_path=storage_home / "unused.yaml")
+    bring_up(settings)
+    archive = durability.archive_for(storage_home)
+    durability.enable_archiving(settings.embedded, archive)
+    durability.base_backup(settings.embedded, archive)
+    harness = StreamHarness(tmp_path, storage_home, _instance(settings), source_db)
+    source_db.execute(ITEMS)
+    monkeypatch.setenv("INGEST_CATALOG", str(harness.write_catalog({"items": {"table": "items", "primary_key": "id"}})))
+    harness.instance.dispose()
+    old = settings.embedded
+    with contextlib.closing(psycopg2.connect(old.url())) as conn:
+        conn.autocommit = True
+        conn.cursor().execute("CREATE DATABASE shop")
+    with contextlib.closing(psycopg2.connect(old.url("shop"))) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE sales (id int); INSERT INTO sales VALUES (1)")
+        conn.commit()
+        moment = _moment()
+        cur.execute("INSERT INTO sales VALUES (2)")
+        conn.commit()
+    from ingestion_assets.cli import main
+
+    monkeypatch.setenv("INGEST_HOME", str(storage_home))
+    assert main(["storage", "restore", "--to", moment.isoformat()]) == 2
+    assert "also holds database(s) shop:" in capsys.readouterr().err
+    out = _ingest(
+        monkeypatch, capsys, storage_home, "storage", "restore", "--to", moment.isoformat(), "--include-other-databases"
+    )
+    restored = durability.active_server(storage_home)
+    assert f"WARNING: databases shop were rolled back to {moment.isoformat()} as well" in out, out
+    assert f"now listens on port {restored.port()}, not {old.port()}" in out, out
+    with contextlib.closing(psycopg2.connect(restored.url("shop"))) as conn, conn.cursor() as cur:
+        cur.execute("SELECT id FROM sales")
+        assert cur.fetchall() == [(1,)]

@@ -70,6 +70,11 @@ def _parser() -> argparse.ArgumentParser:
     restore = storage_action("restore", stack.storage_restore, "point-in-time recovery of Dagster's storage")
     restore.add_argument("--to", required=True, help="ISO time (UTC if no offset), at or before the target's own")
     restore.add_argument("--force", action="store_true", help="restore even if checkpoints are ahead of the target")
+    restore.add_argument(
+        "--include-other-databases",
+        action="store_true",
+        help="restore even if the embedded server holds other databases (sources, targets): they roll back too",
+    )
     restore.add_argument("--timeout", type=float, default=300.0, help="seconds the recovery may take (default 300)")
     command("down", stack.down, "stop the embedded PostgreSQL")
     command("env", stack.env, "print `export` lines that point dagster commands at this instance")

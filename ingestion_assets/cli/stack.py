@@ -101,7 +101,9 @@ def storage_restore(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     to = to if to.tzinfo else to.replace(tzinfo=UTC)
     try:
-        restored = restore_storage(settings, to, force=args.force, timeout=args.timeout)
+        restored = restore_storage(
+            settings, to, args.force, args.timeout, include_other_databases=args.include_other_databases
+        )
     except (RestoreRefused, EmbeddedServerError) as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return 2
@@ -111,6 +113,17 @@ def storage_restore(settings: Settings, args: argparse.Namespace) -> int:
         print(f"WARNING: {gap}", file=sys.stderr)
     print(f"restored Dagster's storage to {to.isoformat()} (base backup of {restored.backup_started_at.isoformat()})")
     print(f"the replaced server is stopped and kept in {restored.previous}")
+    if restored.rolled_back:
+        print(
+            f"WARNING: databases {', '.join(restored.rolled_back)} were rolled back to {to.isoformat()} as well",
+            file=sys.stderr,
+        )
+    if restored.previous_port not in (None, restored.server.port()):
+        print(
+            f"WARNING: the embedded server now listens on port {restored.server.port()}, not "
+            f"{restored.previous_port}: URLs naming port {restored.previous_port} reach nothing now",
+            file=sys.stderr,
+        )
     print(restored.standby)
     return 0
 

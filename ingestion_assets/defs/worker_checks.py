@@ -2,9 +2,11 @@
 worker reached Dagster's storage; either failure is one line the run's orchestrator turns into the step's failure.
 
 A worker builds a step's definitions from its own catalog (INGEST_CATALOG), not the submitter's: a worker
-started before a catalog change, or with another file, would run the step with other streams, keys, cursors
-or destination. The submitter sends its catalog's fingerprint with every step; the worker compares it with
-its own before it loads anything and refuses the step, permanently, on a difference."""
+started with another file, or whose file changed since, would run the step with other streams, keys, cursors
+or destination. Dagster keeps the job a worker process built last and runs the next step with it, even after
+the file changed: the worker builds the step's job from its file before the step, and compares the submitter's
+fingerprint with that of the definitions built (not of the file), refusing the step, permanently, on a
+difference."""
 
 from __future__ import annotations
 
@@ -64,15 +66,28 @@ class CheckedStepTask(Task):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         submitted = kwargs.pop(CATALOG_KWARG, None)
         worker = str(self.request.hostname)
-        if submitted is not None:
-            own = catalog_identity(Settings.from_env())
-            problem = mismatch(submitted.get("step", "?"), worker, submitted, own)
-            if problem:
-                raise CatalogMismatch(problem)
         try:
+            if submitted is not None:
+                own = executed_identity(kwargs["executable_dict"])
+                problem = mismatch(submitted.get("step", "?"), worker, submitted, own)
+                if problem:
+                    raise CatalogMismatch(problem)
             return super().__call__(*args, **kwargs)
         except DagsterPostgresException as exc:  # the step's own errors end as its failure events, not here
             raise StorageUnreachable(storage_refusal(worker, exc)) from exc
+
+
+def executed_identity(executable_dict: dict[str, Any]) -> dict[str, str]:
+    """The catalog identity of the definitions the step will execute: its job is built here, from the file as it
+    is now (Dagster's cache of the process's last job dropped), and the step then reuses that job."""
+    from dagster._core.definitions.reconstruct import ReconstructableJob
+
+    from ingestion_assets.definitions import built_identity
+
+    ReconstructableJob.get_definition.cache_clear()
+    ReconstructableJob.get_repository_definition.cache_clear()
+    ReconstructableJob.from_dict(executable_dict).get_definition()
+    return built_identity() or catalog_identity(Settings.from_env())
 
 
 def storage_refusal(worker: str, exc: BaseException) -> str:

@@ -24,6 +24,7 @@ from ingestion_assets.stack.embedded import EmbeddedPostgres, EmbeddedServerErro
 from ingestion_assets.stack.instance import DAGSTER_DATABASE, bring_up, instance_config
 from ingestion_assets.stack.recovery import RestoreRefused, restore_command, start_recovery, wait_for_recovery
 from ingestion_assets.stack.restore_check import cdc_slots_past_checkpoints, checkpoints_ahead_of_target
+from ingestion_assets.stack.restore_scope import other_databases, refuse_other_databases
 from ingestion_assets.stack.timelines import backup_position, recovered_from, timeline_at
 
 __all__ = ["RestoreRefused", "Restored", "restore_storage"]
@@ -39,16 +40,28 @@ class Restored:
     warnings: list[str]  # with force: the checkpoints that are ahead of the target
     standby: str  # what became of the standby, which followed the replaced server
     wal_gaps: list[str] = field(default_factory=list)  # CDC sources whose slot is past their restored checkpoints
+    rolled_back: list[str] = field(default_factory=list)  # the server's other databases, restored to `to` as well
+    previous_port: int | None = None  # the replaced server's: URLs naming it reach nothing now
 
 
-def restore_storage(settings: Settings, to: dt.datetime, force: bool = False, timeout: float = 300.0) -> Restored:
+def restore_storage(
+    settings: Settings,
+    to: dt.datetime,
+    force: bool = False,
+    timeout: float = 300.0,
+    include_other_databases: bool = False,
+) -> Restored:
     """Recover the storage as it was at `to` into a new server folder; refuse if any restored checkpoint is
-    ahead of what the target holds (the next run would skip rows), unless `force`. Only then does the
-    recovered server replace the current one, which is stopped and kept."""
+    ahead of what the target holds (the next run would skip rows), unless `force`, and if the server holds
+    other databases than Dagster's (they are rolled back too), unless `include_other_databases`. Only then does
+    the recovered server replace the current one, which is stopped and kept."""
     if to > dt.datetime.now(dt.UTC):
         raise RestoreRefused(f"{to.isoformat()} is in the future: nothing has been archived up to it yet")
     current = settings.embedded
     archive = archive_for(settings.home)
+    others = other_databases(current) if current.is_running() else []
+    refuse_other_databases(to, others, include_other_databases)  # before anything is done
+    previous_port = current.port() if current.is_running() else None
     if current.is_running():
         _archive_up_to_now(current, timeout)
     earlier = [(started, data) for started, data in archive.backups() if started <= to]
@@ -66,6 +79,8 @@ def restore_storage(settings: Settings, to: dt.datetime, force: bool = False, ti
     server.prepare_root(current.bin_dir())
     try:
         problems, wal_gaps = _recover(settings, server, (backup, timeline.tli), current, to, timeout)
+        others = sorted({*others, *other_databases(server)})  # the current server's, if it was stopped
+        refuse_other_databases(to, others, include_other_databases)
     except BaseException:
         _discard(server)  # nothing changed: the current server is still primary
         raise
@@ -80,7 +95,7 @@ def restore_storage(settings: Settings, to: dt.datetime, force: bool = False, ti
     make_active(settings.home, server)
     bring_up(settings)
     standby = rebuild_standby(settings.home, server, current)
-    return Restored(server, started, current.root, problems, standby, wal_gaps)
+    return Restored(server, started, current.root, problems, standby, wal_gaps, others, previous_port)
 
 
 def _recover(
