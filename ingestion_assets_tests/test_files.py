@@ -338,6 +338,21 @@ def test_schema_drift_across_files_adds_widens_and_pauses(drops: Drops) -> None:
     assert "accept" in after.details["last_error"]
 
 
+def test_whole_numbers_after_decimals_load_into_the_double_column(drops: Drops) -> None:
+    """A file of whole amounts after one with decimals paused the stream as 'double precision -> bigint
+    (incompatible)' and the advised accept then failed the load (found by the README-only attack): integers a
+    double holds exactly are cast to it; one past 2**53 still pauses (a double would round it)."""
+    drops.catalog(path="*.csv", primary_key="id")
+    drops.write("a.csv", "id,amt\n1,10.5\n", BASE + 1)
+    drops.write("b.csv", "id,amt\n2,20\n3,-7\n", BASE + 2)
+    outcome = drops.run()
+    assert not outcome.schema_changes
+    assert drops.rows("id, amt") == [(1, 10.5), (2, 20.0), (3, -7.0)]
+    drops.write("c.csv", "id,amt\n4,9007199254740993\n", BASE + 3)
+    with pytest.raises(SchemaPaused, match="'amt' changed type double precision -> bigint"):
+        drops.run()
+
+
 @pytest.mark.slow  # several loads (or a subprocess): beyond the default suite's time budget
 def test_a_kill_in_the_middle_of_a_batch_of_files_resumes_exactly(drops: Drops, tmp_path: Path) -> None:
     drops.catalog(path="*.csv", primary_key="id", files_per_slice=3)

@@ -88,7 +88,11 @@ class FilesSchemaStep(InferredSchemaStep):
             old = known.get(field.name)
             if new is None or field.name.startswith("_ingest_") or old == new:
                 continue
-            if old is not None and (old.type_name == new.type_name or classify(new, old) == "widened"):
+            if old is not None and (
+                old.type_name == new.type_name
+                or classify(new, old) == "widened"
+                or _doubles_hold(table.column(field.name), old)
+            ):
                 continue  # the file's type fits in the target's: cast below
             kind = "added" if old is None else classify(old, new)
             if kind is not None:
@@ -141,6 +145,18 @@ class FilesSchemaStep(InferredSchemaStep):
             )
             + ", or change the policy"
         )
+
+
+_EXACT_IN_DOUBLE = 2**53  # every integer up to this magnitude is a double exactly
+
+
+def _doubles_hold(values: pa.ChunkedArray, target: ColumnType) -> bool:
+    """Integers that a double column holds exactly (a file of whole amounts after one with decimals): they fit
+    the target's type, while a bigint column as such does not (past 2**53 a double rounds)."""
+    if target.type_name != "float8" or not pa.types.is_integer(values.type):
+        return False
+    low, high = pc.min_max(values).values()
+    return low.as_py() is None or (low.as_py() >= -_EXACT_IN_DOUBLE and high.as_py() <= _EXACT_IN_DOUBLE)
 
 
 def _arrow(change: SchemaChange) -> pa.DataType:
