@@ -53,13 +53,9 @@ def refresh_cdc(settings: Settings, catalog: Catalog, source: str, stream: str, 
 
 
 def _copied(settings: Settings, source: str, stream: str) -> str:
-    import dagster as dg
-
     from ingestion_assets.defs.metadata import SUMMARY
-    from ingestion_assets.state.summary import open_instance
+    from ingestion_assets.state.summary import latest_metadata
 
-    with open_instance(settings) as instance:
-        event = instance.get_latest_materialization_event(dg.AssetKey([source, stream]))
-    metadata = event.asset_materialization.metadata if event and event.asset_materialization else {}
+    metadata = latest_metadata(settings, source, stream)
     said = metadata[SUMMARY].value if SUMMARY in metadata else "run done"
     return f"{source}.{stream}: {said}"

@@ -63,13 +63,9 @@ def refresh(settings: Settings, args: argparse.Namespace) -> int:
 
 def refreshed_summary(settings: Settings, source: str, stream: str) -> str:
     """What the refresh left: the generation now in the target and the rows it holds."""
-    import dagster as dg
+    from ingestion_assets.state.summary import latest_metadata
 
-    from ingestion_assets.state.summary import open_instance
-
-    with open_instance(settings) as instance:
-        event = instance.get_latest_materialization_event(dg.AssetKey([source, stream]))
-    metadata = event.asset_materialization.metadata if event and event.asset_materialization else {}
+    metadata = latest_metadata(settings, source, stream)
     generation = metadata["generation"].value if "generation" in metadata else "?"
     rows = metadata["dagster/row_count"].value if "dagster/row_count" in metadata else None
     held = f"{rows:,} rows" if isinstance(rows, int) else "its rows"

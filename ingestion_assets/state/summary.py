@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,13 @@ class RunLine:
 def open_instance(settings: Settings) -> Iterator[dg.DagsterInstance]:
     with dg.DagsterInstance.from_config(str(settings.dagster_home)) as instance:
         yield instance
+
+
+def latest_metadata(settings: Settings, source: str, stream: str) -> Mapping[str, Any]:
+    """The metadata of the stream's latest materialization (empty when it has none)."""
+    with open_instance(settings) as instance:
+        event = instance.get_latest_materialization_event(dg.AssetKey([source, stream]))
+    return event.asset_materialization.metadata if event and event.asset_materialization else {}
 
 
 def checkpoint_rows(
