@@ -34,6 +34,18 @@ FROM generate_series(1, 2000) g;
 """
 
 
+def _execute(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, keys: list[dg.AssetKey] | None = None
+) -> dg.JobExecutionResult:
+    """The streams' assets (orders by default) run as `dagster asset materialize` would: the orchestrator loads
+    the code location from its module with the CLI's environment; each step goes to the broker."""
+    for name, value in harness.cli_env().items():
+        monkeypatch.setenv(name, value)
+    job = ReconstructableRepository.for_module("ingestion_assets.definitions", "defs", str(REPO))
+    selection = keys or [harness.key("orders")]
+    return dg.execute_job(job.get_reconstructable_job("__ASSET_JOB"), harness.instance, asset_selection=selection)
+
+
 def _streams() -> dict[str, dict[str, object]]:
     return {
         "orders": {"table": "orders", "primary_key": "id", "cursor": "updated_at"},
@@ -52,15 +64,10 @@ def test_two_workers_run_the_steps_of_one_run(
             deployment.start_worker(harness.settings.catalog_path, harness.settings.dagster_home)
         deployment.wait_ready()  # a worker holds one step at a time (prefetch 1, acknowledged at its end):
         # with both consuming before the run publishes, each takes one of its two steps
-        for name, value in harness.cli_env().items():  # the run orchestrates from here, as `dagster asset
-            monkeypatch.setenv(name, value)  # materialize` would: it loads the code location from its module
-        job = ReconstructableRepository.for_module("ingestion_assets.definitions", "defs", str(REPO))
         keys = [harness.key("orders"), harness.key("keywords")]
         with warnings.catch_warnings(record=True) as caught:  # the orchestrator submits each step to the broker
             warnings.simplefilter("always")
-            with dg.execute_job(
-                job.get_reconstructable_job("__ASSET_JOB"), harness.instance, asset_selection=keys
-            ) as done:
+            with _execute(harness, monkeypatch, keys) as done:
                 assert done.success
                 run = done.dagster_run
         duplicates = [str(w.message) for w in caught if issubclass(w.category, DuplicateTaskNameWarning)]
@@ -163,13 +170,8 @@ def test_a_sqlite_url_for_a_sqlalchemy_destination_is_refused_at_run_start(
     with_execution(catalog, {"executor": "celery", "celery": {"broker": {"env": "TEST_BROKER"}}})
     monkeypatch.setenv("TEST_WAREHOUSE_URL", f"sqlite:///{tmp_path / 'warehouse.sqlite'}")
     monkeypatch.setenv("TEST_BROKER", "redis://127.0.0.1:6379/15")
-    for name, value in harness.cli_env().items():
-        monkeypatch.setenv(name, value)
-    job = ReconstructableRepository.for_module("ingestion_assets.definitions", "defs", str(REPO))
     with pytest.raises(ExecutionSettingError) as refused:
-        dg.execute_job(
-            job.get_reconstructable_job("__ASSET_JOB"), harness.instance, asset_selection=[harness.key("orders")]
-        )
+        _execute(harness, monkeypatch)
     message = str(refused.value)
     assert "is a sqlite URL" in message and "mysql://" in message, message
     assert str(tmp_path) not in message  # the URL itself (a secret) is never shown
@@ -192,12 +194,7 @@ def test_a_worker_with_another_catalog_refuses_the_step(
         stale.write_text(yaml.safe_dump(raw))
         deployment.start_worker(stale, harness.settings.dagster_home)
         deployment.wait_ready()
-        for name, value in harness.cli_env().items():
-            monkeypatch.setenv(name, value)
-        job = ReconstructableRepository.for_module("ingestion_assets.definitions", "defs", str(REPO))
-        with dg.execute_job(
-            job.get_reconstructable_job("__ASSET_JOB"), harness.instance, asset_selection=[harness.key("orders")]
-        ) as done:
+        with _execute(harness, monkeypatch) as done:
             assert not done.success
             failures = [e for e in done.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
     assert len(failures) == 1, failures
@@ -342,11 +339,8 @@ def test_a_broker_that_is_down_is_one_line_in_check_and_at_run_start(
     assert main(["check"]) == 1
     out = capsys.readouterr().out
     assert line in out and "s3cret-broker" not in out, out
-    job = ReconstructableRepository.for_module("ingestion_assets.definitions", "defs", str(REPO))
     with pytest.raises(ExecutionSettingError) as refused:
-        dg.execute_job(
-            job.get_reconstructable_job("__ASSET_JOB"), harness.instance, asset_selection=[harness.key("orders")]
-        )
+        _execute(harness, monkeypatch)
     assert line in str(refused.value) and "s3cret-broker" not in str(refused.value)
     assert harness.instance.get_latest_materialization_event(harness.key("orders")) is None  # no step ran
 
@@ -372,11 +366,6 @@ def test_a_worker_runs_a_step_with_its_catalog_file_as_edited_since_its_last_ste
             if not deployment.workers:
                 deployment.start_worker(harness.settings.catalog_path, harness.settings.dagster_home)
                 deployment.wait_ready()
-            for name, value in harness.cli_env().items():
-                monkeypatch.setenv(name, value)
-            job = ReconstructableRepository.for_module("ingestion_assets.definitions", "defs", str(REPO))
-            with dg.execute_job(
-                job.get_reconstructable_job("__ASSET_JOB"), harness.instance, asset_selection=[harness.key("orders")]
-            ) as done:
+            with _execute(harness, monkeypatch) as done:
                 assert done.success
     harness.assert_target_equals_source("orders", "orders", "id")
