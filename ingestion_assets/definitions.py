@@ -12,13 +12,13 @@ from ingestion_assets.defs.assets import stream_asset
 from ingestion_assets.defs.cdc import build_cdc_assets
 from ingestion_assets.defs.executors import build_executor
 from ingestion_assets.defs.freshness import cdc_freshness_checks, freshness_sensor, with_cdc_policies
+from ingestion_assets.defs.identity import catalog_identity
 from ingestion_assets.defs.jobs import build_jobs
 from ingestion_assets.defs.metadata import known_column_schemas
 from ingestion_assets.defs.schedules import build_schedules
 from ingestion_assets.defs.sensors import build_sensors
 from ingestion_assets.defs.sources import source_specs
 from ingestion_assets.defs.streams import catalog_refs, is_cdc
-from ingestion_assets.defs.worker_checks import catalog_identity
 from ingestion_assets.settings import Settings
 
 _built: dict[tuple[Settings, str, str], tuple[dg.Definitions, dict[str, str]]] = {}

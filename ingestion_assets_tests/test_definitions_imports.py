@@ -1,6 +1,7 @@
 """Loading the code location imports no loader: dlt and sqlglot come in with a step that loads, not with the
 definitions every Dagster process (CLI, webserver, daemon, each step process) builds first; nor the clients of
-the destinations and APIs (DuckDB, MySQL, httpx), which only a step or a sensor tick uses."""
+the destinations and APIs (DuckDB, MySQL, httpx), which only a step or a sensor tick uses; nor Celery, which
+only a distributed deployment uses."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ PROBE = """
 import importlib.abc, sys, traceback
 class Refuse(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in ("dlt", "sqlglot", "pyarrow", "duckdb", "pymysql", "httpx"):
+        if name.split(".")[0] in ("dlt", "sqlglot", "pyarrow", "duckdb", "pymysql", "httpx", "celery", "kombu"):
             asked = [f"{f.filename}:{f.lineno}" for f in traceback.extract_stack() if "ingestion_assets" in f.filename]
             raise ImportError(f"{name} imported while loading the definitions, by {asked[-3:]}")
         return None

@@ -24,7 +24,8 @@ from dagster_celery.tasks import create_task
 from ingestion_assets.catalog import Catalog
 from ingestion_assets.defs.broker_check import broker_problem
 from ingestion_assets.defs.executors import ExecutionSettingError, run_time_host_bound
-from ingestion_assets.defs.worker_checks import CATALOG_KWARG, CheckedStepTask, WorkerRefusal, catalog_identity
+from ingestion_assets.defs.identity import catalog_identity
+from ingestion_assets.defs.worker_checks import CATALOG_KWARG, CheckedStepTask, WorkerRefusal
 from ingestion_assets.settings import Settings
 
 _TASK = "_ingest_execute_plan_task"  # the app's one step task, kept on the app itself

@@ -10,14 +10,13 @@ difference."""
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import psycopg2
 from celery import Task
 from dagster_postgres.utils import DagsterPostgresException
 
-from ingestion_assets.catalog import Catalog, load_catalog
+from ingestion_assets.defs.identity import catalog_identity
 from ingestion_assets.errors import tls_advice_for
 from ingestion_assets.settings import Settings
 
@@ -36,13 +35,6 @@ class CatalogMismatch(WorkerRefusal):
 
 class StorageUnreachable(WorkerRefusal):
     """The worker could not connect to Dagster's storage (dagster.yaml resolves its URL on each host)."""
-
-
-def catalog_identity(settings: Settings, catalog: Catalog | None = None) -> dict[str, str]:
-    """The catalog file's path and the fingerprint of what it says (comments and layout aside): what the
-    definitions are built from."""
-    said = (catalog or load_catalog(settings.catalog_path)).model_dump_json()
-    return {"fingerprint": hashlib.sha256(said.encode()).hexdigest()[:16], "path": str(settings.catalog_path)}
 
 
 def mismatch(step: str, worker: str, submitted: dict[str, str], own: dict[str, str]) -> str | None:

@@ -46,6 +46,14 @@ class TargetNames:
         """The name dlt gives this source column in the target."""
         return str(_convention(self.convention, self.max_length).normalize_identifier(name))
 
+    def naming_convention(self) -> Any:
+        """dlt's naming convention object these names follow."""
+        return _convention(self.convention, self.max_length)
+
+    def table(self, name: str) -> str:
+        """The name dlt gives a table or dataset (schema) of this name in the target."""
+        return str(_convention(self.convention, self.max_length).normalize_table_identifier(name))
+
     def columns(self, names: Iterable[str]) -> tuple[str, ...]:
         return tuple(self.column(name) for name in names)
 

@@ -30,6 +30,7 @@ from ingestion_assets.loading.parked import dead_letter_resource, delete_parked,
 from ingestion_assets.loading.postgres_copy import LOADER_FILE_FORMAT as POSTGRES_FILE_FORMAT
 from ingestion_assets.loading.postgres_load import load_slice as load_postgres_slice
 from ingestion_assets.loading.relations import table_exists
+from ingestion_assets.loading.sql_clients import direct_sql_client, has_direct_client
 from ingestion_assets.loading.sql_targets import refuse_retype
 from ingestion_assets.loading.versions import KeyCheck, check_keys
 from ingestion_assets.schema.changes import SchemaChange
@@ -92,7 +93,7 @@ class Loader:
     released_sources: frozenset[str] = field(default=frozenset(), init=False)
     _parked_keys: set[str] | None = field(default=None, init=False)
     _known_to_exist: bool = field(default=False, init=False)  # seen in this run: no need to look again
-    _pipeline: Any = field(default=None, init=False, repr=False)
+    _dlt_pipeline: Any = field(default=None, init=False, repr=False)  # made on first use: `_pipeline`
     _loads: int = field(default=0, init=False)
     _append_only: bool = field(default=False, init=False)
     _unique_key_known: bool = field(default=False, init=False)  # PostgreSQL: the merge's unique index is there
@@ -113,6 +114,21 @@ class Loader:
         self.key = self.names.columns(self.target.primary_key)
         self.source_column = self.names.column(self.version_source) if self.version_source else None
         logging.getLogger("dlt").addFilter(_HINT_NOTICE)  # a set: adding it again changes nothing
+        if self.restore_at_start:
+            self._restore_schema()
+
+    @property
+    def _pipeline(self) -> Any:
+        """dlt's pipeline, made when a load or dlt's schema first needs it: a run that loads nothing, or loads
+        through PostgreSQL's COPY, never pays for it (SQL goes through `sql_client`)."""
+        return self._ensure_pipeline()
+
+    def _ensure_pipeline(self) -> Any:
+        if self._dlt_pipeline is None:
+            self._dlt_pipeline = self._make_pipeline()
+        return self._dlt_pipeline
+
+    def _make_pipeline(self) -> Any:
         # Loaded packages are not kept (a slice is re-read from the source, never from local files), and
         # the staging copy of a merged slice is emptied: neither disk grows with the number of runs.
         dlt.config["load.delete_completed_jobs"] = True
@@ -121,11 +137,10 @@ class Loader:
         # destination too. A fresh folder in each process means no leftover of a killed run (a half-made folder,
         # stale packages) can block the stream; the schema is then restored from the destination.
         folder = self.settings.dlt_dir / self.pipeline_name
-        fresh = str(folder) not in _FRESH_IN_THIS_PROCESS
-        if fresh:
+        if str(folder) not in _FRESH_IN_THIS_PROCESS:
             shutil.rmtree(folder, ignore_errors=True)
             _FRESH_IN_THIS_PROCESS.add(str(folder))
-        self._pipeline = dlt.pipeline(
+        pipeline = dlt.pipeline(
             pipeline_name=self.pipeline_name,
             pipelines_dir=str(self.settings.dlt_dir),
             destination=make_destination(self.settings, self.destination),
@@ -133,17 +148,16 @@ class Loader:
         )
         # SIGTERM/SIGINT belong to the drain (finish the slice in flight, then stop); dlt's own interception
         # would take them during a load and abort that very slice (seen in CI as a flaky drain test).
-        self._pipeline.config.runtime.intercept_signals = False
-        # dlt's schema is restored from the destination only when dlt loads or its schema is read (`pipeline`):
-        # a run with nothing new, or one loading through COPY, never pays for it (~0.4 s of a no-change run).
+        pipeline.config.runtime.intercept_signals = False
+        # dlt's schema is restored from the destination only when dlt loads or its schema is read (`pipeline`).
         self._restore_pending = str(folder) not in _RESTORED_IN_THIS_PROCESS
         if not self._restore_pending:
-            self._pipeline.abort_packages()  # packages an earlier failed load of this process left: stale re-reads
-        if self.restore_at_start:
-            self._restore_schema()
+            pipeline.abort_packages()  # packages an earlier failed load of this process left: stale re-reads
+        return pipeline
 
     def _restore_schema(self) -> None:
         """dlt's schema, restored once from the destination before dlt first loads or its schema is read."""
+        self._ensure_pipeline()  # made first: it tells whether this process restored the schema already
         if not self._restore_pending:
             return
         if self._lock_holder == threading.get_ident():
@@ -172,7 +186,7 @@ class Loader:
         return self._append_only
 
     def target_is_empty(self) -> bool:
-        with self._lock(), self._pipeline.sql_client() as client:
+        with self._lock(), self.sql_client() as client:
             try:
                 return not client.execute_sql(
                     f"SELECT 1 FROM {client.make_qualified_table_name(self.target.table)} LIMIT 1"
@@ -182,7 +196,7 @@ class Loader:
 
     def max_generation(self, table: str) -> int | None:
         """The generation a table holds (None: no such table, or empty)."""
-        with self._lock(), self._pipeline.sql_client() as client:
+        with self._lock(), self.sql_client() as client:
             try:
                 rows = client.execute_sql(f"SELECT max({GENERATION}) FROM {client.make_qualified_table_name(table)}")
             except DatabaseUndefinedRelation:
@@ -252,7 +266,7 @@ class Loader:
 
     def inspect(self, partition: str | None) -> TargetState:
         """What the target holds for the stream partition, in one visit (a DuckDB open costs ~50 ms)."""
-        with self._lock(), self._pipeline.sql_client() as client:
+        with self._lock(), self.sql_client() as client:
             table = client.make_qualified_table_name(self.target.table)
             try:
                 rows = bool(client.execute_sql(f"SELECT 1 FROM {table} LIMIT 1"))
@@ -267,7 +281,7 @@ class Loader:
         return describe_destination(self.settings, self.destination)
 
     def _check_versions(self, table: pa.Table) -> KeyCheck:
-        with self._pipeline.sql_client() as client:
+        with self.sql_client() as client:
             return check_keys(
                 client,
                 self.destination.type,
@@ -289,7 +303,7 @@ class Loader:
         self.bound = self.next_marker()
         if self.bound is None:
             return
-        with self._pipeline.sql_client() as client:
+        with self.sql_client() as client:
             write_marker(client, self.stream_name, self._bound_partition, self.bound)
 
     def next_marker(self) -> Marker | None:
@@ -302,7 +316,7 @@ class Loader:
         """One dlt SQL client for the loader's run (each `with` opens its own connection): resolving dlt's
         configuration for a new client costs more than a small slice's statements."""
         if self._sql_client is None:
-            self._sql_client = self._pipeline.sql_client()
+            self._sql_client = self.sql_client()
         return self._sql_client
 
     def create_if_missing(self, empty: pa.Table) -> None:
@@ -326,13 +340,13 @@ class Loader:
         name = self.pipeline.default_schema_name
         if name is None:
             return
-        with self._lock(), self._pipeline.sql_client() as client:
+        with self._lock(), self.sql_client() as client:
             versions = client.make_qualified_table_name(self._pipeline.default_schema.version_table_name)
             with contextlib.suppress(DatabaseUndefinedRelation):
                 client.execute_sql(f"DELETE FROM {versions} WHERE schema_name = %s", name)
 
     def targettable_exists(self) -> bool:
-        with self._lock(), self._pipeline.sql_client() as client:
+        with self._lock(), self.sql_client() as client:
             return table_exists(client, client.make_qualified_table_name(self.target.table))
 
     def delete_all(self) -> None:
@@ -359,7 +373,7 @@ class Loader:
         self._execute_iftable_exists(statement, column=self.names.column(within[0]) if within else None)
 
     def _execute_iftable_exists(self, statement: str, column: str | None = None) -> None:
-        with self._lock(), self._pipeline.sql_client() as client:
+        with self._lock(), self.sql_client() as client:
             table = client.make_qualified_table_name(self.target.table)
             if table_exists(client, table):
                 quoted = client.escape_column_name(column) if column is not None else ""
@@ -411,7 +425,7 @@ class Loader:
     @contextlib.contextmanager
     def client(self) -> Iterator[Any]:
         """A SQL client on the target, under the writer lock (DuckDB admits no reader beside a writer)."""
-        with self._lock(), self._pipeline.sql_client() as client:
+        with self._lock(), self.sql_client() as client:
             yield client
 
     def parked(self) -> set[str]:
@@ -429,7 +443,7 @@ class Loader:
         changes = [(replace(change, column=self.names.column(change.column)), t, a) for change, t, a in changes]
         self._retype_in_dlt_schema([(change.column, arrow) for change, _, arrow in changes])
         done: list[str] = []
-        with self._lock(), self._pipeline.sql_client() as client:
+        with self._lock(), self.sql_client() as client:
             kind = self.destination.type
             for staging in (False, True):
                 context = client.with_staging_dataset() if staging else contextlib.nullcontext(client)
@@ -463,7 +477,7 @@ class Loader:
 
     def swap_in(self, shadow: str, table: str, generation: int | None = None) -> None:
         """Replace `table` by `shadow` in one transaction: readers see the old or the new generation."""
-        with self._lock(), self._pipeline.sql_client() as client:
+        with self._lock(), self.sql_client() as client:
             target = client.make_qualified_table_name(table)
             source = client.make_qualified_table_name(shadow)
             # asked before the transaction: a failed statement would abort a PostgreSQL one
@@ -507,7 +521,10 @@ class Loader:
         return self._pipeline
 
     def sql_client(self) -> Any:
-        """A new dlt SQL client on the target (its own connection once entered): SQL needs no dlt schema."""
+        """A new dlt SQL client on the target (its own connection once entered): SQL needs no dlt schema, and on
+        DuckDB and PostgreSQL no dlt pipeline either."""
+        if has_direct_client(self.destination):
+            return direct_sql_client(self.settings, self.destination, self.names, self.target.dataset)
         return self._pipeline.sql_client()
 
     @property
