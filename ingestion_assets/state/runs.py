@@ -13,6 +13,7 @@ from pathlib import Path
 import dagster as dg
 from dagster._core.errors import DagsterError
 
+from ingestion_assets.processes import start_time
 from ingestion_assets.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ def _alive(pid: int, since: float) -> bool:
         pass  # alive, another user's
     if _dying(pid):
         return False
-    started = _start_time(pid)
+    started = start_time(pid)
     return started is None or started <= since + 2.0  # started later: the id was reused by another process
 
 
@@ -115,13 +116,3 @@ def _dying(pid: int) -> bool:
     state = fields.get("State", "").strip()[:1]
     pending = int(fields.get("ShdPnd", "0").strip() or "0", 16) | int(fields.get("SigPnd", "0").strip() or "0", 16)
     return state in {"Z", "X"} or bool(pending & _SIGKILL_BIT)
-
-
-def _start_time(pid: int) -> float | None:
-    """When the process started (Linux /proc; None elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        boot = next(line for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
-    except (OSError, IndexError, StopIteration):
-        return None
-    return int(boot.split()[1]) + int(fields[19]) / os.sysconf("SC_CLK_TCK")
