@@ -11,6 +11,7 @@ from ingestion_assets.catalog import load_catalog
 from ingestion_assets.defs.broker_check import broker_tls_problem
 from ingestion_assets.defs.executors import celery_config
 from ingestion_assets.settings import Settings
+from ingestion_assets.sources.tls import remove_stale_pem_files
 
 QUEUE = "dagster"  # dagster-celery's queue: the executor publishes every step there unless a step's tag says other
 
@@ -41,7 +42,10 @@ def worker_app(settings: Settings) -> Celery:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Extra arguments go to `celery worker` (`--concurrency 2`, `-n name@%h`, `--loglevel INFO`)."""
-    app = worker_app(Settings.from_env())
+    settings = Settings.from_env()
+    app = worker_app(settings)
+    if (settings.home / "tls").is_dir():  # files of the pool processes of a worker killed here before
+        remove_stale_pem_files(settings.home / "tls")
     _warm_up()
     app.worker_main(["worker", "--queues", QUEUE, *(sys.argv[1:] if argv is None else argv)])
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -368,4 +369,87 @@ def test_a_worker_runs_a_step_with_its_catalog_file_as_edited_since_its_last_ste
                 deployment.wait_ready()
             with _execute(harness, monkeypatch) as done:
                 assert done.success
+    harness.assert_target_equals_source("orders", "orders", "id")
+
+
+def _submitted_run(harness: StreamHarness, stream: str, timeout: float = 120) -> str:
+    """The id of the newest run of `stream` once its orchestrator has handed the step to the broker."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for record in harness.instance.get_run_records(limit=10):
+            run = record.dagster_run
+            if harness.key(stream) not in (run.asset_selection or set()):
+                continue
+            engine = harness.instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ENGINE_EVENT)
+            if any("Submitting celery task" in (e.dagster_event.message or "") for e in engine if e.dagster_event):
+                return run.run_id
+        time.sleep(0.2)
+    raise AssertionError(f"no run of {stream} submitted its step within {timeout:.0f}s")
+
+
+def test_a_run_terminated_while_its_step_waits_in_the_broker_ends_and_no_worker_runs_the_step(
+    harness: StreamHarness, tmp_path: Path
+) -> None:
+    """Found by the README-only attack: a run terminated while its step was still queued kept waiting for the
+    step (Celery's revoke reaches only the workers up at that moment), and a worker started later ran it: it
+    read and loaded after the run was cancelled. The run now withdraws the step, frees its pool slot and ends;
+    the worker that takes the step from the broker later refuses it, the run being no longer started."""
+    harness.source.execute(TABLES)
+    harness.write_catalog({"orders": _streams()["orders"]}, destination="postgres")
+    with celery_deployment(tmp_path / "celery") as deployment:
+        with_execution(harness.catalog_path, deployment.execution())  # type: ignore[arg-type]
+        orchestrator = harness.materialize_cli("orders")  # no worker yet: its step waits in the broker
+        try:
+            run_id = _submitted_run(harness, "orders")
+            orchestrator.send_signal(signal.SIGTERM)  # as `dagster run terminate` and the run launchers do
+            orchestrator.wait(timeout=120)  # a guard only: before the fix it waited for the step for ever
+        finally:
+            if orchestrator.poll() is None:
+                orchestrator.kill()
+        run = harness.instance.get_run_by_id(run_id)
+        assert run is not None and run.status == dg.DagsterRunStatus.CANCELED, run
+        assert run_id not in harness.instance.event_log_storage.get_concurrency_run_ids()  # its slot is free
+
+        worker = deployment.start_worker(harness.settings.catalog_path, harness.settings.dagster_home)
+        deployment.wait_ready()
+        deadline = time.monotonic() + 120
+        while "not executed by Celery worker" not in worker.log():
+            assert time.monotonic() < deadline, worker.log()[-3000:]
+            time.sleep(0.2)
+        assert f"of run {run_id}: not executed by Celery worker {worker.name}@" in worker.log()
+        assert "the run is canceled" in worker.log()
+    assert not harness.instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_START)  # it never ran
+    assert harness.instance.get_latest_materialization_event(harness.key("orders")) is None
+    assert harness.query_target_if_exists(f'SELECT count(*) FROM "{harness.source_name}".orders') == []
+
+
+def test_a_pool_slot_left_by_a_run_that_ended_is_freed_before_the_next_run_claims(
+    harness: StreamHarness, tmp_path: Path
+) -> None:
+    """A run that ended while a worker held its step (the worker SIGKILLed, the run terminated) left the step's
+    pool slot claimed: only Dagster's daemon frees such slots, so for CI's CLI runs with max_concurrency 1 every
+    later run of the source waited for it for ever."""
+    from dagster._core.storage.dagster_run import DagsterRun
+    from dagster._core.utils import make_new_run_id
+
+    from ingestion_assets.defs.assets import pool_name
+
+    harness.source.execute(TABLES)
+    harness.write_catalog({"orders": _streams()["orders"]}, destination="postgres", max_concurrency=1)
+    ended = DagsterRun(job_name="__ASSET_JOB", run_id=make_new_run_id(), status=dg.DagsterRunStatus.CANCELED)
+    harness.instance.add_run(ended)
+    storage = harness.instance.event_log_storage
+    step = f"{harness.source_name}__orders"
+    assert storage.claim_concurrency_slot(pool_name(harness.source_name), ended.run_id, step).is_claimed
+    with celery_deployment(tmp_path / "celery") as deployment:
+        with_execution(harness.catalog_path, deployment.execution())  # type: ignore[arg-type]
+        deployment.start_worker(harness.settings.catalog_path, harness.settings.dagster_home)
+        deployment.wait_ready()
+        run = harness.materialize_cli("orders")
+        try:
+            harness.wait_ok(run, timeout=180)  # a guard only: before the fix it waited for the slot for ever
+        finally:
+            if run.poll() is None:
+                run.kill()
+    assert ended.run_id not in storage.get_concurrency_run_ids()
     harness.assert_target_equals_source("orders", "orders", "id")

@@ -3,6 +3,7 @@ source's pool, and a worker SIGKILLed mid-step whose step the other worker finis
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -115,3 +116,46 @@ def test_a_worker_killed_mid_step_hands_the_step_to_the_other_worker(harness: St
     read = int(materialization.asset_materialization.metadata["rows read"].value)  # type: ignore[arg-type]
     assert read < ROWS, f"the retry read {read} rows: it should resume from the killed attempt's checkpoint"
     harness.assert_target_equals_source("events", "events", "id")
+
+
+def test_a_run_terminated_after_its_worker_was_killed_ends_and_frees_the_slot(
+    harness: StreamHarness, tmp_path: Path
+) -> None:
+    """The worker running the step SIGKILLed, then the run terminated: the run waited for the step until the
+    broker would hand it out again (the visibility timeout, an hour by default) and kept its pool slot. The
+    run now asks the step's worker, which does not answer, gives the step up and ends; the worker that takes
+    the step later refuses it."""
+    harness.source.execute(
+        f"""CREATE TABLE events (id bigint PRIMARY KEY, body text, updated_at timestamptz NOT NULL);
+        INSERT INTO events SELECT g, repeat('e', g % 40), timestamptz '2024-03-01 00:00:00+00' + g * interval '1 ms'
+        FROM generate_series(1, {ROWS}) g;"""
+    )
+    spec = {"table": "events", "primary_key": "id", "cursor": "updated_at", "slice_rows": 1_000}
+    harness.write_catalog({"events": spec}, destination="postgres")
+    with celery_deployment(tmp_path / "celery") as deployment:
+        with_execution(harness.settings.catalog_path, deployment.execution(visibility_timeout_seconds=20))
+        victim = deployment.start_worker(harness.settings.catalog_path, harness.settings.dagster_home)
+        deployment.wait_ready()
+        process = harness.materialize_cli("events")
+        try:
+            deadline = time.monotonic() + 240
+            while harness.observations("events") < 2 and process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            victim.kill()
+            run = harness.instance.get_runs(limit=1)[0]
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=60)  # a guard only: before the fix it waited for the step for ever
+        finally:
+            if process.poll() is None:
+                process.kill()
+        ended = harness.instance.get_run_by_id(run.run_id)
+        assert ended is not None and ended.status == dg.DagsterRunStatus.CANCELED, ended
+        assert run.run_id not in harness.instance.event_log_storage.get_concurrency_run_ids()
+
+        later = deployment.start_worker(harness.settings.catalog_path, harness.settings.dagster_home)
+        deadline = time.monotonic() + 120  # the broker hands the step out again after the visibility timeout
+        while "not executed by Celery worker" not in later.log():
+            assert time.monotonic() < deadline, later.log()[-3000:]
+            time.sleep(0.2)
+    ran = step_workers(harness.instance, run.run_id)[f"{harness.source_name}__events"]
+    assert [name.split("@")[0] for name in ran] == [victim.name]  # the later worker never ran it

@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
+import yaml
 
 from ingestion_assets.cli import main
 from ingestion_assets.definitions import defs
@@ -167,3 +168,41 @@ def test_status_counts_partitions_and_names_the_failed_ones(
     out, err = capsys.readouterr()
     assert "4 partitions: 1 materialized, 1 failed, 0 running, 2 never run" in out, out
     assert f"failed: {days[1]}" in out and f"partition {days[1]} failed" in err, (out, err)
+
+
+def _point_destination_at(harness: StreamHarness, destination: dict[str, str]) -> None:
+    assert harness.catalog_path is not None
+    catalog = yaml.safe_load(harness.catalog_path.read_text())
+    catalog["destination"] = destination
+    harness.catalog_path.write_text(yaml.safe_dump(catalog))
+
+
+def test_status_counts_the_target_not_the_last_runs_metadata(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the README-only attack: status took the rows in target from the last run's metadata, so a catalog
+    pointed at a new, empty warehouse (or a table emptied outside us) still showed the rows as there."""
+    harness.source.execute("CREATE TABLE items (id int PRIMARY KEY); INSERT INTO items SELECT generate_series(1, 30)")
+    harness.write_catalog({"items": {"table": "items", "primary_key": "id"}})
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    harness.materialize()
+    harness.execute_target(f'DELETE FROM "{harness.source_name}".items WHERE id > 20')
+    assert main(["status", "--json"]) == 1
+    (line,) = json.loads(capsys.readouterr().out)
+    assert (line["status"], line["rows_in_target"], line["rows_after_last_run"]) == ("target short", 20, 30)
+    stream = f"{harness.source_name}.items"
+    assert f"the target table {stream} holds 20 rows, but the last run left 30 in it" in line["detail"]
+
+    _point_destination_at(harness, {"type": "duckdb", "path": str(harness.tmp_path / "new.duckdb")})
+    assert main(["status"]) == 1
+    out, err = capsys.readouterr()
+    assert "no table (run: 30)" in out and f"{stream}: target short: the target table {stream} does not exist" in err
+
+    _point_destination_at(harness, {"type": "postgres", "credentials": {"env": "UNREACHABLE_WAREHOUSE_URL"}})
+    monkeypatch.setenv("UNREACHABLE_WAREHOUSE_URL", "postgresql://ingest:secret@127.0.0.1:9/warehouse")
+    assert main(["status"]) == 0  # the rows cannot be told: said, not taken for a problem
+    out, err = capsys.readouterr()
+    (said,) = [line for line in err.splitlines() if "not counted" in line]
+    assert said.startswith("rows in target not counted: destination.credentials (postgres:env:UNREACHABLE_WAREHOUSE")
+    assert "Connection refused" in said and "secret" not in out + err

@@ -329,6 +329,38 @@ def test_pem_files_from_env_references_are_removed_when_their_process_ends(tmp_p
     assert list((home / "tls").iterdir()) == []  # the next process removed the dead one's file, then its own
 
 
+def test_pem_files_of_dead_writers_go_even_when_their_process_id_was_reused(tmp_path: Path) -> None:
+    """Found by the README-only attack: a SIGKILLed worker's files stayed for ever once another process held its
+    id, and a write cut short left its staged key (.tmp) behind; a folder created before (0755) stayed readable.
+    The next writer removes them and makes the folder 0700; a live process's files stay."""
+    import os
+    import socket
+    import sys
+
+    from ingestion_assets.processes import start_ticks
+    from ingestion_assets.sources.tls import pem_file
+
+    folder, host = tmp_path / "tls", socket.gethostname()
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(done.stdout)
+    with subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE) as live:
+        started = start_ticks(live.pid)
+        assert started is not None
+        kept = folder / f"{'a' * 24}-{host}-{live.pid}-s{started}.pem"
+        reused = folder / f"{'b' * 24}-{host}-{live.pid}-s{started - 1}.pem"  # its writer died, the id lives on
+        staged = folder / f"{'c' * 24}-{host}-{dead}-s{started}.tmp"
+        for path in (kept, reused, staged):
+            path.write_text("-----BEGIN PRIVATE KEY-----\n")
+        mine = pem_file(folder, "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----")
+        assert set(folder.iterdir()) == {kept, mine}
+        assert oct(folder.stat().st_mode & 0o777) == "0o700" and oct(mine.stat().st_mode & 0o777) == "0o600"
+        assert mine.name.endswith(f"-{os.getpid()}-s{start_ticks(os.getpid())}.pem")
+        assert live.stdin is not None
+        live.stdin.close()
+
+
 def test_check_connects_to_the_destination_with_its_tls(tls_stack: TlsStack) -> None:
     """A destination whose CA is wrong fails `ingest check`, as its run would, instead of passing it."""
     from ingestion_assets.catalog import Catalog

@@ -1,7 +1,8 @@
 """`ingest status`: one line per stream (status, rows in target, last run, lag, freshness, dead letters,
 position; partitioned streams: partitions materialized, failed, running, never run); `--json` for scripts;
 exit 1 when a stream needs attention (a failed run, partition or check, never synced,
-a CDC slot over its WAL limit, a stream older than its `freshness.max_lag`)."""
+a CDC slot over its WAL limit, a stream older than its `freshness.max_lag`, a target table holding fewer rows than
+the last run left in it, or gone). The rows in target are counted in the destination now, not taken from a run."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
         print(json.dumps([s.as_json() for s in found], indent=2, default=str))
     else:
         _print_table(found, colour=sys.stdout.isatty())
+        for problem in dict.fromkeys(s.target_problem for s in found if s.target_problem):
+            print(problem, file=sys.stderr)  # once per destination: the rows in target show as `?`
     needing = [s for s in found if s.status in ATTENTION]
     if needing and not args.json:
         print(f"\n{len(needing)} stream(s) need attention:", file=sys.stderr)
@@ -50,7 +53,7 @@ def _print_table(found: list[StreamStatus], colour: bool) -> None:
         state = f"{each.status:<14}"
         if colour:
             state = f"\033[{_COLOURS.get(each.status, '31')}m{state}\033[0m"
-        rows = f"{each.rows_in_target:,}" if each.rows_in_target is not None else "-"
+        rows = _rows(each)
         age = f"{age_text(each.age_seconds)} ago" if each.age_seconds is not None else "never"
         position = json.dumps(each.position, default=str) if each.position else "(start)"
         if len(position) > _POSITION_CHARS:
@@ -59,6 +62,15 @@ def _print_table(found: list[StreamStatus], colour: bool) -> None:
         fresh = f"{_ms(each.freshness['p50'])}/{_ms(each.freshness['p99'])}" if each.freshness else "-"
         print(f"{each.stream:<{width}}{state}{rows:>15}  {age:<10}{each.lag:<32}{fresh:<14}{dead:>5}  {position}")
         _print_partitions(each)
+
+
+def _rows(each: StreamStatus) -> str:
+    """The target's count; `?` when it could not be counted; the last run's figure beside it when they differ."""
+    if each.target_problem is not None:
+        return "?"
+    rows = f"{each.rows_in_target:,}" if each.rows_in_target is not None else "no table"
+    after = each.rows_after_last_run
+    return rows if after is None or after == each.rows_in_target else f"{rows} (run: {after:,})"
 
 
 def _print_partitions(each: StreamStatus) -> None:

@@ -58,7 +58,8 @@ def celery_settings(celery: CeleryExecution) -> dict[str, Any]:
     of a worker that died (SIGKILL, lost host) to another worker; a worker whose pool process died hands its
     step back at once (`reject_on_worker_lost`); one step per worker slot at a time (`prefetch 1`), so a long
     step never holds a second one back while another worker is idle. Redis knows no consumer: a dead
-    worker's step comes back after the visibility timeout, looked for every second."""
+    worker's step comes back after the visibility timeout, looked for every second. A worker records that it
+    started a step (`track_started`): a terminated run gives up only the steps no worker started."""
     transport: dict[str, Any] = {
         **_PUBLISH_RETRIES,
         "visibility_timeout": celery.visibility_timeout_seconds,
@@ -68,6 +69,7 @@ def celery_settings(celery: CeleryExecution) -> dict[str, Any]:
     settings: dict[str, Any] = {
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
+        "task_track_started": True,
         "worker_prefetch_multiplier": 1,
         "broker_transport_options": transport,
         "broker_connection_retry_on_startup": True,

@@ -1,5 +1,6 @@
-"""What a Celery worker checks around a step: that it was submitted under the worker's own catalog, and that the
-worker reached Dagster's storage; either failure is one line the run's orchestrator turns into the step's failure.
+"""What a Celery worker checks around a step: that its run is still started, that it was submitted under the
+worker's own catalog, and that the worker reached Dagster's storage; each failure is one line the run's
+orchestrator (when still there) turns into the step's failure.
 
 A worker builds a step's definitions from its own catalog (INGEST_CATALOG), not the submitter's: a worker
 started with another file, or whose file changed since, would run the step with other streams, keys, cursors
@@ -33,6 +34,10 @@ class CatalogMismatch(WorkerRefusal):
     """A worker's catalog differs from the one its step was submitted with."""
 
 
+class RunNotStarted(WorkerRefusal):
+    """The step's run is no longer started (terminated, failed or ended while the step waited in the broker)."""
+
+
 class StorageUnreachable(WorkerRefusal):
     """The worker could not connect to Dagster's storage (dagster.yaml resolves its URL on each host)."""
 
@@ -59,6 +64,8 @@ class CheckedStepTask(Task):
         submitted = kwargs.pop(CATALOG_KWARG, None)
         worker = str(self.request.hostname)
         try:
+            if problem := run_not_started(kwargs["execute_step_args_packed"], worker):
+                raise RunNotStarted(problem)
             if submitted is not None:
                 own = executed_identity(kwargs["executable_dict"])
                 problem = mismatch(submitted.get("step", "?"), worker, submitted, own)
@@ -67,6 +74,39 @@ class CheckedStepTask(Task):
             return super().__call__(*args, **kwargs)
         except DagsterPostgresException as exc:  # the step's own errors end as its failure events, not here
             raise StorageUnreachable(storage_refusal(worker, exc)) from exc
+
+
+def run_not_started(execute_step_args_packed: dict[str, Any], worker: str) -> str | None:
+    """Why the step must not run: its run is no longer STARTED. Celery's revoke of a waiting step reaches only the
+    workers up when the run was terminated, so every worker asks Dagster's storage before it runs a step (it has
+    recorded the step as started by then: the run gives up only steps no worker started, see celery_steps.py)."""
+    import dagster as dg
+    from dagster._grpc.types import ExecuteStepArgs
+    from dagster._serdes import unpack_value
+
+    args = unpack_value(execute_step_args_packed, as_type=ExecuteStepArgs)
+    run = _instance(args.instance_ref).get_run_by_id(args.run_id)
+    if run is not None and run.status == dg.DagsterRunStatus.STARTED:
+        return None
+    state = run.status.value.lower() if run is not None else "gone from Dagster's storage"
+    steps = ", ".join(args.step_keys_to_execute or [])
+    return (
+        f"step {steps} of run {args.run_id}: not executed by Celery worker {worker}: the run is {state} "
+        "(it was terminated or ended while the step waited in the broker)"
+    )
+
+
+_INSTANCES: dict[str, Any] = {}  # per worker process: opening Dagster's storage costs ~0.1 s, a read ~2 ms
+
+
+def _instance(ref: Any) -> Any:
+    import dagster as dg
+    from dagster._serdes import serialize_value
+
+    key = serialize_value(ref)
+    if key not in _INSTANCES:
+        _INSTANCES[key] = dg.DagsterInstance.from_ref(ref)
+    return _INSTANCES[key]
 
 
 def executed_identity(executable_dict: dict[str, Any]) -> dict[str, str]:

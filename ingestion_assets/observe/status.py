@@ -18,6 +18,7 @@ from ingestion_assets.defs.checks import DEAD_LETTERS, RECONCILIATION, SCHEMA
 from ingestion_assets.defs.freshness import FRESHNESS, stored_evaluation
 from ingestion_assets.observe.freshness import HISTOGRAM, merged, percentiles
 from ingestion_assets.observe.partition_status import PartitionSummary, partition_summary, stream_partitions
+from ingestion_assets.observe.target_counts import TargetCounts, count_target_rows
 from ingestion_assets.references import postgres_url
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import latest_checkpoint
@@ -25,7 +26,8 @@ from ingestion_assets.state.summary import partitions_with_state
 
 OK, FAILED, NEVER, LAGGING, RUNNING, CHECK = "ok", "failed", "never synced", "lagging", "running", "check failed"
 STALE = "stale"  # older than the stream's `freshness.max_lag`
-ATTENTION = (FAILED, NEVER, LAGGING, CHECK, STALE)
+TARGET_SHORT = "target short"  # the table holds fewer rows than the last run left in it, or is gone
+ATTENTION = (FAILED, NEVER, LAGGING, CHECK, STALE, TARGET_SHORT)
 CHECK_NAMES = (SCHEMA, DEAD_LETTERS, RECONCILIATION, SLOT_HEALTH, FRESHNESS)
 FRESHNESS_RUNS = 20  # materializations whose freshness histograms `ingest status` merges
 
@@ -42,7 +44,7 @@ class PartitionLine:
 class StreamStatus:
     stream: str
     status: str
-    rows_in_target: int | None
+    rows_in_target: int | None  # counted in the target now (None: no table, or not counted: `target_problem`)
     last_run: str | None  # when the newest materialization was written (ISO, UTC)
     age_seconds: float | None
     position: dict[str, Any] | None
@@ -53,6 +55,8 @@ class StreamStatus:
     partitions: list[PartitionLine]  # partitioned streams: every partition that has a checkpoint
     detail: str = ""  # why it needs attention
     partition_summary: PartitionSummary | None = None  # partitioned streams: materialized, failed, running, never run
+    rows_after_last_run: int | None = None  # what the last run's metadata says the table held after it
+    target_problem: str | None = None  # why the target's rows were not counted (unreachable, busy)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,10 +81,13 @@ def stream_statuses(settings: Settings, catalog: Catalog, instance: dg.DagsterIn
         for name, s in catalog.sources.items()
         if isinstance(s, PostgresSource) and s.mode == "cdc"
     }
+    tables = [(source_name, stream_name) for source_name, _, stream_name, _ in catalog.streams()]
+    counts = count_target_rows(settings, catalog.destination, tables)
     found = []
     for source_name, source, stream_name, spec in catalog.streams():
         key = dg.AssetKey([source_name, stream_name])
         status = _status(instance, key, f"{source_name}.{stream_name}", now, slots.get(source_name))
+        status = _with_target_rows(status, counts, (source_name, stream_name))
         if getattr(spec, "partitions", None) is not None:
             status = replace(status, partitions=_partition_lines(instance, key, now))
         if (partitions := stream_partitions(source_name, source, stream_name, spec)) is not None:
@@ -91,6 +98,25 @@ def stream_statuses(settings: Settings, catalog: Catalog, instance: dg.DagsterIn
                 status = replace(status, status=STALE, detail=f"{fresh.metadata['reason'].value}, over its max_lag")
         found.append(status)
     return found
+
+
+def _with_target_rows(status: StreamStatus, counts: TargetCounts, table: tuple[str, str]) -> StreamStatus:
+    """The table's rows now; fewer than the last run left (or no table) is a problem: rows were removed outside
+    us, or the catalog points at another destination, and an operator must not be told they are there."""
+    if not counts.counted(table):
+        return replace(status, target_problem=counts.problem or "not counted")
+    rows, after_run = counts.rows[table], status.rows_after_last_run
+    status = replace(status, rows_in_target=rows)
+    if after_run is None or status.status == RUNNING or (rows is not None and rows >= after_run):
+        return status
+    dataset, name = table
+    held = f"holds {rows:,} rows" if rows is not None else "does not exist"
+    short = (
+        f"the target table {dataset}.{name} {held}, but the last run left {after_run:,} in it (rows removed "
+        f"outside ingest, or the destination changed): `ingest refresh {dataset}.{name}` re-reads the stream"
+    )
+    state = TARGET_SHORT if status.status in (OK, CHECK, STALE) else status.status
+    return replace(status, status=state, detail="; ".join(d for d in (status.detail, short) if d))
 
 
 def _with_partitions(status: StreamStatus, summary: PartitionSummary) -> StreamStatus:
@@ -123,7 +149,7 @@ def _status(
     return StreamStatus(
         stream=name,
         status=status,
-        rows_in_target=int(rows) if isinstance(rows, int) else None,
+        rows_in_target=None,
         last_run=last.isoformat(timespec="seconds") if last else None,
         age_seconds=round((now - last).total_seconds(), 1) if last else None,
         position=checkpoint.position if checkpoint else None,
@@ -133,6 +159,7 @@ def _status(
         failed_checks=failed,
         partitions=[],
         detail=detail,
+        rows_after_last_run=int(rows) if isinstance(rows, int) else None,
     )
 
 

@@ -18,6 +18,7 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 import psycopg2.extensions
 
 from ingestion_assets.errors import TLS_PROTOCOL_ADVICE, TLS_PROTOCOL_MISMATCH
+from ingestion_assets.processes import start_ticks
 
 VERIFY_FULL = "verify-full"
 _FILE_PARAMETERS = ("sslrootcert", "sslcert", "sslkey")
@@ -135,18 +136,21 @@ def _protocol_mismatch(error: ssl.SSLError) -> bool:
 
 
 _WRITTEN: list[tuple[int, Path]] = []  # (the writing process, its file): removed when that process exits
-_PEM_NAME = re.compile(r"^[0-9a-f]{24}-(?P<host>.+)-(?P<pid>\d+)\.pem$")
+# digest-host-pid-s<start ticks>: the start tells the writer from a later process that got the same id
+_PEM_NAME = re.compile(r"^[0-9a-f]{24}-(?P<host>.+)-(?P<pid>\d+)-s(?P<start>\d+)\.(pem|tmp)$")
+_PID_ONLY_NAME = re.compile(r"^[0-9a-f]{24}-(?P<host>.+)-(?P<pid>\d+)\.(pem|tmp)$")  # written before the start
 _LEGACY_SECONDS = 86_400.0  # content-named files of earlier versions (no owner in the name): kept a day
 
 
 def pem_file(folder: Path, text: str) -> Path:
     """PEM text (an `env` reference that holds the certificate or key itself) as a file libpq and OpenSSL can
-    read: 0600 from its creation, one per process and content, removed when the process exits; files left by
-    processes that died without exiting (SIGKILL) are removed by the next process that writes one here."""
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    _remove_stale(folder)
+    read: 0600 from its creation in a 0700 folder, one per process and content, removed when the process exits;
+    files left by processes that died without exiting (SIGKILL) are removed by the next process that writes one
+    here (or starts a Celery worker: remove_stale_pem_files)."""
+    remove_stale_pem_files(folder)
     digest = hashlib.sha256(text.encode()).hexdigest()[:24]
-    path = folder / f"{digest}-{socket.gethostname()}-{os.getpid()}.pem"
+    pid = os.getpid()
+    path = folder / f"{digest}-{socket.gethostname()}-{pid}-s{start_ticks(pid) or 0}.pem"
     if not path.exists():
         staged = path.with_suffix(".tmp")
         with contextlib.suppress(FileNotFoundError):
@@ -157,8 +161,37 @@ def pem_file(folder: Path, text: str) -> Path:
         staged.replace(path)
         if not _WRITTEN:
             atexit.register(_remove_written)
-        _WRITTEN.append((os.getpid(), path))
+        _WRITTEN.append((pid, path))
     return path
+
+
+def remove_stale_pem_files(folder: Path) -> None:
+    """Make `folder` private (0700, created so or tightened) and remove the PEM files, and the staged files of
+    writes cut short, of this host's processes that are gone. A file of a live process is never removed: a
+    process id now held by a process started at another moment is not the writer's."""
+    _private_folder(folder)
+    host = socket.gethostname()
+    for path in [*folder.glob("*.pem"), *folder.glob("*.tmp")]:
+        match = _PEM_NAME.match(path.name) or _PID_ONLY_NAME.match(path.name)
+        if match is None:
+            with contextlib.suppress(OSError):
+                if time.time() - path.stat().st_mtime > _LEGACY_SECONDS:
+                    path.unlink()
+        elif match["host"] == host and not _writer_alive(int(match["pid"]), match.groupdict().get("start")):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def _private_folder(folder: Path) -> None:
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if folder.stat().st_mode & 0o077:
+        try:
+            folder.chmod(0o700)
+        except OSError as exc:
+            raise TlsError(
+                f"{folder} holds certificates and keys and is readable by others; we cannot make it 0700 "
+                f"({exc.strerror}): give it to the user running ingest, or remove it"
+            ) from exc
 
 
 def _remove_written() -> None:
@@ -168,24 +201,12 @@ def _remove_written() -> None:
                 path.unlink()
 
 
-def _remove_stale(folder: Path) -> None:
-    host = socket.gethostname()
-    for path in folder.glob("*.pem"):
-        match = _PEM_NAME.match(path.name)
-        if match is None:
-            with contextlib.suppress(OSError):
-                if time.time() - path.stat().st_mtime > _LEGACY_SECONDS:
-                    path.unlink()
-        elif match["host"] == host and not _alive(int(match["pid"])):
-            with contextlib.suppress(OSError):
-                path.unlink()
-
-
-def _alive(pid: int) -> bool:
+def _writer_alive(pid: int, start: str | None) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass  # alive, another user's
+    now = start_ticks(pid)
+    return start is None or now is None or int(start) == 0 or int(start) == now

@@ -13,6 +13,7 @@ from pathlib import Path
 import dagster as dg
 from dagster._core.errors import DagsterError
 
+from ingestion_assets.processes import start_time
 from ingestion_assets.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -24,22 +25,33 @@ _SIGKILL_BIT = 1 << (9 - 1)
 
 
 def release_dead_runs(instance: dg.DagsterInstance) -> list[str]:
-    """Free the slots of finished runs, and fail then free runs none of whose processes is alive."""
-    storage = instance.event_log_storage
-    released = []
-    for run_id in sorted(storage.get_concurrency_run_ids()):
+    """Fail the runs none of whose processes is alive, then free the slots of every run that ended."""
+    for run_id in sorted(instance.event_log_storage.get_concurrency_run_ids()):
         run = instance.get_run_by_id(run_id)
-        if run is not None and run.status in _LIVE:
-            processes = _processes(instance, run_id)
-            if not processes or not _all_gone(processes):
-                continue  # not started yet, or still running
+        if run is None or run.status not in _LIVE:
+            continue
+        processes = _processes(instance, run_id)
+        if processes and _all_gone(processes):  # else not started yet, or still running
             pids = ", ".join(str(pid) for pid, _ in processes)
             instance.report_run_failed(
                 run, message=f"the run's processes ({pids}) are gone (killed or crashed); its pool slots are freed"
             )
-        storage.free_concurrency_slots_for_run(run_id)
-        released.append(run_id)
-    return released
+    return free_slots_of_ended_runs(instance)
+
+
+def free_slots_of_ended_runs(instance: dg.DagsterInstance) -> list[str]:
+    """Free the pool slots of runs that ended (succeeded, failed, canceled) or are gone, which no step of theirs
+    will free: a run terminated while a killed worker held its step. Dagster's run monitoring does the same
+    `free_slots_after_run_end_seconds` after a run ends, only where its daemon runs (not for CI's CLI runs).
+    Process ids are not looked at: the run's processes may live on other hosts."""
+    storage = instance.event_log_storage
+    ended = []
+    for run_id in sorted(storage.get_concurrency_run_ids()):
+        run = instance.get_run_by_id(run_id)
+        if run is None or run.status not in _LIVE:
+            storage.free_concurrency_slots_for_run(run_id)
+            ended.append(run_id)
+    return ended
 
 
 def release_dead_runs_on_this_machine(settings: Settings) -> list[str]:
@@ -90,7 +102,7 @@ def _alive(pid: int, since: float) -> bool:
         pass  # alive, another user's
     if _dying(pid):
         return False
-    started = _start_time(pid)
+    started = start_time(pid)
     return started is None or started <= since + 2.0  # started later: the id was reused by another process
 
 
@@ -104,13 +116,3 @@ def _dying(pid: int) -> bool:
     state = fields.get("State", "").strip()[:1]
     pending = int(fields.get("ShdPnd", "0").strip() or "0", 16) | int(fields.get("SigPnd", "0").strip() or "0", 16)
     return state in {"Z", "X"} or bool(pending & _SIGKILL_BIT)
-
-
-def _start_time(pid: int) -> float | None:
-    """When the process started (Linux /proc; None elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        boot = next(line for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
-    except (OSError, IndexError, StopIteration):
-        return None
-    return int(boot.split()[1]) + int(fields[19]) / os.sysconf("SC_CLK_TCK")

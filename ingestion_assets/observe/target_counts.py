@@ -1,0 +1,133 @@
+"""How many rows each stream's target table holds now, asked of the destination itself: what `ingest status` shows
+as the rows in the target (a run's metadata says what the table held after that run, not what it holds now).
+
+One connection per destination and one count per table, each bounded by a timeout."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import psycopg2
+import sqlalchemy as sa
+
+from ingestion_assets.catalog import Destination
+from ingestion_assets.errors import ServerUnavailable
+from ingestion_assets.loading.destinations import (
+    connect_postgres,
+    describe_destination,
+    destination_url,
+    duckdb_path,
+    target_names,
+)
+from ingestion_assets.loading.sql_targets import is_mysql
+from ingestion_assets.observe.target import read_target
+from ingestion_assets.settings import Settings
+
+COUNT_TIMEOUT_SECONDS = 10
+Table = tuple[str, str]  # (dataset, table) as the catalog names them: the source and the stream
+
+
+@dataclass(frozen=True)
+class TargetCounts:
+    """Rows per table (None: the table does not exist); `problem` says why nothing could be counted."""
+
+    rows: dict[Table, int | None] = field(default_factory=dict)
+    problem: str | None = None
+
+    def counted(self, table: Table) -> bool:
+        return self.problem is None and table in self.rows
+
+
+def count_target_rows(
+    settings: Settings, destination: Destination, tables: Sequence[Table], timeout: float = COUNT_TIMEOUT_SECONDS
+) -> TargetCounts:
+    """Each table's row count now; an unreachable, busy or slow destination as `problem`, in one line."""
+    where = describe_destination(settings, destination)
+    if destination.type == "dlt":  # passed through: its SQL is not ours to guess
+        return TargetCounts(problem=f"rows in target not counted ({where}): a dlt destination is not queried")
+    names = target_names(destination)
+    named = {(names.column(dataset), names.column(table)): (dataset, table) for dataset, table in tables}
+    try:
+        if destination.type == "filesystem":  # a lake: the row counts of its Parquet footers
+            return TargetCounts({table: read_target(settings, destination, *table).rows for table in tables})
+        found = _count(settings, destination, list(named), timeout)
+    except (duckdb.Error, psycopg2.Error, sa.exc.SQLAlchemyError, ServerUnavailable, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        named_already = isinstance(exc, ServerUnavailable)  # its message names the destination and what to fix
+        return TargetCounts(problem=f"rows in target not counted{'' if named_already else f' ({where})'}: {first}")
+    return TargetCounts({named[table]: rows for table, rows in found.items()})
+
+
+def _count(
+    settings: Settings, destination: Destination, tables: list[Table], timeout: float
+) -> dict[Table, int | None]:
+    if destination.type == "duckdb":
+        return _count_duckdb(settings, destination, tables)
+    if destination.type == "postgres":
+        return _count_postgres(settings, destination, tables, timeout)
+    return _count_sqlalchemy(destination_url(settings, destination), tables, timeout)
+
+
+def _count_duckdb(settings: Settings, destination: Destination, tables: list[Table]) -> dict[Table, int | None]:
+    """Read-only, without the writer lock: a load in progress makes the count fail at once (said so), not wait."""
+    path = duckdb_path(settings, destination)
+    if not path.exists():
+        return dict.fromkeys(tables)
+    with contextlib.closing(duckdb.connect(str(path), read_only=True)) as con:
+        listed = con.execute("SELECT table_schema, table_name FROM information_schema.tables").fetchall()
+        present = {(schema, name) for schema, name in listed}
+        return {
+            (s, t): _scalar(con.execute(f"SELECT count(*) FROM {_quoted(s)}.{_quoted(t)}").fetchone())
+            if (s, t) in present
+            else None
+            for s, t in tables
+        }
+
+
+def _count_postgres(
+    settings: Settings, destination: Destination, tables: list[Table], timeout: float
+) -> dict[Table, int | None]:
+    options = f"-c statement_timeout={int(timeout * 1000)}"
+    counts: dict[Table, int | None] = {}
+    conn = connect_postgres(settings, destination, connect_timeout=int(timeout), options=options)
+    with contextlib.closing(conn):
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            for schema, name in tables:
+                qualified = f"{_quoted(schema)}.{_quoted(name)}"
+                cur.execute("SELECT to_regclass(%s)", (qualified,))
+                if cur.fetchone()[0] is None:
+                    counts[(schema, name)] = None
+                    continue
+                cur.execute(f"SELECT count(*) FROM {qualified}")
+                counts[(schema, name)] = _scalar(cur.fetchone())
+    return counts
+
+
+def _count_sqlalchemy(url: str, tables: list[Table], timeout: float) -> dict[Table, int | None]:
+    connect_args = {"connect_timeout": int(timeout), "read_timeout": int(timeout)} if is_mysql(url) else {}
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool, connect_args=connect_args)
+    try:
+        with engine.connect() as conn:
+            inspector = sa.inspect(conn)
+            quote = engine.dialect.identifier_preparer.quote
+            counts: dict[Table, int | None] = {}
+            for schema, name in tables:
+                counted = f"SELECT count(*) FROM {quote(schema)}.{quote(name)}"
+                exists = inspector.has_table(name, schema=schema)
+                counts[(schema, name)] = _scalar(conn.execute(sa.text(counted)).one()) if exists else None
+            return counts
+    finally:
+        engine.dispose()
+
+
+def _quoted(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def _scalar(row: Any) -> int:
+    return int(row[0])
