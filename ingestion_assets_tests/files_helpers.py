@@ -73,6 +73,12 @@ class Drops:
         path.write_text(yaml.safe_dump(catalog))
         return path
 
+    def use_destination(self, destination: dict[str, Any]) -> None:
+        """Point the catalog (written by `catalog`) at another destination than the DuckDB file."""
+        catalog = yaml.safe_load(self.settings.catalog_path.read_text())
+        catalog["destination"] = destination
+        self.settings.catalog_path.write_text(yaml.safe_dump(catalog))
+
     @property
     def settings(self) -> Settings:
         return Settings(home=self.root / "home", catalog_path=self.root / "catalog.yaml")

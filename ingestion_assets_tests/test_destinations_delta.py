@@ -12,8 +12,11 @@ from deltalake import DeltaTable
 from ingestion_assets.loading.bindings import TABLE as BINDINGS
 from ingestion_assets.loading.bindings import Marker
 from ingestion_assets.loading.lake_tables import LakeTables
+from ingestion_assets.loading.sql_targets import RetypeRefused
+from ingestion_assets.state.summary import request_refresh
 from ingestion_assets.sync import FAULT_ENV
 from ingestion_assets_tests.destination_targets import lake_rows, use_destination
+from ingestion_assets_tests.files_helpers import Drops
 from ingestion_assets_tests.helpers import StreamHarness
 
 ORDERS = """
@@ -27,6 +30,7 @@ INSERT INTO orders SELECT g, 'customer ' || g, CASE WHEN g % 3 = 0 THEN '' WHEN 
     timestamptz '2024-01-01 00:00:00.123456+00' + g * interval '1 s'
 FROM generate_series(1, 900) g;
 """
+BASE = 1_700_000_000.0  # the drops' modified times
 COLUMNS = ["id", "customer_name", "note", "amount", "paid", "placed", "payload", "blob", "score", "tags", "updated_at"]
 
 
@@ -84,7 +88,9 @@ def test_a_table_stream_merges_into_a_lake_table_value_for_value(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("table_format", FORMATS)
-def test_a_refresh_replaces_the_lake_table_in_one_commit(harness: StreamHarness, tmp_path: Path, table_format: str) -> None:
+def test_a_refresh_replaces_the_lake_table_in_one_commit(
+    harness: StreamHarness, tmp_path: Path, table_format: str
+) -> None:
     harness.source.execute(ORDERS)
     url = _catalog(harness, tmp_path / "lake", "replace", table_format=table_format)
     harness.materialize()
@@ -245,3 +251,49 @@ def test_a_lake_table_taken_back_with_its_own_time_travel_is_read_again(
     materialization = result.asset_materializations_for_node(f"{harness.source_name}__orders")[0]
     reason = materialization.metadata["started over"].value
     assert "no longer holds what the checkpoint describes" in str(reason)
+
+
+@pytest.mark.parametrize("table_format", ["delta", pytest.param("iceberg", marks=pytest.mark.slow)])
+def test_a_refresh_after_a_widening_rebuilds_the_lake_table_in_the_new_type(tmp_path: Path, table_format: str) -> None:
+    """A lake table's column is not retyped in place, and the run says to refresh; the refresh then failed with
+    the same RetypeRefused (its shadow table, made by the first slice in the old type, met the new type in a later
+    slice; Iceberg's swap could not promote bigint to text either), so the stream was stuck (found by the
+    README-only attack). The refresh now rebuilds its shadow in the new type and swaps it in with that type."""
+    drops = Drops(tmp_path)
+    drops.catalog(path="*.csv", primary_key="id", files_per_slice=1)  # one file per slice: the shadow exists
+    url = str(tmp_path / "lake")
+    drops.use_destination({"type": "filesystem", "bucket_url": url, "table_format": table_format})
+    drops.write("1.csv", "id,code\n1,10\n", BASE + 1)
+    drops.run()
+    drops.write("2.csv", "id,code\n2,X-2\n", BASE + 2)
+    with pytest.raises(RetypeRefused, match="bigint -> text"):
+        drops.run()
+    latest = drops.store.latest(None)
+    assert latest is not None
+    drops.store.commit(None, latest.position, generation=latest.details["generation"], refresh_requested="remove")
+    assert drops.run().generation == 2
+    drops.write("3.csv", "id,code\n3,Y-3\n1,11\n", BASE + 3)
+    drops.run()
+    table = f"{url}/drops/orders"
+    assert lake_rows(table_format, table, ["id", "code"], "id") == [(1, "11"), (2, "X-2"), (3, "Y-3")]
+
+
+@pytest.mark.slow
+def test_a_refresh_of_a_table_stream_after_a_widening_swaps_in_the_new_type(
+    harness: StreamHarness, tmp_path: Path
+) -> None:
+    """Iceberg's swap merged the shadow's schema into the table's and could not promote integer to text."""
+    harness.source.execute(
+        "CREATE TABLE items (id int PRIMARY KEY, code int, updated_at timestamptz NOT NULL DEFAULT now());"
+        "INSERT INTO items (id, code) SELECT g, g FROM generate_series(1, 5) g"
+    )
+    harness.write_catalog({"items": {"table": "items", "primary_key": "id", "cursor": "updated_at"}})
+    lake = tmp_path / "lake"
+    use_destination(harness, {"type": "filesystem", "bucket_url": str(lake), "table_format": "iceberg"})
+    harness.materialize()
+    harness.source.execute("ALTER TABLE items ALTER COLUMN code TYPE text; UPDATE items SET code = 'X-1' WHERE id = 1")
+    assert not harness.materialize(raise_on_error=False).success  # RetypeRefused: refresh the stream
+    request_refresh(harness.settings, harness.source_name, "items", "remove")
+    harness.materialize()
+    rows = lake_rows("iceberg", str(lake / harness.source_name / "items"), ["id", "code"], "id")
+    assert rows == [(1, "X-1"), *((i, str(i)) for i in range(2, 6))]

@@ -20,9 +20,11 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 from dlt.common.destination.exceptions import DestinationUndefinedEntity
 from dlt.common.libs.pyiceberg import create_table, ensure_iceberg_compatible_arrow_schema, evolve_table
-from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError, ResolveError
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io.pyarrow import PyArrowFileIO
+from pyiceberg.schema import promote
 from pyiceberg.table import Table as IcebergTable
 
 from ingestion_assets.loading.lake_tables import fsync_in, quoted
@@ -132,11 +134,16 @@ class IcebergTables:
                 create_table(catalog, self._id(client, table), self.url(table), rows.schema)
             target = self.open(table)
             assert target is not None
-        with target.update_schema() as update:
-            update.union_by_name(ensure_iceberg_compatible_arrow_schema(rows.schema))
-        target.overwrite(rows)
+        _overwrite_as(target, rows)
         self.sync(table)
         return True
+
+    def replace(self, table: str, rows: pa.Table) -> None:
+        """The table's rows and column types become `rows`' in one snapshot commit (a refresh's shadow retyped)."""
+        iceberg = self.open(table)
+        assert iceberg is not None, f"no Iceberg table {table} to replace"
+        _overwrite_as(iceberg, rows)
+        self.sync(table)
 
     def _rewrite(
         self, iceberg: IcebergTable, table: str, select: str, count: str | None = None, keys: pa.Table | None = None
@@ -198,6 +205,41 @@ class IcebergTables:
     @staticmethod
     def _id(client: Any, table: str) -> str:
         return f"{client.dataset_name}.{table}"
+
+
+def _overwrite_as(iceberg: IcebergTable, rows: pa.Table) -> None:
+    """`rows` become the table's, with their column types, in one commit. A column whose type Iceberg cannot
+    promote to the new one (bigint to text after a refresh read a widening) is dropped and added again in its place:
+    a new field id, so older snapshots still read their own values; other columns keep theirs (union by name)."""
+    schema = ensure_iceberg_compatible_arrow_schema(rows.schema)
+    wanted = Catalog._convert_schema_if_needed(schema)  # arrow -> Iceberg types, as pyiceberg converts them
+    current = iceberg.schema()
+    retyped = [
+        field.name
+        for field in wanted.fields
+        if field.name in current.column_names and not _promotes(current.find_type(field.name), field.field_type)
+    ]
+    with iceberg.transaction() as transaction:
+        if retyped:
+            with transaction.update_schema() as update:
+                for name in retyped:
+                    update.delete_column(name)
+        with transaction.update_schema() as update:
+            update.union_by_name(schema)
+            for name in retyped:  # back to its place: readers and pyiceberg's upsert match columns by position
+                place = schema.names.index(name)
+                update.move_first(name) if place == 0 else update.move_after(name, schema.names[place - 1])
+        transaction.overwrite(rows.cast(schema))
+
+
+def _promotes(old: Any, new: Any) -> bool:
+    if old == new:
+        return True
+    try:
+        promote(old, new)
+    except ResolveError:
+        return False
+    return True
 
 
 def _count(predicate: str) -> str:

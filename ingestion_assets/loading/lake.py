@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, ClassVar
 
 import dlt
+import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -27,9 +28,12 @@ from ingestion_assets.loading.lake_parquet import ParquetFiles
 from ingestion_assets.loading.lake_sql import LakeSqlView, keep_newest_in_duckdb, lake_sql_view
 from ingestion_assets.loading.lake_tables import LakeTables, TableStore, _literal
 from ingestion_assets.loading.metadata_columns import DELETED_AT, GENERATION, POSITION
+from ingestion_assets.loading.migrate import migration_statements
 from ingestion_assets.loading.pipeline import Loader, TargetState
 from ingestion_assets.loading.unfit import LAKE, split_unfit, with_parked
-from ingestion_assets.loading.versions import KeyCheck
+from ingestion_assets.loading.versions import KeyCheck, quote_name
+from ingestion_assets.schema.changes import SchemaChange
+from ingestion_assets.sources.postgres.landing import sql_type_of_arrow
 
 
 def lake_destination(destination: Destination, credentials: str | dict[str, Any] | None) -> Any:
@@ -130,6 +134,22 @@ class LakeLoader(Loader):
     def targettable_exists(self) -> bool:
         with self._lock():
             return self.tables.has_rows(self.target.table) is not None
+
+    def migrate(self, changes: list[tuple[SchemaChange, str, pa.DataType]]) -> list[str]:
+        """A refresh's shadow table holds only what this refresh read: a type change rebuilds it in the new types
+        (one commit), so a refresh can start from types the live table cannot take in place. The live table's
+        types are not changed in place (the Loader refuses, naming `ingest refresh`)."""
+        shadow = self.target.table
+        if self.stream_table in (None, shadow):
+            return super().migrate(changes)
+        changes = [(replace(change, column=self.names.column(change.column)), t, a) for change, t, a in changes]
+        self._retype_in_dlt_schema([(change.column, arrow) for change, _, arrow in changes])
+        with self._lock():
+            dataset = self.tables.dataset(shadow)
+            if dataset is None:
+                return []  # created by its first load, already with the new types
+            self.tables.replace(shadow, retyped_rows(dataset.to_table(), changes))
+        return [f"rebuilt {shadow} with {', '.join(c.describe() for c, _, _ in changes)}"]
 
     def forget_stored_schema(self) -> None:
         """dlt's delta job creates a table that is gone again: nothing to forget."""
@@ -232,6 +252,21 @@ class LakeLoader(Loader):
         rows = delta.to_pyarrow_dataset().to_table(columns=["stream", "record_key"])
         mine = rows.filter(pc.equal(rows["stream"], self.stream_name))["record_key"]
         return {str(key) for key in mine.to_pylist()}
+
+
+def retyped_rows(rows: pa.Table, changes: list[tuple[SchemaChange, str, pa.DataType]]) -> pa.Table:
+    """`rows` with each changed column in its new type, cast as a DuckDB target's column is (loading/migrate.py:
+    a widened column cast, an incompatible one's old values kept as text in `<column>__<old type>`)."""
+    with contextlib.closing(duckdb.connect()) as con:
+        con.register("_ingest_rows", rows)
+        con.execute("CREATE TEMP TABLE _ingest_retyped AS SELECT * FROM _ingest_rows")
+        for change, _, arrow in changes:
+            new_type = sql_type_of_arrow(arrow, "duckdb")
+            for statement in migration_statements("duckdb", "_ingest_retyped", change, new_type, quote_name):
+                con.execute(statement)
+        result = con.sql("SELECT * FROM _ingest_retyped").to_arrow_table()
+    fields = {**{f.name: f for f in rows.schema}, **{c.column: pa.field(c.column, arrow) for c, _, arrow in changes}}
+    return result.cast(pa.schema([fields.get(f.name, f) for f in result.schema]))
 
 
 def newest_per_key(table: pa.Table, key: tuple[str, ...]) -> pa.Table:

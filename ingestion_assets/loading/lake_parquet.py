@@ -80,6 +80,9 @@ class ParquetFiles:
             fs.rm(old)
         return True
 
+    def replace(self, table: str, rows: pa.Table) -> None:
+        self._refuse(table, "change a column's type")
+
     def sync(self, table: str) -> None:
         """dlt's files are complete when its load returns; there is no commit record to make durable."""
 
@@ -88,4 +91,3 @@ class ParquetFiles:
         raise NeedsTableFormat(
             f"table {table}: plain Parquet files cannot {what} in place; use `table_format: delta` or `iceberg`"
         )
-

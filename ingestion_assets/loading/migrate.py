@@ -23,20 +23,37 @@ def migration_statements(
 
     dlt's staging table holds only the slice in flight: it just takes the new type, no history."""
     column = quote(change.column)
+    convert = _convert(destination_type, column, change, new_type)
     if staging and change.kind != "widened":
-        convert = f"TRY_CAST({column} AS {new_type})" if destination_type == "duckdb" else "NULL"
         return [f"ALTER TABLE {table} ALTER COLUMN {column} TYPE {new_type} USING {convert}"]
     if change.kind == "widened":
         using = f" USING {column}::{new_type}" if destination_type == "postgres" else ""
         return [f"ALTER TABLE {table} ALTER COLUMN {column} TYPE {new_type}{using}"]
     assert change.old is not None
     history = quote(f"{change.column}__{change.old.type_name}")
-    convert = f"TRY_CAST({column} AS {new_type})" if destination_type == "duckdb" else "NULL"
     return [
         f"ALTER TABLE {table} ADD COLUMN {history} {_history_type(destination_type)}",
         f"UPDATE {table} SET {history} = CAST({column} AS {_history_type(destination_type)})",
         f"ALTER TABLE {table} ALTER COLUMN {column} TYPE {new_type} USING {convert}",
     ]
+
+
+_NUMBERS = {"int2", "int4", "int8", "float4", "float8"}
+_NEVER_FAILS = {"double precision", "numeric", "text"}  # what every value of _NUMBERS converts to
+
+
+def _convert(destination_type: str, column: str, change: SchemaChange, new_type: str) -> str:
+    """How an incompatible change converts the values already in the target (the old ones are kept as text beside
+    them): DuckDB tries each value; PostgreSQL has no TRY_CAST, so a cast no value can fail (integers to double
+    precision, a timestamp read as UTC) converts and any other change leaves NULL."""
+    if destination_type == "duckdb":
+        return f"TRY_CAST({column} AS {new_type})"
+    old = change.old.kind if change.old is not None else ""
+    if old in _NUMBERS and new_type.lower() in _NEVER_FAILS:
+        return f"{column}::{new_type}"
+    if old == "timestamp" and new_type.lower() in ("timestamptz", "timestamp with time zone"):
+        return f"{column} AT TIME ZONE 'UTC'"
+    return "NULL"
 
 
 def _history_type(destination_type: str) -> str:

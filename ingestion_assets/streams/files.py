@@ -32,6 +32,7 @@ from ingestion_assets.streams.files_names import FileColumnNames
 from ingestion_assets.streams.files_partitions import PartitionScope
 from ingestion_assets.streams.files_progress import Progress
 from ingestion_assets.streams.files_schema import FilesSchemaStep, files_schema_step
+from ingestion_assets.streams.files_ties import SameMomentKeys
 from ingestion_assets.streams.postgres_table import RunOptions, Target
 from ingestion_assets.sync import CheckpointSink, Faults, SliceOutcome, SyncResult, run_slices
 
@@ -43,6 +44,10 @@ _UNKNOWN_OLD = (
     "(renamed or copied keeping their modified time?)"
 )
 _FUTURE = "modified in the future (a writer's clock ahead of this one?)"
+_SAME_MOMENT = (
+    "of the same modified time share keys: which holds the newer value is unknown (the store's times may be whole "
+    "seconds), the later path's row was kept"
+)
 
 
 @dataclass(frozen=True)
@@ -135,8 +140,9 @@ class FileSourceStream:
         scope = PartitionScope.of(self.spec, options.partition)
         known = self._known_files(loader, set(name.values()), scope)
         progress = Progress.of(after)
+        ties = SameMomentKeys(tuple(self.spec.primary_key))
         result = run_slices(
-            self._slices(progress, fs, files, name, scope, options, known),
+            self._slices(progress, fs, files, name, scope, options, known, ties),
             load,
             sink,
             started_from=after,
@@ -148,6 +154,7 @@ class FileSourceStream:
         )
         self._tell("files_read_unknown_old", progress.unknown, _UNKNOWN_OLD, result, options)
         self._tell("files_modified_in_future", progress.future, _FUTURE, result, options)
+        self._tell("files_same_modified_time_keys", ties.found, _SAME_MOMENT, result, options)
         if not result.stopped:
             self._finish(loader, result, options, scope, set(name.values()), known)
         return result
@@ -213,6 +220,7 @@ class FileSourceStream:
         scope: PartitionScope,
         options: RunOptions,
         held: Callable[[], set[str]],
+        ties: SameMomentKeys,
     ) -> Iterator[FileSlice]:
         """Whole files up to `files_per_slice` (or `slice_rows` rows) per slice; a file longer than a slice
         ends a slice inside it, the checkpoint then saying how many of its rows were given."""
@@ -229,7 +237,9 @@ class FileSourceStream:
                 for piece in read_file(fs, info, self.spec, resume, window):
                     if piece.table is not None:
                         columns.check(piece.table)  # two columns landing as one: parked, never mixed up
-                    batch.add(piece.table, relative, info, piece.bad, progress.version(relative, info))
+                    version = progress.version(relative, info)
+                    batch.add(piece.table, relative, info, piece.bad, version)
+                    ties.add(piece.table, relative, version[0])
                     progress.inside(relative, info, piece.rows_done, piece.bad_done)
                     if batch.rows >= self.spec.slice_rows:
                         yield _slice(batch, progress.position(), index)
