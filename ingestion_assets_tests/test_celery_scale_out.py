@@ -79,7 +79,8 @@ def test_a_backfill_of_two_streams_by_day_runs_on_two_workers_under_the_pool(
 ROWS = 16_000
 
 
-def test_a_worker_killed_mid_step_hands_the_step_to_the_other_worker(harness: StreamHarness, tmp_path: Path) -> None:
+def _events_stream(harness: StreamHarness) -> None:
+    """A 16,000-row table read in 1,000-row slices into the PostgreSQL destination: a step long enough to kill."""
     harness.source.execute(
         f"""CREATE TABLE events (id bigint PRIMARY KEY, body text, updated_at timestamptz NOT NULL);
         INSERT INTO events SELECT g, repeat('e', g % 40), timestamptz '2024-03-01 00:00:00+00' + g * interval '1 ms'
@@ -87,6 +88,10 @@ def test_a_worker_killed_mid_step_hands_the_step_to_the_other_worker(harness: St
     )
     spec = {"table": "events", "primary_key": "id", "cursor": "updated_at", "slice_rows": 1_000}
     harness.write_catalog({"events": spec}, destination="postgres")
+
+
+def test_a_worker_killed_mid_step_hands_the_step_to_the_other_worker(harness: StreamHarness, tmp_path: Path) -> None:
+    _events_stream(harness)
     with celery_deployment(tmp_path / "celery") as deployment:
         # Redis hands a dead worker's unacknowledged step out again after the visibility timeout
         with_execution(harness.settings.catalog_path, deployment.execution(visibility_timeout_seconds=60))
@@ -125,13 +130,7 @@ def test_a_run_terminated_after_its_worker_was_killed_ends_and_frees_the_slot(
     broker would hand it out again (the visibility timeout, an hour by default) and kept its pool slot. The
     run now asks the step's worker, which does not answer, gives the step up and ends; the worker that takes
     the step later refuses it."""
-    harness.source.execute(
-        f"""CREATE TABLE events (id bigint PRIMARY KEY, body text, updated_at timestamptz NOT NULL);
-        INSERT INTO events SELECT g, repeat('e', g % 40), timestamptz '2024-03-01 00:00:00+00' + g * interval '1 ms'
-        FROM generate_series(1, {ROWS}) g;"""
-    )
-    spec = {"table": "events", "primary_key": "id", "cursor": "updated_at", "slice_rows": 1_000}
-    harness.write_catalog({"events": spec}, destination="postgres")
+    _events_stream(harness)
     with celery_deployment(tmp_path / "celery") as deployment:
         with_execution(harness.settings.catalog_path, deployment.execution(visibility_timeout_seconds=20))
         victim = deployment.start_worker(harness.settings.catalog_path, harness.settings.dagster_home)
