@@ -3,14 +3,18 @@ process's checkpoints survive it), runs of the stream, and the target read back.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import psycopg2
+import pytest
 import yaml
 
 from ingestion_assets.catalog import load_catalog
@@ -19,6 +23,8 @@ from ingestion_assets.settings import Settings
 from ingestion_assets.state.model import Checkpoint
 from ingestion_assets.streams.files import FileSourceStream
 from ingestion_assets.streams.runner import PartitionJob, PartitionOutcome
+from ingestion_assets_tests.conftest import SOURCE_DATABASE
+from ingestion_assets_tests.helpers import SourceDb
 
 
 @dataclass
@@ -113,3 +119,49 @@ class Drops:
 
 def csv_text(rows: list[tuple[Any, ...]], header: str = "id,name,amount") -> str:
     return header + "\n" + "".join(",".join("" if v is None else str(v) for v in row) + "\n" for row in rows)
+
+
+@dataclass
+class Target:
+    """A stream's target: the DuckDB file of `drops`, or a schema `drops` on the embedded PostgreSQL."""
+
+    drops: Drops
+    url: str | None = None  # PostgreSQL
+
+    def query(self, sql: str) -> list[tuple[Any, ...]]:
+        if self.url is None:
+            with duckdb.connect(str(self.drops.warehouse), read_only=True) as con:
+                return con.sql(sql).fetchall()
+        with psycopg2.connect(self.url) as conn, conn.cursor() as cur:
+            cur.execute("SET TimeZone = 'UTC'")
+            cur.execute(sql)
+            return [tuple(row) for row in cur.fetchall()]
+
+    def column_type(self, column: str) -> str:
+        where = f"table_schema = 'drops' AND table_name = 'orders' AND column_name = '{column}'"
+        ((kind,),) = self.query(f"SELECT data_type FROM information_schema.columns WHERE {where}")
+        return str(kind).lower()
+
+
+@contextlib.contextmanager
+def target_of(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Target]:
+    """A test's target of `kind` (duckdb or postgres: a schema on the embedded server, dropped after)."""
+    drops = Drops(tmp_path)
+    if kind == "duckdb":
+        yield Target(drops)
+        return
+    settings: Settings = request.getfixturevalue("session_settings")
+    db = SourceDb(settings.embedded.url(SOURCE_DATABASE), "drops")
+    (tmp_path / "target_url").write_text(db.url)
+    try:
+        yield Target(drops, db.url)
+    finally:
+        db.drop_schema()
+
+
+def target_catalog(target: Target, path: str, **stream: Any) -> None:
+    """The catalog of one stream keyed by `id` (unless `stream` says), loading into `target`."""
+    target.drops.catalog(path=path, **{"primary_key": "id", **stream})
+    if target.url is not None:
+        url = target.drops.root / "target_url"
+        target.drops.use_destination({"type": "postgres", "credentials": {"file": str(url)}})

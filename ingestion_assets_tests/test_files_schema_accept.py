@@ -7,68 +7,24 @@ from __future__ import annotations
 import datetime as dt
 import io
 import re
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import duckdb
-import psycopg2
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ingestion_assets.settings import Settings
 from ingestion_assets.streams.schema_step import SchemaPaused
-from ingestion_assets_tests.conftest import SOURCE_DATABASE
-from ingestion_assets_tests.files_helpers import Drops
-from ingestion_assets_tests.helpers import SourceDb
+from ingestion_assets_tests.files_helpers import Drops, Target, target_catalog, target_of
 
 BASE = 1_700_000_000.0
 UTC = dt.UTC
 
 
-@dataclass
-class Target:
-    """The stream's target: the DuckDB file of `drops`, or a schema `drops` on the embedded PostgreSQL."""
-
-    drops: Drops
-    url: str | None = None  # PostgreSQL
-
-    def query(self, sql: str) -> list[tuple[Any, ...]]:
-        if self.url is None:
-            with duckdb.connect(str(self.drops.warehouse), read_only=True) as con:
-                return con.sql(sql).fetchall()
-        with psycopg2.connect(self.url) as conn, conn.cursor() as cur:
-            cur.execute("SET TimeZone = 'UTC'")
-            cur.execute(sql)
-            return [tuple(row) for row in cur.fetchall()]
-
-    def column_type(self, column: str) -> str:
-        where = f"table_schema = 'drops' AND table_name = 'orders' AND column_name = '{column}'"
-        ((kind,),) = self.query(f"SELECT data_type FROM information_schema.columns WHERE {where}")
-        return str(kind).lower()
-
-
 @pytest.fixture(params=["duckdb", "postgres"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    drops = Drops(tmp_path)
-    if request.param == "duckdb":
-        yield Target(drops)
-        return
-    settings: Settings = request.getfixturevalue("session_settings")
-    db = SourceDb(settings.embedded.url(SOURCE_DATABASE), "drops")
-    (tmp_path / "target_url").write_text(db.url)
-    try:
-        yield Target(drops, db.url)
-    finally:
-        db.drop_schema()
-
-
-def _catalog(target: Target, path: str) -> None:
-    target.drops.catalog(path=path, primary_key="id")
-    if target.url is not None:
-        url = target.drops.root / "target_url"
-        target.drops.use_destination({"type": "postgres", "credentials": {"file": str(url)}})
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
+    with target_of(request.param, tmp_path, request) as found:
+        yield found
 
 
 def _accept(drops: Drops) -> None:
@@ -87,7 +43,7 @@ def _parquet(table: pa.Table) -> bytes:
 def test_an_accepted_bigint_to_double_loads_the_decimal_and_keeps_the_old_values(target: Target) -> None:
     """PostgreSQL emptied the column of the rows already there (USING NULL: it has no TRY_CAST), where DuckDB
     converts them: an integer column becoming double precision converts every value."""
-    _catalog(target, "*.csv")
+    target_catalog(target, "*.csv")
     target.drops.write("1.csv", "id,qty\n1,3\n", BASE + 1)
     target.drops.run()
     target.drops.write("2.csv", "id,qty\n2,10.5\n", BASE + 2)
@@ -105,7 +61,7 @@ def test_an_accepted_bigint_to_double_loads_the_decimal_and_keeps_the_old_values
 def test_an_accepted_naive_to_aware_parquet_timestamp_loads_exactly(target: Target) -> None:
     """A naive timestamp column, then a file where it is tz-aware: the stream pauses naming both types and the
     accept path; after it the aware instants load exactly and the naive ones read as UTC, not NULL."""
-    _catalog(target, "*.parquet")
+    target_catalog(target, "*.parquet")
     naive = pa.array([dt.datetime(2024, 1, 2, 3, 4, 5, 123456)], pa.timestamp("us"))  # noqa: DTZ001 - naive on purpose
     aware = pa.array([dt.datetime(2024, 1, 2, 3, 4, 5, 654321, tzinfo=UTC)], pa.timestamp("us", tz="UTC"))
     target.drops.write("1.parquet", _parquet(pa.table({"id": [1], "at": naive})), BASE + 1)
