@@ -89,3 +89,15 @@ def test_an_incompatible_type_pauses_until_accepted(
     target = dict(harness.query_target(f'SELECT id, number FROM "{harness.source_name}".orders'))
     assert {k: target[k] for k in changed} == dict.fromkeys(changed, 42)
     assert target == {r["id"]: int(r["number"]) for r in api.records("orders")}
+
+
+def test_a_first_run_under_pause_adopts_the_records_fields(harness: StreamHarness, api: DemoApi) -> None:
+    """The first run paused on every field as 'added' (no schema was stored: nothing had changed yet); a field
+    that comes later still pauses."""
+    write_api_catalog(harness, api, schema_policy="pause")
+    harness.materialize()
+    target = dict(harness.query_target(f'SELECT id, number FROM "{harness.source_name}".orders'))
+    assert target == {r["id"]: r["number"] for r in api.records("orders")}
+    api.patch("orders", 5, {"score": 1})
+    result = harness.materialize(raise_on_error=False)
+    assert not result.success and _failed_checks(harness, result) == ["schema"]

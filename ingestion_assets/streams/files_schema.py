@@ -16,7 +16,6 @@ import pyarrow.compute as pc
 
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.schema.changes import ColumnType, SchemaChange, classify, parse_stored
-from ingestion_assets.schema.policy import decide
 from ingestion_assets.sources.postgres.landing import sql_type_of_arrow
 from ingestion_assets.streams.files_names import FileColumnNames
 from ingestion_assets.streams.schema_step import InferredSchemaStep, SchemaPaused
@@ -103,7 +102,7 @@ class FilesSchemaStep(InferredSchemaStep):
         return self.cast(table)
 
     def _apply(self, changes: list[SchemaChange], loader: Loader, where: str) -> None:
-        decision = decide(self.policy, changes, accepted=self.accepted)
+        decision = self.decide(changes)
         if decision.pause:
             raise SchemaPaused(self._paused(decision.pause, where), decision.pause)
         retyped = [c for c in decision.apply if c.old is not None and c.new is not None]

@@ -16,7 +16,6 @@ import pyarrow as pa
 
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.schema.changes import ColumnType, SchemaChange, classify, parse_stored
-from ingestion_assets.schema.policy import decide
 from ingestion_assets.sources.postgres.landing import sql_type_of_arrow
 from ingestion_assets.streams.schema_step import InferredSchemaStep, SchemaPaused
 
@@ -77,7 +76,7 @@ class ApiSchemaStep(InferredSchemaStep):
         changes = self._changes(records)
         if not changes:
             return records
-        decision = decide(self.policy, changes, accepted=self.accepted)
+        decision = self.decide(changes)
         if decision.pause:
             raise SchemaPaused(self._paused(decision.pause), decision.pause)
         retyped = [c for c in decision.apply if c.old is not None and c.new is not None and _columns(c)]

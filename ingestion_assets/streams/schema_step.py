@@ -8,7 +8,7 @@ from typing import Any, Self
 from ingestion_assets.loading.migrate import sql_type
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.schema.changes import ColumnType, SchemaChange, StoredSchema, diff, parse_stored, to_stored
-from ingestion_assets.schema.policy import decide
+from ingestion_assets.schema.policy import Decision, decide
 from ingestion_assets.sources.postgres.introspect import Column, column_of
 from ingestion_assets.sources.postgres.landing import PgType
 from ingestion_assets.sources.postgres.query import ReadPlan
@@ -60,6 +60,14 @@ class InferredSchemaStep(SchemaStep):
             key_fields=key_fields,
             learning=not details.get("schema"),
         )
+
+    def decide(self, changes: list[SchemaChange]) -> Decision:
+        """What the policy does with `changes`. Before any schema is stored (a stream's first slice) the columns
+        found are the schema, not changes to it: they are adopted whatever the policy (`pause` paused on each of
+        them, `ignore` skipped them all); columns that come after it are changes."""
+        if not self.stored:
+            return Decision(apply=list(changes))
+        return decide(self.policy, changes, accepted=self.accepted)
 
 
 def settle_schema(stream: PostgresTableStream, details: dict[str, Any]) -> SchemaStep:
