@@ -351,7 +351,7 @@ def test_schema_drift_across_files_adds_widens_and_pauses(drops: Drops) -> None:
     assert any("'code' changed type bigint -> text (widened)" in c for c in outcome.schema_changes)
     assert drops.rows("id, code, note, qty") == [(1, "10", None, 3), (2, "20", "hello", None), (3, "X-3", None, None)]
     drops.write("4.csv", "id,note,qty\n4,true,7\n", BASE + 4)  # bool into text: fits (cast), no change
-    drops.write("5.csv", "id,qty\n5,2.5\n", BASE + 5)  # a bigint column of 2.5: incompatible
+    drops.write("5.csv", "id,qty\n5,2.5e0\n", BASE + 5)  # a bigint column of a double: incompatible
     with pytest.raises(SchemaPaused, match="'qty' changed type bigint -> double precision"):
         drops.run()
     after = drops.store.latest(None)
@@ -362,11 +362,11 @@ def test_schema_drift_across_files_adds_widens_and_pauses(drops: Drops) -> None:
 
 
 def test_whole_numbers_after_decimals_load_into_the_double_column(drops: Drops) -> None:
-    """A file of whole amounts after one with decimals paused the stream as 'double precision -> bigint
+    """A file of whole amounts after one with doubles paused the stream as 'double precision -> bigint
     (incompatible)' and the advised accept then failed the load (found by the README-only attack): integers a
     double holds exactly are cast to it; one past 2**53 still pauses (a double would round it)."""
     drops.catalog(path="*.csv", primary_key="id")
-    drops.write("a.csv", "id,amt\n1,10.5\n", BASE + 1)
+    drops.write("a.csv", "id,amt\n1,1.05e1\n", BASE + 1)
     drops.write("b.csv", "id,amt\n2,20\n3,-7\n", BASE + 2)
     outcome = drops.run()
     assert not outcome.schema_changes
@@ -374,6 +374,17 @@ def test_whole_numbers_after_decimals_load_into_the_double_column(drops: Drops) 
     drops.write("c.csv", "id,amt\n4,9007199254740993\n", BASE + 3)
     with pytest.raises(SchemaPaused, match="'amt' changed type double precision -> bigint"):
         drops.run()
+
+
+def test_whole_numbers_after_decimals_load_into_the_decimal_column_or_widen_it(drops: Drops) -> None:
+    """Whole numbers the decimal column holds are cast to it; a larger one widens it (every digit kept)."""
+    drops.catalog(path="*.csv", primary_key="id")
+    drops.write("a.csv", "id,amt\n1,10.5\n", BASE + 1)
+    drops.write("b.csv", "id,amt\n2,20\n3,-7\n", BASE + 2)
+    assert not drops.run().schema_changes
+    drops.write("c.csv", "id,amt\n4,9007199254740993\n", BASE + 3)
+    assert drops.run().schema_changes == ["column 'amt' changed type numeric(3,1) -> numeric(20,1) (widened)"]
+    assert drops.rows("id, amt::VARCHAR") == [(1, "10.5"), (2, "20.0"), (3, "-7.0"), (4, "9007199254740993.0")]
 
 
 @pytest.mark.slow  # several loads (or a subprocess): beyond the default suite's time budget

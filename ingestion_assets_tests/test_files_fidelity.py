@@ -57,8 +57,8 @@ def test_csv_values_keep_their_digits_whatever_file_or_batch_they_are_in(
     drops: Drops, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Inference typed a code 007 as the integer 7, an integer past int64 or a decimal of 19 digits as a double
-    (1e+20): values changed silently. Such columns are text; a file or batch that needs a wider type than the
-    target holds widens it, said in the run's schema changes."""
+    (1e+20): values changed silently. Codes are text, the numbers exact decimals; a file or batch that needs a
+    wider type than the target holds widens it, said in the run's schema changes."""
     monkeypatch.setattr(csv_reader, "BLOCK_BYTES", 64)  # small blocks: each file is read in several batches
     drops.catalog(path="*.csv", primary_key="id")
     early = "".join(f"{i},{i},{i},0.5,2024-01-0{i}\n" for i in range(1, 6))
@@ -67,15 +67,15 @@ def test_csv_values_keep_their_digits_whatever_file_or_batch_they_are_in(
     outcome = drops.run()
     loaded = drops.rows("id, code, big, ratio, day")
     assert loaded[4:] == [
-        (5, "5", "5", "0.5", "2024-01-05"),
-        (6, "007", "6", "0.5", "2024-01-06"),
-        (7, "0042", "99999999999999999999", "0.1234567890123456789", "soon"),
+        (5, "5", 5, Decimal("0.5"), "2024-01-05"),
+        (6, "007", 6, Decimal("0.5"), "2024-01-06"),
+        (7, "0042", Decimal("99999999999999999999"), Decimal("0.1234567890123456789"), "soon"),
     ]
     assert sorted(outcome.schema_changes) == [
-        "column 'big' changed type bigint -> text (widened)",
+        "column 'big' changed type bigint -> numeric(20,0) (widened)",
         "column 'code' changed type bigint -> text (widened)",
         "column 'day' changed type date -> text (widened)",
-        "column 'ratio' changed type double precision -> text (widened)",
+        "column 'ratio' changed type numeric(1,1) -> numeric(19,19) (widened)",
     ]
 
 
@@ -225,7 +225,8 @@ def _postgres_rows(url: str, columns: str, table: str = "orders") -> list[tuple[
 
 
 def test_json_numbers_keep_their_digits(drops: Drops) -> None:
-    """A JSON decimal of 19 digits was parsed as a double (0.12345678901234568): such a column lands as text."""
+    """A JSON decimal of 19 digits was parsed as a double (0.12345678901234568): numbers with a point are exact
+    decimals, integers past int64 too; a number past a double's range (with an exponent) makes its column text."""
     drops.catalog(path="*.jsonl", primary_key="id")
     lines = [
         '{"id": 1, "ratio": 0.1234567890123456789, "big": 99999999999999999999, "x": 1.5, "huge": 1e400, "tiny": 1e-400}',
@@ -234,6 +235,6 @@ def test_json_numbers_keep_their_digits(drops: Drops) -> None:
     drops.write("a.jsonl", "\n".join(lines) + "\n", BASE + 1)
     drops.run()
     assert drops.rows("id, ratio, big, x, huge, tiny") == [
-        (1, "0.1234567890123456789", "99999999999999999999", 1.5, "1e400", "1e-400"),
-        (2, "0.5", "7", 2.0, None, "0.0"),
+        (1, Decimal("0.1234567890123456789"), Decimal("99999999999999999999"), Decimal("1.5"), "1e400", "1e-400"),
+        (2, Decimal("0.5"), 7, 2, None, "0.0"),
     ]

@@ -1,5 +1,5 @@
 """CSV column inference fuzzed through the CSV reader: whatever the texts, a typed value reads back as the text it
-came from (an integer or a double is the number written, a date, time or timestamp the moment written), or the
+came from (an integer, a decimal or a double is the number written, a date, time or timestamp the moment written), or the
 column stays text with every character. Before, `007` read as 7 and `1e-400` as 0.0."""
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ def _same(text: str, value: object, kind: pa.DataType) -> None:
         assert value == text
     elif pa.types.is_integer(kind):
         assert str(value) == text.lstrip("+") or (text in ("-0", "+0") and value == 0)
+    elif pa.types.is_decimal(kind):
+        assert isinstance(value, Decimal) and value == Decimal(text) and "e" not in text.lower()
     elif pa.types.is_floating(kind):
         assert isinstance(value, float) and Decimal(repr(value)) == Decimal(text)
     elif pa.types.is_boolean(kind):

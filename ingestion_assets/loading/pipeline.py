@@ -465,7 +465,10 @@ class Loader:
         return done
 
     def _retype_in_dlt_schema(self, columns: list[tuple[str, pa.DataType]]) -> None:
-        table = self.pipeline.default_schema.tables.get(self.target.table)
+        pipeline = self.pipeline
+        if pipeline.default_schema_name is None:
+            return  # a pipeline that never loaded (another partition's created the table): dlt reads it at its load
+        table = pipeline.default_schema.tables.get(self.target.table)
         if table is None:
             return
         for name, arrow_type in columns:

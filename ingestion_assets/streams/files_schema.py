@@ -12,61 +12,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ingestion_assets.loading.pipeline import Loader
-from ingestion_assets.schema.changes import ColumnType, SchemaChange, classify, parse_stored
+from ingestion_assets.schema.changes import SchemaChange, classify, parse_stored
 from ingestion_assets.sources.postgres.landing import sql_type_of_arrow
 from ingestion_assets.streams.files_names import FileColumnNames
+from ingestion_assets.streams.files_types import (
+    arrow_type,
+    cast_exactly,
+    column_type,
+    fits,
+    held_column_type,
+    wider,
+)
 from ingestion_assets.streams.schema_step import InferredSchemaStep, SchemaPaused
-
-
-def column_type(kind: pa.DataType) -> ColumnType | None:
-    """A file column's type as the schema policy knows types; None for a column of nulls only (no type)."""
-    if pa.types.is_null(kind):
-        return None
-    if pa.types.is_boolean(kind):
-        return ColumnType("bool", "boolean")
-    if pa.types.is_integer(kind):
-        return ColumnType("int8", "bigint")
-    if pa.types.is_floating(kind):
-        return ColumnType("float8", "double precision")
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return ColumnType("text", "text")
-    if pa.types.is_timestamp(kind):
-        if kind.tz is not None:
-            return ColumnType("timestamptz", "timestamp with time zone")
-        return ColumnType("timestamp", "timestamp without time zone")
-    if pa.types.is_date(kind):
-        return ColumnType("date", "date")
-    if pa.types.is_time(kind):
-        return ColumnType("time", "time without time zone")
-    if pa.types.is_decimal(kind):
-        return ColumnType("numeric", f"numeric({kind.precision},{kind.scale})")
-    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
-        return ColumnType("bytea", "bytea")
-    return ColumnType("json", "json")  # structs, lists, maps: dlt stores them as JSON
-
-
-def arrow_type(column: ColumnType) -> pa.DataType | None:
-    """The Arrow type a column of the stored schema loads as (None: leave the values as they are)."""
-    if column.type_name == "numeric":
-        digits = column.sql_type.split("(")[-1].rstrip(")").split(",")
-        return pa.decimal128(int(digits[0]), int(digits[1]))
-    return _ARROW.get(column.type_name)
-
-
-_ARROW = {
-    "bool": pa.bool_(),
-    "int8": pa.int64(),
-    "float8": pa.float64(),
-    "text": pa.string(),
-    "timestamptz": pa.timestamp("us", tz="UTC"),
-    "timestamp": pa.timestamp("us"),
-    "date": pa.date32(),
-    "time": pa.time64("us"),
-    "bytea": pa.binary(),
-}
+from ingestion_assets.streams.target_types import target_column_types
 
 
 @dataclass
@@ -75,11 +35,13 @@ class FilesSchemaStep(InferredSchemaStep):
     slice), `applied` lists what changed for the run's report."""
 
     columns: FileColumnNames | None = None  # how the files' columns are spelled (one target column, one name)
+    _held: dict[str, str] | None = None  # the target's columns (by target name) and SQL types, asked once a run
 
     def settle(self, table: pa.Table, loader: Loader, where: str) -> pa.Table:
         """One file's batch, in the target's types; raises SchemaPaused before anything of it loads."""
         if self.columns is not None:
             table = self.columns.spelled(table)
+        self._known_to_target(table, loader)
         known = parse_stored(self.stored) or {}
         changes: list[SchemaChange] = []
         for field in table.schema:
@@ -87,19 +49,31 @@ class FilesSchemaStep(InferredSchemaStep):
             old = known.get(field.name)
             if new is None or field.name.startswith("_ingest_") or old == new:
                 continue
-            if old is not None and (
-                old.type_name == new.type_name
-                or classify(new, old) == "widened"
-                or _doubles_hold(table.column(field.name), old)
-            ):
+            if old is not None and fits(table.column(field.name), new, old):
                 continue  # the file's type fits in the target's: cast below
-            kind = "added" if old is None else classify(old, new)
+            wanted = new if old is None else wider(old, new, table.column(field.name))
+            kind = "added" if old is None else classify(old, wanted)
             if kind is not None:
                 key = field.name in self.key_fields and kind == "incompatible"
-                changes.append(SchemaChange(kind, field.name, old, new, "it is a primary key" if key else ""))
+                changes.append(SchemaChange(kind, field.name, old, wanted, "it is a primary key" if key else ""))
         if changes:
             self._apply(changes, loader, where)
         return self.cast(table)
+
+    def _known_to_target(self, table: pa.Table, loader: Loader) -> None:
+        """Columns this stream's schema does not know yet but the target already holds (written by another
+        partition, whose checkpoint has a schema of its own, or before a reset) take the target's type as their
+        stored one: a file's values are then cast to it, or the column widened there, never loaded as a new
+        column of another type (DECIMAL(3,1) meeting 100.5 failed the load)."""
+        new = [n for n in table.column_names if n not in self.stored and not n.startswith("_ingest_")]
+        if not new:
+            return
+        if self._held is None:
+            self._held = target_column_types(loader) or {}
+        for name in new:
+            held = held_column_type(self._held.get(loader.names.column(name), ""))
+            if held is not None:
+                self.stored[name] = [held.type_name, held.sql_type]
 
     def _apply(self, changes: list[SchemaChange], loader: Loader, where: str) -> None:
         decision = self.decide(changes)
@@ -129,7 +103,10 @@ class FilesSchemaStep(InferredSchemaStep):
                 table = table.drop_columns([name])
             elif target is not None and field.type != target:
                 index = table.schema.get_field_index(name)
-                table = table.set_column(index, pa.field(name, target), pc.cast(table.column(name), target))
+                cast = cast_exactly(table.column(name), target)
+                if cast is None:  # the schema step let through a type the target cannot hold: never load it changed
+                    raise ValueError(f"stream {self.name}: column {name!r} ({field.type}) does not fit {target}")
+                table = table.set_column(index, pa.field(name, target), cast)
         return table
 
     def _paused(self, changes: list[SchemaChange], where: str) -> str:
@@ -144,18 +121,6 @@ class FilesSchemaStep(InferredSchemaStep):
             )
             + ", or change the policy"
         )
-
-
-_EXACT_IN_DOUBLE = 2**53  # every integer up to this magnitude is a double exactly
-
-
-def _doubles_hold(values: pa.ChunkedArray, target: ColumnType) -> bool:
-    """Integers that a double column holds exactly (a file of whole amounts after one with decimals): they fit
-    the target's type, while a bigint column as such does not (past 2**53 a double rounds)."""
-    if target.type_name != "float8" or not pa.types.is_integer(values.type):
-        return False
-    low, high = pc.min_max(values).values()
-    return low.as_py() is None or (low.as_py() >= -_EXACT_IN_DOUBLE and high.as_py() <= _EXACT_IN_DOUBLE)
 
 
 def _arrow(change: SchemaChange) -> pa.DataType:

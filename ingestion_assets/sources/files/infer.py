@@ -1,6 +1,8 @@
 """The type of a CSV column, inferred from its text batch by batch, such that every value reads back as written:
-a code with leading zeros (007), an integer past int64 or a decimal with more digits than a double holds stays
-text; otherwise integers, doubles, booleans, dates, times and timestamps (Arrow's strict ISO parsers)."""
+a code with leading zeros (007) stays text; integers are bigint, or exact decimals past int64; numbers written
+with a point are exact decimals (1.50 keeps its scale) up to 38 digits, else text; only exponents, NaN and
+infinities make doubles, when a double reads back as written; booleans, dates, times and timestamps by Arrow's
+strict ISO parsers."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import pyarrow.compute as pc
 _NUMBER = re.compile(r"[+-]?[0-9.]")
 _LEADING_ZERO = r"^[+-]?0[0-9]"  # 007, 00.5: a code, or digits a number would not keep
 DOUBLE_DIGITS = 15  # a decimal of up to 15 significant digits reads back from a double as written
+DECIMAL_DIGITS = 38  # the widest exact decimal DuckDB (and Arrow's decimal128) holds
+_PLAIN = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)$"  # digits with at most a point: no exponent, NaN or infinity
 SMALLEST_NORMAL = 2.2250738585072014e-308
 _TRUE, _FALSE = ["true", "True", "TRUE"], ["false", "False", "FALSE"]
 _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
@@ -62,14 +66,28 @@ def _infer(values: pa.ChunkedArray) -> pa.ChunkedArray:
 def _number(values: pa.ChunkedArray, present: pa.ChunkedArray) -> pa.ChunkedArray:
     if _leading_zeros(present):
         return values
+    if pc.all(pc.match_substring_regex(present, _PLAIN)).as_py():
+        if not pc.any(pc.match_substring(present, ".")).as_py():
+            integers = _first_fit(values, [pa.int64()])  # past int64: an exact decimal
+            if pa.types.is_integer(integers.type):
+                return integers
+        return _decimals(values, present)
     doubles = _first_fit(values, [pa.float64()])
     if not pa.types.is_floating(doubles.type):
         return values
-    if not pc.any(pc.match_substring_regex(present, "[.eEnN]")).as_py():  # no point, exponent, nan or inf
-        integers = _first_fit(values, [pa.int64()])  # past int64: not an integer
-        if pa.types.is_integer(integers.type):
-            return integers
     return doubles if _fits_a_double(present) and not _out_of_range(doubles.drop_null(), present) else values
+
+
+def _decimals(values: pa.ChunkedArray, present: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Plain numbers as decimal(p, s): s the most digits after a point, p - s the most before it (leading zeros
+    aside), so each value is exactly the one written; text past 38 digits."""
+    body = pc.replace_substring_regex(present, "^[+-]", "")
+    whole = pc.utf8_length(pc.utf8_ltrim(pc.replace_substring_regex(body, r"\..*$", ""), "0"))
+    scale = pc.max(pc.utf8_length(pc.replace_substring_regex(body, r"^[0-9]*\.?", ""))).as_py()
+    precision = max(pc.max(whole).as_py() + scale, 1)
+    if precision > DECIMAL_DIGITS:
+        return values
+    return _first_fit(values, [pa.decimal128(precision, scale)])
 
 
 def _leading_zeros(values: pa.ChunkedArray) -> bool:
