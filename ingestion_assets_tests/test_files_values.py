@@ -131,3 +131,15 @@ def test_partitions_share_the_target_columns_types(tmp_path: Path) -> None:
         "column 'amount' changed type numeric(3,2) -> numeric(5,2) (widened)",
         "column 'code' changed type bigint -> text (widened)",
     ]
+
+
+def test_json_numbers_inside_nested_values_and_huge_integers_keep_their_text(tmp_path: Path) -> None:
+    """A nested decimal of 19 digits became a JSON string ("0.1234567890123456789") and 1.50 became 1.5; an
+    integer of more than 4300 digits failed the whole run (Python's limit on int conversion)."""
+    drops = Drops(tmp_path)
+    drops.catalog(path="*.jsonl", primary_key="id")
+    huge = "7" * 5000
+    nested = '{"x": 0.1234567890123456789, "n": 1.50, "l": [1e400, -0.0, 12345678901234567890123]}'
+    drops.write("a.jsonl", f'{{"id": 1, "o": {nested}, "big": {huge}}}\n{{"id": 2, "o": null, "big": 1}}\n', BASE)
+    drops.run()
+    assert drops.rows("id, o, big") == [(1, nested, huge), (2, None, "1")]
