@@ -189,7 +189,7 @@ def test_dlq_replay_failures_are_one_line_naming_the_stream(
     drops.write("a.csv", "id,name,amount\n1,a,1.5\n2,b,oops\n", 1_700_000_000)
     store = InstanceStateStore(cli_env.instance, dg.AssetKey(["drops", "orders"]))  # where the command looks
     PartitionJob(drops.stream(), store, run_id="test").run()
-    drops.write("a.csv", "id,name,amount\n1,a,1.5\n2.5,b,2.5\n", 1_700_000_000)  # "fixed": the key is not an integer
+    drops.write("a.csv", "id,name,amount\n1,a,1.5\n2.5e0,b,2.5\n", 1_700_000_000)  # "fixed": the key is a double
     assert "paused by a schema change in file a.csv" in refused("drops.orders")
     shutil.rmtree(drops.folder)
     told = refused("drops.orders")
