@@ -31,7 +31,7 @@ from ingestion_assets.loading.metadata_columns import DELETED_AT, GENERATION, PO
 from ingestion_assets.loading.migrate import migration_statements
 from ingestion_assets.loading.pipeline import Loader, TargetState
 from ingestion_assets.loading.unfit import LAKE, split_unfit, with_parked
-from ingestion_assets.loading.versions import KeyCheck, quote_name
+from ingestion_assets.loading.versions import KeyCheck, newest_per_key, quote_name
 from ingestion_assets.schema.changes import SchemaChange
 from ingestion_assets.sources.postgres.landing import sql_type_of_arrow
 
@@ -41,9 +41,6 @@ def lake_destination(destination: Destination, credentials: str | dict[str, Any]
     if credentials is not None:
         options["credentials"] = credentials
     return dlt.destinations.filesystem(**options)
-
-
-_ROW = "_ingest_row"
 
 
 @dataclass
@@ -267,13 +264,3 @@ def retyped_rows(rows: pa.Table, changes: list[tuple[SchemaChange, str, pa.DataT
         result = con.sql("SELECT * FROM _ingest_retyped").to_arrow_table()
     fields = {**{f.name: f for f in rows.schema}, **{c.column: pa.field(c.column, arrow) for c, _, arrow in changes}}
     return result.cast(pa.schema([fields.get(f.name, f) for f in result.schema]))
-
-
-def newest_per_key(table: pa.Table, key: tuple[str, ...]) -> pa.Table:
-    """Each key's row with the highest `_ingest_position`, the later one on a tie (the log's order), in their order."""
-    if table.num_rows < 2 or table.group_by(list(key)).aggregate([]).num_rows == table.num_rows:
-        return table
-    rows = table.select([*key, POSITION]).append_column(_ROW, pa.array(range(table.num_rows), pa.int64()))
-    ordered = rows.take(pc.sort_indices(rows, [(POSITION, "ascending"), (_ROW, "ascending")]))
-    last = ordered.group_by(list(key), use_threads=False).aggregate([(_ROW, "last")]).column(f"{_ROW}_last")
-    return table.take(pc.take(last, pc.sort_indices(last)))

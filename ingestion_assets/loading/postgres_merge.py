@@ -24,10 +24,9 @@ import pyarrow.csv as pacsv
 from ingestion_assets.loading.metadata_columns import POSITION
 from ingestion_assets.loading.native_types import for_postgres
 from ingestion_assets.loading.postgres_binary import BinaryStream, binary_plan, column_types
-from ingestion_assets.loading.versions import released_sql
+from ingestion_assets.loading.versions import newest_per_key, released_sql
 
 STAGE = "_ingest_stage"
-_ROW = "_ingest_row"
 _CSV = pacsv.WriteOptions(include_header=False, batch_size=8192)
 
 
@@ -76,27 +75,6 @@ def csv_ready(table: pa.Table) -> pa.Table:
             naive = pc.cast(table.column(index), pa.timestamp(field.type.unit))
             table = table.set_column(index, field.name, naive)
     return table
-
-
-def newest_per_key(table: pa.Table, key: tuple[str, ...]) -> pa.Table:
-    """One row per key: the highest `_ingest_position`, the later row of the slice on a tie (a log batch
-    holds an insert and its update at one commit position). ON CONFLICT may touch a row once per statement."""
-    if table.num_rows < 2 or table.group_by(list(key)).aggregate([]).num_rows == table.num_rows:
-        return table
-    numbered = table.append_column(_ROW, pa.array(range(table.num_rows), pa.int64()))
-    sort: list[tuple[str, ...]] = [(k, "ascending") for k in key]
-    if POSITION in table.column_names:
-        sort.append((POSITION, "ascending", "at_start"))  # no version: the oldest
-    order = pc.sort_indices(numbered, sort_keys=[*sort, (_ROW, "ascending")])
-    ordered = numbered.take(order)
-    last = None
-    for name in key:  # a row is its key's newest when the next row has another key
-        column = ordered.column(name)
-        differs = pc.not_equal(column.slice(0, len(column) - 1), column.slice(1))
-        last = differs if last is None else pc.or_(last, differs)
-    assert last is not None  # a primary key has a column
-    keep = pa.chunked_array([*pa.chunked_array(last).chunks, pa.array([True])], pa.bool_())
-    return ordered.filter(keep).drop_columns([_ROW])
 
 
 def write_slice(cursor: Any, write: SliceWrite, table: pa.Table, target_columns: list[str]) -> int:
