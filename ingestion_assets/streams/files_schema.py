@@ -17,7 +17,7 @@ from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.schema.changes import SchemaChange, classify, parse_stored
 from ingestion_assets.sources.postgres.landing import sql_type_of_arrow
 from ingestion_assets.streams.files_names import FileColumnNames
-from ingestion_assets.streams.files_types import (
+from ingestion_assets.streams.inferred_types import (
     arrow_type,
     cast_exactly,
     column_type,

@@ -11,12 +11,11 @@ import re
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingestion_assets.sources.json_numbers import DECIMAL_DIGITS, DOUBLE_DIGITS, SMALLEST_NORMAL
+
 _NUMBER = re.compile(r"[+-]?[0-9.]")
 _LEADING_ZERO = r"^[+-]?0[0-9]"  # 007, 00.5: a code, or digits a number would not keep
-DOUBLE_DIGITS = 15  # a decimal of up to 15 significant digits reads back from a double as written
-DECIMAL_DIGITS = 38  # the widest exact decimal DuckDB (and Arrow's decimal128) holds
 _PLAIN = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)$"  # digits with at most a point: no exponent, NaN or infinity
-SMALLEST_NORMAL = 2.2250738585072014e-308
 _TRUE, _FALSE = ["true", "True", "TRUE"], ["false", "False", "FALSE"]
 _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _ZONE = re.compile(r"[0-9](Z|[+-][0-9]{2}(:?[0-9]{2})?)$")

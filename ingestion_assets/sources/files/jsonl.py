@@ -5,15 +5,14 @@ CSV values are: integers bigint, numbers with a point exact decimals, doubles on
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
 
-from ingestion_assets.sources.files.infer import DECIMAL_DIGITS, DOUBLE_DIGITS, SMALLEST_NORMAL
 from ingestion_assets.sources.files.pieces import ROW, BadRow, Piece, Resume
+from ingestion_assets.sources.json_numbers import is_number, json_text, loads, number_array
 
 
 def read_jsonl(open_file: Callable[[], pa.NativeFile], batch_rows: int, resume: Resume) -> Iterator[Piece]:
@@ -46,28 +45,12 @@ def _parse(line: bytes) -> tuple[dict[str, Any], str | None]:
     except UnicodeDecodeError as exc:
         return {}, f"invalid UTF-8 (byte {exc.start} of the line)"
     try:
-        value = json.loads(text, parse_float=Number, parse_int=_integer)
+        value = loads(text)
     except json.JSONDecodeError as exc:
         return {}, f"not JSON: {exc.msg} at column {exc.colno}"
     if not isinstance(value, dict):
         return {}, f"a JSON {type(value).__name__}, not an object"
     return value, None
-
-
-class Number(Decimal):
-    """A JSON number with a point or an exponent: its exact value, and its text as written."""
-
-    written: str
-
-    def __new__(cls, text: str) -> Number:
-        number = super().__new__(cls, text)
-        number.written = text
-        return number
-
-
-def _integer(text: str) -> int | Number:
-    """Integers past int64 keep their text (Python refuses to make an int of more than 4300 digits)."""
-    return int(text) if len(text) <= 20 else Number(text)
 
 
 def _table(records: list[dict[str, Any]], numbers: list[int]) -> pa.Table:
@@ -84,8 +67,8 @@ def _column(values: list[Any]) -> pa.Array:
     present = [v for v in values if v is not None]
     if any(isinstance(v, dict | list) for v in present):
         return pa.array([None if v is None else json_text(v) for v in values], pa.string())
-    if present and all(isinstance(v, int | float | Decimal) and not isinstance(v, bool) for v in present):
-        numbers = _numbers(values, present)
+    if present and all(is_number(v) for v in present):
+        numbers = number_array(values)
         if numbers is not None:
             return numbers
     elif not any(isinstance(v, Decimal) for v in present):
@@ -94,56 +77,6 @@ def _column(values: list[Any]) -> pa.Array:
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # 1 and "a"
             pass
     return pa.array([None if v is None else v if isinstance(v, str) else json_text(v) for v in values], pa.string())
-
-
-def _numbers(values: list[Any], present: list[Any]) -> pa.Array | None:
-    """Integers as bigint; with numbers written with a point, exact decimals (1.50 keeps its scale); with an
-    exponent, NaN or an infinity, doubles if each reads back as written. None: the column is text (an integer
-    past 38 digits, a decimal a double would change)."""
-    if all(isinstance(v, int) and -(2**63) <= v < 2**63 for v in present):
-        return pa.array(values, pa.int64())
-    if any(isinstance(v, float) or (isinstance(v, Number) and "e" in v.written.lower()) for v in present):
-        fits = all(_double_holds(v) for v in present)
-        return pa.array([None if v is None else float(v) for v in values], pa.float64()) if fits else None
-    shapes = [_shape(Decimal(v)) for v in present]
-    scale = max(s for _, s in shapes)
-    precision = max(max(w for w, _ in shapes) + scale, 1)
-    if precision > DECIMAL_DIGITS:
-        return None
-    return pa.array([None if v is None else Decimal(v) for v in values], pa.decimal128(precision, scale))
-
-
-def _shape(value: Decimal) -> tuple[int, int]:
-    """(digits before the point, digits after it) of a finite decimal."""
-    _, digits, exponent = value.as_tuple()
-    assert isinstance(exponent, int)
-    if exponent >= 0:
-        return (len(digits) + exponent if any(digits) else 0), 0
-    return max(len(digits) + exponent, 0), -exponent
-
-
-def _double_holds(value: int | float | Decimal) -> bool:
-    """A double holds the value as written: an integer up to 2**53, a number of up to 15 significant digits in
-    the normal range, NaN and the infinities."""
-    if isinstance(value, float):
-        return True  # NaN, Infinity: JSON's constants
-    if isinstance(value, int):
-        return abs(value) <= 2**53
-    text = value.written if isinstance(value, Number) else str(value)
-    digits = text.lstrip("+-").split("e")[0].split("E")[0].replace(".", "").strip("0")
-    number = float(text)
-    return len(digits) <= DOUBLE_DIGITS and math.isfinite(number) and (abs(number) >= SMALLEST_NORMAL or not digits)
-
-
-def json_text(value: Any) -> str:
-    """A value as JSON text, numbers with every digit as written (json.dumps would round them through a double)."""
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(k)}: {json_text(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list):
-        return "[" + ", ".join(json_text(v) for v in value) + "]"
-    if isinstance(value, Number):
-        return value.written
-    return json.dumps(value)
 
 
 def _lines(stream: pa.NativeFile) -> Iterator[bytes]:

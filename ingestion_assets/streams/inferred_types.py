@@ -1,5 +1,6 @@
-"""The types of file columns as the schema policy knows them: from a file's Arrow types, from what the target
-holds, which one of two holds both, and how a file's values are cast into the target's type exactly."""
+"""The types of columns inferred from their values (file columns, API fields) as the schema policy knows them: from
+Arrow types, from what the target holds, which one of two holds both, and how values are cast into the target's
+type exactly."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingestion_assets.schema.changes import ColumnType, classify
-from ingestion_assets.sources.files.infer import DECIMAL_DIGITS, DOUBLE_DIGITS, infer
+from ingestion_assets.sources.files.infer import infer
+from ingestion_assets.sources.json_numbers import DECIMAL_DIGITS, DOUBLE_DIGITS
 
 
 def column_type(kind: pa.DataType) -> ColumnType | None:
