@@ -25,6 +25,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ingestion_assets.demo.resources import Reply, Resources, error_reply
 from ingestion_assets.demo.token_endpoint import TokenEndpoint, TokenPolicy, TokenRefused
+from ingestion_assets.sources.json_numbers import json_text
 
 logger = logging.getLogger(__name__)
 SCOPES = {"orders": "orders:read", "customers": "customers:read"}  # resource -> the scope reading it needs
@@ -103,6 +104,9 @@ class DemoApi:
 
     def records(self, resource: str, since: str | None = None) -> list[dict[str, Any]]:
         return self.resources.records(resource, since)
+
+    def put(self, resource: str, records: list[dict[str, Any]]) -> None:
+        self.resources.put(resource, records)
 
     def _listing(self, path: str, resource: str, query: dict[str, str]) -> Reply:
         return self.resources.listing(path, resource, query, self.url, self.config.repeat_cursor)
@@ -242,7 +246,7 @@ class DemoApi:
             handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             handler.close_connection = True
             return
-        entry["status"], data = reply.status, json.dumps(reply.body).encode()
+        entry["status"], data = reply.status, _encoded(reply.body)
         data = data[: len(data) // 2] if cut else data
         handler.send_response(reply.status)
         for name, value in {
@@ -257,6 +261,14 @@ class DemoApi:
         handler.wfile.write(data)
         handler.wfile.flush()
         entry["answered"] = time.monotonic()  # received to answered: the server's time; the rest is the client's
+
+
+def _encoded(body: Any) -> bytes:
+    """The body as JSON; records holding exact numbers (a test's Decimal amounts) with every digit as written."""
+    try:
+        return json.dumps(body).encode()
+    except TypeError:
+        return json_text(body).encode()
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -154,6 +154,15 @@ class Resources:
             self._version += 1
         return sorted(chosen)
 
+    def put(self, resource: str, records: list[dict[str, Any]]) -> None:
+        """Add or replace records as given (their `id` and every field, Decimal numbers served with their digits),
+        all stamped with one new `updated_at`."""
+        with self._lock:
+            rows = self._rows[resource]
+            stamp = max([_stamp(datetime.now(UTC)), *(r["updated_at"] for r in rows.values())])
+            rows.update({record["id"]: {**copy.deepcopy(record), "updated_at": stamp} for record in records})
+            self._version += 1
+
     def records(self, resource: str, since: str | None = None) -> list[dict[str, Any]]:
         """The resource's records in (updated_at, id) order, from `since` (inclusive) on."""
         with self._lock:
