@@ -379,18 +379,28 @@ class Loader:
                 quoted = client.escape_column_name(column) if column is not None else ""
                 client.execute_sql(statement.format(table=table, column=quoted))
 
-    def load_records(self, records: list[dict[str, Any]], dead_letters: pa.Table | None = None) -> int:
-        """Load one slice of JSON records (nested data becomes child tables) and its dead letters."""
+    def load_records(
+        self,
+        records: list[dict[str, Any]],
+        dead_letters: pa.Table | None = None,
+        column_hints: dict[str, dict[str, Any]] | None = None,
+    ) -> int:
+        """Load one slice of JSON records (nested data becomes child tables) and its dead letters; `column_hints`
+        (by field name) say what the values cannot (a decimal's precision and scale)."""
         disposition = "append" if self._append_only else self.target.write_disposition
         with self._lock():
             resources = []
             if records:
+                columns = self.target.column_hints(self.names)
+                for name, hint in (column_hints or {}).items():
+                    column = self.names.column(name)
+                    columns[column] = {**columns.get(column, {}), **hint}
                 hints: dict[str, Any] = {
                     "name": self.target.table,
                     "table_name": self.target.table,
                     "write_disposition": disposition,
                     "primary_key": list(self.key),
-                    "columns": self.target.column_hints(self.names),
+                    "columns": columns,
                     "max_table_nesting": self.max_table_nesting,
                 }
                 resources.append(dlt.resource(records, **hints))

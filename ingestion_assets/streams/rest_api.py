@@ -28,6 +28,7 @@ from ingestion_assets.loading.targets import make_loader
 from ingestion_assets.observe.commit_latency import CommitLatency
 from ingestion_assets.references import resolve, tls_files
 from ingestion_assets.settings import Settings
+from ingestion_assets.sources.json_numbers import json_text
 from ingestion_assets.sources.rest import (
     Clock,
     EndpointSpec,
@@ -138,7 +139,7 @@ class RestApiStream:
         def load(piece: Slice) -> SliceOutcome:
             good, dead = self._split(piece.table, options)  # this source's slices hold records, not Arrow
             good = schema.settle(good, loader)  # a change the policy pauses on stops before this slice loads
-            loaded = load_slice(loader, good, dead, self.spec.deletes)
+            loaded = load_slice(loader, good, dead, self.spec.deletes, schema.column_hints())
             latency.observe(good, dt.datetime.now(dt.UTC))  # committed: the load returned
             return SliceOutcome(loaded=loaded, dead_letters=0 if dead is None else dead.num_rows)
 
@@ -239,7 +240,7 @@ class RestApiStream:
         missing = [k for k in self.spec.primary_key if record.get(k) in (None, "")]
         if missing:
             return f"primary key field(s) {missing} missing or null"
-        text = json.dumps(record, default=str)
+        text = json_text(record)
         if len(text) > self.spec.dead_letters.max_value_bytes:
             return f"record of {len(text):,} bytes is over the size limit of {self.spec.dead_letters.max_value_bytes:,}"
         if "\\u0000" in text and (fields := _nul_fields(record)):
@@ -257,9 +258,9 @@ class RestApiStream:
             "partition": options.partition or "",
             "record_key": "|".join("" if k is None else str(k) for k in keys) or _fingerprint(record),
             "run_id": options.run_id,
-            "position": json.dumps({self.spec.cursor: cursor} if self.spec.cursor else {}),
+            "position": json_text({self.spec.cursor: cursor} if self.spec.cursor else {}),
             "error": problem,
-            "raw_record": json.dumps(record, default=str),
+            "raw_record": json_text(record),
             "dead_lettered_at": now,
         }
 

@@ -31,6 +31,7 @@ def load_slice(
     records: list[dict[str, Any]],
     dead_letters: pa.Table | None,
     deletes: RestDeletes | None,
+    column_hints: dict[str, dict[str, Any]] | None = None,
 ) -> int:
     """Load a slice's records and apply its deletions; returns the rows loaded.
 
@@ -41,7 +42,7 @@ def load_slice(
     """
     marker = deletes.marker if deletes is not None else None
     if marker is None:
-        return loader.load_records(records, dead_letters=dead_letters)
+        return loader.load_records(records, dead_letters=dead_letters, column_hints=column_hints)
     assert deletes is not None
     newest = {tuple(r[k] for k in loader.target.primary_key): r for r in records}
     live = [r for r in newest.values() if not is_deletion(r, marker)]
@@ -51,7 +52,7 @@ def load_slice(
     if deletes.mode == "soft":  # a key deleted before we ever saw it: its tombstone is its last known state
         now = dt.datetime.now(dt.UTC)
         live += [{**r, DELETED_AT: now} for key, r in deleted.items() if key not in present]
-    loaded = loader.load_records(live, dead_letters=dead_letters)
+    loaded = loader.load_records(live, dead_letters=dead_letters, column_hints=column_hints)
     if deletes.mode == "hard":
         keys.delete(deleted)
     else:
