@@ -26,7 +26,7 @@ RECORDS = """[
  {"id": 3, "amount": 0, "price": -0.01, "ratio": 0.2, "big": 123456789012345678901234567890, "huge": 2,
   "sci": -7.5E+2, "count": 5, "obj": null, "items": [{"p": 1e400, "q": -0.0}]}
 ]"""
-LATER = """[{"id": 4, "price": 12.345, "count": 2.5, "amount": 1.1, "ratio": 1, "big": 1, "huge": 3, "sci": 1,
+LATER = """[{"id": 4, "price": 12.345, "count": 2.5, "amount": 1.1, "ratio": 1, "big": 1, "huge": 9876543210987654321098765432109876543210, "sci": 1,
   "obj": {"x": 2, "n": 3, "i": 5, "big": 3}, "items": []}]"""
 COLUMNS = ["id", "amount", "price", "ratio", "big", "huge", "sci", "count", "obj__x", "obj__n", "obj__i", "obj__big"]
 

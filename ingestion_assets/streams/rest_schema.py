@@ -32,6 +32,7 @@ _TYPES = {  # JSON value kind -> (type name as `classify` knows it, SQL spelling
 }
 _TEXT = ColumnType("text", "text")
 _NESTED = ("json", "array")  # no column of their own: no Arrow type
+_NUMBERS = ("int8", "numeric", "float8")
 
 
 def column_type(kind: str) -> ColumnType:
@@ -158,8 +159,10 @@ class ApiSchemaStep(InferredSchemaStep):
                     continue
                 new, values = numbers[field] if kind == "number" else (column_type(kind), None)
                 old = known.get(field)
-                if old == new or (old is not None and values is not None and fits(values, new, old)):
-                    continue  # the slice's numbers fit the stored type: cast in `exact_values`
+                if old == new or (
+                    old is not None and old.type_name in _NUMBERS and values is not None and fits(values, new, old)
+                ):
+                    continue  # numbers fitting the stored number type: cast in `exact_values` (text to a number pauses)
                 wanted = new if old is None or values is None else wider(old, new, values)
                 change = _change(field, old, wanted, field in self.key_fields)
                 if change is None:
