@@ -25,12 +25,13 @@ _SIGKILL_BIT = 1 << (9 - 1)
 
 
 def release_dead_runs(instance: dg.DagsterInstance) -> list[str]:
-    """Fail the runs none of whose processes is alive, then free the slots of every run that ended."""
-    for run_id in sorted(instance.event_log_storage.get_concurrency_run_ids()):
-        run = instance.get_run_by_id(run_id)
-        if run is None or run.status not in _LIVE:
-            continue
-        processes = _processes(instance, run_id)
+    """Fail the runs none of whose processes is alive, then free the slots of every run that ended. Every live
+    run is looked at, not only those holding a slot: a run killed after its last step freed its slot (between
+    STEP_SUCCESS and RUN_SUCCESS) or one of assets without a pool stayed "started" for ever, and `ingest status`
+    showed its streams running."""
+    live = instance.get_runs(filters=dg.RunsFilter(statuses=list(_LIVE)))
+    for run in sorted(live, key=lambda run: run.run_id):
+        processes = _processes(instance, run.run_id)
         if processes and _all_gone(processes):  # else not started yet, or still running
             pids = ", ".join(str(pid) for pid, _ in processes)
             instance.report_run_failed(
