@@ -51,6 +51,16 @@ _ADVICE = {
 }
 
 
+# OpenSSL's TLS alerts a server sends about the client's certificate (libpq prints "ssl/tls alert ...", older
+# OpenSSL "sslv3 alert ...", TLS 1.3 "tlsv13 alert ..."), by what the user must change
+_CLIENT_EXPIRED = re.compile(r"alert certificate expired", re.I)
+_CLIENT_REVOKED = re.compile(r"alert certificate revoked", re.I)
+_CLIENT_CERTIFICATE_ALERTS = re.compile(
+    r"alert (certificate (expired|revoked|unknown|required)|unknown ca|bad certificate|unsupported certificate|"
+    r"handshake failure|access denied)",
+    re.I,
+)
+
 # A connection the server refuses comes without a SQLSTATE from psycopg2: its FATAL message says which.
 _REFUSED_CONNECTIONS = (
     (
@@ -63,6 +73,7 @@ _REFUSED_CONNECTIONS = (
     (re.compile(r'database "[^"]*" does not exist', re.I), "3D000"),
     (re.compile(r"permission denied for database|must have CONNECT privilege|does not have CONNECT", re.I), "42501"),
     (re.compile(r"certificate verify failed|server certificate for .* does not match", re.I), "28000"),
+    (_CLIENT_CERTIFICATE_ALERTS, "28000"),  # the server's TLS alert about our client certificate
     (TLS_PROTOCOL_MISMATCH, TLS_PROTOCOL),
     # TLS: a refused or missing client certificate, unreadable certificate files, a server without TLS
     (
@@ -111,6 +122,16 @@ _TLS_MISTAKES = (
         "signed the server's certificate",
     ),
     (
+        _CLIENT_EXPIRED,
+        "the server refuses our client certificate because it has expired: renew the certificate {client} "
+        "name (signed by the CA the server trusts)",
+    ),
+    (
+        _CLIENT_REVOKED,
+        "the server refuses our client certificate because its CA revoked it: have a new one issued and set "
+        "{client} to it",
+    ),
+    (
         re.compile(r"server certificate for .* does not match host name", re.I),
         "the host in {url} is not a name the server's certificate carries: connect by a name the certificate "
         "was issued for, or have the server's certificate issued for this host",
@@ -121,7 +142,8 @@ _TLS_MISTAKES = (
     ),
     (
         re.compile(
-            r"requires a valid client certificate|alert (unknown ca|bad certificate|certificate required)|"
+            r"requires a valid client certificate|alert (unknown ca|bad certificate|certificate (required|unknown))|"
+            r"alert unsupported certificate|"
             r"(could not open|could not load|could not read) certificate file|private key file",
             re.I,
         ),
@@ -129,6 +151,11 @@ _TLS_MISTAKES = (
         "certificate signed by the CA the server trusts (ssl_ca_file) and its key",
     ),
     (re.compile(r"server does not support SSL", re.I), "the server has no TLS: turn on `ssl` in its settings"),
+    (
+        re.compile(r"alert (handshake failure|access denied)", re.I),
+        "the server ended the TLS handshake: check that {client} name a certificate signed by the CA the server "
+        "trusts and valid now, and the server's log for its reason",
+    ),
 )
 
 

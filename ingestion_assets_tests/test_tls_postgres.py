@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import tempfile
@@ -10,18 +11,23 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import dagster as dg
 import psycopg2
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from ingestion_assets.catalog import Reference, Tls
-from ingestion_assets.errors import classify, describe_permanent
+from ingestion_assets.errors import SourceUnavailable, classify, describe_permanent
 from ingestion_assets.references import postgres_url
 from ingestion_assets.settings import Settings
-from ingestion_assets.sources.postgres.reader import connect
+from ingestion_assets.sources.postgres.reader import connect, reaching
 from ingestion_assets.sources.tls import TlsError, TlsFiles, with_verified_tls
 from ingestion_assets.stack import server_tls
 from ingestion_assets.stack.certs import Issued, issue, make_ca
@@ -511,3 +517,103 @@ def test_a_worker_whose_storage_tls_fails_says_so_in_one_line(
     assert "Celery worker w0-" in message and "cannot connect to Dagster's storage" in message, message
     assert 'server at "localhost"' in message and "certificate verify failed" in message, message
     assert "set sslrootcert in storage.postgres.postgres_url in this worker's dagster.yaml" in message, message
+
+
+def _expired(ca: Issued, folder: Path, name: str, common_name: str, hosts: tuple[str, ...] = ()) -> Issued:
+    """A certificate of `ca` that expired on 2020-02-01 (openssl 3.0 cannot date one in the past)."""
+    authority = x509.load_pem_x509_certificate(ca.cert.read_bytes())
+    signer = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(authority.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(datetime(2020, 1, 1, tzinfo=UTC))
+        .not_valid_after(datetime(2020, 2, 1, tzinfo=UTC))
+    )
+    if hosts:
+        builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(h) for h in hosts]), critical=False)
+    folder.mkdir(parents=True, exist_ok=True)
+    issued = Issued(folder / f"{name}.crt", folder / f"{name}.key")
+    issued.cert.write_bytes(builder.sign(signer, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))  # type: ignore[arg-type]
+    issued.key.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    issued.key.chmod(0o600)
+    return issued
+
+
+def _stack_ca(tls_stack: TlsStack) -> Issued:
+    authority = server_tls.tls_dir(tls_stack.settings.embedded) / "authority"
+    return Issued(authority / "ca.crt", authority / "ca.key")
+
+
+def test_an_expired_client_certificate_is_named_as_expired_not_as_a_server_down(tls_stack: TlsStack) -> None:
+    """The server's alert "certificate expired" about our certificate was taken for a lost connection: retried,
+    then "check that the server runs and listens at the host and port"."""
+    files = tls_stack.files
+    old = _expired(_stack_ca(tls_stack), tls_stack.tmp / "expired", "client", "postgres")
+    url_file = tls_stack.tmp / "expired-client.url"
+    url_file.write_text(tls_stack.plain_url("source"))
+    block = {"ca": {"file": str(files.ca)}, "cert": {"file": str(old.cert)}, "key": {"file": str(old.key)}}
+    url = postgres_url(
+        Reference(file=str(url_file)), Tls.model_validate(block), tls_stack.settings, "sources.shop.connection"
+    )
+    message = _refusal(url)
+    assert "alert certificate expired" in message, message
+    assert "renew the certificate the connection's tls.cert and the connection's tls.key name" in message, message
+    with pytest.raises(SourceUnavailable) as caught, reaching(url, "sources.shop.connection", "file:x"):
+        connect(url, "ingest-test")
+    said = str(caught.value)
+    assert not caught.value.transient and "listens at the host and port" not in said, said
+    assert "it has expired: renew the certificate sources.shop.tls.cert and sources.shop.tls.key name" in said, said
+
+
+def test_an_expired_server_certificate_is_named_as_expired_with_its_date(tls_stack: TlsStack) -> None:
+    """libpq says only "certificate verify failed", which sent the user to the CA setting; our own handshake
+    finds the certificate expired and says when."""
+    folder = server_tls.tls_dir(tls_stack.settings.embedded)
+    old = _expired(_stack_ca(tls_stack), folder, "expired-server", "localhost", hosts=("localhost",))
+    owner = (folder / "server.key").stat()
+    for path in (old.cert, old.key):
+        os.chown(path, owner.st_uid, owner.st_gid)
+    # the admin session must outlive the expired certificate: encrypted and authenticated by our client
+    # certificate, the server's left unverified
+    files = tls_stack.files
+    admin = f"{tls_stack.plain_url('postgres')}?sslmode=require&sslcert={files.cert}&sslkey={files.key}"
+
+    def configure(*statements: str) -> None:
+        with contextlib.closing(psycopg2.connect(admin)) as conn, conn.cursor() as cur:
+            conn.autocommit = True
+            for statement in statements:
+                cur.execute(statement)
+            cur.execute("SELECT pg_reload_conf()")
+        time.sleep(0.3)
+
+    url_file = tls_stack.tmp / "expired-server.url"
+    url_file.write_text(tls_stack.plain_url("source"))
+    ref = Reference(file=str(url_file))
+    url = postgres_url(
+        ref, Tls.model_validate(tls_block(tls_stack.files)), tls_stack.settings, "sources.shop.connection"
+    )
+    configure(f"ALTER SYSTEM SET ssl_cert_file = '{old.cert}'", f"ALTER SYSTEM SET ssl_key_file = '{old.key}'")
+    try:
+        run_message = _refusal_of(url)
+        with pytest.raises(SourceUnavailable) as caught, reaching(url, "sources.shop.connection", "file:x"):
+            connect(url, "ingest-test")
+    finally:
+        configure("ALTER SYSTEM RESET ssl_cert_file", "ALTER SYSTEM RESET ssl_key_file")
+    for said in (run_message, str(caught.value)):
+        assert "certificate verify failed: the server's certificate expired on 2020-02-01 00:00:00 UTC" in said, said
+        assert "not signed by the CA" not in said and "have a new one issued and installed on the server" in said
+
+
+def _refusal_of(url: str) -> str:
+    """As a run says it: connect's error, classified and described."""
+    with pytest.raises(TlsError) as caught:
+        connect(url, "ingest-test")
+    verdict = classify(caught.value)
+    assert not verdict.transient, str(caught.value)
+    return describe_permanent("stream shop.orders", caught.value, verdict)

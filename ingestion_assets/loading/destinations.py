@@ -27,6 +27,7 @@ from ingestion_assets.loading.postgres_copy import ExactPostgres
 from ingestion_assets.loading.sql_targets import MYSQL_IDENTIFIER_LENGTH, is_mysql, mysql_lock, sqlalchemy_destination
 from ingestion_assets.references import postgres_url
 from ingestion_assets.settings import Settings
+from ingestion_assets.sources.tls_probe import explain_verify_failure
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,11 @@ def connect_postgres(settings: Settings, destination: Destination, **options: An
             raise
         password = psycopg2.extensions.parse_dsn(url).get("password")
         reference = describe_destination(settings, destination)
+        explained = explain_verify_failure(exc, url)  # libpq does not say why a certificate failed; we ask
+        if explained is not None:
+            raise DestinationUnavailable(
+                "destination.credentials", reference, explained, password, explained.advice
+            ) from exc
         raise DestinationUnavailable("destination.credentials", reference, exc, password) from exc
 
 

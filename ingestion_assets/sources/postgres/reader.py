@@ -20,6 +20,7 @@ import pyarrow.csv as pacsv
 
 from ingestion_assets.errors import SourceUnavailable
 from ingestion_assets.sources.postgres.introspect import TableShape
+from ingestion_assets.sources.tls_probe import ServerCertificateRejected, explain_verify_failure
 
 SESSION_SETTINGS = (
     "SET TimeZone = 'UTC'",  # timestamptz arrives in UTC; Arrow parses the +00 offset
@@ -41,6 +42,8 @@ def reaching(url: str, where: str, reference: str) -> Iterator[None]:
     errors the server answered with (they carry a SQLSTATE) pass through."""
     try:
         yield
+    except ServerCertificateRejected as exc:
+        raise SourceUnavailable(where, reference, exc, _password(url), exc.advice) from exc
     except (psycopg2.OperationalError, psycopg2.InterfaceError, psycopg2.ProgrammingError) as exc:
         if exc.pgcode is not None:
             raise
@@ -57,7 +60,13 @@ def _password(url: str) -> str | None:
 
 
 def connect(url: str, application_name: str) -> psycopg2.extensions.connection:
-    conn = psycopg2.connect(url, application_name=application_name)
+    try:
+        conn = psycopg2.connect(url, application_name=application_name)
+    except psycopg2.OperationalError as exc:
+        explained = explain_verify_failure(exc, url)  # libpq does not say why; a handshake of ours does
+        if explained is None:
+            raise
+        raise explained from exc
     conn.autocommit = True
     with conn.cursor() as cur:
         for statement in SESSION_SETTINGS:
