@@ -15,7 +15,7 @@ from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA
 from ingestion_assets.loading.metadata_columns import with_metadata
 from ingestion_assets.loading.parked import release_file_keys
 from ingestion_assets.loading.pipeline import Loader
-from ingestion_assets.sources.files import FILE, ROW, BadRow, FileInfo, Resume
+from ingestion_assets.sources.files import FILE, ROW, BadRow, FileInfo, Resume, without_texts
 from ingestion_assets.streams.files_schema import FilesSchemaStep
 
 VERSION = "_ingest_file_version"
@@ -36,7 +36,7 @@ def load_files(
     are released right after the load, before the slice's checkpoint (a kill between re-reads the file)."""
     now = dt.datetime.now(dt.UTC)
     settled = [schema.settle(t, loader, f) for t, f in tables]
-    labelled = [with_metadata(schema.cast(t), [VERSION], now, generation) for t in settled]
+    labelled = [with_metadata(without_texts(schema.cast(t)), [VERSION], now, generation) for t in settled]
     rows = pa.concat_tables(labelled, promote_options="default").drop_columns([VERSION]) if labelled else None
     loaded = loader.load(rows, dead_letters=dead_letter_table(dead, where, now))
     if whole:

@@ -22,7 +22,17 @@ from ingestion_assets.sources.files.listing import (
     open_seekable,
 )
 from ingestion_assets.sources.files.parquet import read_parquet
-from ingestion_assets.sources.files.pieces import FILE, ROW, BadRow, CorruptFile, Piece, Resume, RowWindow
+from ingestion_assets.sources.files.pieces import (
+    FILE,
+    ROW,
+    TEXT,
+    BadRow,
+    CorruptFile,
+    Piece,
+    Resume,
+    RowWindow,
+    without_texts,
+)
 from ingestion_assets.sources.files.window import within
 
 __all__ = [
@@ -36,9 +46,11 @@ __all__ = [
     "Resume",
     "RowWindow",
     "StorageError",
+    "TEXT",
     "filesystem",
     "list_files",
     "read_file",
+    "without_texts",
 ]
 
 
@@ -77,3 +89,4 @@ def _read(
         raise
     except OSError as exc:  # raised by the decoder (truncated gzip, bad zstd frame), not by the storage
         raise CorruptFile(f"cannot be decompressed or read ({compression or 'uncompressed'}): {exc}") from exc
+
