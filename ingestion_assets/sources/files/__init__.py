@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import fsspec
 
-from ingestion_assets.catalog.files import FilesStream
+from ingestion_assets.catalog.files import CsvOptions, FilesStream
 from ingestion_assets.sources.files.csv import read_csv
 from ingestion_assets.sources.files.jsonl import read_jsonl
 from ingestion_assets.sources.files.keys import keyed
@@ -16,6 +16,7 @@ from ingestion_assets.sources.files.listing import (
     MissingLocation,
     StorageError,
     file_format,
+    file_suffix,
     filesystem,
     list_files,
     open_bytes,
@@ -84,9 +85,14 @@ def _read(
         elif kind == "jsonl":
             yield from read_jsonl(lambda: open_bytes(fs, info.path, compression), spec.batch_rows, resume)
         else:
-            yield from read_csv(lambda: open_bytes(fs, info.path, compression), spec.csv, resume)
+            yield from read_csv(lambda: open_bytes(fs, info.path, compression), _csv_options(info, spec), resume)
     except (StorageError, FileNotFoundError):
         raise
     except OSError as exc:  # raised by the decoder (truncated gzip, bad zstd frame), not by the storage
         raise CorruptFile(f"cannot be decompressed or read ({compression or 'uncompressed'}): {exc}") from exc
 
+
+def _csv_options(info: FileInfo, spec: FilesStream) -> CsvOptions:
+    """The stream's CSV options for this file: a `.tsv` file is tab-separated unless `csv.delimiter` says."""
+    tabs = file_suffix(info.path) == ".tsv" and "delimiter" not in spec.csv.model_fields_set
+    return spec.csv.model_copy(update={"delimiter": "\t"}) if tabs else spec.csv

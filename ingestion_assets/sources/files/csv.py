@@ -41,6 +41,8 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
     while True:
         try:
             reader, invalid_rows = _open(open_file, options, raw_columns, block, texts)
+        except _Empty:  # not even a header (a compressed empty file): no rows, nothing wrong
+            return
         except _BadValue as bad:  # in the first block, which the reader converts as it opens
             if _straddles(str(bad)):
                 block = _larger(block, options)
@@ -88,6 +90,10 @@ class _BadValue(ValueError):
         self.column = column
 
 
+class _Empty(ValueError):
+    """The file holds no line at all."""
+
+
 def _open(
     open_file: Callable[[], pa.NativeFile], options: CsvOptions, raw: set[str], block: int, texts: set[str]
 ) -> tuple[pacsv.CSVStreamingReader, list[Any]]:
@@ -126,7 +132,7 @@ def _open(
         )
     except pa.ArrowInvalid as exc:
         if "Empty CSV file" in str(exc):
-            raise CorruptFile("the file is empty (not even a header)") from exc
+            raise _Empty from exc
         raise _BadValue(str(exc), _failing_column(str(exc), _header(open_file, options))) from exc
     return reader, bad
 

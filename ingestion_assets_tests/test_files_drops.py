@@ -1,0 +1,40 @@
+"""Drops as partners write them: a `.tsv` file is tab-separated, an empty file (0 bytes, of any format) is a drop
+without rows, neither a broken file nor a dead letter."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+from ingestion_assets_tests.files_helpers import Drops
+
+
+def test_a_tsv_file_is_read_with_tabs_unless_the_catalog_says_otherwise(tmp_path: Path) -> None:
+    drops = Drops(tmp_path)
+    drops.write("a.tsv", "id\tname\tamount\n1\tx, y\t2.50\n", 1_700_000_000)
+    drops.write("b.tsv.gz", gzip.compress(b"id\tname\tamount\n2\tz\t3\n"), 1_700_000_100)
+    drops.catalog(path="*.tsv*", primary_key="id")
+    drops.run()
+    assert [(i, n, str(a)) for i, n, a in drops.rows()] == [(1, "x, y", "2.50"), (2, "z", "3.00")]
+
+
+def test_a_tsv_file_keeps_the_delimiter_a_catalog_gives(tmp_path: Path) -> None:
+    drops = Drops(tmp_path)
+    drops.write("a.tsv", "id;name;amount\n1;x\ty;2\n", 1_700_000_000)
+    drops.catalog(path="*.tsv", primary_key="id", csv={"delimiter": ";"})
+    drops.run()
+    assert drops.rows() == [(1, "x\ty", 2)]
+
+
+def test_an_empty_file_is_a_drop_without_rows(tmp_path: Path) -> None:
+    drops = Drops(tmp_path)
+    drops.write("a.csv", "id,name,amount\n1,x,2\n", 1_700_000_000)
+    for name in ("empty.csv", "empty.jsonl", "empty.parquet"):
+        drops.write(name, b"", 1_700_000_100)
+    drops.write("empty.csv.gz", gzip.compress(b""), 1_700_000_100)
+    drops.catalog(path="*", primary_key="id")
+    outcome = drops.run()
+    assert drops.rows() == [(1, "x", 2)]
+    assert outcome.result.dead_letters == 0
+    drops.run()  # read once: nothing due again
+    assert drops.rows() == [(1, "x", 2)]
