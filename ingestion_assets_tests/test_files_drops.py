@@ -38,3 +38,16 @@ def test_an_empty_file_is_a_drop_without_rows(tmp_path: Path) -> None:
     assert outcome.result.dead_letters == 0
     drops.run()  # read once: nothing due again
     assert drops.rows() == [(1, "x", 2)]
+
+
+def test_a_quote_never_closed_parks_its_row_with_the_rows_it_swallowed(tmp_path: Path) -> None:
+    drops = Drops(tmp_path)
+    drops.write("a.csv", 'id,amount,name\n4,1,ok\n5,2,"unterminated\n6,3,after\n', 1_700_000_000)
+    drops.write("b.csv", 'id,amount,name\n7,1,"two\nlines"\n8,2,"ends ""quoted""\n"', 1_700_000_100)  # closed
+    drops.catalog(path="*.csv", primary_key="id")
+    outcome = drops.run()
+    assert drops.rows("id, name") == [(4, "ok"), (7, "two\nlines"), (8, 'ends "quoted"\n')]
+    ((key, error),) = drops.dead_letters()
+    assert key == "a.csv:row2"
+    assert "'name'" in error and "never closed" in error
+    assert outcome.result.dead_letters == 1

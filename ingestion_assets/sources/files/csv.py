@@ -15,6 +15,7 @@ import pyarrow.csv as pacsv
 
 from ingestion_assets.catalog.files import CsvOptions
 from ingestion_assets.sources.files.csv_header import without_unnamed
+from ingestion_assets.sources.files.csv_quotes import closed_at_end
 from ingestion_assets.sources.files.infer import typed
 from ingestion_assets.sources.files.pieces import ROW, BadRow, CorruptFile, Piece, Resume
 
@@ -56,7 +57,8 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
         wanted = {f.name: declared.get(f.name, pa.string()) for f in reader.schema}
         lines = _LineFinder(open_file, options.encoding)  # each pass meets the bad lines from the file's start
         try:
-            for piece in _pieces(reader, invalid_rows, done, wanted, raw_columns, lines, texts):
+            pieces = _pieces(reader, invalid_rows, done, wanted, raw_columns, lines, texts)
+            for piece in closed_at_end(pieces, reader.schema.names[-1], open_file, options.encoding):
                 done = Resume(piece.rows_done, piece.bad_done)
                 yield piece
             return
