@@ -51,3 +51,22 @@ def test_a_quote_never_closed_parks_its_row_with_the_rows_it_swallowed(tmp_path:
     assert key == "a.csv:row2"
     assert "'name'" in error and "never closed" in error
     assert outcome.result.dead_letters == 1
+
+
+def test_a_json_key_spelled_in_another_case_is_that_column_and_only_a_record_giving_both_is_parked(
+    tmp_path: Path,
+) -> None:
+    drops = Drops(tmp_path)
+    lines = [
+        '{"id": 1, "name": "a", "amount": 1}',
+        '{"ID": 3, "Name": "c", "amount": 3}',
+        '{"id": 4, "ID": 5, "name": "d", "amount": 4}',
+        '{"id": 6, "name": "e", "NAME": null, "amount": 6}',
+    ]
+    drops.write("e1.jsonl", "\n".join(lines) + "\n", 1_700_000_000)
+    drops.catalog(path="*.jsonl", primary_key="id")
+    drops.run()
+    assert drops.rows() == [(1, "a", 1), (3, "c", 3), (6, "e", 6)]
+    ((key, error),) = drops.dead_letters()
+    assert key == "e1.jsonl:line3"
+    assert "['id', 'ID']" in error

@@ -234,7 +234,7 @@ class FileSourceStream:
             resume = progress.resume(relative, info)
             batch.begin(relative, resume)
             try:
-                for piece in read_file(fs, info, self.spec, resume, window):
+                for piece in read_file(fs, info, self.spec, resume, window, columns.folded):
                     if piece.table is not None:
                         columns.check(piece.table)  # two columns landing as one: parked, never mixed up
                     version = progress.version(relative, info)

@@ -25,6 +25,10 @@ class FileColumnNames:
         for name in known:
             self._spelling.setdefault(self._folded(name), name)
 
+    def folded(self, name: str) -> str:
+        """The target column `name` lands in, compared as the destination compares names."""
+        return self._folded(name)
+
     def _folded(self, name: str) -> str:
         target = self._names.column(name)
         return target if self._names.case_sensitive else target.lower()

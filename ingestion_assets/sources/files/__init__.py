@@ -3,7 +3,7 @@ bounded Arrow batches. No Dagster here; streams/files.py turns the batches into 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import fsspec
 
@@ -34,11 +34,13 @@ from ingestion_assets.sources.files.pieces import (
     RowWindow,
     without_texts,
 )
+from ingestion_assets.sources.files.spellings import one_spelling
 from ingestion_assets.sources.files.window import within
 
 __all__ = [
     "FILE",
     "ROW",
+    "TEXT",
     "BadRow",
     "CorruptFile",
     "FileInfo",
@@ -47,7 +49,6 @@ __all__ = [
     "Resume",
     "RowWindow",
     "StorageError",
-    "TEXT",
     "filesystem",
     "list_files",
     "read_file",
@@ -56,19 +57,26 @@ __all__ = [
 
 
 def read_file(
-    fs: fsspec.AbstractFileSystem, info: FileInfo, spec: FilesStream, resume: Resume, window: RowWindow | None = None
+    fs: fsspec.AbstractFileSystem,
+    info: FileInfo,
+    spec: FilesStream,
+    resume: Resume,
+    window: RowWindow | None = None,
+    folded: Callable[[str], str] | None = None,
 ) -> Iterator[Piece]:
     """The file's rows after `resume` (within `window`, if given), piece by piece. Raises CorruptFile for bytes
     that are not the format (the caller parks the file), StorageError / FileNotFoundError for the storage. Rows
-    without their primary key come as bad rows."""
+    without their primary key come as bad rows. `folded`: the column a name lands in (the destination's naming),
+    by which a JSON line's keys spelled apart (`ID`, `id`) are one column."""
     by_line = file_format(info.path, spec.format)[0] == "jsonl"  # a JSON line's row number is its line
     for piece in _read(fs, info, spec, resume, window):
         if piece.table is None:
             yield piece
             continue
-        kept, outside = within(piece.table, window) if window is not None else (piece.table, [])
+        kept, clashing = one_spelling(piece.table, folded) if by_line and folded else (piece.table, [])
+        kept, outside = within(kept, window) if window is not None else (kept, [])
         kept, keyless = keyed(kept, spec.primary_key, by_line)
-        yield Piece(kept, piece.bad + outside + keyless, piece.rows_done, piece.bad_done)
+        yield Piece(kept, piece.bad + clashing + outside + keyless, piece.rows_done, piece.bad_done)
 
 
 def _read(

@@ -41,7 +41,9 @@ def _checked(piece: Piece, column: str, open_file: Callable[[], pa.NativeFile], 
         "break(s) later), so every line after it was read as this one value: close the quote in the file"
     )
     record = without_texts(table.slice(table.num_rows - 1).drop_columns([ROW])).to_pylist()[0]
-    raw = json.dumps(record, default=lambda v: v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v))
+    raw = json.dumps(
+        record, default=lambda v: v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
+    )
     bad = BadRow(row, None, problem, raw)
     return Piece(table.slice(0, table.num_rows - 1), [*piece.bad, bad], piece.rows_done, piece.bad_done)
 
