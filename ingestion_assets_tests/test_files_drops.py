@@ -70,3 +70,16 @@ def test_a_json_key_spelled_in_another_case_is_that_column_and_only_a_record_giv
     ((key, error),) = drops.dead_letters()
     assert key == "e1.jsonl:line3"
     assert "['id', 'ID']" in error
+
+
+def test_a_renamed_file_parks_its_bad_lines_once_under_its_new_name(tmp_path: Path) -> None:
+    drops = Drops(tmp_path)
+    old = drops.write("e1.jsonl", '{"id": 1, "name": "a", "amount": 1}\nnot json\n{"id": null}\n', 1_700_000_000)
+    drops.write("keep.jsonl", '{"id": 9, "name": "k", "amount": 9}\n[1]\n', 1_700_000_050)  # not moved: kept
+    drops.catalog(path="*.jsonl", primary_key="id")
+    drops.run()
+    assert [k for k, _ in drops.dead_letters()] == ["e1.jsonl:line2", "e1.jsonl:line3", "keep.jsonl:line2"]
+    old.rename(old.with_name("e1b.jsonl"))  # keeps its modified time
+    drops.run()
+    assert [k for k, _ in drops.dead_letters()] == ["e1b.jsonl:line2", "e1b.jsonl:line3", "keep.jsonl:line2"]
+    assert drops.rows() == [(1, "a", 1), (9, "k", 9)]
