@@ -4,7 +4,10 @@ without rows, neither a broken file nor a dead letter."""
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
+
+import duckdb
 
 from ingestion_assets_tests.files_helpers import Drops
 
@@ -83,3 +86,17 @@ def test_a_renamed_file_parks_its_bad_lines_once_under_its_new_name(tmp_path: Pa
     drops.run()
     assert [k for k, _ in drops.dead_letters()] == ["e1b.jsonl:line2", "e1b.jsonl:line3", "keep.jsonl:line2"]
     assert drops.rows() == [(1, "a", 1), (9, "k", 9)]
+
+
+def test_a_csv_row_parked_by_its_number_says_its_line(tmp_path: Path) -> None:
+    drops = Drops(tmp_path)
+    text = 'id,name,amount\n1,"two\nlines",1\n\n2,short\n3,x,oops\n,nokey,4\n'  # row 3 on line 6, row 4 on line 7
+    drops.write("a.csv", text, 1_700_000_000)
+    drops.catalog(path="*.csv", primary_key="id", csv={"column_types": {"amount": "int64"}})
+    drops.run()
+    with duckdb.connect(str(drops.warehouse), read_only=True) as con:
+        parked = con.sql("SELECT record_key, position, error FROM drops._ingest_dead_letter ORDER BY 1").fetchall()
+    found = {key: (json.loads(position)["line"], error) for key, position, error in parked}
+    assert {key: line for key, (line, _) in found.items()} == {"a.csv:line5": 5, "a.csv:row2": 6, "a.csv:row3": 7}
+    assert found["a.csv:row2"][1].startswith("file a.csv row 2 (line 6): column 'amount'")
+    assert drops.rows() == [(1, "two\nlines", 1)]

@@ -101,13 +101,16 @@ class FileBatch:
         for row in bad:
             where = f"line {row.line}" if row.line is not None else f"row {row.row}" if row.row else "line unknown"
             key = f"{relative}:{where.replace(' ', '')}" if row.line or row.row else f"{relative}:{row.raw}"
+            line = row.line if row.line is not None else row.file_line
+            if line is not None and row.line is None:
+                where = f"{where} (line {line})"
             self._parked(relative, key)
             self.dead.append(
                 {
                     "key": key,
-                    "position": {"file": relative, "row": row.row, "line": row.line, **_when(info)},
+                    "position": {"file": relative, "row": row.row, "line": line, **_when(info)},
                     "error": f"file {relative} {where}: {row.error}",
-                    "raw": {"file": relative, "row": row.row, "line": row.line, "text": row.raw},
+                    "raw": {"file": relative, "row": row.row, "line": line, "text": row.raw},
                 }
             )
         if table is not None and table.num_rows:

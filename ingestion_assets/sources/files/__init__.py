@@ -4,11 +4,13 @@ bounded Arrow batches. No Dagster here; streams/files.py turns the batches into 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import fsspec
 
 from ingestion_assets.catalog.files import CsvOptions, FilesStream
 from ingestion_assets.sources.files.csv import read_csv
+from ingestion_assets.sources.files.csv_lines import RowLines
 from ingestion_assets.sources.files.jsonl import read_jsonl
 from ingestion_assets.sources.files.keys import keyed
 from ingestion_assets.sources.files.listing import (
@@ -68,7 +70,12 @@ def read_file(
     that are not the format (the caller parks the file), StorageError / FileNotFoundError for the storage. Rows
     without their primary key come as bad rows. `folded`: the column a name lands in (the destination's naming),
     by which a JSON line's keys spelled apart (`ID`, `id`) are one column."""
-    by_line = file_format(info.path, spec.format)[0] == "jsonl"  # a JSON line's row number is its line
+    kind = file_format(info.path, spec.format)[0]
+    by_line = kind == "jsonl"  # a JSON line's row number is its line
+    compression = _compression(info, spec)
+    lines = (
+        RowLines(lambda: open_bytes(fs, info.path, compression), _csv_options(info, spec)) if kind == "csv" else None
+    )
     for piece in _read(fs, info, spec, resume, window):
         if piece.table is None:
             yield piece
@@ -76,15 +83,27 @@ def read_file(
         kept, clashing = one_spelling(piece.table, folded) if by_line and folded else (piece.table, [])
         kept, outside = within(kept, window) if window is not None else (kept, [])
         kept, keyless = keyed(kept, spec.primary_key, by_line)
-        yield Piece(kept, piece.bad + clashing + outside + keyless, piece.rows_done, piece.bad_done)
+        bad = piece.bad + clashing + outside + keyless
+        yield Piece(kept, _with_lines(bad, lines) if lines else bad, piece.rows_done, piece.bad_done)
+
+
+def _with_lines(bad: list[BadRow], lines: RowLines) -> list[BadRow]:
+    """A CSV row parked by its number, with the line it starts on (rows come in order: one forward scan)."""
+    numbered = sorted((b.row, i) for i, b in enumerate(bad) if b.line is None and b.row is not None)
+    found = {i: lines.line(row) for row, i in numbered}
+    return [replace(b, file_line=found[i]) if i in found else b for i, b in enumerate(bad)]
+
+
+def _compression(info: FileInfo, spec: FilesStream) -> str | None:
+    suffix_compression = file_format(info.path, spec.format)[1]
+    compression = suffix_compression if spec.compression == "auto" else None
+    return spec.compression if spec.compression in ("gzip", "zstd") else compression
 
 
 def _read(
     fs: fsspec.AbstractFileSystem, info: FileInfo, spec: FilesStream, resume: Resume, window: RowWindow | None
 ) -> Iterator[Piece]:
-    kind, suffix_compression = file_format(info.path, spec.format)
-    compression = suffix_compression if spec.compression == "auto" else None
-    compression = spec.compression if spec.compression in ("gzip", "zstd") else compression
+    kind, compression = file_format(info.path, spec.format)[0], _compression(info, spec)
     if kind is None:
         raise CorruptFile("the format is not known from the file's name: set the stream's `format`")
     try:

@@ -42,6 +42,7 @@ class BadRow:
     line: int | None  # its line in the file, where known
     error: str
     raw: str  # the row as read (text, or its values as JSON)
+    file_line: int | None = None  # where a row keyed by its number starts in the file, when known
 
 
 @dataclass(frozen=True)
