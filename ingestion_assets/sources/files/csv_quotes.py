@@ -17,10 +17,15 @@ def closed_at_end(
 ) -> Iterator[Piece]:
     """`pieces` as they come, the last one without a row whose `column` (the header's last) was never closed."""
     held: Piece | None = None
-    for piece in pieces:
+    try:
+        for piece in pieces:
+            if held is not None:
+                yield held
+            held = piece
+    except (ValueError, OSError):  # a break later in the file (or a value to read again): what came before stays
         if held is not None:
             yield held
-        held = piece
+        raise
     if held is not None:
         yield _checked(held, column, open_file, encoding)
 
