@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -38,10 +38,25 @@ def load_files(
     settled = [schema.settle(t, loader, f) for t, f in tables]
     labelled = [with_metadata(without_texts(schema.cast(t)), [VERSION], now, generation) for t in settled]
     rows = pa.concat_tables(labelled, promote_options="default").drop_columns([VERSION]) if labelled else None
+    if rows is not None:
+        loader.target = replace(loader.target, type_hints=_naive_hints(rows, loader.target.type_hints))
     loaded = loader.load(rows, dead_letters=dead_letter_table(dead, where, now))
     if whole:
         release_file_keys(loader, whole)
     return loaded
+
+
+def _naive_hints(
+    rows: pa.Table, hints: tuple[tuple[str, dict[str, Any]], ...]
+) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """A timestamp written without a zone stays one (`timestamp without time zone`, as `ingest schema show` says):
+    dlt makes every timestamp column zoned unless told (DuckDB and PostgreSQL took `2026-01-01 10:00:00` as UTC)."""
+    naive = {
+        f.name: {"data_type": "timestamp", "timezone": False, "precision": 6}
+        for f in rows.schema
+        if pa.types.is_timestamp(f.type) and f.type.tz is None and not f.name.startswith("_ingest_")
+    }
+    return tuple((name, hint) for name, hint in hints if name not in naive) + tuple(naive.items())
 
 
 def dead_letter_table(dead: list[dict[str, Any]], where: tuple[str, str, str], now: dt.datetime) -> pa.Table | None:
