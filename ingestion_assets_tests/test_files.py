@@ -271,7 +271,7 @@ def test_rows_with_a_null_or_missing_key_are_parked_and_the_rest_of_the_stream_l
     assert drops.rows("id, name") == [(1, "a"), (3, "c"), (4, "d"), (5, "h")]
     parked = dict(drops.dead_letters())
     assert sorted(parked) == ["a.csv:row2", "b.jsonl:line2", "b.jsonl:line3", "c.jsonl:line1"]
-    assert parked["a.csv:row2"].startswith("file a.csv row 2: key column 'id' is null or missing")
+    assert parked["a.csv:row2"].startswith("file a.csv row 2 (line 3): key column 'id' is null or missing")
     assert parked["b.jsonl:line2"].startswith("file b.jsonl line 2: key column 'id' is null or missing")
     assert outcome.result.dead_letters == 4
 

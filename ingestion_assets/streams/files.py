@@ -11,6 +11,7 @@ from typing import Any
 from ingestion_assets.catalog import Destination, FilesSource, FilesStream
 from ingestion_assets.loading.dead_letters import dead_letter_limit
 from ingestion_assets.loading.destinations import target_names
+from ingestion_assets.loading.parked import release_file_keys
 from ingestion_assets.loading.pipeline import Loader, TargetTable, pipeline_name
 from ingestion_assets.loading.targets import make_loader
 from ingestion_assets.references import resolve
@@ -156,6 +157,8 @@ class FileSourceStream:
         self._tell("files_modified_in_future", progress.future, _FUTURE, result, options)
         self._tell("files_same_modified_time_keys", ties.found, _SAME_MOMENT, result, options)
         if not result.stopped:
+            if moved := progress.moved():  # renamed: its bad rows were parked again under the new name
+                release_file_keys(loader, {file: set() for file in moved})
             self._finish(loader, result, options, scope, set(name.values()), known)
         return result
 
@@ -234,7 +237,7 @@ class FileSourceStream:
             resume = progress.resume(relative, info)
             batch.begin(relative, resume)
             try:
-                for piece in read_file(fs, info, self.spec, resume, window):
+                for piece in read_file(fs, info, self.spec, resume, window, columns.folded):
                     if piece.table is not None:
                         columns.check(piece.table)  # two columns landing as one: parked, never mixed up
                     version = progress.version(relative, info)

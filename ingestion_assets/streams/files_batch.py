@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -15,7 +15,7 @@ from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA
 from ingestion_assets.loading.metadata_columns import with_metadata
 from ingestion_assets.loading.parked import release_file_keys
 from ingestion_assets.loading.pipeline import Loader
-from ingestion_assets.sources.files import FILE, ROW, BadRow, FileInfo, Resume
+from ingestion_assets.sources.files import FILE, ROW, BadRow, FileInfo, Resume, without_texts
 from ingestion_assets.streams.files_schema import FilesSchemaStep
 
 VERSION = "_ingest_file_version"
@@ -36,12 +36,27 @@ def load_files(
     are released right after the load, before the slice's checkpoint (a kill between re-reads the file)."""
     now = dt.datetime.now(dt.UTC)
     settled = [schema.settle(t, loader, f) for t, f in tables]
-    labelled = [with_metadata(schema.cast(t), [VERSION], now, generation) for t in settled]
+    labelled = [with_metadata(without_texts(schema.cast(t)), [VERSION], now, generation) for t in settled]
     rows = pa.concat_tables(labelled, promote_options="default").drop_columns([VERSION]) if labelled else None
+    if rows is not None:
+        loader.target = replace(loader.target, type_hints=_naive_hints(rows, loader.target.type_hints))
     loaded = loader.load(rows, dead_letters=dead_letter_table(dead, where, now))
     if whole:
         release_file_keys(loader, whole)
     return loaded
+
+
+def _naive_hints(
+    rows: pa.Table, hints: tuple[tuple[str, dict[str, Any]], ...]
+) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """A timestamp written without a zone stays one (`timestamp without time zone`, as `ingest schema show` says):
+    dlt makes every timestamp column zoned unless told (DuckDB and PostgreSQL took `2026-01-01 10:00:00` as UTC)."""
+    naive = {
+        f.name: {"data_type": "timestamp", "timezone": False, "precision": 6}
+        for f in rows.schema
+        if pa.types.is_timestamp(f.type) and f.type.tz is None and not f.name.startswith("_ingest_")
+    }
+    return tuple((name, hint) for name, hint in hints if name not in naive) + tuple(naive.items())
 
 
 def dead_letter_table(dead: list[dict[str, Any]], where: tuple[str, str, str], now: dt.datetime) -> pa.Table | None:
@@ -101,13 +116,16 @@ class FileBatch:
         for row in bad:
             where = f"line {row.line}" if row.line is not None else f"row {row.row}" if row.row else "line unknown"
             key = f"{relative}:{where.replace(' ', '')}" if row.line or row.row else f"{relative}:{row.raw}"
+            line = row.line if row.line is not None else row.file_line
+            if line is not None and row.line is None:
+                where = f"{where} (line {line})"
             self._parked(relative, key)
             self.dead.append(
                 {
                     "key": key,
-                    "position": {"file": relative, "row": row.row, "line": row.line, **_when(info)},
+                    "position": {"file": relative, "row": row.row, "line": line, **_when(info)},
                     "error": f"file {relative} {where}: {row.error}",
-                    "raw": {"file": relative, "row": row.row, "line": row.line, "text": row.raw},
+                    "raw": {"file": relative, "row": row.row, "line": line, "text": row.raw},
                 }
             )
         if table is not None and table.num_rows:

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 import pyarrow as pa
 
 from ingestion_assets.loading.naming import RESERVED, TargetNames
-from ingestion_assets.sources.files import FILE, ROW, CorruptFile
+from ingestion_assets.sources.files import FILE, ROW, TEXT, CorruptFile
 
 OURS = RESERVED | {FILE, ROW, "_ingest_file_version"}  # what a file stream's rows carry besides the file's
 
@@ -25,6 +25,10 @@ class FileColumnNames:
         for name in known:
             self._spelling.setdefault(self._folded(name), name)
 
+    def folded(self, name: str) -> str:
+        """The target column `name` lands in, compared as the destination compares names."""
+        return self._folded(name)
+
     def _folded(self, name: str) -> str:
         target = self._names.column(name)
         return target if self._names.case_sensitive else target.lower()
@@ -36,8 +40,8 @@ class FileColumnNames:
             raise CorruptFile(_ours(ROW, ROW))
         seen: dict[str, str] = {}
         for name in columns:
-            if name == ROW:
-                continue  # the reader's own row number
+            if name == ROW or name.startswith(TEXT):
+                continue  # the reader's own row number, a typed column's text
             target = self._names.column(name)
             if name in OURS or target in OURS:
                 raise CorruptFile(_ours(name, target))
@@ -53,11 +57,13 @@ class FileColumnNames:
 
     def spelled(self, table: pa.Table) -> pa.Table:
         """The table with each column named as the stream first knew the target column it lands in."""
-        renamed = [
-            name if name.startswith("_ingest_") else self._spelling.setdefault(self._folded(name), name)
-            for name in table.column_names
-        ]
+        renamed = [self._spelled(name) for name in table.column_names]
         return table if renamed == table.column_names else table.rename_columns(renamed)
+
+    def _spelled(self, name: str) -> str:
+        if name.startswith(TEXT):
+            return TEXT + self._spelled(name[len(TEXT) :])
+        return name if name.startswith("_ingest_") else self._spelling.setdefault(self._folded(name), name)
 
 
 def _ours(name: str, target: str) -> str:

@@ -40,6 +40,7 @@ class Progress:
     future: list[str] = field(default_factory=list)  # listed with a modified time ahead of the run's clock
     now: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))  # the run's clock
     origin: dict[str, tuple[str, str]] = field(default_factory=dict)  # due copy -> (modified time, path) first read
+    gone: dict[str, list[Any]] = field(default_factory=dict)  # read before, no longer listed: path -> fingerprint
 
     @classmethod
     def of(cls, position: dict[str, Any] | None) -> Progress:
@@ -61,6 +62,7 @@ class Progress:
         when a file older than the window is listed without its fingerprint)."""
         self.origin = self._origins(files, name)  # before a moved file's original leaves `seen`
         if name:  # a file the listing no longer shows leaves: put back, it is read again
+            self.gone = {k: v for k, v in self.seen.items() if k not in set(name.values())}
             self.seen = {k: v for k, v in self.seen.items() if k in set(name.values())}
         self.future = sorted(name[f.path] for f in files if f.modified_at > self.now + SKEW)
         horizon = self._horizon(lookback_seconds)
@@ -130,6 +132,12 @@ class Progress:
                 k: v for k, v in self.seen.items() if k not in kept or dt.datetime.fromisoformat(v[0]) >= horizon
             }
         return self.position()
+
+    def moved(self) -> list[str]:
+        """Files gone from the listing whose fingerprint (modified time, size, etag) a file read to its end in this
+        run has: renamed (`mv` keeps the time), their content read again under the new name."""
+        read = {tuple(fingerprint) for path, fingerprint in self.seen.items() if path not in self.gone}
+        return sorted(path for path, fingerprint in self.gone.items() if tuple(fingerprint) in read)
 
     def _aged(self, horizon: dt.datetime | None) -> bool:
         return horizon is not None and any(dt.datetime.fromisoformat(v[0]) < horizon for v in self.seen.values())

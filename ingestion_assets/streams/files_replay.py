@@ -12,10 +12,12 @@ import json
 from collections import defaultdict
 from typing import Any
 
+from ingestion_assets.loading.destinations import target_names
 from ingestion_assets.loading.parked import parked_rows, release_parked
 from ingestion_assets.sources.files import FILE, CorruptFile, FileInfo, Resume, read_file
 from ingestion_assets.streams.files import FileSourceStream, relative_path
 from ingestion_assets.streams.files_batch import FileBatch, load_files
+from ingestion_assets.streams.files_names import FileColumnNames
 from ingestion_assets.streams.files_partitions import PartitionScope
 from ingestion_assets.streams.files_schema import files_schema_step
 from ingestion_assets.streams.postgres_table import Target
@@ -65,7 +67,8 @@ def _read_again(stream: FileSourceStream, fs: Any, info: FileInfo, file: str, pa
     batch = FileBatch()
     window = PartitionScope.of(stream.spec, partition or None).rows()
     try:
-        for piece in read_file(fs, info, stream.spec, Resume(), window):
+        folded = FileColumnNames(target_names(stream.destination), ()).folded
+        for piece in read_file(fs, info, stream.spec, Resume(), window, folded):
             batch.add(piece.table, file, info, piece.bad)
     except CorruptFile as exc:
         batch.park(file, info, str(exc))

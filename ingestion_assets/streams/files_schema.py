@@ -8,6 +8,7 @@ target cannot hold is a change. A column absent from a file is not dropped: the 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ import pyarrow as pa
 
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.schema.changes import SchemaChange, classify, parse_stored
+from ingestion_assets.sources.files import TEXT
 from ingestion_assets.sources.postgres.landing import sql_type_of_arrow
 from ingestion_assets.streams.files_names import FileColumnNames
 from ingestion_assets.streams.inferred_types import (
@@ -27,6 +29,8 @@ from ingestion_assets.streams.inferred_types import (
 )
 from ingestion_assets.streams.schema_step import InferredSchemaStep, SchemaPaused
 from ingestion_assets.streams.target_types import target_column_types
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -83,6 +87,7 @@ class FilesSchemaStep(InferredSchemaStep):
         if retyped and loader.targettable_exists():  # else nothing to retype: the first load creates it so
             kind = loader.destination.type
             loader.migrate([(c, sql_type_of_arrow(_arrow(c), kind), _arrow(c)) for c in retyped])
+            self._warn_texts(retyped)
         for change in decision.apply:
             assert change.new is not None
             self.stored[change.column] = [change.new.type_name, change.new.sql_type]
@@ -90,7 +95,10 @@ class FilesSchemaStep(InferredSchemaStep):
         self.skipped += [c for c in decision.skip if c.column not in {s.column for s in self.skipped}]
 
     def cast(self, table: pa.Table) -> pa.Table:
-        """Columns in the stored types; skipped (ignored) columns and columns of nulls only left out."""
+        """Columns in the stored types; skipped (ignored) columns and columns of nulls only left out. A column
+        stored as text takes the file's own text where the reader kept it (`1e3`, `TRUE`, a time's offset as
+        written), never the typed value written back; the texts stay beside the columns (a later file of the
+        slice may still make one text): `without_texts` drops them before the load."""
         known = parse_stored(self.stored) or {}
         skipped = {c.column for c in self.skipped}
         for field in list(table.schema):
@@ -100,14 +108,31 @@ class FilesSchemaStep(InferredSchemaStep):
             stored = known.get(name)
             target = arrow_type(stored) if stored is not None else None
             if name in skipped or (stored is None and pa.types.is_null(field.type)):
-                table = table.drop_columns([name])
+                table = table.drop_columns([name, *([TEXT + name] if TEXT + name in table.column_names else [])])
             elif target is not None and field.type != target:
                 index = table.schema.get_field_index(name)
-                cast = cast_exactly(table.column(name), target)
+                text = TEXT + name in table.column_names and pa.types.is_string(target)
+                cast = table.column(TEXT + name) if text else cast_exactly(table.column(name), target)
                 if cast is None:  # the schema step let through a type the target cannot hold: never load it changed
                     raise ValueError(f"stream {self.name}: column {name!r} ({field.type}) does not fit {target}")
                 table = table.set_column(index, pa.field(name, target), cast)
         return table
+
+    def _warn_texts(self, retyped: list[SchemaChange]) -> None:
+        """A column made text in the target: its rows already there were converted by the database (`1.5` for a
+        file's `1.50`, `1000` for `1e3`, a time at UTC for one written with an offset), not given the file's
+        text, which only a new read of their files gives them: say so, loudly."""
+        for change in retyped:
+            if change.new is not None and change.new.type_name == "text" and change.old is not None:
+                log.warning(
+                    "stream %s: column %r became text (was %s); its rows already in the target were converted by "
+                    "the destination and may not read as their files wrote them (1.50 as 1.5, 1e3 as 1000, TRUE as "
+                    "true, an offset time at UTC): run `ingest refresh %s` to read their files again",
+                    self.name,
+                    change.column,
+                    change.old.sql_type,
+                    self.name,
+                )
 
     def _paused(self, changes: list[SchemaChange], where: str) -> str:
         listed = "; ".join(c.describe() for c in changes)

@@ -3,12 +3,14 @@ bounded Arrow batches. No Dagster here; streams/files.py turns the batches into 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import fsspec
 
-from ingestion_assets.catalog.files import FilesStream
+from ingestion_assets.catalog.files import CsvOptions, FilesStream
 from ingestion_assets.sources.files.csv import read_csv
+from ingestion_assets.sources.files.csv_lines import RowLines
 from ingestion_assets.sources.files.jsonl import read_jsonl
 from ingestion_assets.sources.files.keys import keyed
 from ingestion_assets.sources.files.listing import (
@@ -16,18 +18,31 @@ from ingestion_assets.sources.files.listing import (
     MissingLocation,
     StorageError,
     file_format,
+    file_suffix,
     filesystem,
     list_files,
     open_bytes,
     open_seekable,
 )
 from ingestion_assets.sources.files.parquet import read_parquet
-from ingestion_assets.sources.files.pieces import FILE, ROW, BadRow, CorruptFile, Piece, Resume, RowWindow
+from ingestion_assets.sources.files.pieces import (
+    FILE,
+    ROW,
+    TEXT,
+    BadRow,
+    CorruptFile,
+    Piece,
+    Resume,
+    RowWindow,
+    without_texts,
+)
+from ingestion_assets.sources.files.spellings import one_spelling
 from ingestion_assets.sources.files.window import within
 
 __all__ = [
     "FILE",
     "ROW",
+    "TEXT",
     "BadRow",
     "CorruptFile",
     "FileInfo",
@@ -39,31 +54,56 @@ __all__ = [
     "filesystem",
     "list_files",
     "read_file",
+    "without_texts",
 ]
 
 
 def read_file(
-    fs: fsspec.AbstractFileSystem, info: FileInfo, spec: FilesStream, resume: Resume, window: RowWindow | None = None
+    fs: fsspec.AbstractFileSystem,
+    info: FileInfo,
+    spec: FilesStream,
+    resume: Resume,
+    window: RowWindow | None = None,
+    folded: Callable[[str], str] | None = None,
 ) -> Iterator[Piece]:
     """The file's rows after `resume` (within `window`, if given), piece by piece. Raises CorruptFile for bytes
     that are not the format (the caller parks the file), StorageError / FileNotFoundError for the storage. Rows
-    without their primary key come as bad rows."""
-    by_line = file_format(info.path, spec.format)[0] == "jsonl"  # a JSON line's row number is its line
+    without their primary key come as bad rows. `folded`: the column a name lands in (the destination's naming),
+    by which a JSON line's keys spelled apart (`ID`, `id`) are one column."""
+    kind = file_format(info.path, spec.format)[0]
+    by_line = kind == "jsonl"  # a JSON line's row number is its line
+    compression = _compression(info, spec)
+    lines = (
+        RowLines(lambda: open_bytes(fs, info.path, compression), _csv_options(info, spec)) if kind == "csv" else None
+    )
     for piece in _read(fs, info, spec, resume, window):
         if piece.table is None:
             yield piece
             continue
-        kept, outside = within(piece.table, window) if window is not None else (piece.table, [])
+        kept, clashing = one_spelling(piece.table, folded) if by_line and folded else (piece.table, [])
+        kept, outside = within(kept, window) if window is not None else (kept, [])
         kept, keyless = keyed(kept, spec.primary_key, by_line)
-        yield Piece(kept, piece.bad + outside + keyless, piece.rows_done, piece.bad_done)
+        bad = piece.bad + clashing + outside + keyless
+        yield Piece(kept, _with_lines(bad, lines) if lines else bad, piece.rows_done, piece.bad_done)
+
+
+def _with_lines(bad: list[BadRow], lines: RowLines) -> list[BadRow]:
+    """A CSV row parked by its number, with the line it starts on (rows come in order: one forward scan)."""
+    numbered = sorted((b.row, i) for i, b in enumerate(bad) if b.line is None and b.row is not None)
+    found = {i: lines.line(row) for row, i in numbered}
+    return [replace(b, file_line=found[i]) if i in found else b for i, b in enumerate(bad)]
+
+
+def _compression(info: FileInfo, spec: FilesStream) -> str | None:
+    suffix_compression = file_format(info.path, spec.format)[1]
+    compression = suffix_compression if spec.compression == "auto" else None
+    return spec.compression if spec.compression in ("gzip", "zstd") else compression
 
 
 def _read(
     fs: fsspec.AbstractFileSystem, info: FileInfo, spec: FilesStream, resume: Resume, window: RowWindow | None
 ) -> Iterator[Piece]:
-    kind, suffix_compression = file_format(info.path, spec.format)
-    compression = suffix_compression if spec.compression == "auto" else None
-    compression = spec.compression if spec.compression in ("gzip", "zstd") else compression
+    kind, compression = file_format(info.path, spec.format)[0], _compression(info, spec)
     if kind is None:
         raise CorruptFile("the format is not known from the file's name: set the stream's `format`")
     try:
@@ -72,8 +112,14 @@ def _read(
         elif kind == "jsonl":
             yield from read_jsonl(lambda: open_bytes(fs, info.path, compression), spec.batch_rows, resume)
         else:
-            yield from read_csv(lambda: open_bytes(fs, info.path, compression), spec.csv, resume)
+            yield from read_csv(lambda: open_bytes(fs, info.path, compression), _csv_options(info, spec), resume)
     except (StorageError, FileNotFoundError):
         raise
     except OSError as exc:  # raised by the decoder (truncated gzip, bad zstd frame), not by the storage
         raise CorruptFile(f"cannot be decompressed or read ({compression or 'uncompressed'}): {exc}") from exc
+
+
+def _csv_options(info: FileInfo, spec: FilesStream) -> CsvOptions:
+    """The stream's CSV options for this file: a `.tsv` file is tab-separated unless `csv.delimiter` says."""
+    tabs = file_suffix(info.path) == ".tsv" and "delimiter" not in spec.csv.model_fields_set
+    return spec.csv.model_copy(update={"delimiter": "\t"}) if tabs else spec.csv

@@ -15,6 +15,7 @@ import pyarrow.csv as pacsv
 
 from ingestion_assets.catalog.files import CsvOptions
 from ingestion_assets.sources.files.csv_header import without_unnamed
+from ingestion_assets.sources.files.csv_quotes import closed_at_end
 from ingestion_assets.sources.files.infer import typed
 from ingestion_assets.sources.files.pieces import ROW, BadRow, CorruptFile, Piece, Resume
 
@@ -41,6 +42,8 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
     while True:
         try:
             reader, invalid_rows = _open(open_file, options, raw_columns, block, texts)
+        except _Empty:  # not even a header (a compressed empty file): no rows, nothing wrong
+            return
         except _BadValue as bad:  # in the first block, which the reader converts as it opens
             if _straddles(str(bad)):
                 block = _larger(block, options)
@@ -54,7 +57,8 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
         wanted = {f.name: declared.get(f.name, pa.string()) for f in reader.schema}
         lines = _LineFinder(open_file, options.encoding)  # each pass meets the bad lines from the file's start
         try:
-            for piece in _pieces(reader, invalid_rows, done, wanted, raw_columns, lines, texts):
+            pieces = _pieces(reader, invalid_rows, done, wanted, raw_columns, lines, texts)
+            for piece in closed_at_end(pieces, reader.schema.names[-1], open_file, options.encoding):
                 done = Resume(piece.rows_done, piece.bad_done)
                 yield piece
             return
@@ -86,6 +90,10 @@ class _BadValue(ValueError):
     def __init__(self, message: str, column: str | None) -> None:
         super().__init__(message)
         self.column = column
+
+
+class _Empty(ValueError):
+    """The file holds no line at all."""
 
 
 def _open(
@@ -126,7 +134,7 @@ def _open(
         )
     except pa.ArrowInvalid as exc:
         if "Empty CSV file" in str(exc):
-            raise CorruptFile("the file is empty (not even a header)") from exc
+            raise _Empty from exc
         raise _BadValue(str(exc), _failing_column(str(exc), _header(open_file, options))) from exc
     return reader, bad
 

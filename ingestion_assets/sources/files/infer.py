@@ -11,6 +11,7 @@ import re
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingestion_assets.sources.files.pieces import TEXT
 from ingestion_assets.sources.json_numbers import DECIMAL_DIGITS, DOUBLE_DIGITS, SMALLEST_NORMAL
 
 _NUMBER = re.compile(r"[+-]?[0-9.]")
@@ -23,12 +24,15 @@ _TIME = re.compile(r"[0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?$")
 
 
 def typed(table: pa.Table, texts: set[str]) -> pa.Table:
-    """`table` with each column of `texts` (strings as read) in the narrowest type that holds all its values."""
+    """`table` with each column of `texts` (strings as read) in the narrowest type that holds all its values; a
+    column typed so keeps its text beside it (TEXT + name), for a target column that is or becomes text."""
     for name in texts:
         index = table.schema.get_field_index(name)
         if index >= 0:
-            column = infer(table.column(index))
-            table = table.set_column(index, pa.field(name, column.type), column)
+            text = table.column(index)
+            column = infer(text)
+            if column.type != text.type:
+                table = table.set_column(index, pa.field(name, column.type), column).append_column(TEXT + name, text)
     return table
 
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingestion_assets.sources.files.pieces import ROW, BadRow
+from ingestion_assets.sources.files.pieces import ROW, BadRow, without_texts
 
 
 def keyed(table: pa.Table, key: Sequence[str], by_line: bool) -> tuple[pa.Table, list[BadRow]]:
@@ -27,7 +27,7 @@ def keyed(table: pa.Table, key: Sequence[str], by_line: bool) -> tuple[pa.Table,
         return table, []
     flags = {column: mask.to_pylist() for column, mask in nulls.items()}
     lost = [next((c for c, f in flags.items() if f[i]), None) for i in range(table.num_rows)]
-    rows, records = table.column(ROW).to_pylist(), table.drop_columns([ROW]).to_pylist()
+    rows, records = table.column(ROW).to_pylist(), without_texts(table.drop_columns([ROW])).to_pylist()
     bad = [
         BadRow(
             rows[i],

@@ -104,8 +104,16 @@ def file_format(path: str, given: str | None) -> tuple[str | None, str | None]:
     compression = next((c for s, c in COMPRESSION_SUFFIXES.items() if name.endswith(s)), None)
     if compression is not None:
         name = name.rsplit(".", 1)[0]
-    kind = given or next((f for s, f in FORMAT_SUFFIXES.items() if name.endswith(s)), None)
+    kind = given or FORMAT_SUFFIXES.get(file_suffix(path) or "")
     return kind, compression
+
+
+def file_suffix(path: str) -> str | None:
+    """The format suffix of a file's name (`.tsv` for orders.tsv.gz), lower case; None for an unknown one."""
+    name = path.rsplit("/", 1)[-1].lower()
+    if any(name.endswith(s) for s in COMPRESSION_SUFFIXES):
+        name = name.rsplit(".", 1)[0]
+    return next((s for s in FORMAT_SUFFIXES if name.endswith(s)), None)
 
 
 class _Guarded(io.RawIOBase):

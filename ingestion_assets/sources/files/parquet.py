@@ -18,7 +18,10 @@ def read_parquet(
     open_file: Callable[[], pa.NativeFile], batch_rows: int, resume: Resume, window: RowWindow | None = None
 ) -> Iterator[Piece]:
     try:
-        parquet = pq.ParquetFile(open_file())
+        opened = open_file()
+        if opened.size() == 0:
+            return  # an empty drop (a writer's placeholder): no rows, nothing wrong
+        parquet = pq.ParquetFile(opened)
     except (pa.ArrowInvalid, OSError) as exc:
         if _from_storage(exc):
             raise

@@ -10,6 +10,15 @@ import pyarrow as pa
 
 ROW = "_ingest_file_row"  # the row's number in its file (1-based; JSON lines: its line)
 FILE = "_ingest_file"  # the file it came from
+# a typed CSV column's text as the file wrote it rides beside it (`_ingest_text:amount`) until the schema step: a
+# column that is (or becomes) text in the target takes the file's text, never the typed value written back
+TEXT = "_ingest_text:"
+
+
+def without_texts(table: pa.Table) -> pa.Table:
+    """`table` without the file texts that ride beside its typed columns."""
+    hidden = [name for name in table.column_names if name.startswith(TEXT)]
+    return table.drop_columns(hidden) if hidden else table
 
 
 class CorruptFile(ValueError):
@@ -33,6 +42,7 @@ class BadRow:
     line: int | None  # its line in the file, where known
     error: str
     raw: str  # the row as read (text, or its values as JSON)
+    file_line: int | None = None  # where a row keyed by its number starts in the file, when known
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ingestion_assets.sources.files.pieces import ROW, BadRow, CorruptFile, RowWindow
+from ingestion_assets.sources.files.pieces import ROW, BadRow, CorruptFile, RowWindow, without_texts
 
 
 def within(table: pa.Table, window: RowWindow) -> tuple[pa.Table, list[BadRow]]:
@@ -26,7 +26,9 @@ def within(table: pa.Table, window: RowWindow) -> tuple[pa.Table, list[BadRow]]:
     bad: list[BadRow] = []
     if pc.any(missing).as_py():
         lost = table.filter(missing)
-        for row, raw in zip(lost.column(ROW).to_pylist(), lost.drop_columns([ROW]).to_pylist(), strict=True):
+        for row, raw in zip(
+            lost.column(ROW).to_pylist(), without_texts(lost.drop_columns([ROW])).to_pylist(), strict=True
+        ):
             problem = f"column {window.column!r} is {raw.get(window.column)!r}: the row belongs to no partition"
             bad.append(BadRow(row, None, problem, repr(raw)))
     return table.filter(pc.fill_null(inside, False)), bad

@@ -1,0 +1,62 @@
+"""The line of a CSV file where a row starts: pyarrow's reader counts rows, not lines (a quoted value may span
+lines, blank lines and rows with the wrong number of fields are no rows), so a row parked by its number (a value
+not of its column's type, a missing key) is given its line by reading the file forward once, only for files that
+park such rows."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Callable, Iterator
+
+import pyarrow as pa
+
+from ingestion_assets.catalog.files import CsvOptions
+
+
+class RowLines:
+    """Row number -> the line it starts on, asked in increasing row order (one forward scan per file read)."""
+
+    def __init__(self, open_file: Callable[[], pa.NativeFile], options: CsvOptions) -> None:
+        self._open, self._options = open_file, options
+        self._rows: Iterator[tuple[int, int]] | None = None
+        self._last: tuple[int, int] = (0, 0)
+
+    def line(self, row: int) -> int | None:
+        if self._last[0] == row:
+            return self._last[1]
+        if self._rows is None or self._last[0] > row:
+            self._rows = self._scan()
+        for found in self._rows:
+            self._last = found
+            if found[0] == row:
+                return found[1]
+            if found[0] > row:
+                return None
+        return None
+
+    def _scan(self) -> Iterator[tuple[int, int]]:
+        options = self._options
+        text = io.TextIOWrapper(self._open(), encoding=options.encoding, errors="replace", newline="")
+        quote = options.quote_char
+        records = csv.reader(
+            text,
+            delimiter=options.delimiter,
+            quotechar=quote,
+            escapechar=options.escape_char,
+            quoting=csv.QUOTE_MINIMAL if quote else csv.QUOTE_NONE,
+            strict=False,
+        )
+        width = len(options.column_names) if options.column_names else None
+        skip = 1 if options.header else 0
+        row, end = 0, 0
+        for record in records:
+            start, end = end + 1, records.line_num
+            if skip:
+                skip -= 1
+                width = width if width is not None else len(record)
+                continue
+            if not record or (width is not None and len(record) != width):
+                continue  # a blank line, or a row with the wrong number of fields (parked by its line)
+            row += 1
+            yield row, start

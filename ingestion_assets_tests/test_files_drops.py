@@ -1,0 +1,102 @@
+"""Drops as partners write them: a `.tsv` file is tab-separated, an empty file (0 bytes, of any format) is a drop
+without rows, neither a broken file nor a dead letter."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import duckdb
+
+from ingestion_assets_tests.files_helpers import Drops
+
+
+def test_a_tsv_file_is_read_with_tabs_unless_the_catalog_says_otherwise(tmp_path: Path) -> None:
+    drops = Drops(tmp_path)
+    drops.write("a.tsv", "id\tname\tamount\n1\tx, y\t2.50\n", 1_700_000_000)
+    drops.write("b.tsv.gz", gzip.compress(b"id\tname\tamount\n2\tz\t3\n"), 1_700_000_100)
+    drops.catalog(path="*.tsv*", primary_key="id")
+    drops.run()
+    assert [(i, n, str(a)) for i, n, a in drops.rows()] == [(1, "x, y", "2.50"), (2, "z", "3.00")]
+
+
+def test_a_tsv_file_keeps_the_delimiter_a_catalog_gives(tmp_path: Path) -> None:
+    drops = Drops(tmp_path)
+    drops.write("a.tsv", "id;name;amount\n1;x\ty;2\n", 1_700_000_000)
+    drops.catalog(path="*.tsv", primary_key="id", csv={"delimiter": ";"})
+    drops.run()
+    assert drops.rows() == [(1, "x\ty", 2)]
+
+
+def test_an_empty_file_is_a_drop_without_rows(tmp_path: Path) -> None:
+    drops = Drops(tmp_path)
+    drops.write("a.csv", "id,name,amount\n1,x,2\n", 1_700_000_000)
+    for name in ("empty.csv", "empty.jsonl", "empty.parquet"):
+        drops.write(name, b"", 1_700_000_100)
+    drops.write("empty.csv.gz", gzip.compress(b""), 1_700_000_100)
+    drops.catalog(path="*", primary_key="id")
+    outcome = drops.run()
+    assert drops.rows() == [(1, "x", 2)]
+    assert outcome.result.dead_letters == 0
+    drops.run()  # read once: nothing due again
+    assert drops.rows() == [(1, "x", 2)]
+
+
+def test_a_quote_never_closed_parks_its_row_with_the_rows_it_swallowed(tmp_path: Path) -> None:
+    drops = Drops(tmp_path)
+    drops.write("a.csv", 'id,amount,name\n4,1,ok\n5,2,"unterminated\n6,3,after\n', 1_700_000_000)
+    drops.write("b.csv", 'id,amount,name\n7,1,"two\nlines"\n8,2,"ends ""quoted""\n"', 1_700_000_100)  # closed
+    drops.catalog(path="*.csv", primary_key="id")
+    outcome = drops.run()
+    assert drops.rows("id, name") == [(4, "ok"), (7, "two\nlines"), (8, 'ends "quoted"\n')]
+    ((key, error),) = drops.dead_letters()
+    assert key == "a.csv:row2"
+    assert "'name'" in error and "never closed" in error
+    assert outcome.result.dead_letters == 1
+
+
+def test_a_json_key_spelled_in_another_case_is_that_column_and_only_a_record_giving_both_is_parked(
+    tmp_path: Path,
+) -> None:
+    drops = Drops(tmp_path)
+    lines = [
+        '{"id": 1, "name": "a", "amount": 1}',
+        '{"ID": 3, "Name": "c", "amount": 3}',
+        '{"id": 4, "ID": 5, "name": "d", "amount": 4}',
+        '{"id": 6, "name": "e", "NAME": null, "amount": 6}',
+    ]
+    drops.write("e1.jsonl", "\n".join(lines) + "\n", 1_700_000_000)
+    drops.catalog(path="*.jsonl", primary_key="id")
+    drops.run()
+    assert drops.rows() == [(1, "a", 1), (3, "c", 3), (6, "e", 6)]
+    ((key, error),) = drops.dead_letters()
+    assert key == "e1.jsonl:line3"
+    assert "['id', 'ID']" in error
+
+
+def test_a_renamed_file_parks_its_bad_lines_once_under_its_new_name(tmp_path: Path) -> None:
+    drops = Drops(tmp_path)
+    old = drops.write("e1.jsonl", '{"id": 1, "name": "a", "amount": 1}\nnot json\n{"id": null}\n', 1_700_000_000)
+    drops.write("keep.jsonl", '{"id": 9, "name": "k", "amount": 9}\n[1]\n', 1_700_000_050)  # not moved: kept
+    drops.catalog(path="*.jsonl", primary_key="id")
+    drops.run()
+    assert [k for k, _ in drops.dead_letters()] == ["e1.jsonl:line2", "e1.jsonl:line3", "keep.jsonl:line2"]
+    old.rename(old.with_name("e1b.jsonl"))  # keeps its modified time
+    drops.run()
+    assert [k for k, _ in drops.dead_letters()] == ["e1b.jsonl:line2", "e1b.jsonl:line3", "keep.jsonl:line2"]
+    assert drops.rows() == [(1, "a", 1), (9, "k", 9)]
+
+
+def test_a_csv_row_parked_by_its_number_says_its_line(tmp_path: Path) -> None:
+    drops = Drops(tmp_path)
+    text = 'id,name,amount\n1,"two\nlines",1\n\n2,short\n3,x,oops\n,nokey,4\n'  # row 3 on line 6, row 4 on line 7
+    drops.write("a.csv", text, 1_700_000_000)
+    drops.catalog(path="*.csv", primary_key="id", csv={"column_types": {"amount": "int64"}})
+    drops.run()
+    with duckdb.connect(str(drops.warehouse), read_only=True) as con:
+        parked = con.sql("SELECT record_key, position, error FROM drops._ingest_dead_letter ORDER BY 1").fetchall()
+    found = {key: (json.loads(position)["line"], error) for key, position, error in parked}
+    assert {key: line for key, (line, _) in found.items()} == {"a.csv:line5": 5, "a.csv:row2": 6, "a.csv:row3": 7}
+    assert found["a.csv:row2"][1].startswith("file a.csv row 2 (line 6): column 'amount'")
+    assert drops.rows() == [(1, "two\nlines", 1)]
