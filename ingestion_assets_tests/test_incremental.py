@@ -75,7 +75,20 @@ def test_a_reader_holding_the_warehouse_delays_a_load_instead_of_failing_it(harn
     harness.assert_target_equals_source("orders", "orders", "id", json_columns=["payload"])
 
 
-@pytest.mark.parametrize("kind", ["uuid", "inet", "time", "bool", "mood", "int4range", "jsonb"])
+# inet, time and bool take the same path as uuid (a type whose lowest value the catalog cannot spell): slow-marked
+_SAME_PATH = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "uuid",
+        *(pytest.param(kind, marks=_SAME_PATH) for kind in ("inet", "time", "bool")),
+        "mood",
+        "int4range",
+        "jsonb",
+    ],
+)
 def test_a_nullable_cursor_of_a_type_without_an_empty_value_is_read(harness: StreamHarness, kind: str) -> None:
     """A NULL in an ordering column orders as the type's lowest value, which was '' for every type without a
     numeric or temporal one: the read failed with `invalid input syntax for type uuid: ""` (found by a helper)."""
