@@ -46,6 +46,7 @@ class TableSlice:
     marks: pa.Table | None = None
     truncate: bool = False  # the source table was truncated before `rows`
     hard_deletes: bool = False  # tombstones leave the table once merged
+    append: bool = False  # no row of the target can match (its first full read, an append stream): inserted as is
 
 
 @dataclass(frozen=True)
@@ -144,8 +145,10 @@ def _write(client: Any, part: TableSlice) -> tuple[SliceLoaded, list[str]]:
         con.execute(f"DELETE FROM {table}")
     merged, released = 0, []
     if part.rows is not None and part.rows.num_rows:
-        newest = _newest(con, table, loader.key, part.rows)
-        _replace(con, table, loader.key, newest)
+        newest = part.rows if part.append else _newest(con, table, loader.key, part.rows)
+        if not part.append:
+            _delete_keys(con, table, loader.key, newest)
+        _insert(con, table, newest)
         merged, released = newest.num_rows, _release_parked(client, loader, newest)
     if part.marks is not None and part.marks.num_rows:
         _mark(con, table, loader.key, part.marks)
@@ -176,14 +179,21 @@ def _newest(con: Any, table: str, key: tuple[str, ...], rows: pa.Table) -> pa.Ta
     return rows.take(indices.take(pc.array_sort_indices(indices)))  # in their order
 
 
-def _replace(con: Any, table: str, key: tuple[str, ...], newest: pa.Table) -> None:
-    """The target's rows of these keys give way to the newest versions (a merge on the key)."""
-    if not newest.num_rows:
-        return
+def _delete_keys(con: Any, table: str, key: tuple[str, ...], newest: pa.Table) -> None:
+    """The target's rows of these keys give way to the newest versions (with `_insert`: a merge on the key)."""
     match = " AND ".join(f"t.{quote_name(k)} = n.{quote_name(k)}" for k in key)
-    con.register(NEWEST, newest)
+    con.register(NEWEST, newest.select(list(key)))
     try:
         con.execute(f"DELETE FROM {table} AS t USING {NEWEST} AS n WHERE {match}")
+    finally:
+        con.unregister(NEWEST)
+
+
+def _insert(con: Any, table: str, rows: pa.Table) -> None:
+    """DuckDB reads the Arrow buffers in place, by column name, each value cast to its column's type (as dlt's
+    load reads its Parquet file: `INSERT ... BY NAME SELECT * FROM read_parquet(...)`)."""
+    con.register(NEWEST, rows)
+    try:
         con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {NEWEST}")
     finally:
         con.unregister(NEWEST)

@@ -231,6 +231,11 @@ class Loader:
             loaded = load_postgres_slice(self, table, dead_letters, disposition)  # COPY + merge, no dlt load
             self._loads += 1
             return loaded
+        if disposition == "append" and self._appends_directly():
+            from ingestion_assets.loading.duckdb_batch import TableSlice, load_tables  # it imports this module
+
+            (done,) = load_tables([TableSlice(self, table, dead_letters, append=True)])
+            return done.rows
         if table is not None and self.destination.type == "postgres":
             table = for_postgres(table)
         with self._lock():
@@ -255,6 +260,13 @@ class Loader:
         # the slice; without a collection per slice, several slices stay alive and memory climbs.
         gc.collect()
         return 0 if table is None else int(table.num_rows)
+
+    def _appends_directly(self) -> bool:
+        """A DuckDB slice no target row can match goes from Arrow into the table in one transaction with its
+        bindings row (loading/duckdb_batch.py): dlt's extract, normalize and load of a package cost more than
+        the insert itself (~0.5 s per 500k-row slice), and their reference cycles a full collection per slice.
+        dlt still creates and alters the table (and its stored schema) from an empty slice with the same hints."""
+        return type(self) is Loader and self.destination.type == "duckdb" and self.max_table_nesting == 0
 
     def bind(self, marker: Marker, partition: str | None, record_now: bool = False) -> None:
         """From now on every committed load records in the target that it holds `marker` plus one slice.
@@ -327,10 +339,12 @@ class Loader:
                 self._run([resource], self._file_format)
 
     def prepare_ahead(self, empty: pa.Table) -> None:
-        """Before the first slice, while it is read: the PostgreSQL COPY path makes a missing table with a dlt
-        run of an empty slice (~2 s of a first load), which needs no rows; other destinations make it with
-        their first load. A slice with columns the table lacks still adds them when it loads."""
-        if self.destination.type == "postgres" and self.max_table_nesting == 0:
+        """Before the first slice, while it is read: the PostgreSQL COPY path, and DuckDB's direct appends, make
+        a missing table with a dlt run of an empty slice (~1-2 s of a first load), which needs no rows; other
+        loads make it with their first load. A slice with columns the table lacks still adds them when it loads."""
+        copied = self.destination.type == "postgres" and self.max_table_nesting == 0
+        appended = self._appends_directly() and (self._append_only or self.target.write_disposition == "append")
+        if copied or appended:
             self.create_if_missing(empty)
 
     def forget_stored_schema(self) -> None:
