@@ -9,6 +9,9 @@ the dead-letter table, and every table's bindings row. One commit makes all of i
 the checkpoint that follows covers every table of the batch. A dlt load per table instead costs a package's
 extract, normalize and load plus dlt's configuration resolution (seconds on a busy machine for a thousand
 rows; see BENCHMARKS.md).
+
+A table stream's slice that no target row can match (its first full read into an empty table, an `append`
+stream) comes here from `Loader.load` as an `append` slice: inserted from Arrow as it is, with its bindings row.
 """
 
 from __future__ import annotations
@@ -56,8 +59,8 @@ class SliceLoaded:
 
 
 def batch_loadable(loader: Loader) -> bool:
-    """A plain merge into DuckDB on a key; everything else (lakes, nesting, append, other SQL) loads through
-    `Loader.load`, whose destination-specific paths it needs."""
+    """A plain merge into DuckDB on a key (a CDC batch); everything else (lakes, nesting, other SQL) loads through
+    `Loader.load`, whose destination-specific paths it needs (its DuckDB appends come back here)."""
     return (
         type(loader) is Loader
         and loader.destination.type == "duckdb"

@@ -104,6 +104,7 @@ class Loader:
     _parked_here: int = field(default=0, init=False)  # rows this loader parked itself (values the target cannot hold)
     _restore_pending: bool = field(default=False, init=False)  # dlt's schema not yet restored from the destination
     _lock_holder: int | None = field(default=None, init=False)  # the thread holding the writer lock through `_lock`
+    _forget_pending: bool = field(default=False, init=False)  # `forget_stored_schema` asked, not yet done
     # Restore dlt's schema when the loader is made, not at its first dlt load (lakes: their tables use it at once).
     restore_at_start: ClassVar[bool] = False
 
@@ -350,11 +351,18 @@ class Loader:
     def forget_stored_schema(self) -> None:
         """The table was dropped behind dlt's back: dlt skips its migration while the destination still holds
         its schema's version, so it would load into a table that is gone. Without that record, dlt compares
-        its schema with the tables really there at the next load and creates what is missing."""
-        name = self.pipeline.default_schema_name
+        its schema with the tables really there at the next load and creates what is missing.
+
+        Done when dlt is next used (`pipeline`), not now: making dlt's pipeline and restoring its schema costs
+        ~0.3 s that a first load otherwise spends while its first slice is read (`prepare_ahead`)."""
+        self._forget_pending = True
+
+    def _forget_now(self) -> None:
+        self._forget_pending = False
+        name = self._pipeline.default_schema_name
         if name is None:
             return
-        with self._lock(), self.sql_client() as client:
+        with self.sql_client() as client:
             versions = client.make_qualified_table_name(self._pipeline.default_schema.version_table_name)
             with contextlib.suppress(DatabaseUndefinedRelation):
                 client.execute_sql(f"DELETE FROM {versions} WHERE schema_name = %s", name)
@@ -532,6 +540,12 @@ class Loader:
         """dlt's pipeline with its schema restored, for a dlt load or dlt's schema: under this loader's `_lock` or
         with no writer lock of the target held (it takes it). SQL alone goes through `sql_client`."""
         self._restore_schema()
+        if self._forget_pending:
+            if self._lock_holder == threading.get_ident():
+                self._forget_now()
+            else:
+                with self._lock():
+                    self._forget_now()
         return self._pipeline
 
     def sql_client(self) -> Any:
