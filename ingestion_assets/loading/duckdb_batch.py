@@ -9,6 +9,9 @@ the dead-letter table, and every table's bindings row. One commit makes all of i
 the checkpoint that follows covers every table of the batch. A dlt load per table instead costs a package's
 extract, normalize and load plus dlt's configuration resolution (seconds on a busy machine for a thousand
 rows; see BENCHMARKS.md).
+
+A table stream's slice that no target row can match (its first full read into an empty table, an `append`
+stream) comes here from `Loader.load` as an `append` slice: inserted from Arrow as it is, with its bindings row.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class TableSlice:
     marks: pa.Table | None = None
     truncate: bool = False  # the source table was truncated before `rows`
     hard_deletes: bool = False  # tombstones leave the table once merged
+    append: bool = False  # no row of the target can match (its first full read, an append stream): inserted as is
 
 
 @dataclass(frozen=True)
@@ -55,8 +59,8 @@ class SliceLoaded:
 
 
 def batch_loadable(loader: Loader) -> bool:
-    """A plain merge into DuckDB on a key; everything else (lakes, nesting, append, other SQL) loads through
-    `Loader.load`, whose destination-specific paths it needs."""
+    """A plain merge into DuckDB on a key (a CDC batch); everything else (lakes, nesting, other SQL) loads through
+    `Loader.load`, whose destination-specific paths it needs (its DuckDB appends come back here)."""
     return (
         type(loader) is Loader
         and loader.destination.type == "duckdb"
@@ -144,8 +148,10 @@ def _write(client: Any, part: TableSlice) -> tuple[SliceLoaded, list[str]]:
         con.execute(f"DELETE FROM {table}")
     merged, released = 0, []
     if part.rows is not None and part.rows.num_rows:
-        newest = _newest(con, table, loader.key, part.rows)
-        _replace(con, table, loader.key, newest)
+        newest = part.rows if part.append else _newest(con, table, loader.key, part.rows)
+        if not part.append:
+            _delete_keys(con, table, loader.key, newest)
+        _insert(con, table, newest)
         merged, released = newest.num_rows, _release_parked(client, loader, newest)
     if part.marks is not None and part.marks.num_rows:
         _mark(con, table, loader.key, part.marks)
@@ -176,14 +182,21 @@ def _newest(con: Any, table: str, key: tuple[str, ...], rows: pa.Table) -> pa.Ta
     return rows.take(indices.take(pc.array_sort_indices(indices)))  # in their order
 
 
-def _replace(con: Any, table: str, key: tuple[str, ...], newest: pa.Table) -> None:
-    """The target's rows of these keys give way to the newest versions (a merge on the key)."""
-    if not newest.num_rows:
-        return
+def _delete_keys(con: Any, table: str, key: tuple[str, ...], newest: pa.Table) -> None:
+    """The target's rows of these keys give way to the newest versions (with `_insert`: a merge on the key)."""
     match = " AND ".join(f"t.{quote_name(k)} = n.{quote_name(k)}" for k in key)
-    con.register(NEWEST, newest)
+    con.register(NEWEST, newest.select(list(key)))
     try:
         con.execute(f"DELETE FROM {table} AS t USING {NEWEST} AS n WHERE {match}")
+    finally:
+        con.unregister(NEWEST)
+
+
+def _insert(con: Any, table: str, rows: pa.Table) -> None:
+    """DuckDB reads the Arrow buffers in place, by column name, each value cast to its column's type (as dlt's
+    load reads its Parquet file: `INSERT ... BY NAME SELECT * FROM read_parquet(...)`)."""
+    con.register(NEWEST, rows)
+    try:
         con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {NEWEST}")
     finally:
         con.unregister(NEWEST)

@@ -104,6 +104,7 @@ class Loader:
     _parked_here: int = field(default=0, init=False)  # rows this loader parked itself (values the target cannot hold)
     _restore_pending: bool = field(default=False, init=False)  # dlt's schema not yet restored from the destination
     _lock_holder: int | None = field(default=None, init=False)  # the thread holding the writer lock through `_lock`
+    _forget_pending: bool = field(default=False, init=False)  # `forget_stored_schema` asked, not yet done
     # Restore dlt's schema when the loader is made, not at its first dlt load (lakes: their tables use it at once).
     restore_at_start: ClassVar[bool] = False
 
@@ -231,6 +232,11 @@ class Loader:
             loaded = load_postgres_slice(self, table, dead_letters, disposition)  # COPY + merge, no dlt load
             self._loads += 1
             return loaded
+        if disposition == "append" and self._appends_directly():
+            from ingestion_assets.loading.duckdb_batch import TableSlice, load_tables  # it imports this module
+
+            (done,) = load_tables([TableSlice(self, table, dead_letters, append=True)])
+            return done.rows
         if table is not None and self.destination.type == "postgres":
             table = for_postgres(table)
         with self._lock():
@@ -255,6 +261,13 @@ class Loader:
         # the slice; without a collection per slice, several slices stay alive and memory climbs.
         gc.collect()
         return 0 if table is None else int(table.num_rows)
+
+    def _appends_directly(self) -> bool:
+        """A DuckDB slice no target row can match goes from Arrow into the table in one transaction with its
+        bindings row (loading/duckdb_batch.py): dlt's extract, normalize and load of a package cost more than
+        the insert itself (~0.5 s per 500k-row slice), and their reference cycles a full collection per slice.
+        dlt still creates and alters the table (and its stored schema) from an empty slice with the same hints."""
+        return type(self) is Loader and self.destination.type == "duckdb" and self.max_table_nesting == 0
 
     def bind(self, marker: Marker, partition: str | None, record_now: bool = False) -> None:
         """From now on every committed load records in the target that it holds `marker` plus one slice.
@@ -327,20 +340,29 @@ class Loader:
                 self._run([resource], self._file_format)
 
     def prepare_ahead(self, empty: pa.Table) -> None:
-        """Before the first slice, while it is read: the PostgreSQL COPY path makes a missing table with a dlt
-        run of an empty slice (~2 s of a first load), which needs no rows; other destinations make it with
-        their first load. A slice with columns the table lacks still adds them when it loads."""
-        if self.destination.type == "postgres" and self.max_table_nesting == 0:
+        """Before the first slice, while it is read: the PostgreSQL COPY path, and DuckDB's direct appends, make
+        a missing table with a dlt run of an empty slice (~1-2 s of a first load), which needs no rows; other
+        loads make it with their first load. A slice with columns the table lacks still adds them when it loads."""
+        copied = self.destination.type == "postgres" and self.max_table_nesting == 0
+        appended = self._appends_directly() and (self._append_only or self.target.write_disposition == "append")
+        if copied or appended:
             self.create_if_missing(empty)
 
     def forget_stored_schema(self) -> None:
         """The table was dropped behind dlt's back: dlt skips its migration while the destination still holds
         its schema's version, so it would load into a table that is gone. Without that record, dlt compares
-        its schema with the tables really there at the next load and creates what is missing."""
-        name = self.pipeline.default_schema_name
+        its schema with the tables really there at the next load and creates what is missing.
+
+        Done when dlt is next used (`pipeline`), not now: making dlt's pipeline and restoring its schema costs
+        ~0.3 s that a first load otherwise spends while its first slice is read (`prepare_ahead`)."""
+        self._forget_pending = True
+
+    def _forget_now(self) -> None:
+        self._forget_pending = False
+        name = self._pipeline.default_schema_name
         if name is None:
             return
-        with self._lock(), self.sql_client() as client:
+        with self.sql_client() as client:
             versions = client.make_qualified_table_name(self._pipeline.default_schema.version_table_name)
             with contextlib.suppress(DatabaseUndefinedRelation):
                 client.execute_sql(f"DELETE FROM {versions} WHERE schema_name = %s", name)
@@ -531,6 +553,12 @@ class Loader:
         """dlt's pipeline with its schema restored, for a dlt load or dlt's schema: under this loader's `_lock` or
         with no writer lock of the target held (it takes it). SQL alone goes through `sql_client`."""
         self._restore_schema()
+        if self._forget_pending:
+            if self._lock_holder == threading.get_ident():
+                self._forget_now()
+            else:
+                with self._lock():
+                    self._forget_now()
         return self._pipeline
 
     def sql_client(self) -> Any:

@@ -30,7 +30,6 @@ def plan_table_read(
     conn = connect(url, "ingest-discover")
     try:
         shape = discover_table(conn, schema, table, destination)
-        server_version = int(conn.server_version)
     finally:
         conn.close()
     if skip_columns:
@@ -45,7 +44,6 @@ def plan_table_read(
         cursor=cursor,
         primary_key=primary_key,
         max_value_bytes=max_value_bytes,
-        server_version=server_version,
     )
 
 

@@ -32,10 +32,12 @@ _PARSED_FROM = {  # Arrow's CSV reader parses four-digit years AD only, and no i
 }
 
 
-def fits(column: Column, server_version: int) -> sql.Composable | None:
+def fits(column: Column) -> sql.Composable | None:
     """The condition a non-NULL value must meet to parse in Arrow's CSV reader, or None when every value does.
 
-    Cheap comparisons only: the special values sort at the ends (NaN above +Infinity for numeric)."""
+    Cheap comparisons only: the special values sort at the ends. A decimal column is a numeric(p,s), which holds
+    NaN (sorted above every number) but no ±Infinity (only an unconstrained numeric does, from PostgreSQL 14 on):
+    one comparison per value."""
     ident = sql.SQL("t.") + sql.Identifier(column.name)
     if column.kind in _PARSED_FROM:
         low, high = _PARSED_FROM[column.kind]
@@ -43,9 +45,7 @@ def fits(column: Column, server_version: int) -> sql.Composable | None:
     if column.kind == "time":
         return sql.SQL("({c} < '24:00:00'::time)").format(c=ident)
     if column.kind == "numeric" and pa.types.is_decimal(column.arrow_type):
-        if server_version < 140000:
-            return sql.SQL("({c} < 'NaN'::numeric)").format(c=ident)
-        return sql.SQL("({c} < 'Infinity'::numeric AND {c} > '-Infinity'::numeric)").format(c=ident)
+        return sql.SQL("({c} < 'NaN'::numeric)").format(c=ident)
     return None
 
 

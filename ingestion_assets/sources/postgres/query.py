@@ -52,11 +52,10 @@ class ReadPlan:
     cursor: tuple[str, ...]
     primary_key: tuple[str, ...]
     max_value_bytes: int = 16 << 20
-    server_version: int = 150000
 
     @property
     def checks(self) -> list[tuple[Column, sql.Composable]]:
-        found = [(c, fits(c, self.server_version)) for c in self.shape.columns]
+        found = [(c, fits(c)) for c in self.shape.columns]
         return [(c, condition) for c, condition in found if condition is not None]
 
     @property
