@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ingestion_assets.catalog import Reference, Tls
 from ingestion_assets.settings import Settings
-from ingestion_assets.sources.redact import remember_resolved
+from ingestion_assets.sources.redact import remember_origin, remember_resolved
 from ingestion_assets.sources.tls import TlsFiles, pem_file, with_verified_tls
 
 PEM_PREFIX = "-----BEGIN "
@@ -74,7 +74,8 @@ def resolve_file(ref: Reference, settings: Settings, where: str) -> Path:
     """A certificate or key as a file libpq and OpenSSL can read.
 
     A `file` reference is used in place (it must be readable); an `env` reference holds a path, or the PEM
-    text itself (as secret stores inject it), written to a 0600 file under INGEST_HOME/tls for this process."""
+    text itself (as secret stores inject it), written to a 0600 file under INGEST_HOME/tls for this process;
+    messages name that file by the reference."""
     if ref.file:
         path = reference_path(ref, settings)
         if not os.access(path, os.R_OK):
@@ -85,4 +86,6 @@ def resolve_file(ref: Reference, settings: Settings, where: str) -> Path:
     value = resolve(ref, settings, where)
     if not value.startswith(PEM_PREFIX):
         return resolve_file(Reference(file=value), settings, f"{where} (env {ref.env})")
-    return pem_file(settings.home / "tls", value)
+    path = pem_file(settings.home / "tls", value)
+    remember_origin(path, ref.describe())  # libpq's and OpenSSL's errors name the file: say what the user wrote
+    return path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import tempfile
 from pathlib import Path
@@ -198,3 +199,45 @@ def test_dlq_replay_failures_are_one_line_naming_the_stream(
     assert main(["dlq", "replay", "drops.orders"]) == 1
     assert "1 gone from the source (they stay parked: a.csv:row2)" in capsys.readouterr().out
     assert drops.dead_letters()[0][0] == "a.csv:row2" and drops.rows() == [(1, "a", 1.5)]
+
+
+def test_a_hand_edited_dagster_yaml_is_never_replaced_silently(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the README-only attack: `ingest status` and `ingest state show` rewrote INGEST_HOME/dagster/
+    dagster.yaml over a hand-edited storage URL without a word. The file is ours (the storage URL follows the
+    embedded server), so it is rewritten, but with a WARNING naming the file and the setting, the edit kept
+    beside it; a file only we wrote (a restore or promotion moves its URL) is rewritten quietly."""
+    home = Path(tempfile.mkdtemp(prefix="ingest-cli-yaml-")) / "home"  # the server's user must reach it
+    monkeypatch.setenv("INGEST_HOME", str(home))
+    catalog = home.parent / "catalog.yaml"
+    api = {"type": "rest", "base_url": "https://api.test", "streams": {"s": {"path": "/s", "primary_key": "id"}}}
+    catalog.write_text(yaml.safe_dump({"sources": {"api": api}}))
+    monkeypatch.setenv("INGEST_CATALOG", str(catalog))
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    target = home / "dagster" / "dagster.yaml"
+    try:
+        assert main(["up"]) == 0
+        ours = target.read_text()
+        assert "This file is ours" in ours and "WARNING" not in capsys.readouterr().err
+        elsewhere = "postgresql+psycopg2://dagster:s3cret-pw@db.internal:5432/dagster"
+        for argv in (["status"], ["state", "show"]):
+            config = yaml.safe_load(ours)
+            config["storage"]["postgres"]["postgres_url"] = elsewhere
+            edited = f"# my storage\n{yaml.safe_dump(config, sort_keys=False)}"
+            target.write_text(edited)
+            main(argv)
+            err = capsys.readouterr().err
+            assert f"WARNING: {target} was edited by hand (storage.postgres.postgres_url)" in err, (argv, err)
+            assert "s3cret-pw" not in err and "DAGSTER_HOME of its own" in err, err
+            kept = sorted(target.parent.glob("dagster.yaml.edited-*"))[-1]
+            assert str(kept) in err and kept.read_text() == edited
+            assert target.read_text() == ours  # the embedded storage again
+        assert main(["up"]) == 0 and "WARNING" not in capsys.readouterr().err  # unchanged: not rewritten, no word
+        body = ours.rsplit("# ingest: sha256=", 1)[0].replace("@localhost:", "@localhost:1", 1)  # an older port
+        target.write_text(f"{body}# ingest: sha256={hashlib.sha256(body.encode()).hexdigest()}\n")  # as we wrote it
+        assert main(["state", "show"]) == 0 and "WARNING" not in capsys.readouterr().err
+        assert target.read_text() == ours and len(list(target.parent.glob("*.edited-*"))) == 2  # no copy kept
+    finally:
+        assert main(["down"]) == 0
+        shutil.rmtree(home.parent, ignore_errors=True)

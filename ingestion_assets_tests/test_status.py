@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import signal
 from collections.abc import Iterator
 
+import dagster as dg
 import pytest
 import yaml
 
@@ -14,6 +16,7 @@ from ingestion_assets.cli import main
 from ingestion_assets.definitions import defs
 from ingestion_assets.observe.freshness import encode, merged, percentiles, record
 from ingestion_assets.sources.postgres.cdc import drop_slot
+from ingestion_assets.sync import FAULT_ENV
 from ingestion_assets_tests.helpers import StreamHarness
 
 
@@ -168,6 +171,38 @@ def test_status_counts_partitions_and_names_the_failed_ones(
     out, err = capsys.readouterr()
     assert "4 partitions: 1 materialized, 1 failed, 0 running, 2 never run" in out, out
     assert f"failed: {days[1]}" in out and f"partition {days[1]} failed" in err, (out, err)
+
+
+
+def test_status_fails_a_partition_run_whose_process_died_also_with_dagster_home_unset(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the README-only attack: a partition run killed with its process (in-process executor, SIGKILL)
+    stays STARTED in Dagster. `ingest status` fails such runs before it reports, but only when DAGSTER_HOME was
+    set: with it unset (which the README allows) the stream and its partition stayed `running` for ever."""
+    harness.source.execute(
+        "CREATE TABLE orders (id bigint PRIMARY KEY, updated_at timestamptz NOT NULL);"
+        "INSERT INTO orders SELECT g, now() FROM generate_series(1, 6000) g;"
+    )
+    partitions = {"by": "key", "chunk": 5000}
+    spec = {"table": "orders", "primary_key": "id", "cursor": "updated_at", "slice_rows": 1000}
+    path = harness.write_catalog({"orders": {**spec, "partitions": partitions, "retries": {"max_attempts": 1}}})
+    in_process = {"execution": {"executor": "in_process"}}  # the kill takes the run's own process with the step
+    path.write_text(yaml.safe_dump(yaml.safe_load(path.read_text()) | in_process))
+    harness.plan_partitions("orders")
+    killed = harness.materialize_cli("orders", "--partition", "0-4999", **{FAULT_ENV: "after_checkpoint:1:kill"})
+    assert killed.wait(timeout=180) == -signal.SIGKILL
+    (run,) = harness.instance.get_runs(limit=1)
+    assert run.status == dg.DagsterRunStatus.STARTED  # what Dagster leaves behind
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("DAGSTER_HOME")
+    assert main(["status", "--json"]) == 1
+    line = json.loads(capsys.readouterr().out)[0]
+    assert line["status"] == "failed" and "partition 0-4999 failed" in line["detail"], line
+    assert line["partition_summary"]["running"] == [] and line["partition_summary"]["failed"] == ["0-4999"], line
+    after = harness.instance.get_run_by_id(run.run_id)
+    assert after is not None and after.status == dg.DagsterRunStatus.FAILURE
 
 
 def _point_destination_at(harness: StreamHarness, destination: dict[str, str]) -> None:

@@ -617,3 +617,32 @@ def _refusal_of(url: str) -> str:
     verdict = classify(caught.value)
     assert not verdict.transient, str(caught.value)
     return describe_permanent("stream shop.orders", caught.value, verdict)
+
+
+def test_a_bad_pem_key_in_an_env_reference_is_named_by_its_reference(
+    tls_stack: TlsStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the README-only attack: a key given as PEM text in `env:SHOP_KEY_PEM` that libpq cannot use was
+    reported by the temporary file it was written to under INGEST_HOME/tls/, a name the user never wrote."""
+    files = tls_stack.files
+    stranger = issue(tls_stack.other_ca, tls_stack.tmp / "pem-env", "stranger", "postgres")
+    not_a_key = "-----BEGIN PRIVATE KEY-----\nbm90IGEga2V5\n-----END PRIVATE KEY-----"
+    monkeypatch.setenv("SHOP_CERT_PEM", files.cert.read_text() if files.cert else "")
+    block = {"ca": {"file": str(files.ca)}, "cert": {"env": "SHOP_CERT_PEM"}, "key": {"env": "SHOP_KEY_PEM"}}
+    url_file = tls_stack.tmp / "pem-env.url"
+    url_file.write_text(tls_stack.plain_url("source"))
+    tls_folder = str(tls_stack.settings.home / "tls")
+    for key in (stranger.key.read_text(), not_a_key):  # a key of another certificate; a key that does not parse
+        monkeypatch.setenv("SHOP_KEY_PEM", key)
+        url = postgres_url(
+            Reference(file=str(url_file)), Tls.model_validate(block), tls_stack.settings, "sources.shop.connection"
+        )
+        run_message = _refusal(url)
+        with pytest.raises(SourceUnavailable) as caught, reaching(url, "sources.shop.connection", "file:x"):
+            connect(url, "ingest-test")
+        for said in (run_message, str(caught.value)):
+            assert "env:SHOP_KEY_PEM" in said and tls_folder not in said and ".pem" not in said, said
+            assert "BEGIN" not in said, said
+    destination = {"type": "postgres", "credentials": {"file": str(url_file)}, "tls": block}
+    step = _failed_run(tls_stack, destination, tls_block(files))
+    assert "env:SHOP_KEY_PEM" in step and tls_folder not in step, step

@@ -38,7 +38,7 @@ def bring_up(settings: Settings) -> dict[str, str]:
     from ingestion_assets.state.summary import size_pools
 
     was_running = settings.embedded.is_running()
-    env = bring_up(settings)
+    env = bring_up(settings, warn=lambda said: print(f"WARNING: {said}", file=sys.stderr))
     if not was_running and settings.embedded.is_running():  # say so: the user may have stopped it on purpose
         print(f"started the embedded PostgreSQL under {settings.home} (`ingest down` stops it)", file=sys.stderr)
     try:

@@ -1,16 +1,19 @@
 """Secret values this process resolved, and the one function that masks them in text quoted from elsewhere
-(a server's error body, an exception's words) before it reaches a message, a log line or metadata."""
+(a server's error body, an exception's words) before it reaches a message, a log line or metadata; it also puts
+back the reference a file we wrote came from (PEM text of an `env` reference), a name the user knows."""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import re
+from pathlib import Path
 from urllib.parse import quote, quote_plus, unquote, urlsplit
 
 MASK = "***"
 _MIN_LENGTH = 4  # shorter values would mask ordinary words
 _known: set[str] = set()
+_origins: dict[str, set[str]] = {}  # a file this process wrote -> the references whose value it holds
 _BASIC = re.compile(r"(?i)(basic\s+)([A-Za-z0-9+/=_-]{8,})")
 
 
@@ -37,8 +40,19 @@ def remember_resolved(value: str) -> None:
         remember(unquote(password))
 
 
+def remember_origin(path: Path, reference: str) -> None:
+    """`path` holds the value of `reference` (e.g. `env:SHOP_KEY_PEM`): messages name the reference instead, as
+    the user wrote it, not a temporary file they never saw."""
+    _origins.setdefault(str(path), set()).add(reference)
+
+
 def redact(text: str) -> str:
-    """`text` with every known secret, plain or encoded (a Basic header included), replaced by ***."""
+    """`text` with every file we wrote named by its reference, and every known secret, plain or encoded (a Basic
+    header included), replaced by ***."""
+    for path in sorted(_origins, key=len, reverse=True):
+        if path in text:
+            named = f"(the PEM text of {' or '.join(sorted(_origins[path]))})"
+            text = re.sub(f'"?{re.escape(path)}"?', named.replace("\\", "\\\\"), text)
     if not _known:
         return text
     text = _BASIC.sub(_basic, text)

@@ -56,12 +56,13 @@ def free_slots_of_ended_runs(instance: dg.DagsterInstance) -> list[str]:
 
 
 def release_dead_runs_on_this_machine(settings: Settings) -> list[str]:
-    """Only where the instance is this machine's embedded one: elsewhere a process id means nothing here."""
+    """Only where the instance is this machine's embedded one (INGEST_HOME's, which the `ingest` commands use with
+    DAGSTER_HOME unset or naming it): elsewhere a process id means nothing here."""
     home = os.environ.get("DAGSTER_HOME")
-    if not home or Path(home).resolve() != settings.dagster_home.resolve():
+    if home and Path(home).resolve() != settings.dagster_home.resolve():
         return []
     try:
-        with dg.DagsterInstance.get() as instance:
+        with dg.DagsterInstance.from_config(str(settings.dagster_home)) as instance:
             released = release_dead_runs(instance)
     except (DagsterError, OSError) as exc:
         log.warning("could not check for runs whose process died: %s", exc)
