@@ -354,8 +354,8 @@ class FilesSimulation(FilesInvariants):
         real, block = files_stream.read_file, csv_reader.BLOCK_BYTES
         simulation = self
 
-        def read_file(fs: Any, info: Any, spec: Any, resume: Any, window: Any = None) -> Iterator[Any]:
-            for piece in real(fs, info, spec, resume, window):
+        def read_file(fs: Any, info: Any, spec: Any, resume: Any, *rest: Any) -> Iterator[Any]:
+            for piece in real(fs, info, spec, resume, *rest):
                 yield piece
                 if faults.rng.random() < faults.rate:
                     where = f"mid_file:{info.path.rsplit('/', 1)[-1]}@{piece.rows_done}"
