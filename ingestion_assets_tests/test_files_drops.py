@@ -100,3 +100,30 @@ def test_a_csv_row_parked_by_its_number_says_its_line(tmp_path: Path) -> None:
     assert {key: line for key, (line, _) in found.items()} == {"a.csv:line5": 5, "a.csv:row2": 6, "a.csv:row3": 7}
     assert found["a.csv:row2"][1].startswith("file a.csv row 2 (line 6): column 'amount'")
     assert drops.rows() == [(1, "two\nlines", 1)]
+
+
+def test_a_quote_never_closed_in_the_first_row_parks_the_rows_it_swallowed(tmp_path: Path) -> None:
+    """pyarrow gives no batch at all for such a file, only a row of the wrong width: it was read as 0 rows."""
+    drops = Drops(tmp_path)
+    drops.write("f3.csv", 'id,name,amount\n5,"a\n', 1_700_000_000)
+    drops.write("f4.csv", 'id,name\n"5,a\n6,b\n', 1_700_000_010)
+    drops.write("f5.tsv", 'id\tname\tamount\n5\t"never closed\tx\n6\ty\tz\n', 1_700_000_020)
+    drops.write("f6.csv", 'id,name,amount\r\n5,"a\r\n6,b,1\r\n7,c,2\r\n8,d,3\r\n', 1_700_000_030)
+    drops.write("f0.csv", "id,name,amount\n1,x,2\n", 1_700_000_040)
+    drops.catalog(path="f*", primary_key="id")
+    outcome = drops.run()
+    assert outcome.result.dead_letters == 4
+    with duckdb.connect(str(drops.warehouse), read_only=True) as con:
+        parked = con.sql("SELECT record_key, position, error FROM drops._ingest_dead_letter ORDER BY 1").fetchall()
+    assert [(key, json.loads(position)["line"]) for key, position, _ in parked] == [
+        ("f3.csv:line2", 2),
+        ("f4.csv:line2", 2),
+        ("f5.tsv:line2", 2),
+        ("f6.csv:line2", 2),
+    ]
+    assert all("never closed" in error for _, _, error in parked[1:])
+    assert "2 fields where the header has 3" in parked[0][2]
+    assert "4 lines" in parked[3][2]
+    drops.run()  # the files read before are not due again; their dead letters stay
+    assert drops.rows() == [(1, "x", 2)]
+    assert len(drops.dead_letters()) == 4

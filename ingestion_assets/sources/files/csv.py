@@ -15,6 +15,7 @@ import pyarrow.csv as pacsv
 
 from ingestion_assets.catalog.files import CsvOptions
 from ingestion_assets.sources.files.csv_header import without_unnamed
+from ingestion_assets.sources.files.csv_lines import data_lines
 from ingestion_assets.sources.files.csv_quotes import closed_at_end
 from ingestion_assets.sources.files.infer import typed
 from ingestion_assets.sources.files.pieces import ROW, BadRow, CorruptFile, Piece, Resume
@@ -61,6 +62,11 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
             for piece in closed_at_end(pieces, reader.schema.names[-1], open_file, options.encoding):
                 done = Resume(piece.rows_done, piece.bad_done)
                 yield piece
+            if done == Resume() and (found := data_lines(open_file, options)):
+                raise CorruptFile(
+                    f"read as no row at all, though it holds {found} record(s) after its header: check its quotes "
+                    "and csv options (delimiter, quote_char, header)"
+                )
             return
         except pa.ArrowInvalid as exc:
             if _straddles(str(exc)):  # a row longer than a block: read again in larger blocks, given rows skipped
@@ -151,14 +157,7 @@ def _pieces(
     """`done` counts the rows (and bad rows) an earlier pass or run already gave: they are skipped."""
     good, invalid = 0, 0
     for batch in reader:
-        bad: list[BadRow] = []
-        for row in invalid_rows:
-            invalid += 1
-            line = lines.find(row.text)  # also for those given before: the finder passes their lines in order
-            if invalid > done.bad:
-                problem = f"{row.actual_columns} fields where the header has {row.expected_columns}"
-                bad.append(BadRow(None, line, problem, row.text))
-        invalid_rows.clear()
+        bad, invalid = _invalid(invalid_rows, invalid, done, lines)
         first = good + 1
         good += batch.num_rows
         if good <= done.rows:
@@ -174,6 +173,34 @@ def _pieces(
             table, failed = _coerce(table, wanted, raw)
             bad += failed
         yield Piece(typed(without_unnamed(table), texts), bad, good, max(invalid, done.bad))
+    # rows pyarrow turned down after its last batch (or in a file it gave no batch of: a quote opened in the first
+    # row and never closed takes every line after it into one row of the wrong width) are parked, never dropped
+    bad, invalid = _invalid(invalid_rows, invalid, done, lines)
+    if bad:
+        yield Piece(None, bad, max(good, done.rows), max(invalid, done.bad))
+
+
+def _invalid(invalid_rows: list[Any], invalid: int, done: Resume, lines: _LineFinder) -> tuple[list[BadRow], int]:
+    """The rows of the wrong width pyarrow turned down so far, parked (those an earlier read parked are counted)."""
+    bad: list[BadRow] = []
+    for row in invalid_rows:
+        invalid += 1
+        line = lines.find(row.text)  # also for those given before: the finder passes their lines in order
+        if invalid > done.bad:
+            bad.append(BadRow(None, line, _width_problem(row), row.text))
+    invalid_rows.clear()
+    return bad, invalid
+
+
+def _width_problem(row: Any) -> str:
+    problem = f"{row.actual_columns} fields where the header has {row.expected_columns}"
+    if "\n" in row.text or "\r" in row.text:  # one row over several lines: a quote opened and never closed
+        breaks = row.text.count("\n") or row.text.count("\r")
+        problem += (
+            f" (it runs over {breaks + 1} lines: a quote opened in it is likely never closed, so the lines after it "
+            "were read as part of it: close the quote in the file)"
+        )
+    return problem
 
 
 def _coerce(table: pa.Table, wanted: dict[str, pa.DataType], raw: set[str]) -> tuple[pa.Table, list[BadRow]]:
@@ -276,9 +303,11 @@ class _LineFinder:
     def find(self, text: str) -> int | None:
         if self._lines is None:
             self._lines = enumerate(_lines_of(self._open()), start=1)
-        wanted = text.encode(self._encoding, "replace")
+        first, *more = text.encode(self._encoding, "replace").split(b"\n")  # a row may run over lines
         for number, line in self._lines:
-            if line.rstrip(b"\r\n") == wanted:
+            if line.rstrip(b"\r\n") == first.rstrip(b"\r"):
+                for _ in more:  # its other lines are no other row's
+                    next(self._lines, None)
                 return number
         return None
 

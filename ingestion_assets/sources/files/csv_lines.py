@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pyarrow as pa
 
@@ -37,16 +38,7 @@ class RowLines:
 
     def _scan(self) -> Iterator[tuple[int, int]]:
         options = self._options
-        text = io.TextIOWrapper(self._open(), encoding=options.encoding, errors="replace", newline="")
-        quote = options.quote_char
-        records = csv.reader(
-            text,
-            delimiter=options.delimiter,
-            quotechar=quote,
-            escapechar=options.escape_char,
-            quoting=csv.QUOTE_MINIMAL if quote else csv.QUOTE_NONE,
-            strict=False,
-        )
+        records = _records(self._open, options)
         width = len(options.column_names) if options.column_names else None
         skip = 1 if options.header else 0
         row, end = 0, 0
@@ -60,3 +52,27 @@ class RowLines:
                 continue  # a blank line, or a row with the wrong number of fields (parked by its line)
             row += 1
             yield row, start
+
+
+def data_lines(open_file: Callable[[], pa.NativeFile], options: CsvOptions) -> int:
+    """The number of non-blank records after the header, as Python's csv module reads the file: a check that a
+    file pyarrow gave no row and no bad row of holds none (a whole file read as nothing must say why)."""
+    records = _records(open_file, options)
+    found = 0
+    for index, record in enumerate(records):
+        if (index > 0 or not options.header) and any(record):
+            found += 1
+    return found
+
+
+def _records(open_file: Callable[[], pa.NativeFile], options: CsvOptions) -> Any:
+    text = io.TextIOWrapper(open_file(), encoding=options.encoding, errors="replace", newline="")
+    quote = options.quote_char
+    return csv.reader(
+        text,
+        delimiter=options.delimiter,
+        quotechar=quote,
+        escapechar=options.escape_char,
+        quoting=csv.QUOTE_MINIMAL if quote else csv.QUOTE_NONE,
+        strict=False,
+    )
