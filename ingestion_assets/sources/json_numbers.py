@@ -27,8 +27,16 @@ class Number(Decimal):
         return number
 
 
+class NegativeZero(int):
+    """The JSON integer `-0`: zero, whose text is `-0` (a column of it that becomes text keeps it so)."""
+
+    written = "-0"
+
+
 def exact_integer(text: str) -> int | Number:
     """Integers past int64 keep their text (Python refuses to make an int of more than 4300 digits)."""
+    if text == "-0":
+        return NegativeZero(0)
     return int(text) if len(text) <= 20 else Number(text)
 
 
@@ -43,7 +51,7 @@ def json_text(value: Any) -> str:
         return "{" + ", ".join(f"{json.dumps(k)}: {json_text(v)}" for k, v in value.items()) + "}"
     if isinstance(value, list):
         return "[" + ", ".join(json_text(v) for v in value) + "]"
-    if isinstance(value, Number):
+    if isinstance(value, Number | NegativeZero):
         return value.written
     if isinstance(value, Decimal):
         return str(value)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ingestion_assets.sources.files.pieces import ROW, BadRow, Piece, Resume
+from ingestion_assets.sources.files.pieces import ROW, TEXT, BadRow, Piece, Resume
 from ingestion_assets.sources.json_numbers import is_number, json_text, loads, number_array
 
 
@@ -54,13 +54,21 @@ def _parse(line: bytes) -> tuple[dict[str, Any], str | None]:
 
 
 def _table(records: list[dict[str, Any]], numbers: list[int]) -> pa.Table:
-    """Column by column: a field whose values Arrow cannot hold in one type (1 and "a") lands as text."""
+    """Column by column: a field whose values Arrow cannot hold in one type (1 and "a") lands as text. A typed
+    column (numbers, booleans) keeps each value's JSON text beside it (TEXT + name), for a target column that is
+    or becomes text: `10` stays `10`, `1.50` and `-0` as written."""
     names: dict[str, None] = {}
     for record in records:
         names.update(dict.fromkeys(record))
-    columns = {name: _column([r.get(name) for r in records]) for name in names}
+    columns: dict[str, pa.Array] = {}
+    texts: dict[str, pa.Array] = {}
+    for name in names:
+        values = [r.get(name) for r in records]
+        columns[name] = _column(values)
+        if not pa.types.is_string(columns[name].type) and not pa.types.is_null(columns[name].type):
+            texts[TEXT + name] = pa.array([None if v is None else json_text(v) for v in values], pa.string())
     columns[ROW] = pa.array(numbers, pa.int64())
-    return pa.table(columns)
+    return pa.table({**columns, **texts})
 
 
 def _column(values: list[Any]) -> pa.Array:

@@ -36,6 +36,10 @@ def one_spelling(table: pa.Table, folded: Callable[[str], str]) -> tuple[pa.Tabl
         keep = pc.and_(keep, pc.invert(both))
         table = table.set_column(table.schema.get_field_index(names[0]), names[0], _merged(columns, names))
         table = table.drop_columns(names[1:])
+        texts = [TEXT + n for n in names if TEXT + n in table.column_names]  # a typed value's JSON text: merged too
+        if texts:
+            merged = pc.coalesce(*[table.column(t) for t in texts])
+            table = table.drop_columns(texts).append_column(TEXT + names[0], merged)
     return (table.filter(keep), bad) if bad else (table, [])
 
 
