@@ -21,6 +21,20 @@ def test_a_tsv_file_is_read_with_tabs_unless_the_catalog_says_otherwise(tmp_path
     assert [(i, n, str(a)) for i, n, a in drops.rows()] == [(1, "x, y", "2.50"), (2, "z", "3.00")]
 
 
+def test_a_quote_in_a_tsv_file_is_data_unless_the_catalog_gives_a_quote_char(tmp_path: Path) -> None:
+    drops = Drops(tmp_path)
+    drops.write("a.tsv", 'id\tname\tamount\n1\t"Hello" she said\t2\n2\t"open\t3\n3\tx "y"\t4\n', 1_700_000_000)
+    drops.catalog(path="*.tsv", primary_key="id")
+    outcome = drops.run()
+    assert drops.rows() == [(1, '"Hello" she said', 2), (2, '"open', 3), (3, 'x "y"', 4)]
+    assert outcome.result.dead_letters == 0
+    quoted = Drops(tmp_path / "quoted")
+    quoted.write("a.tsv", 'id\tname\tamount\n1\t"a\tb"\t2\n', 1_700_000_000)
+    quoted.catalog(path="*.tsv", primary_key="id", csv={"quote_char": '"'})
+    quoted.run()
+    assert quoted.rows() == [(1, "a\tb", 2)]
+
+
 def test_a_tsv_file_keeps_the_delimiter_a_catalog_gives(tmp_path: Path) -> None:
     drops = Drops(tmp_path)
     drops.write("a.tsv", "id;name;amount\n1;x\ty;2\n", 1_700_000_000)
@@ -110,7 +124,7 @@ def test_a_quote_never_closed_in_the_first_row_parks_the_rows_it_swallowed(tmp_p
     drops.write("f5.tsv", 'id\tname\tamount\n5\t"never closed\tx\n6\ty\tz\n', 1_700_000_020)
     drops.write("f6.csv", 'id,name,amount\r\n5,"a\r\n6,b,1\r\n7,c,2\r\n8,d,3\r\n', 1_700_000_030)
     drops.write("f0.csv", "id,name,amount\n1,x,2\n", 1_700_000_040)
-    drops.catalog(path="f*", primary_key="id")
+    drops.catalog(path="f*", primary_key="id", csv={"quote_char": '"'})  # a .tsv file quotes only if told
     outcome = drops.run()
     assert outcome.result.dead_letters == 4
     with duckdb.connect(str(drops.warehouse), read_only=True) as con:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import Any
 
 import fsspec
 
@@ -120,6 +121,13 @@ def _read(
 
 
 def _csv_options(info: FileInfo, spec: FilesStream) -> CsvOptions:
-    """The stream's CSV options for this file: a `.tsv` file is tab-separated unless `csv.delimiter` says."""
-    tabs = file_suffix(info.path) == ".tsv" and "delimiter" not in spec.csv.model_fields_set
-    return spec.csv.model_copy(update={"delimiter": "\t"}) if tabs else spec.csv
+    """The stream's CSV options for this file: a `.tsv` file is tab-separated unless `csv.delimiter` says, and a
+    tab-separated `.tsv` file has no quote character unless `csv.quote_char` says (TSV writers do not quote: a
+    `"` in it is data, `"Hello" she said` as written)."""
+    given = spec.csv.model_fields_set
+    if file_suffix(info.path) != ".tsv":
+        return spec.csv
+    update: dict[str, Any] = {} if "delimiter" in given else {"delimiter": "\t"}
+    if "quote_char" not in given and update.get("delimiter", spec.csv.delimiter) == "\t":
+        update["quote_char"] = None
+    return spec.csv.model_copy(update=update) if update else spec.csv
