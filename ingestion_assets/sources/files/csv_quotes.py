@@ -15,19 +15,21 @@ from ingestion_assets.sources.files.pieces import ROW, BadRow, Piece, without_te
 def closed_at_end(
     pieces: Iterator[Piece], column: str, open_file: Callable[[], pa.NativeFile], encoding: str
 ) -> Iterator[Piece]:
-    """`pieces` as they come, the last one without a row whose `column` (the header's last) was never closed."""
-    held: Piece | None = None
+    """`pieces` as they come, the last one with rows without a row whose `column` (the header's last) was never
+    closed (pieces of bad rows only may follow it: rows of the wrong width pyarrow turned down last)."""
+    held: list[Piece] = []  # the last piece with rows, and those without rows after it
     try:
         for piece in pieces:
-            if held is not None:
-                yield held
-            held = piece
+            if piece.table is not None and held:
+                yield from held
+                held = []
+            held.append(piece)
     except (ValueError, OSError):  # a break later in the file (or a value to read again): what came before stays
-        if held is not None:
-            yield held
+        yield from held
         raise
-    if held is not None:
-        yield _checked(held, column, open_file, encoding)
+    if held:
+        yield _checked(held[0], column, open_file, encoding)
+        yield from held[1:]
 
 
 def _checked(piece: Piece, column: str, open_file: Callable[[], pa.NativeFile], encoding: str) -> Piece:
