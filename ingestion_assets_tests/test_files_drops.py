@@ -141,3 +141,16 @@ def test_a_quote_never_closed_in_the_first_row_parks_the_rows_it_swallowed(tmp_p
     drops.run()  # the files read before are not due again; their dead letters stay
     assert drops.rows() == [(1, "x", 2)]
     assert len(drops.dead_letters()) == 4
+
+
+def test_a_header_whose_quote_is_never_closed_parks_the_file(tmp_path: Path) -> None:
+    """Found by a third attacker: the header swallowed every line, the file read as nothing and passed silently."""
+    drops = Drops(tmp_path)
+    drops.write("h.csv", '"id,name,v\n1,a,10\n2,b,20\n', 1_700_000_000)
+    drops.write("ok.csv", "id,name,v\n3,c,30\n", 1_700_000_010)
+    drops.catalog(path="*.csv", primary_key="id")
+    outcome = drops.run()
+    assert drops.rows("id, name") == [(3, "c")]
+    ((key, error),) = drops.dead_letters()
+    assert key.startswith("h.csv") and "never closed" in error
+    assert outcome.result.dead_letters == 1

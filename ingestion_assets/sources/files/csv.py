@@ -44,6 +44,11 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
         try:
             reader, invalid_rows = _open(open_file, options, raw_columns, block, texts)
         except _Empty:  # not even a header (a compressed empty file): no rows, nothing wrong
+            if found := data_lines(open_file, options):  # unless a quote never closed swallowed the file
+                raise CorruptFile(
+                    f"read as an empty file, though it holds {found} line(s) after its first: a quote in its "
+                    "header is likely never closed (check its quotes and csv options)"
+                ) from None
             return
         except _BadValue as bad:  # in the first block, which the reader converts as it opens
             if _straddles(str(bad)):

@@ -60,7 +60,9 @@ def data_lines(open_file: Callable[[], pa.NativeFile], options: CsvOptions) -> i
     records = _records(open_file, options)
     found = 0
     for index, record in enumerate(records):
-        if (index > 0 or not options.header) and any(record):
+        if index == 0 and options.header:  # a quote never closed in the header swallows the lines after it
+            found += sum(name.count("\n") + name.count("\r") - name.count("\r\n") for name in record)
+        elif any(record):
             found += 1
     return found
 
