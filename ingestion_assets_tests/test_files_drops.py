@@ -154,3 +154,16 @@ def test_a_header_whose_quote_is_never_closed_parks_the_file(tmp_path: Path) -> 
     ((key, error),) = drops.dead_letters()
     assert key.startswith("h.csv") and "never closed" in error
     assert outcome.result.dead_letters == 1
+
+
+def test_a_quote_that_closes_mid_field_lines_later_parks_the_file_instead_of_swallowing_rows(tmp_path: Path) -> None:
+    """Found by a third attacker: rows 3-5 vanished into row 2's value, a row of the right width, no dead letter."""
+    drops = Drops(tmp_path)
+    drops.write("m.csv", 'id,name,amount\n1,a,10\n2,b,"20\n3,c,30\n4,d,40\n5,e,"50\n6,f,60\n', 1_700_000_000)
+    drops.write("ok.csv", 'id,name,amount\n7,"two\nlines",1\n8,"ab"c,2\n', 1_700_000_010)  # one line: read leniently
+    drops.catalog(path="*.csv", primary_key="id")
+    outcome = drops.run()
+    assert drops.rows("id, name") == [(7, "two\nlines"), (8, "abc")]
+    ((key, error),) = drops.dead_letters()
+    assert key == "m.csv:file" and "line 3" in error and "line 6" in error
+    assert outcome.result.dead_letters == 1

@@ -15,7 +15,7 @@ import pyarrow.csv as pacsv
 
 from ingestion_assets.catalog.files import CsvOptions
 from ingestion_assets.sources.files.csv_header import without_unnamed
-from ingestion_assets.sources.files.csv_lines import data_lines
+from ingestion_assets.sources.files.csv_lines import data_lines, swallowed_lines
 from ingestion_assets.sources.files.csv_quotes import closed_at_end
 from ingestion_assets.sources.files.infer import typed
 from ingestion_assets.sources.files.pieces import ROW, BadRow, CorruptFile, Piece, Resume
@@ -39,6 +39,7 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
     raw_columns: set[str] = set()
     done = resume
     block = min(BLOCK_BYTES, options.max_row_bytes)
+    strictly_read = False
     texts = {name for name in _header(open_file, options) if name not in options.column_types}  # typed by infer
     while True:
         try:
@@ -65,6 +66,10 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
         try:
             pieces = _pieces(reader, invalid_rows, done, wanted, raw_columns, lines, texts)
             for piece in closed_at_end(pieces, reader.schema.names[-1], open_file, options.encoding):
+                if not strictly_read and options.quote_char and _spans_lines(piece.table):
+                    strictly_read = True  # a value over several lines: is it one, or rows swallowed by a quote?
+                    if (reason := swallowed_lines(open_file, options)) is not None:
+                        raise CorruptFile(reason)
                 done = Resume(piece.rows_done, piece.bad_done)
                 yield piece
             if done == Resume() and (found := data_lines(open_file, options)):
@@ -81,6 +86,14 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
             if column is None or column in raw_columns:
                 raise CorruptFile(f"not readable as CSV: {exc}") from exc
             raw_columns.add(column)
+
+
+def _spans_lines(table: pa.Table | None) -> bool:
+    """Whether a text value of the piece holds a line break."""
+    if table is None:
+        return False
+    texts = (c for c in table.columns if pa.types.is_string(c.type) or pa.types.is_large_string(c.type))
+    return any(pc.any(pc.match_substring_regex(column, "[\r\n]")).as_py() for column in texts)
 
 
 def _straddles(message: str) -> bool:

@@ -67,7 +67,31 @@ def data_lines(open_file: Callable[[], pa.NativeFile], options: CsvOptions) -> i
     return found
 
 
-def _records(open_file: Callable[[], pa.NativeFile], options: CsvOptions) -> Any:
+def swallowed_lines(open_file: Callable[[], pa.NativeFile], options: CsvOptions) -> str | None:
+    """Why the file's rows cannot be trusted, if a quoted value runs over several lines and its quote closes in
+    the middle of a field (`2,b,"20` … `5,e,"50`): pyarrow, like any lenient reader, reads the lines between
+    into that one value, a row of the right width, so the rows on them vanish without a bad row. RFC 4180's
+    strict reading refuses a closing quote followed by anything but a delimiter or a line end; a single-line
+    value so written (`"ab"c`) swallows nothing and reads as most readers read it."""
+    records = _records(open_file, options, strict=True)
+    end = 0
+    while True:
+        start = end + 1
+        try:
+            next(records)
+        except StopIteration:
+            return None
+        except csv.Error as exc:
+            if records.line_num > start and "expected after" in str(exc):
+                return (
+                    f"the quoted value starting on line {start} runs to line {records.line_num}, where its quote "
+                    f"closes in the middle of a field ({exc}): the rows on the lines between would vanish into "
+                    "it; fix the quotes in the file (a quote inside a quoted value is written twice)"
+                )
+        end = records.line_num
+
+
+def _records(open_file: Callable[[], pa.NativeFile], options: CsvOptions, strict: bool = False) -> Any:
     text = io.TextIOWrapper(open_file(), encoding=options.encoding, errors="replace", newline="")
     quote = options.quote_char
     return csv.reader(
@@ -76,5 +100,5 @@ def _records(open_file: Callable[[], pa.NativeFile], options: CsvOptions) -> Any
         quotechar=quote,
         escapechar=options.escape_char,
         quoting=csv.QUOTE_MINIMAL if quote else csv.QUOTE_NONE,
-        strict=False,
+        strict=strict,
     )
