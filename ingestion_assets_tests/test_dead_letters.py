@@ -81,7 +81,7 @@ def test_good_rows_load_bad_rows_wait_with_their_reason_and_replay_after_a_fix(
         "UPDATE readings SET taken_at = '2024-01-01' WHERE id IN (7, 1500); UPDATE readings SET amount = 1 WHERE id = 2222"
     )
     assert main(["dlq", "replay", f"{harness.source_name}.readings"]) == 1  # one row is still too big
-    assert "3 loaded and released, 1 still bad" in capsys.readouterr().out
+    assert "4 dead letter(s) read again: 3 released, 1 still bad" in capsys.readouterr().out
     assert sorted(_parked(harness)) == ["2999"]
     harness.source.execute("UPDATE readings SET memo = 'short' WHERE id = 2999")
     assert main(["dlq", "replay", f"{harness.source_name}.readings"]) == 0

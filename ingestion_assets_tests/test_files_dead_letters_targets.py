@@ -65,7 +65,7 @@ def test_dead_letters_are_listed_and_replayed(kind: str, drops: Drops, request: 
     drops.write("a.csv", "id,name,amount\n1,a,1.5\n2,b,2.0\n", BASE)
     details = drops.store.latest(None).details  # type: ignore[union-attr]
     replay = replay_file_dead_letters(drops.stream(), int(details["generation"]), dict(details))
-    assert (replay.parked, replay.loaded, replay.still_bad, replay.gone) == (1, 2, 0, [])
+    assert (replay.parked, replay.released, replay.loaded, replay.still_bad, replay.gone) == (1, 1, 2, 0, [])
     assert _parked(drops) == []
 
 

@@ -98,7 +98,7 @@ def test_dead_letter_replay_loads_the_fixed_file_and_keeps_what_is_still_bad(dro
     (drops.folder / "c.csv").unlink()  # gone: its dead letter stays for a person to decide
     details = drops.store.latest(None).details  # type: ignore[union-attr]
     replay = replay_file_dead_letters(drops.stream(), int(details["generation"]), dict(details))
-    assert (replay.parked, replay.loaded, replay.still_bad, replay.gone) == (3, 4, 1, ["c.csv:row1"])
+    assert (replay.parked, replay.released, replay.loaded, replay.still_bad, replay.gone) == (3, 1, 4, 1, ["c.csv:row1"])
     assert drops.rows() == [(1, "a", 1.5), (2, "b", 2.0), (3, "c", 2.5), (4, "d", 1.0)]
     parked = dict(drops.dead_letters())
     assert sorted(parked) == ["b.csv:line3", "c.csv:row1"] and "2 fields" in parked["b.csv:line3"]

@@ -116,9 +116,9 @@ def dlq_replay(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     gone = f" (they stay parked: {', '.join(replay.gone[:5])}{', ...' * (len(replay.gone) > 5)})" * bool(replay.gone)
     print(
-        f"{name}: {replay.parked} parked, {replay.loaded} loaded and released, "
+        f"{name}: {replay.parked} dead letter(s) read again: {replay.released} released, "
         f"{replay.still_bad} still bad (parked again with today's error), {len(replay.gone)} gone from the source"
-        + gone
+        f"{gone}; {replay.loaded} row(s) loaded"
     )
     return 0 if replay.still_bad == 0 and not replay.gone else 1
 

@@ -32,7 +32,7 @@ def replay_file_dead_letters(
     schema = files_schema_step(stream, details)
     parked = parked_rows(loader)
     if not parked:
-        return Replay(0, 0, 0, [])  # nothing to read: the source is not even listed
+        return Replay(0, 0, 0, 0, [])  # nothing to read: the source is not even listed
     by_file: dict[tuple[str, str], list[str]] = defaultdict(list)
     for row in parked:
         by_file[(_file_of(row["raw_record"], loader.names.column(FILE)), row["partition"] or "")].append(
@@ -40,7 +40,7 @@ def replay_file_dead_letters(
         )
     fs, root, files = stream.listing()
     listed = {relative_path(f.path, root): f for f in files}
-    loaded = still_bad = 0
+    loaded = still_bad = released_count = 0
     gone: list[str] = []
     for (file, partition), keys in sorted(by_file.items()):
         info = listed.get(file)
@@ -53,7 +53,8 @@ def replay_file_dead_letters(
         released = sorted(set(keys) - {d["key"] for d in batch.dead})
         if released:
             release_parked(loader, released)
-    return Replay(len(parked), loaded, still_bad, sorted(gone))
+            released_count += len(released)
+    return Replay(len(parked), released_count, loaded, still_bad, sorted(gone))
 
 
 def _file_of(raw_record: Any, column: str) -> str:

@@ -17,9 +17,10 @@ KEYS_PER_READ = 1000
 
 @dataclass(frozen=True)
 class Replay:
-    parked: int
-    loaded: int
-    still_bad: int
+    parked: int  # dead letters read again (a row, or a whole file)
+    released: int  # of them, those that left the dead letters
+    loaded: int  # rows loaded (a parked file's rows are many)
+    still_bad: int  # rows parked again with today's error
     gone: list[str]  # keys no longer in the source: they stay parked for a person to decide
 
 
@@ -45,4 +46,5 @@ def replay_dead_letters(stream: PostgresTableStream, generation: int, run_id: st
             rows = with_metadata(split.rows, stream.spec.cursor, now, generation)
             loaded += loader.load(rows, dead_letters=split.dead)
             still_bad += split.dead_count
-    return Replay(len(parked), loaded, still_bad, sorted(set(parked) - seen))
+    released = len(set(parked) & seen) - still_bad
+    return Replay(len(parked), released, loaded, still_bad, sorted(set(parked) - seen))
