@@ -1,5 +1,6 @@
-"""CSV files read in blocks: a quoted value whose line break falls where a block is cut is still one value (a
-third attacker's valid 52 MB file with many such values was parked: "CSV parser got out of sync with chunker")."""
+"""CSV files read in blocks: a quoted value whose line break falls where a block is cut is still one value. A third
+attacker's valid 52 MB file with many such values was parked ("CSV parser got out of sync with chunker"); a fourth
+one's value whose lines looked like rows became rows: keys of another file overwritten, no dead letter."""
 
 from __future__ import annotations
 
@@ -18,6 +19,20 @@ def test_quoted_line_breaks_across_read_blocks_are_read_as_values(tmp_path: Path
     drops.catalog(path="*.csv", primary_key="id", csv={"max_row_bytes": 2048})  # blocks of 2 KB: many cuts
     outcome = drops.run()
     assert drops.rows() == [*rows, (5000, "after", 1)]
+    assert outcome.result.dead_letters == 0
+
+
+def test_the_lines_of_a_quoted_value_across_a_block_cut_never_become_rows(tmp_path: Path) -> None:
+    drops = Drops(tmp_path)
+    earlier = [(i, f"real {i}", i) for i in range(1, 11)]
+    drops.write("a.csv", _quoted(earlier), 1_700_000_000)
+    later = [
+        (i, f"note:\n{i % 10 + 1},EVIL,0\nthanks, Bob" if i % 7 == 0 else f"plain {i}", i) for i in range(100, 1100)
+    ]
+    drops.write("b.csv", _quoted(later), 1_700_000_100)
+    drops.catalog(path="*.csv", primary_key="id", csv={"max_row_bytes": 2048})  # blocks of 2 KB: many cuts
+    outcome = drops.run()
+    assert drops.rows() == [*earlier, *later]
     assert outcome.result.dead_letters == 0
 
 
