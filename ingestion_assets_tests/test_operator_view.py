@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import time
 
 import dagster as dg
 import pyarrow as pa
@@ -157,6 +158,7 @@ def test_a_freshness_policy_is_shown_and_enforced_by_measured_latency(
     assert latest_check.passed  # 1501 was fresh; the late ones are below the measured time and cannot be told apart
 
     policies = {harness.key("orders"): Freshness(max_lag=dt.timedelta(seconds=1))}
+    time.sleep(1.1)  # no run for longer than max_lag: stale (on a quiet machine the run above ended < 1 s ago)
     assert evaluate_all(harness.instance, policies) == [f"{harness.source_name}.orders"]  # the sensor's step
     latest = harness.instance.event_log_storage.get_latest_asset_check_execution_by_key(
         [dg.AssetCheckKey(harness.key("orders"), FRESHNESS)]
