@@ -12,6 +12,8 @@ rows; see BENCHMARKS.md).
 
 A table stream's slice that no target row can match (its first full read into an empty table, an `append`
 stream) comes here from `Loader.load` as an `append` slice: inserted from Arrow as it is, with its bindings row.
+Every other merge slice of `Loader.load` comes as a `checked` slice: the loader's own version check (a file read
+again replaces its rows whatever their versions) and the newest version per key, under the same lock.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ingestion_assets.loading.dead_letters import record_keys
 from ingestion_assets.loading.metadata_columns import DELETED_AT, POSITION
 from ingestion_assets.loading.parked import dead_letter_resource, delete_parked_in
 from ingestion_assets.loading.pipeline import Loader
-from ingestion_assets.loading.versions import quote_name
+from ingestion_assets.loading.versions import check_keys, newest_per_key, quote_name
 
 INCOMING = "_ingest_batch_incoming"
 NEWEST = "_ingest_batch_newest"
@@ -50,6 +52,7 @@ class TableSlice:
     truncate: bool = False  # the source table was truncated before `rows`
     hard_deletes: bool = False  # tombstones leave the table once merged
     append: bool = False  # no row of the target can match (its first full read, an append stream): inserted as is
+    checked: bool = False  # `Loader.load`'s merge: its loader's version check (`check_keys`), not `_newest`
 
 
 @dataclass(frozen=True)
@@ -148,8 +151,14 @@ def _write(client: Any, part: TableSlice) -> tuple[SliceLoaded, list[str]]:
         con.execute(f"DELETE FROM {table}")
     merged, released = 0, []
     if part.rows is not None and part.rows.num_rows:
-        newest = part.rows if part.append else _newest(con, table, loader.key, part.rows)
-        if not part.append:
+        fresh = part.append  # no target row holds one of its keys
+        if part.append:
+            newest = part.rows
+        elif part.checked:
+            newest, fresh = _checked(client, loader, part.rows)
+        else:
+            newest = _newest(con, table, loader.key, part.rows)
+        if not fresh:
             _delete_keys(con, table, loader.key, newest)
         _insert(con, table, newest)
         merged, released = newest.num_rows, _release_parked(client, loader, newest)
@@ -180,6 +189,18 @@ def _newest(con: Any, table: str, key: tuple[str, ...], rows: pa.Table) -> pa.Ta
         con.unregister(INCOMING)
     indices = pc.unique(kept.column(0).combine_chunks())
     return rows.take(indices.take(pc.array_sort_indices(indices)))  # in their order
+
+
+def _checked(client: Any, loader: Loader, rows: pa.Table) -> tuple[pa.Table, bool]:
+    """What dlt's merge with the loader's version check made of a slice: the keys the target holds at a newer
+    version left out (with `version_source`, a row read again from its own file replaces it whatever the versions),
+    then the newest version per key (`_ingest_position`, then the later row). Also whether no target row matched."""
+    if not loader.guard_versions:
+        return newest_per_key(rows, loader.key), False
+    check = check_keys(
+        client, "duckdb", loader.target.table, loader.key, rows, loader.source_column, loader.released_sources
+    )
+    return newest_per_key(check.rows, loader.key), check.existing == 0
 
 
 def _delete_keys(con: Any, table: str, key: tuple[str, ...], newest: pa.Table) -> None:

@@ -232,10 +232,11 @@ class Loader:
             loaded = load_postgres_slice(self, table, dead_letters, disposition)  # COPY + merge, no dlt load
             self._loads += 1
             return loaded
-        if disposition == "append" and self._appends_directly():
+        if disposition in ("append", "merge") and self._appends_directly() and (self.key or disposition == "append"):
             from ingestion_assets.loading.duckdb_batch import TableSlice, load_tables  # it imports this module
 
-            (done,) = load_tables([TableSlice(self, table, dead_letters, append=True)])
+            append = disposition == "append"
+            (done,) = load_tables([TableSlice(self, table, dead_letters, append=append, checked=not append)])
             return done.rows
         if table is not None and self.destination.type == "postgres":
             table = for_postgres(table)
@@ -263,9 +264,10 @@ class Loader:
         return 0 if table is None else int(table.num_rows)
 
     def _appends_directly(self) -> bool:
-        """A DuckDB slice no target row can match goes from Arrow into the table in one transaction with its
-        bindings row (loading/duckdb_batch.py): dlt's extract, normalize and load of a package cost more than
-        the insert itself (~0.5 s per 500k-row slice), and their reference cycles a full collection per slice.
+        """A DuckDB slice goes from Arrow into the table in one transaction with its bindings row
+        (loading/duckdb_batch.py): appended as is when no target row can match, else merged in SQL after the same
+        version check dlt's merge had here. dlt's extract, normalize and load of a package cost more than the
+        insert itself (~0.5 s per 500k-row slice), and their reference cycles a full collection per slice.
         dlt still creates and alters the table (and its stored schema) from an empty slice with the same hints."""
         return type(self) is Loader and self.destination.type == "duckdb" and self.max_table_nesting == 0
 
