@@ -82,6 +82,11 @@ class FileSourceStream:
         """Without a key in the catalog a row is keyed by its file and row number."""
         return tuple(self.spec.primary_key) or (FILE, ROW)
 
+    @property
+    def nul_refused_by(self) -> str | None:
+        """The target, if its text cannot hold the NUL character (PostgreSQL): rows holding one are parked."""
+        return "PostgreSQL" if self.destination.type == "postgres" else None
+
     def resume_position(self, position: dict[str, Any] | None, complete: bool) -> dict[str, Any] | None:
         return position  # always incremental: the position says which files were read
 
@@ -237,7 +242,7 @@ class FileSourceStream:
             resume = progress.resume(relative, info)
             batch.begin(relative, resume)
             try:
-                for piece in read_file(fs, info, self.spec, resume, window, columns.folded):
+                for piece in read_file(fs, info, self.spec, resume, window, columns.folded, self.nul_refused_by):
                     if piece.table is not None:
                         columns.check(piece.table)  # two columns landing as one: parked, never mixed up
                     version = progress.version(relative, info)
