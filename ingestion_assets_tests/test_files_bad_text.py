@@ -1,5 +1,6 @@
 """Bad text parks its row (or its file) and never blocks the stream: a NUL character (PostgreSQL's text cannot hold
-it, DuckDB's does). Each bad row is its own dead letter, named by file and line."""
+it, DuckDB's does), CR-only line ends, fragments of rows cut by a stray CR. Each bad row is its own dead letter,
+named by file and line."""
 
 from __future__ import annotations
 
@@ -57,3 +58,41 @@ def test_a_nul_in_text_parks_its_row_on_postgres_and_loads_as_written_on_duckdb(
     ((raw,),) = target.query("SELECT raw_record FROM drops._ingest_dead_letter WHERE record_key = 'c.jsonl:line2'")
     raw = raw if isinstance(raw, dict) else json.loads(raw)
     assert json.loads(raw["text"]) == {"id": 3002, "name": "e\x00f"}  # the value as read, NUL written \u0000
+
+
+def test_csv_with_cr_only_line_ends_reads_its_rows_and_lines(target: Target) -> None:
+    """A file of old Mac line ends (a CR alone) failed the stream: its header was read up to the first LF (the
+    whole file) and Python's csv refused the CRs in it. pyarrow ends lines at a CR, so the file reads; bad rows
+    in it are named by their line, counted as pyarrow and Python's csv count them (CR LF, LF, CR: one each)."""
+    target_catalog(target, "*", csv={"column_types": {"amount": "float64"}})
+    target.drops.write("mac.csv", "id,name,amount\r1,a,1.5\r2,b,oops\r3,c,2\r4,d\r", BASE + 1)
+    target.drops.write("mixed.csv", "id,name,amount\r\n5,e,1\r6,f,2\n7,g,x\r\n8,h,3", BASE + 2)
+    outcome = target.drops.run()
+    assert sorted(r[0] for r in target.query("SELECT id FROM drops.orders")) == [1, 3, 5, 6, 8]
+    assert outcome.result.dead_letters == 3
+    dead = _dead(target)
+    assert sorted(dead) == ["mac.csv:line5", "mac.csv:row2", "mixed.csv:row3"]
+    assert dead["mac.csv:row2"].startswith("file mac.csv row 2 (line 3): column 'amount'")
+    assert dead["mixed.csv:row3"].startswith("file mixed.csv row 3 (line 4): column 'amount'")
+    assert dead["mac.csv:line5"].startswith("file mac.csv line 5: ")
+
+
+def test_fragments_of_rows_cut_by_a_stray_cr_are_each_their_own_dead_letter(target: Target) -> None:
+    """A CR inside an unquoted value ends the line there (as in pyarrow, Python's csv and editors): the piece after
+    it is a row of the wrong width. Such fragments were keyed by their text, so two fragments reading alike left
+    one dead letter (the reader's line finder, counting LF only, could not place them). Each is now parked by its
+    line; the value before the CR loads as what it is (`cut`), the fragment's dead letter says where the rest is."""
+    target_catalog(target, "*")
+    target.drops.write("a.csv", "id,name,note\n1,a,x\n2,b,cut\rhere\n3,c,y\n4,d,cut\rhere\n5,e,z\n", BASE + 1)
+    outcome = target.drops.run()
+    assert sorted(target.query("SELECT id, note FROM drops.orders")) == [
+        (1, "x"),
+        (2, "cut"),
+        (3, "y"),
+        (4, "cut"),
+        (5, "z"),
+    ]
+    assert outcome.result.dead_letters == 2
+    dead = _dead(target)
+    assert sorted(dead) == ["a.csv:line4", "a.csv:line7"]
+    assert all(error.startswith(f"file a.csv {key[6:10]} {key[10:]}: ") for key, error in dead.items())

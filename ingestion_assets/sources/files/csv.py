@@ -22,6 +22,7 @@ from ingestion_assets.sources.files.pieces import ROW, BadRow, CorruptFile, Piec
 
 BLOCK_BYTES = 4 << 20
 _COLUMN = re.compile(r"In CSV column #(\d+)")
+_BREAK = re.compile(rb"\r\n|\r|\n")
 _TYPES = {
     "string": pa.string(),
     "int64": pa.int64(),
@@ -205,7 +206,7 @@ def _invalid(invalid_rows: list[Any], invalid: int, done: Resume, lines: _LineFi
         invalid += 1
         line = lines.find(row.text)  # also for those given before: the finder passes their lines in order
         if invalid > done.bad:
-            bad.append(BadRow(None, line, _width_problem(row), row.text))
+            bad.append(BadRow(None, line, _width_problem(row), row.text, ordinal=invalid))
     invalid_rows.clear()
     return bad, invalid
 
@@ -321,9 +322,9 @@ class _LineFinder:
     def find(self, text: str) -> int | None:
         if self._lines is None:
             self._lines = enumerate(_lines_of(self._open()), start=1)
-        first, *more = text.encode(self._encoding, "replace").split(b"\n")  # a row may run over lines
+        first, *more = _BREAK.split(text.encode(self._encoding, "replace"))  # a row may run over lines
         for number, line in self._lines:
-            if line.rstrip(b"\r\n") == first.rstrip(b"\r"):
+            if line == first:
                 for _ in more:  # its other lines are no other row's
                     next(self._lines, None)
                 return number
@@ -331,10 +332,17 @@ class _LineFinder:
 
 
 def _lines_of(stream: pa.NativeFile) -> Iterator[bytes]:
+    """The file's lines without their ends, as pyarrow (and Python's csv) count them: CR LF, LF and a CR alone
+    (old Mac files) each end a line."""
     pending = b""
     while chunk := stream.read(1 << 20):
         pending += chunk
-        *complete, pending = pending.split(b"\n")
+        held = pending.endswith(b"\r")  # perhaps the first half of a CR LF
+        *complete, pending = _BREAK.split(pending[:-1] if held else pending)
+        pending += b"\r" if held else b""
         yield from complete
     if pending:
-        yield pending
+        *complete, last = _BREAK.split(pending)
+        yield from complete
+        if last:
+            yield last

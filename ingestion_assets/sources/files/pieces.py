@@ -43,6 +43,7 @@ class BadRow:
     error: str
     raw: str  # the row as read (text, or its values as JSON)
     file_line: int | None = None  # where a row keyed by its number starts in the file, when known
+    ordinal: int | None = None  # its number among the file's rows of the wrong width (when its line is unknown)
 
 
 @dataclass(frozen=True)
