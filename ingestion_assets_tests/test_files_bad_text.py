@@ -1,6 +1,6 @@
 """Bad text parks its row (or its file) and never blocks the stream: a NUL character (PostgreSQL's text cannot hold
-it, DuckDB's does), CR-only line ends, fragments of rows cut by a stray CR. Each bad row is its own dead letter,
-named by file and line."""
+it, DuckDB's does), CR-only line ends, fragments of rows cut by a stray CR, a lone surrogate escape or a key
+written twice in a JSON line. Each bad row is its own dead letter, named by file and line."""
 
 from __future__ import annotations
 
@@ -96,3 +96,30 @@ def test_fragments_of_rows_cut_by_a_stray_cr_are_each_their_own_dead_letter(targ
     dead = _dead(target)
     assert sorted(dead) == ["a.csv:line4", "a.csv:line7"]
     assert all(error.startswith(f"file a.csv {key[6:10]} {key[10:]}: ") for key, error in dead.items())
+
+
+def test_json_lines_with_a_lone_surrogate_or_a_key_twice_park_their_row(target: Target) -> None:
+    """`"\\ud800"` (half a surrogate pair) parsed into a Python string Arrow cannot encode and failed the stream;
+    `{"v": 1, "v": 2}` kept the last value without a word. Both are parked naming what is wrong; a whole pair
+    (an emoji written as two escapes) loads."""
+    target_catalog(target, "*")
+    lines = [
+        '{"id": 1, "name": "a"}',
+        '{"id": 2, "name": "b\\ud800c"}',
+        '{"id": 3, "name": "smile \\ud83d\\ude00"}',
+        '{"id": 4, "n\\udfffame": "d"}',
+        '{"id": 5, "name": "e", "name": "E"}',
+        '{"id": 6, "o": {"k": 1, "k": 2}}',
+        '{"id": 7, "name": "\\\\ud800 as text"}',
+    ]
+    target.drops.write("a.jsonl", "\n".join(lines) + "\n", BASE + 1)
+    outcome = target.drops.run()
+    loaded = dict(target.query("SELECT id, name FROM drops.orders"))
+    assert loaded == {1: "a", 3: "smile \U0001f600", 7: "\\ud800 as text"}
+    assert outcome.result.dead_letters == 4
+    dead = _dead(target)
+    assert sorted(dead) == ["a.jsonl:line2", "a.jsonl:line4", "a.jsonl:line5", "a.jsonl:line6"]
+    assert "invalid text: the value of 'name' holds the escape \\ud800" in dead["a.jsonl:line2"]
+    assert "invalid text: the key 'n\\udfffame' holds the escape \\udfff" in dead["a.jsonl:line4"]
+    assert "the key 'name' appears twice in one object" in dead["a.jsonl:line5"]
+    assert "the key 'k' appears twice in one object" in dead["a.jsonl:line6"]

@@ -5,6 +5,7 @@ CSV values are: integers bigint, numbers with a point exact decimals, doubles on
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any
@@ -13,6 +14,8 @@ import pyarrow as pa
 
 from ingestion_assets.sources.files.pieces import ROW, TEXT, BadRow, Piece, Resume
 from ingestion_assets.sources.json_numbers import is_number, json_text, loads, number_array
+
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # a UTF-16 surrogate escape: checked only on lines holding one
 
 
 def read_jsonl(open_file: Callable[[], pa.NativeFile], batch_rows: int, resume: Resume) -> Iterator[Piece]:
@@ -45,12 +48,64 @@ def _parse(line: bytes) -> tuple[dict[str, Any], str | None]:
     except UnicodeDecodeError as exc:
         return {}, f"invalid UTF-8 (byte {exc.start} of the line)"
     try:
-        value = loads(text)
+        value = loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as exc:
         return {}, f"not JSON: {exc.msg} at column {exc.colno}"
+    except _DuplicateKey as exc:
+        return {}, (
+            f"the key {exc.key!r} appears twice in one object: which value is meant is unknown (JSON readers differ: "
+            "most keep the last, some the first), so the row is parked; write each key once"
+        )
     if not isinstance(value, dict):
         return {}, f"a JSON {type(value).__name__}, not an object"
+    if _SURROGATE.search(line) and (lone := _lone_surrogate(value, "")) is not None:
+        where, code = lone
+        return {}, (
+            f"invalid text: {where} holds the escape \\u{code:04x}, half of a UTF-16 surrogate pair without its "
+            "other half: no character, so no target can store it as text"
+        )
     return value, None
+
+
+def _lone_surrogate(value: Any, path: str) -> tuple[str, int] | None:
+    """Which string of `value` (at `path`) holds a lone surrogate, and its code point."""
+    if isinstance(value, str):
+        code = _surrogate_in(value)
+        return None if code is None else (f"the value of {path!r}" if path else "the value", code)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for name, item in items:
+        inner = f"{path}.{name}" if path else str(name)
+        if isinstance(name, str) and (code := _surrogate_in(name)) is not None:
+            return f"the key {inner!r}", code
+        if (found := _lone_surrogate(item, inner)) is not None:
+            return found
+    return None
+
+
+def _surrogate_in(text: str) -> int | None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return ord(text[exc.start])
+    return None
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key written twice (`{"v": 1, "v": 2}`): json.loads keeps the last silently."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return found
 
 
 def _table(records: list[dict[str, Any]], numbers: list[int]) -> pa.Table:
