@@ -1,6 +1,7 @@
 """Bad text parks its row (or its file) and never blocks the stream: a NUL character (PostgreSQL's text cannot hold
-it, DuckDB's does), CR-only line ends, fragments of rows cut by a stray CR, a lone surrogate escape or a key
-written twice in a JSON line. Each bad row is its own dead letter, named by file and line."""
+it, DuckDB's does), CR-only line ends, fragments of rows cut by a stray CR, a lone surrogate escape or a key written
+twice in a JSON line, a file that is one unclosed quote. Each bad row is its own dead letter, named by file and
+line."""
 
 from __future__ import annotations
 
@@ -123,3 +124,18 @@ def test_json_lines_with_a_lone_surrogate_or_a_key_twice_park_their_row(target: 
     assert "invalid text: the key 'n\\udfffame' holds the escape \\udfff" in dead["a.jsonl:line4"]
     assert "the key 'name' appears twice in one object" in dead["a.jsonl:line5"]
     assert "the key 'k' appears twice in one object" in dead["a.jsonl:line6"]
+
+
+def test_a_file_of_one_unclosed_quote_is_parked_not_read_as_empty(target: Target) -> None:
+    """A file holding only `"` (or a header line whose quote never closes) read as an empty file, nothing said."""
+    target_catalog(target, "*")
+    target.drops.write("q.csv", '"', BASE + 1)
+    target.drops.write("h.csv", 'id,"name\n', BASE + 2)
+    target.drops.write("closed.csv", '"id"x,name\n', BASE + 3)  # a mid-field quote swallows nothing: no rows
+    target.drops.write("ok.csv", "id,name\n1,a\n", BASE + 4)
+    outcome = target.drops.run()
+    assert sorted(r[0] for r in target.query("SELECT id FROM drops.orders")) == [1]
+    assert outcome.result.dead_letters == 2
+    dead = _dead(target)
+    assert sorted(dead) == ["h.csv:file", "q.csv:file"]
+    assert "its only line (line 1) opens a quote that is never closed" in dead["q.csv:file"]

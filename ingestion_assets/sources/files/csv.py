@@ -289,7 +289,8 @@ def _header(open_file: Callable[[], pa.NativeFile], options: CsvOptions) -> list
     """The column names, read apart (a bad value in the first block stops pyarrow before it names them)."""
     if options.column_names:
         return list(options.column_names)
-    line = next(_lines_of(open_file()), b"")
+    lines = _lines_of(open_file())
+    line = next(lines, b"")
     try:
         first = line.decode(options.encoding)
     except UnicodeDecodeError as exc:
@@ -298,15 +299,28 @@ def _header(open_file: Callable[[], pa.NativeFile], options: CsvOptions) -> list
             f"({line[exc.start : exc.start + 1]!r}): fix the header, or set csv.encoding or csv.column_names"
         ) from exc
     quote = options.quote_char or ""
-    return next(
-        pycsv.reader(
-            [first],
-            delimiter=options.delimiter,
-            quotechar=quote or None,
-            quoting=pycsv.QUOTE_MINIMAL if quote else pycsv.QUOTE_NONE,
-        ),
-        [],
-    )
+    dialect: dict[str, Any] = {
+        "delimiter": options.delimiter,
+        "quotechar": quote or None,
+        "quoting": pycsv.QUOTE_MINIMAL if quote else pycsv.QUOTE_NONE,
+    }
+    if quote and quote in first and next(lines, None) is None:
+        _closed_header(first, dialect)
+    return next(pycsv.reader([first], **dialect), [])
+
+
+def _closed_header(first: str, dialect: dict[str, Any]) -> None:
+    """A file of one line whose quote never closes (a lone `"`): pyarrow reads it as an empty file, no row and
+    nothing wrong; it is parked (lines after such a header are counted by `data_lines` instead)."""
+    try:
+        next(pycsv.reader([first], strict=True, **dialect), None)
+    except pycsv.Error as exc:
+        if "end of data" not in str(exc):  # a quote closed mid-field (`"a"b`) swallows nothing: read as before
+            return
+        raise CorruptFile(
+            f"its only line (line 1) opens a quote that is never closed ({exc}): the file is cut short or its "
+            "quotes are broken; fix the file (a quote inside a quoted value is written twice)"
+        ) from exc
 
 
 class _LineFinder:
