@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ingestion_assets.sync import FAULT_ENV, InjectedFault
 from ingestion_assets_tests.files_helpers import Target, target_catalog, target_of
 
 BASE = 1_700_000_000.0
@@ -139,3 +140,27 @@ def test_a_file_of_one_unclosed_quote_is_parked_not_read_as_empty(target: Target
     dead = _dead(target)
     assert sorted(dead) == ["h.csv:file", "q.csv:file"]
     assert "its only line (line 1) opens a quote that is never closed" in dead["q.csv:file"]
+
+
+def test_csv_slices_hold_at_most_slice_rows_and_resume_inside_a_block(
+    target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CSV file is read in 4 MB blocks (~300k short rows each) and a slice took whole blocks: `slice_rows: 1000`
+    gave slices of 294,433 rows. A block is now cut at the slice's room; a run stopped after a slice cut inside a
+    block resumes inside it: every row lands once, each bad row is parked once (rows of the wrong width are counted
+    apart from the rows, bad values by their row)."""
+    target_catalog(target, "*.csv", slice_rows=1000, csv={"column_types": {"amount": "float64"}})
+    lines = [f"{i},n{i},{i}.5" if i not in (1500, 3500) else f"{i},short" for i in range(1, 5001)]
+    lines[2499] = "2500,bad,oops"
+    target.drops.write("a.csv", "id,name,amount\n" + "\n".join(lines) + "\n", BASE + 1)
+    monkeypatch.setenv(FAULT_ENV, "after_checkpoint:2")
+    with pytest.raises(InjectedFault):
+        target.drops.run()
+    partial = target.drops.store.latest(None).position["partial"]  # type: ignore[union-attr]
+    assert partial["path"] == "a.csv" and partial["rows"] == 3001  # three slices of 1000 rows (and row 2499 parked)
+    monkeypatch.delenv(FAULT_ENV)
+    outcome = target.drops.run()
+    assert outcome.result.rows == 4998 - 3001 and outcome.result.slices <= 3  # the rest, in slices of 1000
+    ids = [r[0] for r in target.query("SELECT id FROM drops.orders ORDER BY id")]
+    assert ids == [i for i in range(1, 5001) if i not in (1500, 2500, 3500)]
+    assert sorted(_dead(target)) == ["a.csv:line1501", "a.csv:line3501", "a.csv:row2499"]

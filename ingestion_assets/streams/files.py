@@ -22,6 +22,8 @@ from ingestion_assets.sources.files import (
     CorruptFile,
     FileInfo,
     MissingLocation,
+    Piece,
+    at_most,
     filesystem,
     list_files,
     read_file,
@@ -242,16 +244,19 @@ class FileSourceStream:
             resume = progress.resume(relative, info)
             batch.begin(relative, resume)
             try:
-                for piece in read_file(fs, info, self.spec, resume, window, columns.folded, self.nul_refused_by):
-                    if piece.table is not None:
-                        columns.check(piece.table)  # two columns landing as one: parked, never mixed up
-                    version = progress.version(relative, info)
-                    batch.add(piece.table, relative, info, piece.bad, version)
-                    ties.add(piece.table, relative, version[0])
-                    progress.inside(relative, info, piece.rows_done, piece.bad_done)
-                    if batch.rows >= self.spec.slice_rows:
-                        yield _slice(batch, progress.position(), index)
-                        batch, index = FileBatch(), index + 1
+                for read in read_file(fs, info, self.spec, resume, window, columns.folded, self.nul_refused_by):
+                    rest: Piece | None = read
+                    while rest is not None:  # a piece longer than the slice's room is cut: slice_rows holds
+                        piece, rest = at_most(rest, self.spec.slice_rows - batch.rows)
+                        if piece.table is not None:
+                            columns.check(piece.table)  # two columns landing as one: parked, never mixed up
+                        version = progress.version(relative, info)
+                        batch.add(piece.table, relative, info, piece.bad, version)
+                        ties.add(piece.table, relative, version[0])
+                        progress.inside(relative, info, piece.rows_done, piece.bad_done)
+                        if batch.rows >= self.spec.slice_rows:
+                            yield _slice(batch, progress.position(), index)
+                            batch, index = FileBatch(), index + 1
             except CorruptFile as exc:
                 batch.park(relative, info, str(exc))
                 if options.log is not None:

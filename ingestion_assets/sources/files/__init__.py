@@ -36,6 +36,7 @@ from ingestion_assets.sources.files.pieces import (
     Piece,
     Resume,
     RowWindow,
+    at_most,
     without_texts,
 )
 from ingestion_assets.sources.files.spellings import one_spelling
@@ -53,6 +54,7 @@ __all__ = [
     "Resume",
     "RowWindow",
     "StorageError",
+    "at_most",
     "filesystem",
     "list_files",
     "read_file",
