@@ -5,7 +5,6 @@ CSV values are: integers bigint, numbers with a point exact decimals, doubles on
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any
@@ -14,8 +13,7 @@ import pyarrow as pa
 
 from ingestion_assets.sources.files.pieces import ROW, TEXT, BadRow, Piece, Resume
 from ingestion_assets.sources.json_numbers import is_number, json_text, loads, number_array
-
-_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # a UTF-16 surrogate escape: checked only on lines holding one
+from ingestion_assets.sources.json_strings import SURROGATE_ESCAPE, lone_surrogate, surrogate_problem
 
 
 def read_jsonl(open_file: Callable[[], pa.NativeFile], batch_rows: int, resume: Resume) -> Iterator[Piece]:
@@ -58,36 +56,9 @@ def _parse(line: bytes) -> tuple[dict[str, Any], str | None]:
         )
     if not isinstance(value, dict):
         return {}, f"a JSON {type(value).__name__}, not an object"
-    if _SURROGATE.search(line) and (lone := _lone_surrogate(value, "")) is not None:
-        where, code = lone
-        return {}, (
-            f"invalid text: {where} holds the escape \\u{code:04x}, half of a UTF-16 surrogate pair without its "
-            "other half: no character, so no target can store it as text"
-        )
+    if SURROGATE_ESCAPE.search(text) and (lone := lone_surrogate(value)) is not None:
+        return {}, surrogate_problem(lone)
     return value, None
-
-
-def _lone_surrogate(value: Any, path: str) -> tuple[str, int] | None:
-    """Which string of `value` (at `path`) holds a lone surrogate, and its code point."""
-    if isinstance(value, str):
-        code = _surrogate_in(value)
-        return None if code is None else (f"the value of {path!r}" if path else "the value", code)
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for name, item in items:
-        inner = f"{path}.{name}" if path else str(name)
-        if isinstance(name, str) and (code := _surrogate_in(name)) is not None:
-            return f"the key {inner!r}", code
-        if (found := _lone_surrogate(item, inner)) is not None:
-            return found
-    return None
-
-
-def _surrogate_in(text: str) -> int | None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return ord(text[exc.start])
-    return None
 
 
 class _DuplicateKey(ValueError):
