@@ -3,6 +3,7 @@ faults, a crash mid-read; the target equals the server's data."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -127,3 +128,43 @@ def test_a_record_with_a_nul_character_is_parked_not_changed(harness: StreamHarn
     )
     assert sorted(int(key) for key, _ in parked) == sorted(patched)
     assert all("['status'] hold a NUL character" in error for _, error in parked)
+
+
+def test_a_record_with_a_nul_character_is_parked_on_postgres_too(harness: StreamHarness, api: DemoApi) -> None:
+    """Its dead letter failed on PostgreSQL: the raw record holds the JSON escape `\\u0000`, which jsonb refuses
+    ("unsupported Unicode escape sequence"), and dlt retried the load until the run failed. On PostgreSQL a NUL
+    in a dead letter reads as the text `\\u0000`; the rest load."""
+    api.put("orders", [{"id": 1, "name": "a"}, {"id": 2, "name": "b\x00c"}, {"id": 3, "o": {"x\x00": "y"}}])
+    _catalog(harness, api, destination="postgres")
+    harness.materialize()
+    schema = harness.source_name
+    assert harness.query_target(f'SELECT id, name FROM "{schema}".orders WHERE id <= 3') == [(1, "a")]
+    parked = harness.query_target(f'SELECT record_key, error, raw_record FROM "{schema}"._ingest_dead_letter')
+    found = {key: (error, raw) for key, error, raw in parked}
+    assert sorted(found) == ["2", "3"]
+    assert "['name'] hold a NUL character" in found["2"][0] and found["2"][1]["name"] == "b\\u0000c"
+    assert "hold a NUL character" in found["3"][0]
+    assert found["3"][1]["o"] == {"x\\u0000": "y"}
+
+
+@pytest.mark.parametrize("destination", ["duckdb", "postgres"])
+def test_a_record_with_a_lone_surrogate_is_parked_not_fatal(
+    harness: StreamHarness, api: DemoApi, destination: str
+) -> None:
+    """`"\\ud800"` (half a UTF-16 pair, no character) parsed into a string Arrow cannot encode: the run failed
+    ("Pipeline execution failed at step=extract", a permanent error naming nothing). The record is parked naming
+    the field; its dead letter shows the escape as text (DuckDB's JSON and PostgreSQL's jsonb refuse half a pair);
+    a whole pair loads."""
+    api.put(
+        "orders", [{"id": 1, "name": "a\ud83d\ude00"}, {"id": 2, "name": "b\ud800c"}, {"id": 3, "o": {"k\udc00": 1}}]
+    )
+    _catalog(harness, api, destination=destination)
+    harness.materialize()
+    schema = harness.source_name
+    assert harness.query_target(f'SELECT id, name FROM "{schema}".orders WHERE id <= 3') == [(1, "a\U0001f600")]
+    parked = harness.query_target(f'SELECT record_key, error, raw_record FROM "{schema}"._ingest_dead_letter')
+    found = {key: (error, raw if isinstance(raw, dict) else json.loads(raw)) for key, error, raw in parked}
+    assert sorted(found) == ["2", "3"]
+    assert "invalid text: the value of 'name' holds the escape \\ud800" in found["2"][0]
+    assert "invalid text: the key 'o.k\\udc00' holds the escape \\udc00" in found["3"][0]
+    assert found["2"][1]["name"] == "b\\ud800c"  # as the escape's text: no target's JSON holds half a pair

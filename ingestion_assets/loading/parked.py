@@ -9,10 +9,15 @@ import pyarrow as pa
 from dlt.destinations.exceptions import DatabaseUndefinedRelation
 
 from ingestion_assets.loading.dead_letters import DEAD_LETTER_HINTS, DEAD_LETTER_KEY, DEAD_LETTER_TABLE
+from ingestion_assets.loading.storable_text import storable_dead_letters
 
 
-def dead_letter_resource(records: pa.Table) -> Any:
-    """Merged on (stream, partition, record_key): a re-read slice updates its entries, never doubles them."""
+def dead_letter_resource(records: pa.Table, postgres: bool = False) -> Any:
+    """Merged on (stream, partition, record_key): a re-read slice updates its entries, never doubles them.
+    `postgres`: the target is PostgreSQL, whose text and jsonb cannot hold a NUL (written out as `\\u0000`); no
+    target's JSON holds half a surrogate pair (written out as `\\ud800`)."""
+    json_columns = tuple(name for name, hint in DEAD_LETTER_HINTS.items() if hint["data_type"] == "json")
+    records = storable_dead_letters(records, json_columns, postgres)
     hints: dict[str, Any] = {
         "name": DEAD_LETTER_TABLE,
         "table_name": DEAD_LETTER_TABLE,

@@ -250,7 +250,7 @@ class Loader:
             if table is not None and table.num_rows:
                 resources.append(dlt.resource([table], **self._resource_hints(disposition)))
             if dead_letters is not None and dead_letters.num_rows:
-                resources.append(dead_letter_resource(dead_letters))
+                resources.append(dead_letter_resource(dead_letters, self.destination.type == "postgres"))
                 self._parked_keys = None  # re-read: the table now holds new entries
             if resources:
                 self._run(resources, self._file_format)
@@ -429,7 +429,7 @@ class Loader:
                 }
                 resources.append(dlt.resource(records, **hints))
             if dead_letters is not None and dead_letters.num_rows:
-                resources.append(dead_letter_resource(dead_letters))
+                resources.append(dead_letter_resource(dead_letters, self.destination.type == "postgres"))
                 self._parked_keys = None
             if resources:
                 self._run(resources, None)

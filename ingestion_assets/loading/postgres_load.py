@@ -32,7 +32,7 @@ def load_slice(loader: Loader, table: pa.Table | None, dead_letters: pa.Table | 
     """
     if dead_letters is not None and dead_letters.num_rows:
         with loader._lock():
-            loader.pipeline.run([dead_letter_resource(dead_letters)])
+            loader.pipeline.run([dead_letter_resource(dead_letters, postgres=True)])
         loader._parked_keys = None
     rows = table if table is not None and table.num_rows else None
     mode = disposition

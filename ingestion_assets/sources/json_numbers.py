@@ -40,9 +40,10 @@ def exact_integer(text: str) -> int | Number:
     return int(text) if len(text) <= 20 else Number(text)
 
 
-def loads(text: str | bytes) -> Any:
-    """A JSON document with its numbers exact: integers as int (past 20 digits a Number), the rest as Number."""
-    return json.loads(text, parse_float=Number, parse_int=exact_integer)
+def loads(text: str | bytes, **options: Any) -> Any:
+    """A JSON document with its numbers exact: integers as int (past 20 digits a Number), the rest as Number.
+    `options`: json.loads's others (an `object_pairs_hook`)."""
+    return json.loads(text, parse_float=Number, parse_int=exact_integer, **options)
 
 
 def json_text(value: Any) -> str:

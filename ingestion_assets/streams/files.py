@@ -22,6 +22,8 @@ from ingestion_assets.sources.files import (
     CorruptFile,
     FileInfo,
     MissingLocation,
+    Piece,
+    at_most,
     filesystem,
     list_files,
     read_file,
@@ -81,6 +83,11 @@ class FileSourceStream:
     def primary_key(self) -> tuple[str, ...]:
         """Without a key in the catalog a row is keyed by its file and row number."""
         return tuple(self.spec.primary_key) or (FILE, ROW)
+
+    @property
+    def nul_refused_by(self) -> str | None:
+        """The target, if its text cannot hold the NUL character (PostgreSQL): rows holding one are parked."""
+        return "PostgreSQL" if self.destination.type == "postgres" else None
 
     def resume_position(self, position: dict[str, Any] | None, complete: bool) -> dict[str, Any] | None:
         return position  # always incremental: the position says which files were read
@@ -237,16 +244,19 @@ class FileSourceStream:
             resume = progress.resume(relative, info)
             batch.begin(relative, resume)
             try:
-                for piece in read_file(fs, info, self.spec, resume, window, columns.folded):
-                    if piece.table is not None:
-                        columns.check(piece.table)  # two columns landing as one: parked, never mixed up
-                    version = progress.version(relative, info)
-                    batch.add(piece.table, relative, info, piece.bad, version)
-                    ties.add(piece.table, relative, version[0])
-                    progress.inside(relative, info, piece.rows_done, piece.bad_done)
-                    if batch.rows >= self.spec.slice_rows:
-                        yield _slice(batch, progress.position(), index)
-                        batch, index = FileBatch(), index + 1
+                for read in read_file(fs, info, self.spec, resume, window, columns.folded, self.nul_refused_by):
+                    rest: Piece | None = read
+                    while rest is not None:  # a piece longer than the slice's room is cut: slice_rows holds
+                        piece, rest = at_most(rest, self.spec.slice_rows - batch.rows)
+                        if piece.table is not None:
+                            columns.check(piece.table)  # two columns landing as one: parked, never mixed up
+                        version = progress.version(relative, info)
+                        batch.add(piece.table, relative, info, piece.bad, version)
+                        ties.add(piece.table, relative, version[0])
+                        progress.inside(relative, info, piece.rows_done, piece.bad_done)
+                        if batch.rows >= self.spec.slice_rows:
+                            yield _slice(batch, progress.position(), index)
+                            batch, index = FileBatch(), index + 1
             except CorruptFile as exc:
                 batch.park(relative, info, str(exc))
                 if options.log is not None:

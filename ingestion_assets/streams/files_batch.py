@@ -114,8 +114,7 @@ class FileBatch:
     ) -> None:
         """`version`: the (modified time, path) the rows' versions carry; default the file's own (a copy's differ)."""
         for row in bad:
-            where = f"line {row.line}" if row.line is not None else f"row {row.row}" if row.row else "line unknown"
-            key = f"{relative}:{where.replace(' ', '')}" if row.line or row.row else f"{relative}:{row.raw}"
+            where, key = _where(relative, row)
             line = row.line if row.line is not None else row.file_line
             if line is not None and row.line is None:
                 where = f"{where} (line {line})"
@@ -144,6 +143,21 @@ class FileBatch:
                 "raw": {"file": relative, "size": info.size, "etag": info.etag, **_when(info)},
             }
         )
+
+
+def _where(relative: str, row: BadRow) -> tuple[str, str]:
+    """Where the bad row is, for its message, and its dead letter's key: by line or row number, else by its number
+    among the file's rows of the wrong width, never by its text (two fragments of one text were one dead letter,
+    and a fragment of another file's name could collide)."""
+    if row.line is not None:
+        where = f"line {row.line}"
+    elif row.row:
+        where = f"row {row.row}"
+    elif row.ordinal is not None:
+        return f"bad row {row.ordinal} (line unknown)", f"{relative}:bad{row.ordinal}"
+    else:
+        return "line unknown", f"{relative}:{row.raw}"
+    return where, f"{relative}:{where.replace(' ', '')}"
 
 
 def _labelled(table: pa.Table, relative: str, version: tuple[dt.datetime, str]) -> pa.Table:

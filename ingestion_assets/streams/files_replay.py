@@ -69,7 +69,7 @@ def _read_again(stream: FileSourceStream, fs: Any, info: FileInfo, file: str, pa
     window = PartitionScope.of(stream.spec, partition or None).rows()
     try:
         folded = FileColumnNames(target_names(stream.destination), ()).folded
-        for piece in read_file(fs, info, stream.spec, Resume(), window, folded):
+        for piece in read_file(fs, info, stream.spec, Resume(), window, folded, stream.nul_refused_by):
             batch.add(piece.table, file, info, piece.bad)
     except CorruptFile as exc:
         batch.park(file, info, str(exc))

@@ -29,6 +29,7 @@ from ingestion_assets.observe.commit_latency import CommitLatency
 from ingestion_assets.references import resolve, tls_files
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.json_numbers import json_text
+from ingestion_assets.sources.json_strings import SURROGATE_ESCAPE, lone_surrogate, surrogate_problem
 from ingestion_assets.sources.rest import (
     Clock,
     EndpointSpec,
@@ -248,6 +249,8 @@ class RestApiStream:
                 f"field(s) {fields} hold a NUL character (\\u0000), which neither DuckDB nor PostgreSQL text can "
                 "store (the load would drop it and change the value)"
             )
+        if SURROGATE_ESCAPE.search(text) and (lone := lone_surrogate(record)) is not None:
+            return surrogate_problem(lone)  # Arrow cannot encode it: the whole load failed
         return None
 
     def _dead_letter(self, record: Any, problem: str, options: RunOptions, now: dt.datetime) -> dict[str, Any]:
@@ -256,7 +259,7 @@ class RestApiStream:
         return {
             "stream": self.name,
             "partition": options.partition or "",
-            "record_key": "|".join("" if k is None else str(k) for k in keys) or _fingerprint(record),
+            "record_key": _storable("|".join("" if k is None else str(k) for k in keys)) or _fingerprint(record),
             "run_id": options.run_id,
             "position": json_text({self.spec.cursor: cursor} if self.spec.cursor else {}),
             "error": problem,
@@ -278,6 +281,11 @@ def _nul_fields(value: Any, path: str = "") -> list[str]:
         for index, item in enumerate(value):
             found += _nul_fields(item, f"{path}[{index}]")
     return found
+
+
+def _storable(text: str) -> str:
+    """A key as text any target stores: a lone surrogate in it written as its escape (`\\ud800`)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _fingerprint(record: Any) -> str:

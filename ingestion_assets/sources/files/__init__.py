@@ -25,6 +25,7 @@ from ingestion_assets.sources.files.listing import (
     open_bytes,
     open_seekable,
 )
+from ingestion_assets.sources.files.nul import without_nul
 from ingestion_assets.sources.files.parquet import read_parquet
 from ingestion_assets.sources.files.pieces import (
     FILE,
@@ -35,6 +36,7 @@ from ingestion_assets.sources.files.pieces import (
     Piece,
     Resume,
     RowWindow,
+    at_most,
     without_texts,
 )
 from ingestion_assets.sources.files.spellings import one_spelling
@@ -52,6 +54,7 @@ __all__ = [
     "Resume",
     "RowWindow",
     "StorageError",
+    "at_most",
     "filesystem",
     "list_files",
     "read_file",
@@ -66,11 +69,13 @@ def read_file(
     resume: Resume,
     window: RowWindow | None = None,
     folded: Callable[[str], str] | None = None,
+    nul_refused_by: str | None = None,
 ) -> Iterator[Piece]:
     """The file's rows after `resume` (within `window`, if given), piece by piece. Raises CorruptFile for bytes
     that are not the format (the caller parks the file), StorageError / FileNotFoundError for the storage. Rows
     without their primary key come as bad rows. `folded`: the column a name lands in (the destination's naming),
-    by which a JSON line's keys spelled apart (`ID`, `id`) are one column."""
+    by which a JSON line's keys spelled apart (`ID`, `id`) are one column. `nul_refused_by`: the target whose text
+    cannot hold the NUL character (PostgreSQL), if it cannot: rows holding one are bad rows."""
     kind = file_format(info.path, spec.format)[0]
     by_line = kind == "jsonl"  # a JSON line's row number is its line
     compression = _compression(info, spec)
@@ -84,7 +89,8 @@ def read_file(
         kept, clashing = one_spelling(piece.table, folded) if by_line and folded else (piece.table, [])
         kept, outside = within(kept, window) if window is not None else (kept, [])
         kept, keyless = keyed(kept, spec.primary_key, by_line)
-        bad = piece.bad + clashing + outside + keyless
+        kept, nul = without_nul(kept, by_line, nul_refused_by) if nul_refused_by else (kept, [])
+        bad = piece.bad + clashing + outside + keyless + nul
         yield Piece(kept, _with_lines(bad, lines) if lines else bad, piece.rows_done, piece.bad_done)
 
 

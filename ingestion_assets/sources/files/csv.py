@@ -22,6 +22,7 @@ from ingestion_assets.sources.files.pieces import ROW, BadRow, CorruptFile, Piec
 
 BLOCK_BYTES = 4 << 20
 _COLUMN = re.compile(r"In CSV column #(\d+)")
+_BREAK = re.compile(rb"\r\n|\r|\n")
 _TYPES = {
     "string": pa.string(),
     "int64": pa.int64(),
@@ -213,7 +214,7 @@ def _invalid(invalid_rows: list[Any], invalid: int, done: Resume, lines: _LineFi
         invalid += 1
         line = lines.find(row.text)  # also for those given before: the finder passes their lines in order
         if invalid > done.bad:
-            bad.append(BadRow(None, line, _width_problem(row), row.text))
+            bad.append(BadRow(None, line, _width_problem(row), row.text, ordinal=invalid))
     invalid_rows.clear()
     return bad, invalid
 
@@ -296,7 +297,8 @@ def _header(open_file: Callable[[], pa.NativeFile], options: CsvOptions) -> list
     """The column names, read apart (a bad value in the first block stops pyarrow before it names them)."""
     if options.column_names:
         return list(options.column_names)
-    line = next(_lines_of(open_file()), b"")
+    lines = _lines_of(open_file())
+    line = next(lines, b"")
     try:
         first = line.decode(options.encoding)
     except UnicodeDecodeError as exc:
@@ -305,15 +307,28 @@ def _header(open_file: Callable[[], pa.NativeFile], options: CsvOptions) -> list
             f"({line[exc.start : exc.start + 1]!r}): fix the header, or set csv.encoding or csv.column_names"
         ) from exc
     quote = options.quote_char or ""
-    return next(
-        pycsv.reader(
-            [first],
-            delimiter=options.delimiter,
-            quotechar=quote or None,
-            quoting=pycsv.QUOTE_MINIMAL if quote else pycsv.QUOTE_NONE,
-        ),
-        [],
-    )
+    dialect: dict[str, Any] = {
+        "delimiter": options.delimiter,
+        "quotechar": quote or None,
+        "quoting": pycsv.QUOTE_MINIMAL if quote else pycsv.QUOTE_NONE,
+    }
+    if quote and quote in first and next(lines, None) is None:
+        _closed_header(first, dialect)
+    return next(pycsv.reader([first], **dialect), [])
+
+
+def _closed_header(first: str, dialect: dict[str, Any]) -> None:
+    """A file of one line whose quote never closes (a lone `"`): pyarrow reads it as an empty file, no row and
+    nothing wrong; it is parked (lines after such a header are counted by `data_lines` instead)."""
+    try:
+        next(pycsv.reader([first], strict=True, **dialect), None)
+    except pycsv.Error as exc:
+        if "end of data" not in str(exc):  # a quote closed mid-field (`"a"b`) swallows nothing: read as before
+            return
+        raise CorruptFile(
+            f"its only line (line 1) opens a quote that is never closed ({exc}): the file is cut short or its "
+            "quotes are broken; fix the file (a quote inside a quoted value is written twice)"
+        ) from exc
 
 
 class _LineFinder:
@@ -329,9 +344,9 @@ class _LineFinder:
     def find(self, text: str) -> int | None:
         if self._lines is None:
             self._lines = enumerate(_lines_of(self._open()), start=1)
-        first, *more = text.encode(self._encoding, "replace").split(b"\n")  # a row may run over lines
+        first, *more = _BREAK.split(text.encode(self._encoding, "replace"))  # a row may run over lines
         for number, line in self._lines:
-            if line.rstrip(b"\r\n") == first.rstrip(b"\r"):
+            if line == first:
                 for _ in more:  # its other lines are no other row's
                     next(self._lines, None)
                 return number
@@ -339,10 +354,17 @@ class _LineFinder:
 
 
 def _lines_of(stream: pa.NativeFile) -> Iterator[bytes]:
+    """The file's lines without their ends, as pyarrow (and Python's csv) count them: CR LF, LF and a CR alone
+    (old Mac files) each end a line."""
     pending = b""
     while chunk := stream.read(1 << 20):
         pending += chunk
-        *complete, pending = pending.split(b"\n")
+        held = pending.endswith(b"\r")  # perhaps the first half of a CR LF
+        *complete, pending = _BREAK.split(pending[:-1] if held else pending)
+        pending += b"\r" if held else b""
         yield from complete
     if pending:
-        yield pending
+        *complete, last = _BREAK.split(pending)
+        yield from complete
+        if last:
+            yield last

@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from ingestion_assets.sources.files.pieces import ROW, TEXT, BadRow, Piece, Resume
 from ingestion_assets.sources.json_numbers import is_number, json_text, loads, number_array
+from ingestion_assets.sources.json_strings import SURROGATE_ESCAPE, lone_surrogate, surrogate_problem
 
 
 def read_jsonl(open_file: Callable[[], pa.NativeFile], batch_rows: int, resume: Resume) -> Iterator[Piece]:
@@ -45,12 +46,37 @@ def _parse(line: bytes) -> tuple[dict[str, Any], str | None]:
     except UnicodeDecodeError as exc:
         return {}, f"invalid UTF-8 (byte {exc.start} of the line)"
     try:
-        value = loads(text)
+        value = loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as exc:
         return {}, f"not JSON: {exc.msg} at column {exc.colno}"
+    except _DuplicateKey as exc:
+        return {}, (
+            f"the key {exc.key!r} appears twice in one object: which value is meant is unknown (JSON readers differ: "
+            "most keep the last, some the first), so the row is parked; write each key once"
+        )
     if not isinstance(value, dict):
         return {}, f"a JSON {type(value).__name__}, not an object"
+    if SURROGATE_ESCAPE.search(text) and (lone := lone_surrogate(value)) is not None:
+        return {}, surrogate_problem(lone)
     return value, None
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key written twice (`{"v": 1, "v": 2}`): json.loads keeps the last silently."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return found
 
 
 def _table(records: list[dict[str, Any]], numbers: list[int]) -> pa.Table:

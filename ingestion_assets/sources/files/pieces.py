@@ -43,6 +43,7 @@ class BadRow:
     error: str
     raw: str  # the row as read (text, or its values as JSON)
     file_line: int | None = None  # where a row keyed by its number starts in the file, when known
+    ordinal: int | None = None  # its number among the file's rows of the wrong width (when its line is unknown)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,22 @@ class Piece:
     bad: list[BadRow]
     rows_done: int  # rows of the file given so far (this piece's last row number)
     bad_done: int = 0
+
+
+def at_most(piece: Piece, rows: int) -> tuple[Piece, Piece | None]:
+    """`piece` cut after its first `rows` rows (None: it has no more): a slice takes at most `slice_rows` rows
+    whatever the reader's batches (a CSV batch is a 4 MB block, 300k short rows). The first part ends at its last
+    row's number, with the bad rows before it and those counted apart (rows of the wrong width, `bad_done`), so a
+    read resumed from its checkpoint gives the rest of the piece again and parks none twice."""
+    table = piece.table
+    if table is None or table.num_rows <= rows:
+        return piece, None
+    last = table.column(ROW)[rows - 1].as_py()
+    before = [b for b in piece.bad if b.row is None or b.row <= last]
+    after = [b for b in piece.bad if b.row is not None and b.row > last]
+    return Piece(table.slice(0, rows), before, last, piece.bad_done), Piece(
+        table.slice(rows), after, piece.rows_done, piece.bad_done
+    )
 
 
 @dataclass(frozen=True)
