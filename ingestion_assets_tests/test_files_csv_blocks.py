@@ -40,3 +40,18 @@ def _quoted(rows: list[tuple[int, str, int]]) -> str:
     text = io.StringIO()
     csv.writer(text, lineterminator="\n").writerows([("id", "name", "amount"), *rows])
     return text.getvalue()
+
+
+def test_a_quote_never_closed_on_a_last_line_without_a_line_break_is_parked(tmp_path: Path) -> None:
+    """Found by a fifth attacker: `2,b,"cut short<EOF>` loaded `cut short` as a whole value, `"11<EOF>` as key 11."""
+    drops = Drops(tmp_path)
+    drops.write("a.csv", 'id,name,amount\n1,a,10\n2,b,"20', 1_700_000_000)
+    drops.write("b.csv", 'name,amount,id\nc,30,3\nd,40,"4', 1_700_000_100)
+    drops.write("c.csv", 'id,name,amount\n5,"e",50\n6,f,"60"', 1_700_000_200)  # closed, no line break: read
+    drops.write("d.csv", 'id,name,amount\n7,"g\nh",70\n8,i,"80', 1_700_000_300)
+    drops.catalog(path="*.csv", primary_key="id")
+    outcome = drops.run()
+    assert drops.rows() == [(1, "a", 10), (3, "c", 30), (5, "e", 50), (6, "f", 60), (7, "g\nh", 70)]
+    assert sorted(key for key, _ in drops.dead_letters()) == ["a.csv:row2", "b.csv:row2", "d.csv:row2"]
+    assert all("never closed" in error for _, error in drops.dead_letters())
+    assert outcome.result.dead_letters == 3

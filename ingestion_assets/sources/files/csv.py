@@ -4,6 +4,7 @@ values that do not parse as their column's type become bad rows with their file,
 from __future__ import annotations
 
 import csv as pycsv
+import io
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -39,6 +40,8 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
     already given are skipped, and each bad value's row is parked instead."""
     raw_columns: set[str] = set()
     done = resume
+    if options.quote_char or options.escape_char:
+        open_file = _line_ended(open_file)
     block = min(BLOCK_BYTES, options.max_row_bytes)
     strictly_read = False
     texts = {name for name in _header(open_file, options) if name not in options.column_types}  # typed by infer
@@ -66,7 +69,10 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
         lines = _LineFinder(open_file, options.encoding)  # each pass meets the bad lines from the file's start
         try:
             pieces = _pieces(reader, invalid_rows, done, wanted, raw_columns, lines, texts)
-            for piece in closed_at_end(pieces, reader.schema.names[-1], open_file, options.encoding):
+            for checked in closed_at_end(pieces, reader.schema.names[-1], open_file, options.encoding):
+                # typed once the end is checked: an unclosed last value (`"11<EOF>`) must not make its column text
+                table = None if checked.table is None else typed(checked.table, texts)
+                piece = Piece(table, checked.bad, checked.rows_done, checked.bad_done)
                 if not strictly_read and options.quote_char and _spans_lines(piece.table):
                     strictly_read = True  # a value over several lines: is it one, or rows swallowed by a quote?
                     if (reason := swallowed_lines(open_file, options)) is not None:
@@ -87,6 +93,38 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
             if column is None or column in raw_columns:
                 raise CorruptFile(f"not readable as CSV: {exc}") from exc
             raw_columns.add(column)
+
+
+def _line_ended(open_file: Callable[[], pa.NativeFile]) -> Callable[[], Any]:
+    """The file as read, with a line break added after its last byte when it has none: a quote opened in the last
+    line and never closed (`2,b,"cut short<EOF>`) then holds a line break and runs to the file's end, as with one,
+    and is parked (`closed_at_end`); without it pyarrow read `cut short` as a whole value (found by the fifth files
+    attacker). A file ending in a line break is read as it is."""
+    return lambda: io.BufferedReader(_LineEnded(open_file()), 1 << 20)
+
+
+class _LineEnded(io.RawIOBase):
+    def __init__(self, stream: pa.NativeFile) -> None:
+        self._stream, self._last, self._ended = stream, b"", False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._stream.read(len(buffer))
+        if data:
+            buffer[: len(data)] = data
+            self._last = data[-1:]
+            return len(data)
+        if self._ended or self._last in (b"", b"\n", b"\r"):
+            return 0
+        self._ended = True
+        buffer[:1] = b"\n"
+        return 1
+
+    def close(self) -> None:
+        self._stream.close()
+        super().close()
 
 
 def _spans_lines(table: pa.Table | None) -> bool:
@@ -207,7 +245,7 @@ def _pieces(
         if raw:
             table, failed = _coerce(table, wanted, raw)
             bad += failed
-        yield Piece(typed(without_unnamed(table), texts), bad, good, max(invalid, done.bad))
+        yield Piece(without_unnamed(table), bad, good, max(invalid, done.bad))
     # rows pyarrow turned down after its last batch (or in a file it gave no batch of: a quote opened in the first
     # row and never closed takes every line after it into one row of the wrong width) are parked, never dropped
     bad, invalid = _invalid(invalid_rows, invalid, done, lines)
