@@ -55,3 +55,16 @@ def test_a_quote_never_closed_on_a_last_line_without_a_line_break_is_parked(tmp_
     assert sorted(key for key, _ in drops.dead_letters()) == ["a.csv:row2", "b.csv:row2", "d.csv:row2"]
     assert all("never closed" in error for _, error in drops.dead_letters())
     assert outcome.result.dead_letters == 3
+
+
+def test_a_header_naming_a_column_twice_parks_its_file_and_the_stream_goes_on(tmp_path: Path) -> None:
+    """Found by a fifth attacker: pyarrow's 'Field "v" exists 2 times in schema' failed the whole stream."""
+    drops = Drops(tmp_path)
+    drops.write("a.csv", "id,name,name\n1,a,b\n", 1_700_000_000)
+    drops.write("b.csv", "id,name,amount\n2,c,3\n", 1_700_000_100)
+    drops.catalog(path="*.csv", primary_key="id")
+    outcome = drops.run()
+    assert drops.rows() == [(2, "c", 3)]
+    ((key, error),) = drops.dead_letters()
+    assert key == "a.csv:file" and "'name' more than once" in error
+    assert outcome.result.dead_letters == 1

@@ -44,7 +44,13 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
         open_file = _line_ended(open_file)
     block = min(BLOCK_BYTES, options.max_row_bytes)
     strictly_read = False
-    texts = {name for name in _header(open_file, options) if name not in options.column_types}  # typed by infer
+    header = _header(open_file, options)
+    if twice := sorted({name for name in header if header.count(name) > 1}):
+        raise CorruptFile(  # which of the two is the column's value is unknown (pyarrow refused the stream whole)
+            f"its header names the column {twice[0]!r} more than once: rename one in the file, or set "
+            "csv.column_names (and csv.header: true to skip the file's own)"
+        )
+    texts = {name for name in header if name not in options.column_types}  # typed by infer
     while True:
         try:
             reader, invalid_rows = _open(open_file, options, raw_columns, block, texts)
