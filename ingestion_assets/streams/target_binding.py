@@ -79,7 +79,10 @@ def _mismatch(loader: Loader, state: TargetState, stored: Any) -> str | None:
             "restored from an older copy, or lost writes"
         )
     if not state.has_rows:
-        return f"{table} in {where} is missing or empty although the checkpoint says rows were loaded"
+        return (
+            f"{table} in {where} is missing or empty although the checkpoint counts {stored['seq']} committed "
+            "slice(s): rows were lost there, unless those slices parked every row they read (a file parked whole)"
+        )
     lineage = stored.get("lineage")
     went_back = loader.went_back(str(lineage)) if lineage else None
     if went_back is not None:  # one table taken back (a lake's time travel): its bindings table was not
