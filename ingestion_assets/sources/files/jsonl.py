@@ -100,7 +100,7 @@ def _table(records: list[dict[str, Any]], numbers: list[int]) -> pa.Table:
 def _column(values: list[Any]) -> pa.Array:
     present = [v for v in values if v is not None]
     if any(isinstance(v, dict | list) for v in present):
-        return pa.array([None if v is None else json_text(v) for v in values], pa.string())
+        return _texts(values)
     if present and all(is_number(v) for v in present):
         numbers = number_array(values)
         if numbers is not None:
@@ -110,6 +110,12 @@ def _column(values: list[Any]) -> pa.Array:
             return pa.array(values)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # 1 and "a"
             pass
+    return _texts(values)
+
+
+def _texts(values: list[Any]) -> pa.Array:
+    """A text column: a string is its text (`ok`), any other value its JSON text (`{"x": 1}`, `1.50`, `true`). A
+    string among objects was its JSON text (`"ok"`), so one value landed in two forms by what its batch held."""
     return pa.array([None if v is None else v if isinstance(v, str) else json_text(v) for v in values], pa.string())
 
 
