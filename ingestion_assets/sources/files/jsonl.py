@@ -1,6 +1,7 @@
-"""JSON lines files in batches of records: a line that is not UTF-8, not JSON or not an object is a bad row
-with its line number; nested values land as JSON text with every digit of their numbers. Numbers are typed as
-CSV values are: integers bigint, numbers with a point exact decimals, doubles only for exponents."""
+"""JSON lines files in batches of records: lines end at CR LF, LF or a lone CR; a line that is not UTF-8, not JSON
+or not an object is a bad row with its line number; nested values land as JSON text with every digit of their
+numbers, strings beside them as their text. Numbers are typed as CSV values are: integers bigint, numbers with a
+point exact decimals, doubles only for exponents."""
 
 from __future__ import annotations
 
@@ -120,10 +121,24 @@ def _texts(values: list[Any]) -> pa.Array:
 
 
 def _lines(stream: pa.NativeFile) -> Iterator[bytes]:
+    """Lines end at CR LF, LF or a CR alone (old Mac files; CSV files read so too): JSON escapes a CR inside a
+    value, so a raw CR can only end a line. A CR ending one read waits for the next: CR LF across two reads is
+    one line end, not two (an empty line between would shift every later line number)."""
     pending = b""
     while chunk := stream.read(1 << 20):
         pending += chunk
-        *complete, pending = pending.split(b"\n")
+        held = pending.endswith(b"\r")
+        *complete, pending = _split(pending[:-1] if held else pending)
         yield from complete
+        if held:
+            pending += b"\r"
+    *complete, pending = _split(pending)
+    yield from complete
     if pending:
         yield pending
+
+
+def _split(data: bytes) -> list[bytes]:
+    if b"\r" in data:  # CR LF, then each CR left (a lone one), as LF: a fifth of a regex split's time
+        data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    return data.split(b"\n")
