@@ -1,0 +1,65 @@
+"""Whether a table stream's declared `primary_key` holds one row per value.
+
+The target keeps one row per key: rows of the source sharing a key value would land twice on a first read
+(slices appended) and collapse into one on the next merge, silently. A key that a unique index (or the primary
+key) guarantees needs no look; any other key (a view, a table without constraints) is looked at once, on a
+stream's first full read, with one GROUP BY over the table (found by a README-only attacker: a view keyed by a
+column that is not unique loaded its rows twice, status ok).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg2 import sql
+
+# A valid, non-partial unique index on plain columns that are all among the declared key's: the key is unique then.
+_GUARANTEED = """
+SELECT 1 FROM pg_index i
+WHERE i.indrelid = %s::regclass AND i.indisunique AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL
+  AND ARRAY(
+    SELECT a.attname::text FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
+    JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+    WHERE k.n <= i.indnkeyatts
+  ) <@ %s::text[]
+LIMIT 1
+"""
+SHOWN = 3
+
+
+def repeated_keys(conn: Any, schema: str, table: str, key: tuple[str, ...]) -> tuple[list[tuple[Any, ...]], int]:
+    """Up to `SHOWN` key values that several rows hold (with how many each) and how many such values there are
+    in all; ([], 0) when the key is guaranteed or holds one row per value. Rows without a key value are not
+    counted (they are parked as bad rows)."""
+    relation = sql.Identifier(schema, table)
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("SELECT {}::regclass::oid").format(sql.Literal(relation.as_string(conn))))
+        oid = cur.fetchone()[0]
+        cur.execute(_GUARANTEED, (oid, list(key)))
+        if cur.fetchone() is not None:
+            return [], 0
+        columns = sql.SQL(", ").join(sql.Identifier(k) for k in key)
+        present = sql.SQL(" AND ").join(sql.SQL("{} IS NOT NULL").format(sql.Identifier(k)) for k in key)
+        cur.execute(
+            sql.SQL(
+                "SELECT {columns}, count(*) AS rows, count(*) OVER () AS keys FROM {relation} WHERE {present} "
+                "GROUP BY {columns} HAVING count(*) > 1 ORDER BY count(*) DESC LIMIT {shown}"
+            ).format(columns=columns, relation=relation, present=present, shown=sql.Literal(SHOWN))
+        )
+        found = cur.fetchall()
+    conn.rollback()
+    if not found:
+        return [], 0
+    return [tuple(row[: len(key) + 1]) for row in found], int(found[0][-1])
+
+
+def repeated_key_error(stream: str, key: tuple[str, ...], repeated: list[tuple[Any, ...]], count: int) -> str:
+    shown = "; ".join(
+        f"{', '.join(f'{k}={v!r}' for k, v in zip(key, row[:-1], strict=True))} in {row[-1]} rows" for row in repeated
+    )
+    return (
+        f"stream {stream}: primary_key {list(key)} is not unique in the source: {count} value(s) are held by several "
+        f"rows ({shown}), and the target keeps one row per key. No unique index guarantees it (a view, or a table "
+        "without that constraint): set primary_key to columns that are unique, or make them unique in the source; "
+        "nothing was loaded"
+    )
