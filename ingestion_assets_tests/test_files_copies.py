@@ -130,3 +130,27 @@ def test_deleting_a_copy_keeps_the_rows_in_postgres(
         query = "SELECT id, name, _ingest_file, _ingest_deleted_at IS NULL FROM drops.orders ORDER BY id"
         assert target.query(query) == [(1, "a1", "a.csv", True), (2, "a1", "a.csv", True), (9, "b", "b.csv", True)]
         assert outcome.result.figures["files_deleted_content_still_listed"] == 1
+
+
+def test_deleting_a_copy_older_than_the_lookback_window_keeps_the_rows(
+    s3: dict[str, Any],  # noqa: F811
+    bucket: tuple[Any, str],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The copy's fingerprint must outlive the window: a file whose rows the target holds leaves the checkpoint once
+    older than `lookback_seconds`, and the deleted copy's content was then unknown; a fingerprint another listed
+    file shares stays."""
+    fs, name = bucket
+    drops = _drops(s3, name, tmp_path, "hard")
+    drops.catalog(path="*.csv", primary_key="id", deletes="hard", lookback_seconds=1)
+    fs.pipe(f"{name}/in/a.csv", b"id,name\n1,a1\n2,a1\n")
+    drops.run()
+    time.sleep(1.1)
+    fs.copy(f"{name}/in/a.csv", f"{name}/in/c.csv")
+    drops.run()
+    time.sleep(2.1)
+    fs.pipe(f"{name}/in/d.csv", b"id,name\n5,d\n")  # the window moves on past c.csv
+    drops.run()
+    fs.rm(f"{name}/in/c.csv")
+    drops.run()
+    assert drops.rows("id, name, _ingest_file") == [(1, "a1", "a.csv"), (2, "a1", "a.csv"), (5, "d", "d.csv")]
