@@ -206,6 +206,14 @@ class LakeLoader(Loader):
         `client()`, which holds the writer lock."""
         return int(self.tables.retire_keys(self.target.table, keys, soft))
 
+    def move_rows(self, column: str, moved: dict[str, str]) -> None:
+        """The live rows of each value of `column` in `moved` take its new value (files_deletes: a deleted file's
+        keys move to the listed file of the same content), one commit per value. Not inside `client()`."""
+        with self._lock():
+            for old, new in sorted(moved.items()):
+                where = f"{quote_name(column)} = {_literal(old)} AND {DELETED_AT} IS NULL"
+                self.tables.update(self.target.table, {column: _literal(new)}, where)
+
     def mark_deleted(self, marks: dict[tuple[Any, ...], tuple[Decimal, dt.datetime]]) -> int:
         """CDC's soft deletes of rows whose values only the target holds (streams/cdc/rows.py): each key (as the
         log's text) flagged at its delete's version and time, in one commit of the table format."""

@@ -166,7 +166,7 @@ class FileSourceStream:
         if not result.stopped:
             if moved := progress.moved():  # renamed: its bad rows were parked again under the new name
                 release_file_keys(loader, {file: set() for file in moved})
-            self._finish(loader, result, options, scope, set(name.values()), known)
+            self._finish(loader, result, options, scope, set(name.values()), known, progress)
         return result
 
     def _known_files(self, loader: Loader, listed: set[str], scope: PartitionScope) -> Callable[[], set[str]]:
@@ -188,12 +188,13 @@ class FileSourceStream:
         scope: PartitionScope,
         listed: set[str],
         known: Callable[[], set[str]],
+        progress: Progress,
     ) -> None:
         """Retire the rows of files gone from the source (after every due file was read), then settle the position:
         files no longer listed leave it (also those an earlier run retired, dying before its checkpoint: kept, the
         file put back as it was would be taken as read), and older fingerprints the target now proves too."""
         if self.spec.deletes != "keep":
-            listed, live = self._retire_deleted(loader, result, options, scope)
+            listed, live = self._retire_deleted(loader, result, options, scope, progress)
             known = known if scope.rows() is not None else functools.cache(lambda: live)
         if result.position is not None:
             result.position = Progress.of(result.position).settle(listed, known, self.spec.lookback_seconds)
@@ -207,16 +208,20 @@ class FileSourceStream:
             options.log.warning("%s: %d file(s) %s, e.g. %s", self.qualified_name, len(files), what, files[:5])
 
     def _retire_deleted(
-        self, loader: Loader, result: SyncResult, options: RunOptions, scope: PartitionScope
+        self, loader: Loader, result: SyncResult, options: RunOptions, scope: PartitionScope, progress: Progress
     ) -> tuple[set[str], set[str]]:
         """After the read: rows of files gone from the source go (or are flagged); a file that comes back
         under the same name is then read again (its fingerprint leaves the position). Returns the files listed
         now and the files the target holds live rows of."""
         _, root, files = self.listing()
         listed = {relative_path(f.path, root) for f in files}
-        retired = retire_deleted_files(loader, listed, scope.holds, self.spec.deletes, self.qualified_name, options.log)
+        copies = _copies(progress, files, root) if self.spec.primary_key else {}
+        retired = retire_deleted_files(
+            loader, listed, scope.holds, self.spec.deletes, self.qualified_name, options.log, copies
+        )
         result.figures["files_deleted"] = len(retired.files)
         result.figures["rows_retired"] = retired.rows
+        result.figures["files_deleted_content_still_listed"] = len(retired.moved)
         if retired.refused:
             result.note = retired.refused
         return listed, retired.live
@@ -272,6 +277,21 @@ class FileSourceStream:
                 batch, index = FileBatch(), index + 1
         if batch.files or batch.tables or batch.dead:
             yield _slice(batch, progress.position(), index)
+
+
+def _copies(progress: Progress, files: list[FileInfo], root: str) -> dict[str, str]:
+    """Files read before and no longer listed -> a listed file of the same content (size and etag, as the store
+    says: a local disk has no etag), the first by path: the keys the gone file holds, that file holds too."""
+    listed: dict[tuple[int, str], str] = {}
+    for info in sorted(files, key=lambda f: relative_path(f.path, root)):
+        if info.etag:
+            listed.setdefault((info.size, info.etag), relative_path(info.path, root))
+    known = {**progress.gone, **progress.seen}  # fingerprints: gone when the run began, and read in the run
+    return {
+        path: listed[(int(size), str(etag))]
+        for path, (_, size, etag) in known.items()
+        if etag and (int(size), str(etag)) in listed
+    }
 
 
 def _slice(batch: FileBatch, position: dict[str, Any], index: int) -> FileSlice:

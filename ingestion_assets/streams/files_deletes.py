@@ -11,6 +11,11 @@ No row is retired while a file that may hold it is unread: a run reads every lis
 old file no checkpoint or target row knows is read too: files_progress.py), and the rows of the files gone from
 the listing never win over rows read in that run (`Loader.released_sources`), so a file renamed keeping its
 modified time moves its rows to the new name (equal versions) before the old name's rows are retired.
+
+Nor while a listed file holds the same content: a keyed stream's rows of a gone file whose fingerprint (size and
+etag: object stores; a local disk has none) a listed file has now move to that file (`_ingest_file` becomes its
+name) instead of being retired. An S3 copy read after its original takes the keys over (equal versions, a later
+read), and deleting the copy must not retire the keys the original, still listed, holds (issue 17).
 """
 
 from __future__ import annotations
@@ -37,17 +42,41 @@ class Retired:
     rows: int
     refused: str | None = None
     live: set[str] = field(default_factory=set)  # the files the target holds live rows of now
+    moved: dict[str, str] = field(default_factory=dict)  # gone file -> the listed file of its content: rows moved
 
 
 def retire_deleted_files(
-    loader: Loader, listed: set[str], held: Any, mode: str, stream: str, log: logging.Logger | Any | None
+    loader: Loader,
+    listed: set[str],
+    held: Any,
+    mode: str,
+    stream: str,
+    log: logging.Logger | Any | None,
+    copies: dict[str, str] | None = None,
 ) -> Retired:
     """Retire the rows of the files the target holds (those `held(file)` says are the partition's) that are
-    not `listed` now. An empty listing retires nothing: a wrong url or prefix must not empty the target."""
+    not `listed` now. An empty listing retires nothing: a wrong url or prefix must not empty the target.
+    `copies`: gone file -> a listed file of the same content (keyed streams): its rows move there, not retired."""
     target = target_files(loader)
     gone = sorted(f for f in target if f not in listed and held(f))
     if not gone:
         return Retired([], 0, live=target)
+    moved = {f: copies[f] for f in gone if copies and copies.get(f) in listed}
+    if moved:
+        rows = _move(loader, moved)
+        if log is not None:
+            log.info(
+                "%s: %d file(s) deleted at the source whose content a listed file holds: %d row(s) moved to it, "
+                "none retired (e.g. %s)",
+                stream,
+                len(moved),
+                rows,
+                ", ".join(f"{f} -> {to}" for f, to in list(moved.items())[:5]),
+            )
+        target = (target - set(moved)) | set(moved.values())
+        gone = [f for f in gone if f not in moved]
+        if not gone:
+            return Retired([], 0, live=target, moved=moved)
     if not listed:
         refused = (
             f"stream {stream}: the listing found no file at all while the target holds rows of {len(target)} "
@@ -60,7 +89,7 @@ def retire_deleted_files(
     rows = _retire(loader, gone, soft=mode == "soft")
     if log is not None:
         log.info("%s: %d file(s) deleted at the source, %d row(s) %s", stream, len(gone), rows, mode + " deleted")
-    return Retired(gone, rows, live=target - set(gone))
+    return Retired(gone, rows, live=target - set(gone), moved=moved)
 
 
 def target_files(loader: Loader) -> set[str]:
@@ -94,6 +123,27 @@ def _retire(loader: Loader, files: list[str], soft: bool) -> int:
             else:
                 client.execute_sql(f"DELETE FROM {table} WHERE {where}")
     return retired
+
+
+def _move(loader: Loader, moved: dict[str, str]) -> int:
+    """The live rows of each gone file become the rows of the listed file of its content (a keyed stream: one row
+    per key, so no key is doubled); returns how many rows moved. Counted by file: a lake's SQL view compares no
+    text pushed down to a Delta table (string against string_view)."""
+    with loader.client() as client:
+        table = client.make_qualified_table_name(loader.target.table)
+        column = client.escape_column_name(loader.names.column(FILE))
+        counts = client.execute_sql(f"SELECT {column}, count(*) FROM {table} WHERE {DELETED_AT} IS NULL GROUP BY 1")
+        if not isinstance(loader, LakeLoader):
+            for gone, to in sorted(moved.items()):
+                where = f"{column} = {_literal(gone)} AND {DELETED_AT} IS NULL"
+                client.execute_sql(f"UPDATE {table} SET {column} = {_literal(to)} WHERE {where}")
+    if isinstance(loader, LakeLoader):  # a lake's rows change through its table format, outside the SQL view
+        loader.move_rows(loader.names.column(FILE), moved)
+    return sum(int(n) for file, n in counts or [] if file in moved)
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
 def _retire_in_lake(loader: LakeLoader, files: list[str], soft: bool) -> int:

@@ -4,7 +4,8 @@ nothing else knows, and the file a run stopped inside. It rides in the checkpoin
 Which files were read is known exactly, from two places, never guessed from a file's modified time:
 - `seen`: the fingerprint (modified time, size, etag) of every file read within `lookback_seconds` of the newest
   one, and of every older file still listed whose rows the target no longer holds (a keyed daily snapshot whose
-  keys all came again in the next one, an empty file, a file parked whole);
+  keys all came again in the next one, an empty file, a file parked whole) or whose content (size and etag) another
+  listed file has (a copy: deleted, its rows move to that file, files_deletes.py);
 - the target's `_ingest_file` column: an older file whose rows the target holds was read (its fingerprint leaves
   `seen` once it is older than the window, at the end of a run (`settle`), so the checkpoint grows with the
   listing's files that hold no rows, and within a run with the files it read, not with every file ever read).
@@ -22,6 +23,7 @@ win over the files read after the original and bring back its old values.
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,15 +123,22 @@ class Progress:
 
     def settle(self, listed: set[str], held: Callable[[], set[str]], lookback_seconds: float) -> dict[str, Any]:
         """The position a run ends with: only listed files (if the listing found any), and an older fingerprint only
-        for a file whose rows the target does not hold now (`held()`, asked only if there is one)."""
+        for a file whose rows the target does not hold now (`held()`, asked only if there is one) or whose content
+        (size and etag) another listed file has: a copy's rows move to its twin when it is deleted (files_deletes),
+        which needs the deleted file's content known then."""
         if listed:
             self.seen = {k: v for k, v in self.seen.items() if k in listed}
         horizon = self._horizon(lookback_seconds)
         if self._aged(horizon):
             kept = held()
             assert horizon is not None
+            contents = Counter((int(v[1]), str(v[2])) for v in self.seen.values() if v[2])
             self.seen = {
-                k: v for k, v in self.seen.items() if k not in kept or dt.datetime.fromisoformat(v[0]) >= horizon
+                k: v
+                for k, v in self.seen.items()
+                if k not in kept
+                or dt.datetime.fromisoformat(v[0]) >= horizon
+                or (v[2] and contents[(int(v[1]), str(v[2]))] > 1)
             }
         return self.position()
 
