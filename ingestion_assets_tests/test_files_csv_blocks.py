@@ -68,3 +68,22 @@ def test_a_header_naming_a_column_twice_parks_its_file_and_the_stream_goes_on(tm
     ((key, error),) = drops.dead_letters()
     assert key == "a.csv:file" and "'name' more than once" in error
     assert outcome.result.dead_letters == 1
+
+
+def test_a_quote_never_closed_is_parked_also_when_its_value_holds_a_doubled_or_escaped_quote(tmp_path: Path) -> None:
+    """Found by a sixth attacker: `2,"x""y` then lines to the end of the file loaded as one value (`x"y\\n3,c...`),
+    the rows after it lost, since the check compared the file's end with the value as read (one quote, not two)."""
+    drops = Drops(tmp_path)
+    drops.write("a.csv", 'id,name,amount\n1,a,1\n2,b,"x""y\n3,c,3\n4,d,4\n', 1_700_000_000)
+    drops.write("b.csv", 'id,name,amount\n5,e,"ok"""\n6,f,"6"', 1_700_000_100)  # closed, ending in a quote: read
+    drops.catalog(path="*.csv", primary_key="id", csv={"column_types": {"amount": "string"}})
+    outcome = drops.run()
+    assert drops.rows() == [(1, "a", "1"), (5, "e", 'ok"'), (6, "f", "6")]
+    assert [key for key, _ in drops.dead_letters()] == ["a.csv:row2"]
+    escaped = Drops(tmp_path / "escaped")
+    escaped.write("a.csv", 'id,name,amount\n1,a,1\n2,b,"ab\\"\n3,c,3\n', 1_700_000_000)
+    escaped.catalog(path="*.csv", primary_key="id", csv={"escape_char": "\\", "column_types": {"amount": "string"}})
+    escaped.run()
+    assert escaped.rows() == [(1, "a", "1")]
+    assert [key for key, _ in escaped.dead_letters()] == ["a.csv:row2"]
+    assert outcome.result.dead_letters == 1

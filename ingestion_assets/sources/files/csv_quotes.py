@@ -13,10 +13,15 @@ from ingestion_assets.sources.files.pieces import ROW, BadRow, Piece, without_te
 
 
 def closed_at_end(
-    pieces: Iterator[Piece], column: str, open_file: Callable[[], pa.NativeFile], encoding: str
+    pieces: Iterator[Piece],
+    column: str,
+    open_file: Callable[[], pa.NativeFile],
+    encoding: str,
+    quoting: tuple[str | None, str | None] = ('"', None),
 ) -> Iterator[Piece]:
     """`pieces` as they come, the last one with rows without a row whose `column` (the header's last) was never
-    closed (pieces of bad rows only may follow it: rows of the wrong width pyarrow turned down last)."""
+    closed (pieces of bad rows only may follow it: rows of the wrong width pyarrow turned down last). `quoting`:
+    the quote and escape characters, which a value holds for a doubled or escaped one in the file."""
     held: list[Piece] = []  # the last piece with rows, and those without rows after it
     try:
         for piece in pieces:
@@ -28,18 +33,30 @@ def closed_at_end(
         yield from held
         raise
     if held:
-        yield _checked(held[0], column, open_file, encoding)
+        yield _checked(held[0], column, open_file, encoding, quoting)
         yield from held[1:]
 
 
-def _checked(piece: Piece, column: str, open_file: Callable[[], pa.NativeFile], encoding: str) -> Piece:
+def _checked(
+    piece: Piece,
+    column: str,
+    open_file: Callable[[], pa.NativeFile],
+    encoding: str,
+    quoting: tuple[str | None, str | None],
+) -> Piece:
     table = piece.table
     if table is None or table.num_rows == 0 or column not in table.column_names:
         return piece
     value = table.column(column)[-1].as_py()
     if isinstance(value, str):
         value = value.encode(encoding, "replace")
-    if not isinstance(value, bytes) or not (b"\n" in value or b"\r" in value) or not _ends(open_file, value):
+    if not isinstance(value, bytes):
+        return piece
+    if not (b"\n" in value or b"\r" in value):
+        return piece
+    endings = _endings(value, quoting, encoding)
+    tail = _tail(open_file, max(map(len, endings), default=0))
+    if not any(tail.endswith(end) for end in endings):
         return piece
     row = table.column(ROW)[-1].as_py()
     breaks = value.count(b"\n")
@@ -55,9 +72,26 @@ def _checked(piece: Piece, column: str, open_file: Callable[[], pa.NativeFile], 
     return Piece(table.slice(0, table.num_rows - 1), [*piece.bad, bad], piece.rows_done, piece.bad_done)
 
 
-def _ends(open_file: Callable[[], pa.NativeFile], value: bytes) -> bool:
-    """Whether the file's last bytes are `value` (read to its end: only for a last value holding a line break)."""
+def _endings(value: bytes, quoting: tuple[str | None, str | None], encoding: str) -> list[bytes]:
+    """How the file may write the end of `value`: as it is, unless it holds a quote or escape character, which the
+    file writes doubled or escaped (`x"y` is `x""y` or `x\\"y` there): then that character's spellings and the text
+    after it, which the file writes as it is. A closed value never matches: its file goes on with a quote."""
+    quote, escape = ((c or "").encode(encoding) for c in quoting)
+    cut = max((value.rfind(c) for c in (quote, escape) if c), default=-1)
+    if cut < 0:
+        return [value]
+    char, written = value[cut : cut + 1], value[cut + 1 :]
+    if not (b"\n" in written or b"\r" in written):
+        return []  # it ends in a quote or escape character: closed (an unclosed one ends with the file's line break)
+    spellings = [char + char] + ([escape + char] if escape and char != escape else [])
+    return [spelling + written for spelling in spellings]
+
+
+def _tail(open_file: Callable[[], pa.NativeFile], size: int) -> bytes:
+    """The file's last `size` bytes (read to its end: only for a last value holding a line break)."""
+    if size == 0:
+        return b""
     stream, tail = open_file(), b""
     while chunk := stream.read(1 << 20):
-        tail = (tail + chunk)[-(len(value) + 1) :]
-    return tail.endswith(value)
+        tail = (tail + chunk)[-size:]
+    return tail
