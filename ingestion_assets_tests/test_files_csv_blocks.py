@@ -87,3 +87,18 @@ def test_a_quote_never_closed_is_parked_also_when_its_value_holds_a_doubled_or_e
     assert escaped.rows() == [(1, "a", "1")]
     assert [key for key, _ in escaped.dead_letters()] == ["a.csv:row2"]
     assert outcome.result.dead_letters == 1
+
+
+def test_with_an_escape_character_a_quote_never_closed_is_parked_whatever_it_escapes(tmp_path: Path) -> None:
+    """Found by a seventh attacker: `2,"x\\n\\a\\n3,b` (an escaped ordinary character loses its escape in the value)
+    loaded rows 3 and on inside row 2's value. A file with an escape character is scanned for a quote left open."""
+    drops = Drops(tmp_path)
+    drops.write("a.csv", 'id,name,amount\n1,a,1\n2,b,"x\n\\a\n3,c,3\n', 1_700_000_000)
+    drops.write("b.csv", 'id,name,amount\n4,d,"x\\\ny\n5,e,5\n6,f,6', 1_700_000_100)  # an escaped line break
+    drops.write("c.csv", 'id,name,amount\n7,g,"a\nb\\"c"\n8,h,"i\\\\"', 1_700_000_200)  # closed: read
+    options = {"escape_char": "\\", "column_types": {"amount": "string"}}
+    drops.catalog(path="*.csv", primary_key="id", csv=options)
+    outcome = drops.run()
+    assert drops.rows() == [(1, "a", "1"), (7, "g", 'a\nb"c'), (8, "h", "i\\")]
+    assert sorted(key for key, _ in drops.dead_letters()) == ["a.csv:row2", "b.csv:row1"]
+    assert outcome.result.dead_letters == 2

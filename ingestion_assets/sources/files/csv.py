@@ -75,7 +75,7 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
         lines = _LineFinder(open_file, options.encoding)  # each pass meets the bad lines from the file's start
         try:
             pieces = _pieces(reader, invalid_rows, done, wanted, raw_columns, lines, texts)
-            quoting = (options.quote_char, options.escape_char)
+            quoting = (options.quote_char, options.escape_char, options.delimiter)
             for checked in closed_at_end(pieces, reader.schema.names[-1], open_file, options.encoding, quoting):
                 # typed once the end is checked: an unclosed last value (`"11<EOF>`) must not make its column text
                 table = None if checked.table is None else typed(checked.table, texts)

@@ -4,12 +4,16 @@ column that holds a line break and runs to the file's last byte was never closed
 
 from __future__ import annotations
 
+import io
 import json
+import re
 from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
 from ingestion_assets.sources.files.pieces import ROW, BadRow, Piece, without_texts
+
+Quoting = tuple[str | None, str | None, str]  # the quote character, the escape character, the delimiter
 
 
 def closed_at_end(
@@ -17,7 +21,7 @@ def closed_at_end(
     column: str,
     open_file: Callable[[], pa.NativeFile],
     encoding: str,
-    quoting: tuple[str | None, str | None] = ('"', None),
+    quoting: Quoting = ('"', None, ","),
 ) -> Iterator[Piece]:
     """`pieces` as they come, the last one with rows without a row whose `column` (the header's last) was never
     closed (pieces of bad rows only may follow it: rows of the wrong width pyarrow turned down last). `quoting`:
@@ -42,7 +46,7 @@ def _checked(
     column: str,
     open_file: Callable[[], pa.NativeFile],
     encoding: str,
-    quoting: tuple[str | None, str | None],
+    quoting: Quoting,
 ) -> Piece:
     table = piece.table
     if table is None or table.num_rows == 0 or column not in table.column_names:
@@ -54,10 +58,14 @@ def _checked(
         return piece
     if not (b"\n" in value or b"\r" in value):
         return piece
-    endings = _endings(value, quoting, encoding)
-    tail = _tail(open_file, max(map(len, endings), default=0))
-    if not any(tail.endswith(end) for end in endings):
-        return piece
+    if quoting[1]:  # an escaped character loses its escape in the value: the file's own quotes say
+        if not _ends_quoted(open_file, encoding, quoting):
+            return piece
+    else:
+        endings = _endings(value, quoting, encoding)
+        tail = _tail(open_file, max(map(len, endings), default=0))
+        if not any(tail.endswith(end) for end in endings):
+            return piece
     row = table.column(ROW)[-1].as_py()
     breaks = value.count(b"\n")
     problem = (
@@ -72,11 +80,11 @@ def _checked(
     return Piece(table.slice(0, table.num_rows - 1), [*piece.bad, bad], piece.rows_done, piece.bad_done)
 
 
-def _endings(value: bytes, quoting: tuple[str | None, str | None], encoding: str) -> list[bytes]:
+def _endings(value: bytes, quoting: Quoting, encoding: str) -> list[bytes]:
     """How the file may write the end of `value`: as it is, unless it holds a quote or escape character, which the
     file writes doubled or escaped (`x"y` is `x""y` or `x\\"y` there): then that character's spellings and the text
     after it, which the file writes as it is. A closed value never matches: its file goes on with a quote."""
-    quote, escape = ((c or "").encode(encoding) for c in quoting)
+    quote, escape = ((c or "").encode(encoding) for c in quoting[:2])
     cut = max((value.rfind(c) for c in (quote, escape) if c), default=-1)
     if cut < 0:
         return [value]
@@ -85,6 +93,46 @@ def _endings(value: bytes, quoting: tuple[str | None, str | None], encoding: str
         return []  # it ends in a quote or escape character: closed (an unclosed one ends with the file's line break)
     spellings = [char + char] + ([escape + char] if escape and char != escape else [])
     return [spelling + written for spelling in spellings]
+
+
+def _ends_quoted(open_file: Callable[[], pa.NativeFile], encoding: str, quoting: Quoting) -> bool:
+    """Whether the file ends inside a quoted value, read as pyarrow reads it: a quote opens a value only at a field's
+    start, `""` in one is a quote, text after a closing quote goes on unquoted, the escape character takes the next
+    character as it is. A scan of the whole file in Python: only for a last value over several lines in a file with
+    an escape character (whose value no longer shows where the file escaped)."""
+    quote, escape, delimiter = quoting
+    chars = "".join(c for c in (quote, escape, delimiter) if c) + "\r\n"
+    specials = re.compile("[" + re.escape(chars) + "]")
+    text = io.TextIOWrapper(open_file(), encoding=encoding, errors="replace", newline="")
+    quoted = closing = escaped = False  # closing: a quote just ended a quoted value (or is the first of `""`)
+    at_start = True
+    while chunk := text.read(1 << 20):
+        i = 0
+        while i < len(chunk):
+            if escaped:
+                escaped, i = False, i + 1
+                if not quoted:
+                    at_start = closing = False
+                continue
+            found = specials.search(chunk, i)
+            if found is None or found.start() > i:  # ordinary characters first
+                if not quoted:
+                    at_start = closing = False
+                if found is None:
+                    break
+            char, i = found.group(), found.end()
+            if char == escape:
+                escaped = True
+            elif quoted:
+                if char == quote:
+                    quoted, closing = False, True
+            elif char == quote and (closing or at_start):
+                quoted, closing, at_start = True, False, False
+            elif char == quote:
+                closing = False
+            else:  # a delimiter or a line end outside quotes: a field starts
+                at_start, closing = True, False
+    return quoted
 
 
 def _tail(open_file: Callable[[], pa.NativeFile], size: int) -> bytes:
