@@ -244,10 +244,23 @@ def _judge_postgres(error: psycopg2.Error) -> Verdict:
     if code is None:  # no answer from the server: the connection failed or was lost
         lost = sys.modules["psycopg2"]
         return Verdict(isinstance(error, lost.OperationalError | lost.InterfaceError), "")
-    if code in _TRANSIENT_CODES or code[:2] in _TRANSIENT_CLASSES:
+    if code in _TRANSIENT_CODES or code[:2] in _TRANSIENT_CLASSES or _made_at_once(error, code):
         return Verdict(True, "")
     advice = tls_advice(str(error)) if code == "28000" else None
     return Verdict(False, advice or _ADVICE.get(code, "fix what the server's message names, then run again"))
+
+
+# Two writers making the same table, schema or type at once (two streams' first loads making dlt's `_dlt_loads` in one
+# dataset): the loser's CREATE fails; a retry finds the object made and goes on (as dlt's own message says)
+_MADE_AT_ONCE = {"42P06", "42P07", "42710"}  # duplicate schema, table, object
+_CATALOG_INDEXES = {"pg_type_typname_nsp_index", "pg_class_relname_nsp_index", "pg_namespace_nspname_index"}
+
+
+def _made_at_once(error: psycopg2.Error, code: str) -> bool:
+    if code in _MADE_AT_ONCE:
+        return True
+    diag = getattr(error, "diag", None)
+    return code == "23505" and getattr(diag, "constraint_name", None) in _CATALOG_INDEXES
 
 
 def _refusal_code(message: str) -> str | None:

@@ -39,6 +39,9 @@ def _postgres_error(source_db: SourceDb, statement: str) -> psycopg2.Error:
         ("SELECT 1/0", False),
         ("SET statement_timeout = 1; SELECT pg_sleep(1)", True),
         ("SELECT pg_terminate_backend(pg_backend_pid())", True),
+        # two writers creating one table at once (found in CI: two Celery workers' first loads into one dataset)
+        ("CREATE TEMP TABLE made_twice (a int); CREATE TEMP TABLE made_twice (a int)", True),
+        ("CREATE TEMP TABLE unique_rows (a int UNIQUE); INSERT INTO unique_rows VALUES (1), (1)", False),
     ],
 )
 def test_postgres_errors_by_sqlstate(source_db: SourceDb, statement: str, transient: bool) -> None:
