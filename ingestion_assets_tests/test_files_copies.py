@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from ingestion_assets.streams.runner import PartitionOutcome
 from ingestion_assets_tests.files_helpers import Drops, target_of
 from ingestion_assets_tests.test_files_s3 import bucket, s3  # noqa: F401  (the S3 fixtures)
 
@@ -18,6 +19,19 @@ def _drops(server: dict[str, Any], name: str, tmp_path: Path, deletes: str) -> D
     drops = Drops(tmp_path, url=f"s3://{name}/in", storage_options=options)
     drops.catalog(path="*.csv", primary_key="id", deletes=deletes)
     return drops
+
+
+def _copy_then_delete_the_copy(fs: Any, name: str, drops: Drops) -> PartitionOutcome:
+    """a.csv (keys 1, 2) and b.csv (key 9) loaded; a.csv copied to c.csv (same size and etag) and loaded; c.csv
+    deleted: the last run's outcome."""
+    fs.pipe(f"{name}/in/a.csv", b"id,name\n1,a1\n2,a1\n")
+    fs.pipe(f"{name}/in/b.csv", b"id,name\n9,b\n")
+    drops.run()
+    time.sleep(1.1)  # S3's modified times are whole seconds: the copy is later
+    fs.copy(f"{name}/in/a.csv", f"{name}/in/c.csv")
+    drops.run()
+    fs.rm(f"{name}/in/c.csv")
+    return drops.run()
 
 
 @pytest.mark.parametrize("deletes", ["hard", "soft"])
@@ -32,14 +46,7 @@ def test_deleting_a_copy_keeps_the_rows_its_original_still_holds(
     The copy's rows move back to the listed file of its fingerprint, as a rename moves them."""
     fs, name = bucket
     drops = _drops(s3, name, tmp_path, deletes)
-    fs.pipe(f"{name}/in/a.csv", b"id,name\n1,a1\n2,a1\n")
-    fs.pipe(f"{name}/in/b.csv", b"id,name\n9,b\n")
-    drops.run()
-    time.sleep(1.1)  # S3's modified times are whole seconds: the copy is later
-    fs.copy(f"{name}/in/a.csv", f"{name}/in/c.csv")
-    drops.run()
-    fs.rm(f"{name}/in/c.csv")
-    outcome = drops.run()
+    outcome = _copy_then_delete_the_copy(fs, name, drops)
     live = "id, name, _ingest_file, _ingest_deleted_at IS NULL" if deletes == "soft" else "id, name, _ingest_file"
     alive = (True,) if deletes == "soft" else ()
     assert drops.rows(live) == [(1, "a1", "a.csv", *alive), (2, "a1", "a.csv", *alive), (9, "b", "b.csv", *alive)]
@@ -94,14 +101,7 @@ def test_deleting_a_copy_keeps_the_rows_in_a_lake(
     drops = _drops(s3, name, tmp_path, "hard")
     lake = tmp_path / "lake"
     drops.use_destination({"type": "filesystem", "bucket_url": str(lake), "table_format": table_format})
-    fs.pipe(f"{name}/in/a.csv", b"id,name\n1,a1\n2,a1\n")
-    fs.pipe(f"{name}/in/b.csv", b"id,name\n9,b\n")
-    drops.run()
-    time.sleep(1.1)
-    fs.copy(f"{name}/in/a.csv", f"{name}/in/c.csv")
-    drops.run()
-    fs.rm(f"{name}/in/c.csv")
-    outcome = drops.run()
+    outcome = _copy_then_delete_the_copy(fs, name, drops)
     assert outcome.result.figures["rows_retired"] == 0
     rows = lake_rows(table_format, str(lake / "drops" / "orders"), ["id", "_ingest_file", "_ingest_deleted_at"], "id")
     assert rows == [(1, "a.csv", None), (2, "a.csv", None), (9, "b.csv", None)]
@@ -119,14 +119,7 @@ def test_deleting_a_copy_keeps_the_rows_in_postgres(
     with target_of("postgres", tmp_path, request) as target:
         drops = _drops(s3, name, tmp_path, "soft")
         drops.use_destination({"type": "postgres", "credentials": {"file": str(tmp_path / "target_url")}})
-        fs.pipe(f"{name}/in/a.csv", b"id,name\n1,a1\n2,a1\n")
-        fs.pipe(f"{name}/in/b.csv", b"id,name\n9,b\n")
-        drops.run()
-        time.sleep(1.1)
-        fs.copy(f"{name}/in/a.csv", f"{name}/in/c.csv")
-        drops.run()
-        fs.rm(f"{name}/in/c.csv")
-        outcome = drops.run()
+        outcome = _copy_then_delete_the_copy(fs, name, drops)
         query = "SELECT id, name, _ingest_file, _ingest_deleted_at IS NULL FROM drops.orders ORDER BY id"
         assert target.query(query) == [(1, "a1", "a.csv", True), (2, "a1", "a.csv", True), (9, "b", "b.csv", True)]
         assert outcome.result.figures["files_deleted_content_still_listed"] == 1

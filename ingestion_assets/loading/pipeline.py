@@ -232,7 +232,7 @@ class Loader:
             loaded = load_postgres_slice(self, table, dead_letters, disposition)  # COPY + merge, no dlt load
             self._loads += 1
             return loaded
-        if disposition in ("append", "merge") and self._appends_directly() and (self.key or disposition == "append"):
+        if disposition in ("append", "merge") and self._loads_directly() and (self.key or disposition == "append"):
             from ingestion_assets.loading.duckdb_batch import TableSlice, load_tables  # it imports this module
 
             append = disposition == "append"
@@ -263,7 +263,7 @@ class Loader:
         gc.collect()
         return 0 if table is None else int(table.num_rows)
 
-    def _appends_directly(self) -> bool:
+    def _loads_directly(self) -> bool:
         """A DuckDB slice goes from Arrow into the table in one transaction with its bindings row
         (loading/duckdb_batch.py): appended as is when no target row can match, else merged in SQL after the same
         version check dlt's merge had here. dlt's extract, normalize and load of a package cost more than the
@@ -346,7 +346,7 @@ class Loader:
         a missing table with a dlt run of an empty slice (~1-2 s of a first load), which needs no rows; other
         loads make it with their first load. A slice with columns the table lacks still adds them when it loads."""
         copied = self.destination.type == "postgres" and self.max_table_nesting == 0
-        appended = self._appends_directly() and (self._append_only or self.target.write_disposition == "append")
+        appended = self._loads_directly() and (self._append_only or self.target.write_disposition == "append")
         if copied or appended:
             self.create_if_missing(empty)
 

@@ -145,7 +145,7 @@ def _spans_lines(table: pa.Table | None) -> bool:
         for chunk in column.chunks:
             data = chunk.buffers()[2]
             raw = data.to_pybytes() if data is not None else b""
-            if raw.find(b"\n") >= 0 or raw.find(b"\r") >= 0:
+            if b"\n" in raw or b"\r" in raw:
                 return True
     return False
 

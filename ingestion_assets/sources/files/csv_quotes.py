@@ -21,11 +21,11 @@ def closed_at_end(
     column: str,
     open_file: Callable[[], pa.NativeFile],
     encoding: str,
-    quoting: Quoting = ('"', None, ","),
+    quoting: Quoting,
 ) -> Iterator[Piece]:
     """`pieces` as they come, the last one with rows without a row whose `column` (the header's last) was never
     closed (pieces of bad rows only may follow it: rows of the wrong width pyarrow turned down last). `quoting`:
-    the quote and escape characters, which a value holds for a doubled or escaped one in the file."""
+    the file's quote and escape characters and delimiter."""
     held: list[Piece] = []  # the last piece with rows, and those without rows after it
     try:
         for piece in pieces:
@@ -58,13 +58,13 @@ def _checked(
         return piece
     if not (b"\n" in value or b"\r" in value):
         return piece
-    if quoting[1]:  # an escaped character loses its escape in the value: the file's own quotes say
+    quote, escape, _ = quoting
+    if escape:  # an escaped character loses its escape in the value: the file's own quotes say
         if not _ends_quoted(open_file, encoding, quoting):
             return piece
     else:
-        endings = _endings(value, quoting, encoding)
-        tail = _tail(open_file, max(map(len, endings), default=0))
-        if not any(tail.endswith(end) for end in endings):
+        ending = _ending(value, (quote or "").encode(encoding))
+        if ending is None or not _tail(open_file, len(ending)).endswith(ending):
             return piece
     row = table.column(ROW)[-1].as_py()
     breaks = value.count(b"\n")
@@ -80,19 +80,17 @@ def _checked(
     return Piece(table.slice(0, table.num_rows - 1), [*piece.bad, bad], piece.rows_done, piece.bad_done)
 
 
-def _endings(value: bytes, quoting: Quoting, encoding: str) -> list[bytes]:
-    """How the file may write the end of `value`: as it is, unless it holds a quote or escape character, which the
-    file writes doubled or escaped (`x"y` is `x""y` or `x\\"y` there): then that character's spellings and the text
-    after it, which the file writes as it is. A closed value never matches: its file goes on with a quote."""
-    quote, escape = ((c or "").encode(encoding) for c in quoting[:2])
-    cut = max((value.rfind(c) for c in (quote, escape) if c), default=-1)
+def _ending(value: bytes, quote: bytes) -> bytes | None:
+    """How a file without an escape character writes the end of `value` if the value runs to the file's end: as it
+    is, or, from its last quote on, that quote doubled (`x"y` is `x""y` there) and the text after it. None when the
+    value ends in a quote: it was closed (an unclosed one ends with the file's line break)."""
+    cut = value.rfind(quote) if quote else -1
     if cut < 0:
-        return [value]
-    char, written = value[cut : cut + 1], value[cut + 1 :]
+        return value
+    written = value[cut + len(quote) :]
     if not (b"\n" in written or b"\r" in written):
-        return []  # it ends in a quote or escape character: closed (an unclosed one ends with the file's line break)
-    spellings = [char + char] + ([escape + char] if escape and char != escape else [])
-    return [spelling + written for spelling in spellings]
+        return None
+    return quote + quote + written
 
 
 def _ends_quoted(open_file: Callable[[], pa.NativeFile], encoding: str, quoting: Quoting) -> bool:
@@ -137,8 +135,6 @@ def _ends_quoted(open_file: Callable[[], pa.NativeFile], encoding: str, quoting:
 
 def _tail(open_file: Callable[[], pa.NativeFile], size: int) -> bytes:
     """The file's last `size` bytes (read to its end: only for a last value holding a line break)."""
-    if size == 0:
-        return b""
     stream, tail = open_file(), b""
     while chunk := stream.read(1 << 20):
         tail = (tail + chunk)[-size:]

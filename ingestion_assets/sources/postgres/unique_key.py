@@ -13,17 +13,8 @@ from typing import Any
 
 from psycopg2 import sql
 
-# A valid, non-partial unique index on plain columns that are all among the declared key's: the key is unique then.
-_GUARANTEED = """
-SELECT 1 FROM pg_index i
-WHERE i.indrelid = %s::regclass AND i.indisunique AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL
-  AND ARRAY(
-    SELECT a.attname::text FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
-    JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-    WHERE k.n <= i.indnkeyatts
-  ) <@ %s::text[]
-LIMIT 1
-"""
+from ingestion_assets.sources.postgres.cdc.keys import unique_keys
+
 SHOWN = 3
 
 
@@ -33,10 +24,9 @@ def repeated_keys(conn: Any, schema: str, table: str, key: tuple[str, ...]) -> t
     counted (they are parked as bad rows)."""
     relation = sql.Identifier(schema, table)
     with conn.cursor() as cur:
-        cur.execute(sql.SQL("SELECT {}::regclass::oid").format(sql.Literal(relation.as_string(conn))))
-        oid = cur.fetchone()[0]
-        cur.execute(_GUARANTEED, (oid, list(key)))
-        if cur.fetchone() is not None:
+        # a valid, non-partial unique index on plain columns all among the key's makes the key unique
+        if any(set(index.columns) <= set(key) for index in unique_keys(cur, schema, table)):
+            conn.rollback()
             return [], 0
         columns = sql.SQL(", ").join(sql.Identifier(k) for k in key)
         present = sql.SQL(" AND ").join(sql.SQL("{} IS NOT NULL").format(sql.Identifier(k)) for k in key)

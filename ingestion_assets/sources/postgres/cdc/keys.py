@@ -43,7 +43,7 @@ class DeclaredKey:
 
 
 @dataclass(frozen=True)
-class _UniqueKey:
+class UniqueKey:
     index: str
     primary: bool
     identity: bool
@@ -59,8 +59,7 @@ def key_problems(cur: PgCursor, key: DeclaredKey) -> list[Problem]:
     """Why the stream's declared key is not one the table guarantees and the log carries (none if it is)."""
     cur.execute("SELECT relreplident FROM pg_class WHERE oid = %s::regclass", (ident(cur, *key.table),))
     identity = str(cur.fetchone()[0])
-    cur.execute(_UNIQUE_KEYS, key.table)
-    keys = [_UniqueKey(str(r[0]), r[1], r[2], tuple(r[3]), r[4]) for r in cur.fetchall()]
+    keys = unique_keys(cur, *key.table)
     declared = set(key.columns)
     subject = f"stream {key.stream} (table {ident(cur, *key.table)})"
     matching = next((k for k in keys if k.not_null and set(k.columns) == declared), None)
@@ -72,15 +71,21 @@ def key_problems(cur: PgCursor, key: DeclaredKey) -> list[Problem]:
     return []
 
 
-def _carried(identity: str, keys: Sequence[_UniqueKey]) -> _UniqueKey | None:
+def unique_keys(cur: PgCursor, schema: str, table: str) -> list[UniqueKey]:
+    """The table's unique indexes that make their columns a key of every row (the primary key first)."""
+    cur.execute(_UNIQUE_KEYS, (schema, table))
+    return [UniqueKey(str(r[0]), r[1], r[2], tuple(r[3]), r[4]) for r in cur.fetchall()]
+
+
+def _carried(identity: str, keys: Sequence[UniqueKey]) -> UniqueKey | None:
     """The key a delete's old row holds (None: every column, REPLICA IDENTITY FULL)."""
     if identity == "f":
         return None
     wanted = (lambda k: k.primary) if identity == "d" else (lambda k: k.identity)
-    return next((k for k in keys if wanted(k)), _UniqueKey("", False, False, (), False))
+    return next((k for k in keys if wanted(k)), UniqueKey("", False, False, (), False))
 
 
-def _not_unique(key: DeclaredKey, keys: Sequence[_UniqueKey]) -> str:
+def _not_unique(key: DeclaredKey, keys: Sequence[UniqueKey]) -> str:
     real = [k for k in keys if k.not_null]
     found = "; ".join(k.shown() for k in real) if real else "none (no primary key, no unique index on NOT NULL columns)"
     fix = f"set primary_key to {list(real[0].columns)}" if real else "add a primary key to the table"
@@ -93,7 +98,7 @@ def _not_unique(key: DeclaredKey, keys: Sequence[_UniqueKey]) -> str:
     )
 
 
-def _not_carried(cur: PgCursor, key: DeclaredKey, identity: str, carried: _UniqueKey, matching: _UniqueKey) -> str:
+def _not_carried(cur: PgCursor, key: DeclaredKey, identity: str, carried: UniqueKey, matching: UniqueKey) -> str:
     name = ident(cur, *key.table)
     which = "DEFAULT (the primary key)" if identity == "d" else "USING INDEX"
     index = matching.index
