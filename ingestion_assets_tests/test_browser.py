@@ -131,6 +131,11 @@ def browser() -> Iterator[object]:
 def test_the_asset_page_lineage_and_a_launch_in_a_real_browser(
     synced: StreamHarness, webserver: str, browser: object
 ) -> None:
+    from selenium.common.exceptions import (
+        ElementClickInterceptedException,
+        NoSuchElementException,
+        StaleElementReferenceException,
+    )
     from selenium.webdriver.common.by import By
     from selenium.webdriver.remote.webdriver import WebDriver
 
@@ -172,12 +177,27 @@ def test_the_asset_page_lineage_and_a_launch_in_a_real_browser(
 
     before = {r.run_id for r in harness.instance.get_runs()}
     browser.get(page)
-    _wait("the Materialize button", lambda: browser.find_elements(By.XPATH, "//button[.//*[text()='Materialize']]"))
+    materialize = "//button[.//*[text()='Materialize']]"
+    _wait("the Materialize button", lambda: browser.find_elements(By.XPATH, materialize))
     skip_welcome()
-    browser.find_element(By.XPATH, "//button[.//*[text()='Materialize']]").click()
-    launched = _wait(
-        "a run launched from the UI", lambda: [r for r in harness.instance.get_runs() if r.run_id not in before]
-    )
+
+    def launched_runs() -> list[dg.DagsterRun]:
+        return [r for r in harness.instance.get_runs() if r.run_id not in before]
+
+    def click_then_look() -> list[dg.DagsterRun]:
+        """The page re-renders while its queries settle: a button found a moment ago may be gone (stale) or still
+        disabled, so the click is repeated until a run exists, looking for one for a few seconds after each."""
+        try:
+            skip_welcome()
+            browser.find_element(By.XPATH, materialize).click()
+        except (StaleElementReferenceException, ElementClickInterceptedException, NoSuchElementException):
+            pass
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not launched_runs():
+            time.sleep(0.3)
+        return launched_runs()
+
+    launched = _wait("a run launched from the UI", click_then_look)
     assert isinstance(launched, list)
     run_id = launched[0].run_id
     browser.save_screenshot(str(ARTIFACTS / "launched.png"))
