@@ -137,6 +137,9 @@ class Target:
             cur.execute(sql)
             return [tuple(row) for row in cur.fetchall()]
 
+    def dead_letters(self) -> list[tuple[str, str]]:
+        return self.query("SELECT record_key, error FROM drops._ingest_dead_letter ORDER BY 1")
+
     def column_type(self, column: str) -> str:
         where = f"table_schema = 'drops' AND table_name = 'orders' AND column_name = '{column}'"
         ((kind,),) = self.query(f"SELECT data_type FROM information_schema.columns WHERE {where}")
@@ -157,6 +160,13 @@ def target_of(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iter
         yield Target(drops, db.url)
     finally:
         db.drop_schema()
+
+
+@pytest.fixture(params=["duckdb", "postgres"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
+    """Each test that takes it once per target: DuckDB, then PostgreSQL (import it, listed in `__all__`)."""
+    with target_of(request.param, tmp_path, request) as found:
+        yield found
 
 
 def target_catalog(target: Target, path: str, **stream: Any) -> None:

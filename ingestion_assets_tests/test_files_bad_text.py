@@ -6,25 +6,15 @@ line."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from ingestion_assets.sync import FAULT_ENV, InjectedFault
-from ingestion_assets_tests.files_helpers import Target, target_catalog, target_of
+from ingestion_assets_tests.files_helpers import Target, target, target_catalog
+
+__all__ = ["target"]  # the fixture: each test once on DuckDB, once on PostgreSQL
 
 BASE = 1_700_000_000.0
-
-
-@pytest.fixture(params=["duckdb", "postgres"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
-    with target_of(request.param, tmp_path, request) as found:
-        yield found
-
-
-def _dead(target: Target) -> dict[str, str]:
-    return dict(target.query("SELECT record_key, error FROM drops._ingest_dead_letter ORDER BY 1"))
 
 
 def test_a_nul_in_text_parks_its_row_on_postgres_and_loads_as_written_on_duckdb(target: Target) -> None:
@@ -50,7 +40,7 @@ def test_a_nul_in_text_parks_its_row_on_postgres_and_loads_as_written_on_duckdb(
         return
     assert outcome.result.dead_letters == 4
     assert len(loaded) == 1001 and {"1", "999", "1000", "2002", "3001"} <= set(loaded)
-    dead = _dead(target)
+    dead = dict(target.dead_letters())
     assert sorted(dead) == ["a.csv:row500", "b.csv:row1", "b.csv:row2", "c.jsonl:line2"]
     assert dead["a.csv:row500"].startswith("file a.csv row 500 (line 501): column 'name' holds the NUL character")
     assert "which PostgreSQL cannot store in text" in dead["a.csv:row500"]
@@ -72,7 +62,7 @@ def test_csv_with_cr_only_line_ends_reads_its_rows_and_lines(target: Target) -> 
     outcome = target.drops.run()
     assert sorted(r[0] for r in target.query("SELECT id FROM drops.orders")) == [1, 3, 5, 6, 8]
     assert outcome.result.dead_letters == 3
-    dead = _dead(target)
+    dead = dict(target.dead_letters())
     assert sorted(dead) == ["mac.csv:line5", "mac.csv:row2", "mixed.csv:row3"]
     assert dead["mac.csv:row2"].startswith("file mac.csv row 2 (line 3): column 'amount'")
     assert dead["mixed.csv:row3"].startswith("file mixed.csv row 3 (line 4): column 'amount'")
@@ -95,7 +85,7 @@ def test_fragments_of_rows_cut_by_a_stray_cr_are_each_their_own_dead_letter(targ
         (5, "z"),
     ]
     assert outcome.result.dead_letters == 2
-    dead = _dead(target)
+    dead = dict(target.dead_letters())
     assert sorted(dead) == ["a.csv:line4", "a.csv:line7"]
     assert all(error.startswith(f"file a.csv {key[6:10]} {key[10:]}: ") for key, error in dead.items())
 
@@ -119,7 +109,7 @@ def test_json_lines_with_a_lone_surrogate_or_a_key_twice_park_their_row(target: 
     loaded = dict(target.query("SELECT id, name FROM drops.orders"))
     assert loaded == {1: "a", 3: "smile \U0001f600", 7: "\\ud800 as text"}
     assert outcome.result.dead_letters == 4
-    dead = _dead(target)
+    dead = dict(target.dead_letters())
     assert sorted(dead) == ["a.jsonl:line2", "a.jsonl:line4", "a.jsonl:line5", "a.jsonl:line6"]
     assert "invalid text: the value of 'name' holds the escape \\ud800" in dead["a.jsonl:line2"]
     assert "invalid text: the key 'n\\udfffame' holds the escape \\udfff" in dead["a.jsonl:line4"]
@@ -137,7 +127,7 @@ def test_a_file_of_one_unclosed_quote_is_parked_not_read_as_empty(target: Target
     outcome = target.drops.run()
     assert sorted(r[0] for r in target.query("SELECT id FROM drops.orders")) == [1]
     assert outcome.result.dead_letters == 2
-    dead = _dead(target)
+    dead = dict(target.dead_letters())
     assert sorted(dead) == ["h.csv:file", "q.csv:file"]
     assert "its only line (line 1) opens a quote that is never closed" in dead["q.csv:file"]
 
@@ -163,4 +153,4 @@ def test_csv_slices_hold_at_most_slice_rows_and_resume_inside_a_block(
     assert outcome.result.rows == 4998 - 3001 and outcome.result.slices <= 3  # the rest, in slices of 1000
     ids = [r[0] for r in target.query("SELECT id FROM drops.orders ORDER BY id")]
     assert ids == [i for i in range(1, 5001) if i not in (1500, 2500, 3500)]
-    assert sorted(_dead(target)) == ["a.csv:line1501", "a.csv:line3501", "a.csv:row2499"]
+    assert sorted(dict(target.dead_letters())) == ["a.csv:line1501", "a.csv:line3501", "a.csv:row2499"]

@@ -4,25 +4,14 @@ file of CR-only line ends read as one bad line; mixed line ends joined records),
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
+from ingestion_assets_tests.files_helpers import Drops, Target, target, target_catalog
 
-from ingestion_assets_tests.files_helpers import Drops, Target, target_catalog, target_of
+__all__ = ["target"]  # the fixture: each test once on DuckDB, once on PostgreSQL
 
 BASE = 1_700_000_000.0
 CHUNK = 1 << 20  # the JSON lines reader's read size
-
-
-@pytest.fixture(params=["duckdb", "postgres"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
-    with target_of(request.param, tmp_path, request) as found:
-        yield found
-
-
-def _dead(target: Target) -> dict[str, str]:
-    return dict(target.query("SELECT record_key, error FROM drops._ingest_dead_letter ORDER BY 1"))
 
 
 def test_a_string_lands_as_its_text_whether_or_not_its_batch_holds_an_object(target: Target) -> None:
@@ -97,7 +86,7 @@ def test_json_lines_end_at_cr_lf_lf_or_a_lone_cr_with_their_line_numbers(target:
         ("mixed.jsonl", 10, 12, None),
     ]
     assert outcome.result.dead_letters == 2
-    dead = _dead(target)
+    dead = dict(target.dead_letters())
     assert sorted(dead) == ["mac.jsonl:line3", "mixed.jsonl:line9"]
     assert dead["mac.jsonl:line3"].startswith("file mac.jsonl line 3: not JSON")
     assert dead["mixed.jsonl:line9"].startswith("file mixed.jsonl line 9: a JSON list, not an object")

@@ -4,18 +4,10 @@ the README say), with its wall time as written; one written with a zone lands as
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
+from ingestion_assets_tests.files_helpers import Target, target, target_catalog
 
-from ingestion_assets_tests.files_helpers import Target, target_catalog, target_of
-
-
-@pytest.fixture(params=["duckdb", "postgres"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
-    with target_of(request.param, tmp_path, request) as found:
-        yield found
+__all__ = ["target"]  # the fixture: each test once on DuckDB, once on PostgreSQL
 
 
 def test_a_timestamp_without_a_zone_lands_without_one(target: Target) -> None:

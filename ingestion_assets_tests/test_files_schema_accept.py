@@ -7,24 +7,18 @@ from __future__ import annotations
 import datetime as dt
 import io
 import re
-from collections.abc import Iterator
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from ingestion_assets.streams.schema_step import SchemaPaused
-from ingestion_assets_tests.files_helpers import Drops, Target, target_catalog, target_of
+from ingestion_assets_tests.files_helpers import Drops, Target, target, target_catalog
+
+__all__ = ["target"]  # the fixture: each test once on DuckDB, once on PostgreSQL
 
 BASE = 1_700_000_000.0
 UTC = dt.UTC
-
-
-@pytest.fixture(params=["duckdb", "postgres"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
-    with target_of(request.param, tmp_path, request) as found:
-        yield found
 
 
 def _accept(drops: Drops) -> None:

@@ -5,12 +5,13 @@ the destination when the column became text, are named in a warning that says ho
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from ingestion_assets_tests.files_helpers import Drops, Target, target_catalog, target_of
+from ingestion_assets_tests.files_helpers import Drops, Target, target, target_catalog
+
+__all__ = ["target"]  # the fixture: each test once on DuckDB, once on PostgreSQL
 
 W1 = "id,amount,ts,flag\n1,1.50,2026-01-01T10:00:00+02:00,TRUE\n2,1e3,2026-01-01T10:00:00Z,False\n"
 W2 = "id,amount,ts,flag\n3,abc,soon,maybe\n"
@@ -21,12 +22,6 @@ AS_WRITTEN = [
     (3, "abc", "soon", "maybe"),
     (4, "2.50", "2026-02-01T00:00:00+01:00", "FALSE"),
 ]
-
-
-@pytest.fixture(params=["duckdb", "postgres"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
-    with target_of(request.param, tmp_path, request) as found:
-        yield found
 
 
 def _rows(target: Target) -> list[tuple[object, ...]]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,9 @@ from typing import Any
 import pytest
 
 from ingestion_assets.streams.schema_step import SchemaPaused
-from ingestion_assets_tests.files_helpers import Drops, Target, target_catalog, target_of
+from ingestion_assets_tests.files_helpers import Drops, Target, target, target_catalog
+
+__all__ = ["target"]  # the fixture: each test once on DuckDB, once on PostgreSQL
 
 BASE = 1_700_000_000.0
 COLUMNS = ["id", "price", "flag", "code", "big", "mixed", "ratio"]
@@ -33,12 +34,6 @@ JSON_LINES = [
     '{"id": 6, "price": 2.50, "flag": true, "code": "007", "big": 99999999999999999999, "mixed": 7, "ratio": 0.10}',
     '{"id": 7, "price": -0.001, "flag": false, "code": "8", "big": -5, "mixed": 1.25, "ratio": 12345678.123456789}',
 ]
-
-
-@pytest.fixture(params=["duckdb", "postgres"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
-    with target_of(request.param, tmp_path, request) as found:
-        yield found
 
 
 def _texts() -> dict[tuple[int, str], Any]:
