@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +47,9 @@ class _Failure:
     error: BaseException
 
 
-def prefetched(items: Iterator[Any], depth: int = 1, meanwhile: Callable[[], None] | None = None) -> Iterator[Any]:
+def prefetched(
+    items: Iterator[Any], depth: int = 1, meanwhile: Callable[[], None] | None = None
+) -> Generator[Any, None, None]:
     """Advance `items` in a thread, up to `depth` items ahead, so reading overlaps loading.
 
     The iterator is advanced and closed only in its own thread; stopping early closes it there. `meanwhile`
