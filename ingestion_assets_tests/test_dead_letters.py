@@ -48,6 +48,14 @@ def _parked(harness: StreamHarness) -> dict[str, tuple[str, dict[str, object]]]:
     return {str(k): (str(e), json.loads(r) if isinstance(r, str) else r) for k, e, r in rows}
 
 
+def _status_dead_letters(capsys: pytest.CaptureFixture[str]) -> object:
+    """The `dead_letters` figure `ingest status --json` shows for the stream."""
+    capsys.readouterr()
+    main(["status", "--json"])
+    (line,) = json.loads(capsys.readouterr().out)
+    return line["dead_letters"]
+
+
 def _cli(harness: StreamHarness, monkeypatch: pytest.MonkeyPatch) -> None:
     for key, value in harness.cli_env().items():
         monkeypatch.setenv(key, value)
@@ -75,6 +83,8 @@ def test_good_rows_load_bad_rows_wait_with_their_reason_and_replay_after_a_fix(
     assert main(["dlq", "list", f"{harness.source_name}.readings"]) == 0
     listed = capsys.readouterr().out
     assert "4 parked row(s)" in listed and "amount: NaN does not fit" in listed
+    harness.materialize()  # nothing new to read: this run parks nothing, the four rows still wait
+    assert _status_dead_letters(capsys) == 4  # what the target holds parked, not what the last run parked
 
     # fix the source without touching the cursor: only a replay can bring these rows in
     harness.source.execute(
@@ -83,9 +93,11 @@ def test_good_rows_load_bad_rows_wait_with_their_reason_and_replay_after_a_fix(
     assert main(["dlq", "replay", f"{harness.source_name}.readings"]) == 1  # one row is still too big
     assert "4 dead letter(s) read again: 3 released, 1 still bad" in capsys.readouterr().out
     assert sorted(_parked(harness)) == ["2999"]
+    assert _status_dead_letters(capsys) == 1  # released by a replay, which is no run of the asset
     harness.source.execute("UPDATE readings SET memo = 'short' WHERE id = 2999")
     assert main(["dlq", "replay", f"{harness.source_name}.readings"]) == 0
     assert _parked(harness) == {}
+    assert _status_dead_letters(capsys) == 0
     assert harness.assert_target_equals_source("readings", "readings", "id") == 3000
 
 

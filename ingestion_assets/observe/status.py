@@ -50,7 +50,7 @@ class StreamStatus:
     position: dict[str, Any] | None
     lag: str  # CDC: the slot's lag and retained WAL; otherwise the checkpoint's age
     freshness: dict[str, float]  # commit-to-target p50/p95/p99 in ms over the last runs that measured it
-    dead_letters: int | None  # rows the last run parked
+    dead_letters: int | None  # rows parked now (counted in the target; lakes: what the last run parked)
     failed_checks: list[str]  # checks whose latest evaluation failed
     partitions: list[PartitionLine]  # partitioned streams: every partition that has a checkpoint
     detail: str = ""  # why it needs attention
@@ -106,7 +106,7 @@ def _with_target_rows(status: StreamStatus, counts: TargetCounts, table: tuple[s
     if not counts.counted(table):
         return replace(status, target_problem=counts.problem or "not counted")
     rows, after_run = counts.rows[table], status.rows_after_last_run
-    status = replace(status, rows_in_target=rows)
+    status = replace(status, rows_in_target=rows, dead_letters=counts.parked.get(table, status.dead_letters))
     if after_run is None or status.status == RUNNING or (rows is not None and rows >= after_run):
         return status
     dataset, name = table

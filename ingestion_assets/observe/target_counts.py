@@ -1,5 +1,7 @@
-"""How many rows each stream's target table holds now, asked of the destination itself: what `ingest status` shows
-as the rows in the target (a run's metadata says what the table held after that run, not what it holds now).
+"""How many rows each stream's target table holds now, and how many of its rows wait parked in the dead-letter
+table, asked of the destination itself: what `ingest status` shows (a run's metadata says what the table held after
+that run and what that run parked, not what the target holds now: parked rows stay until a run or a replay
+releases them).
 
 One connection per destination and one count per table, each bounded by a timeout."""
 
@@ -16,6 +18,7 @@ import sqlalchemy as sa
 
 from ingestion_assets.catalog import Destination
 from ingestion_assets.errors import ServerUnavailable
+from ingestion_assets.loading.dead_letters import DEAD_LETTER_TABLE
 from ingestion_assets.loading.destinations import (
     connect_postgres,
     describe_destination,
@@ -37,6 +40,7 @@ class TargetCounts:
 
     rows: dict[Table, int | None] = field(default_factory=dict)
     problem: str | None = None
+    parked: dict[Table, int] = field(default_factory=dict)  # rows parked per stream now (lakes: not counted)
 
     def counted(self, table: Table) -> bool:
         return self.problem is None and table in self.rows
@@ -54,45 +58,61 @@ def count_target_rows(
     try:
         if destination.type == "filesystem":  # a lake: the row counts of its Parquet footers
             return TargetCounts({table: read_target(settings, destination, *table).rows for table in tables})
-        found = _count(settings, destination, list(named), timeout)
+        found, parked = _count(settings, destination, list(named), timeout)
     except (duckdb.Error, psycopg2.Error, sa.exc.SQLAlchemyError, ServerUnavailable, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         named_already = isinstance(exc, ServerUnavailable)  # its message names the destination and what to fix
         return TargetCounts(problem=f"rows in target not counted{'' if named_already else f' ({where})'}: {first}")
-    return TargetCounts({named[table]: rows for table, rows in found.items()})
+    counted = {named[table]: rows for table, rows in found.items()}
+    return TargetCounts(counted, parked={(d, t): parked.get((names.column(d), t), 0) for d, t in tables})
 
 
 def _count(
     settings: Settings, destination: Destination, tables: list[Table], timeout: float
-) -> dict[Table, int | None]:
+) -> tuple[dict[Table, int | None], dict[Table, int]]:
+    """The rows of each table, and the dead letters per (dataset, stream) of each dataset that has parked any."""
+    parked_table = target_names(destination).column(DEAD_LETTER_TABLE)
+    datasets = sorted({dataset for dataset, _ in tables})
     if destination.type == "duckdb":
-        return _count_duckdb(settings, destination, tables)
+        return _count_duckdb(settings, destination, tables, datasets, parked_table)
     if destination.type == "postgres":
-        return _count_postgres(settings, destination, tables, timeout)
-    return _count_sqlalchemy(destination_url(settings, destination), tables, timeout)
+        return _count_postgres(settings, destination, tables, datasets, parked_table, timeout)
+    return _count_sqlalchemy(destination_url(settings, destination), tables, datasets, parked_table, timeout)
 
 
-def _count_duckdb(settings: Settings, destination: Destination, tables: list[Table]) -> dict[Table, int | None]:
+def _count_duckdb(
+    settings: Settings, destination: Destination, tables: list[Table], datasets: list[str], parked_table: str
+) -> tuple[dict[Table, int | None], dict[Table, int]]:
     """Read-only, without the writer lock: a load in progress makes the count fail at once (said so), not wait."""
     path = duckdb_path(settings, destination)
     if not path.exists():
-        return dict.fromkeys(tables)
+        return dict.fromkeys(tables), {}
     with contextlib.closing(duckdb.connect(str(path), read_only=True)) as con:
         listed = con.execute("SELECT table_schema, table_name FROM information_schema.tables").fetchall()
         present = {(schema, name) for schema, name in listed}
-        return {
+        rows = {
             (s, t): _scalar(con.execute(f"SELECT count(*) FROM {_quoted(s)}.{_quoted(t)}").fetchone())
             if (s, t) in present
             else None
             for s, t in tables
         }
+        parked: dict[Table, int] = {}
+        for dataset in (d for d in datasets if (d, parked_table) in present):
+            parked.update(_per_stream(dataset, con.execute(_parked_sql(dataset, parked_table)).fetchall()))
+        return rows, parked
 
 
 def _count_postgres(
-    settings: Settings, destination: Destination, tables: list[Table], timeout: float
-) -> dict[Table, int | None]:
+    settings: Settings,
+    destination: Destination,
+    tables: list[Table],
+    datasets: list[str],
+    parked_table: str,
+    timeout: float,
+) -> tuple[dict[Table, int | None], dict[Table, int]]:
     options = f"-c statement_timeout={int(timeout * 1000)}"
     counts: dict[Table, int | None] = {}
+    parked: dict[Table, int] = {}
     conn = connect_postgres(settings, destination, connect_timeout=int(timeout), options=options)
     with contextlib.closing(conn):
         conn.autocommit = True
@@ -105,10 +125,17 @@ def _count_postgres(
                     continue
                 cur.execute(f"SELECT count(*) FROM {qualified}")
                 counts[(schema, name)] = _scalar(cur.fetchone())
-    return counts
+            for dataset in datasets:
+                cur.execute("SELECT to_regclass(%s)", (f"{_quoted(dataset)}.{_quoted(parked_table)}",))
+                if cur.fetchone()[0] is not None:
+                    cur.execute(_parked_sql(dataset, parked_table))
+                    parked.update(_per_stream(dataset, cur.fetchall()))
+    return counts, parked
 
 
-def _count_sqlalchemy(url: str, tables: list[Table], timeout: float) -> dict[Table, int | None]:
+def _count_sqlalchemy(
+    url: str, tables: list[Table], datasets: list[str], parked_table: str, timeout: float
+) -> tuple[dict[Table, int | None], dict[Table, int]]:
     connect_args = {"connect_timeout": int(timeout), "read_timeout": int(timeout)} if is_mysql(url) else {}
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool, connect_args=connect_args)
     try:
@@ -120,9 +147,22 @@ def _count_sqlalchemy(url: str, tables: list[Table], timeout: float) -> dict[Tab
                 counted = f"SELECT count(*) FROM {quote(schema)}.{quote(name)}"
                 exists = inspector.has_table(name, schema=schema)
                 counts[(schema, name)] = _scalar(conn.execute(sa.text(counted)).one()) if exists else None
-            return counts
+            parked: dict[Table, int] = {}
+            for dataset in (d for d in datasets if inspector.has_table(parked_table, schema=d)):
+                stream = quote("stream")
+                grouped = f"SELECT {stream}, count(*) FROM {quote(dataset)}.{quote(parked_table)} GROUP BY {stream}"
+                parked.update(_per_stream(dataset, conn.execute(sa.text(grouped)).all()))
+            return counts, parked
     finally:
         engine.dispose()
+
+
+def _parked_sql(dataset: str, parked_table: str) -> str:
+    return f"SELECT stream, count(*) FROM {_quoted(dataset)}.{_quoted(parked_table)} GROUP BY stream"
+
+
+def _per_stream(dataset: str, grouped: Sequence[Any]) -> dict[Table, int]:
+    return {(dataset, str(stream)): int(count) for stream, count in grouped}
 
 
 def _quoted(identifier: str) -> str:
