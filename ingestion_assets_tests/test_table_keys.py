@@ -40,3 +40,24 @@ def test_a_key_unique_in_fact_or_by_an_index_loads(harness: StreamHarness) -> No
     harness.write_catalog({"events": {"table": "events", "primary_key": ["k", "sub"], "cursor": "updated_at"}})
     harness.source.execute("UPDATE events SET updated_at = now()")
     harness.materialize()  # (k) is unique by its index, so (k, sub) is too: not looked at again
+
+
+def test_a_partitions_first_read_looks_at_the_key_within_its_window(harness: StreamHarness) -> None:
+    """Key ranges and time windows read apart: each partition's first read looks at the rows of its own window."""
+    harness.source.execute(SETUP)
+    key_ranges = {"by": "key", "chunk": 2}
+    harness.write_catalog(
+        {"events": {"table": "events_view", "primary_key": "k", "cursor": "updated_at", "partitions": key_ranges}}
+    )
+    assert harness.plan_partitions("events")[:3] == ["0-1", "2-3", "4-5"]
+    error = _failure(harness.materialize(raise_on_error=False, partition="0-1"))
+    assert "primary_key ['k'] is not unique in the source: 1 value(s)" in error and "k=1 in 2 rows" in error
+    harness.materialize(partition="4-5")  # no repeated value in this window: it loads
+    assert harness.query_target(f'SELECT k, v FROM "{harness.source_name}".events') == [(4, None)]
+
+    days = {"by": "time", "column": "updated_at", "start": "2026-12-01", "granularity": "daily"}
+    harness.write_catalog(
+        {"events": {"table": "events_view", "primary_key": "k", "cursor": "updated_at", "partitions": days}}
+    )
+    error = _failure(harness.materialize(raise_on_error=False, partition="2026-12-01"))
+    assert "k=3 in 2 rows" in error and "nothing was loaded" in error

@@ -21,7 +21,7 @@ from ingestion_assets.references import postgres_url
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres import plan_table_read, table_slices
 from ingestion_assets.sources.postgres.introspect import TableShape, discover_table, type_hints
-from ingestion_assets.sources.postgres.query import ReadPlan
+from ingestion_assets.sources.postgres.query import ReadPlan, Window
 from ingestion_assets.sources.postgres.reader import connect
 from ingestion_assets.sources.postgres.unique_key import repeated_key_error, repeated_keys
 from ingestion_assets.sources.slices import Slice
@@ -125,11 +125,12 @@ class PostgresTableStream:
         finally:
             conn.close()
 
-    def _key_unique(self) -> None:
+    def _key_unique(self, plan: ReadPlan, window: Window | None) -> None:
+        within = plan.window_conditions(window) if window is not None else []
         conn = connect(self.source_url(), "ingest-key-check")
         try:
             key = tuple(self.spec.primary_key)
-            repeated, count = repeated_keys(conn, self.spec.schema_name, self.spec.table_name, key)
+            repeated, count = repeated_keys(conn, self.spec.schema_name, self.spec.table_name, key, within)
         finally:
             conn.close()
         if repeated:
@@ -157,8 +158,8 @@ class PostgresTableStream:
         except UnknownPartition as exc:
             raise StreamError(f"stream {self.qualified_name}: {exc}") from exc
         plan = options.plan or self.plan(options.skip_columns)
-        if after is None and window is None and self.spec.write_disposition == "merge" and self.spec.primary_key:
-            self._key_unique()  # a first full read: once, before anything loads
+        if after is None and self.spec.write_disposition == "merge" and self.spec.primary_key:
+            self._key_unique(plan, window)  # a first full read (of the partition's window): before anything loads
         loader = options.loader or self.loader(options.target, options.partition, plan)
         loader.run_id = options.run_id
         if after is None and window is None and loader.use_initial_load_path() and options.log is not None:

@@ -120,7 +120,7 @@ class ReadPlan:
             settled=sql.SQL("") if settled is None else sql.SQL(", ") + self._settled_flag(settled),
             table=sql.Identifier(self.shape.schema, self.shape.table),
         )
-        conditions = self._window_conditions(window) if window is not None else []
+        conditions = self.window_conditions(window) if window is not None else []
         if after is not None or probe:
             values = [_typed_null(c) if probe else _literal(c, self._value(after or {}, c)) for c in self.ordering]
             conditions.append(
@@ -144,7 +144,7 @@ class ReadPlan:
     ) -> str:
         """COPY of the ordering columns (cursor, primary key) of the rows in (after, upto] of `window`."""
         keys = [_order_expr(c) for c in self.ordering]
-        conditions = self._window_conditions(window) if window is not None else []
+        conditions = self.window_conditions(window) if window is not None else []
         if after is not None:
             values = [_literal(c, self._value(after, c)) for c in self.ordering]
             conditions.append(sql.SQL("({}) > ({})").format(sql.SQL(", ").join(keys), sql.SQL(", ").join(values)))
@@ -187,7 +187,7 @@ class ReadPlan:
             return ident
         return sql.SQL("CASE WHEN {ok} THEN {c} END").format(ok=condition, c=ident)
 
-    def _window_conditions(self, window: Window) -> list[sql.Composable]:
+    def window_conditions(self, window: Window) -> list[sql.Composable]:
         column = self.shape.column(window.column)
         ident = sql.SQL("t.") + sql.Identifier(column.name)
         conditions: list[sql.Composable] = []

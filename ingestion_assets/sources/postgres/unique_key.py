@@ -3,12 +3,13 @@
 The target keeps one row per key: rows of the source sharing a key value would land twice on a first read
 (slices appended) and collapse into one on the next merge, silently. A key that a unique index (or the primary
 key) guarantees needs no look; any other key (a view, a table without constraints) is looked at once, on a
-stream's first full read, with one GROUP BY over the table (found by a README-only attacker: a view keyed by a
-column that is not unique loaded its rows twice, status ok).
+stream's first full read (a partition's: its window's rows), with one GROUP BY (found by a README-only attacker:
+a view keyed by a column that is not unique loaded its rows twice, status ok).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from psycopg2 import sql
@@ -18,10 +19,13 @@ from ingestion_assets.sources.postgres.cdc.keys import unique_keys
 SHOWN = 3
 
 
-def repeated_keys(conn: Any, schema: str, table: str, key: tuple[str, ...]) -> tuple[list[tuple[Any, ...]], int]:
+def repeated_keys(
+    conn: Any, schema: str, table: str, key: tuple[str, ...], within: Sequence[sql.Composable] = ()
+) -> tuple[list[tuple[Any, ...]], int]:
     """Up to `SHOWN` key values that several rows hold (with how many each) and how many such values there are
     in all; ([], 0) when the key is guaranteed or holds one row per value. Rows without a key value are not
-    counted (they are parked as bad rows)."""
+    counted (they are parked as bad rows). `within`: conditions of a partition's window, whose rows alone are
+    looked at (a key range holds every row of its key values; a time window those of its own rows)."""
     relation = sql.Identifier(schema, table)
     with conn.cursor() as cur:
         # a valid, non-partial unique index on plain columns all among the key's makes the key unique
@@ -29,10 +33,11 @@ def repeated_keys(conn: Any, schema: str, table: str, key: tuple[str, ...]) -> t
             conn.rollback()
             return [], 0
         columns = sql.SQL(", ").join(sql.Identifier(k) for k in key)
-        present = sql.SQL(" AND ").join(sql.SQL("{} IS NOT NULL").format(sql.Identifier(k)) for k in key)
+        conditions = [*(sql.SQL("{} IS NOT NULL").format(sql.Identifier(k)) for k in key), *within]
+        present = sql.SQL(" AND ").join(conditions)
         cur.execute(
             sql.SQL(
-                "SELECT {columns}, count(*) AS rows, count(*) OVER () AS keys FROM {relation} WHERE {present} "
+                "SELECT {columns}, count(*) AS rows, count(*) OVER () AS keys FROM {relation} AS t WHERE {present} "
                 "GROUP BY {columns} HAVING count(*) > 1 ORDER BY count(*) DESC LIMIT {shown}"
             ).format(columns=columns, relation=relation, present=present, shown=sql.Literal(SHOWN))
         )
