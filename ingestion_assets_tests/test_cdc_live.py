@@ -72,7 +72,6 @@ def _start_writer(stop: threading.Event, harness: StreamHarness) -> threading.Th
     return thread
 
 
-@pytest.mark.slow
 def test_a_live_run_checkpoints_each_batch_and_drains_on_sigterm(writing: Any) -> None:
     harness, stop = writing
     _live_catalog(harness, seconds=600)
@@ -99,7 +98,6 @@ def test_a_live_run_checkpoints_each_batch_and_drains_on_sigterm(writing: Any) -
     _assert_exact(harness)
 
 
-@pytest.mark.slow
 def test_a_sigkill_mid_live_run_resumes_and_the_target_equals_the_source(writing: Any) -> None:
     harness, stop = writing
     _live_catalog(harness, seconds=600)
