@@ -29,7 +29,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# A PYTHONPATH naming a checkout wins over this one (appended last): one bench, one server, two branches.
+sys.path.insert(
+    len(sys.path)
+    if any(Path(p, "ingestion_assets").is_dir() for p in os.environ.get("PYTHONPATH", "").split(":"))
+    else 0,
+    str(Path(__file__).resolve().parent.parent),
+)
 
 from postgres_to_duckdb import TABLE_SQL
 
@@ -50,6 +56,9 @@ def main() -> None:
     if args.run:
         print(json.dumps(_run_path(args.run)))
         return
+    import ingestion_assets
+
+    print(f"ingestion_assets from {Path(ingestion_assets.__file__).parent.parent}", flush=True)
     env = _prepare(args.rows, args.reconcile)
     results: dict[str, dict[str, float]] = {}
     for path in args.paths.split(","):
