@@ -2,6 +2,11 @@
 
 A watchdog SIGKILLs the process if the slice has not finished by the deadline; that is still safe
 (the checkpoint only ever trails committed data), just slower to resume.
+
+A step process whose run process died (SIGKILLed: Dagster's multiprocess executor leaves its step processes
+running) drains the same way: nobody waits for it any more, and a live CDC run would otherwise go on streaming
+for its whole lifetime, holding the slot a new run needs, then hang writing to its dead parent. The watchdog
+then stays armed past the step's end, so the process is gone by the deadline whatever it waits on.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+PARENT_POLL_SECONDS = 1.0
 
 
 class Drain:
@@ -26,6 +32,8 @@ class Drain:
         self._previous: dict[int, Any] = {}
         self._watchdog: threading.Timer | None = None
         self._announced = False
+        self._orphaned = False  # the process that started this one is gone
+        self._left = threading.Event()  # set when the drained block ends
 
     @property
     def requested(self) -> bool:
@@ -38,29 +46,45 @@ class Drain:
             if self._log is not None:
                 self._log.warning(
                     "%s: finishing the slice in flight (committed and checkpointed), then stopping (deadline %.0fs)",
-                    signal.Signals(self._signal).name,
+                    self._cause(),
                     self.deadline_seconds,
                 )
         return self.requested
 
     def describe(self) -> str:
-        name = signal.Signals(self._signal).name if self._signal is not None else "no signal"
         waited = time.monotonic() - self._since if self._since is not None else 0.0
+        if self._orphaned:
+            return f"{self._cause()} {waited:.1f}s ago"
+        name = signal.Signals(self._signal).name if self._signal is not None else "no signal"
         return f"{name} received {waited:.1f}s ago"
+
+    def _cause(self) -> str:
+        if self._orphaned:
+            return "the run process that started this step died"
+        return signal.Signals(self._signal).name if self._signal is not None else "no signal"
 
     def __enter__(self) -> Drain:
         if threading.current_thread() is threading.main_thread():  # handlers can only live there
             for number in DRAIN_SIGNALS:
                 self._previous[number] = signal.signal(number, self._on_signal)
+        threading.Thread(target=self._watch_parent, args=(os.getppid(),), name="drain-parent", daemon=True).start()
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
+        self._left.set()
         for number, handler in self._previous.items():
             signal.signal(number, handler)
-        if self._watchdog is not None:
+        if self._watchdog is not None and not self._orphaned:  # an orphan is gone by the deadline, done or not
             self._watchdog.cancel()
+
+    def _watch_parent(self, parent: int) -> None:
+        while not self._left.wait(PARENT_POLL_SECONDS):
+            if os.getppid() != parent:  # re-parented: the process that started this one is gone
+                self._orphaned = True
+                self._on_signal(signal.SIGTERM, None)
+                return
 
     def _on_signal(self, number: int, _frame: FrameType | None) -> None:
         """Only flags and arms the watchdog: the main thread may be inside a database call that logging from

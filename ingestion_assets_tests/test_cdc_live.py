@@ -115,6 +115,57 @@ def test_a_sigkill_mid_live_run_resumes_and_the_target_equals_the_source(writing
     _assert_exact(harness)
 
 
+def _descendants(pid: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parents[int(entry)] = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_live_step_whose_run_process_was_killed_drains_and_ends(writing: Any) -> None:
+    """Dagster's multiprocess executor leaves a step process running when its run process is SIGKILLed (found by
+    a README-only attacker: the live step streamed on for its whole lifetime, holding the slot, then hung)."""
+    harness, stop = writing
+    _live_catalog(harness, seconds=600)
+    process = harness.materialize_cli("orders")
+    writer = _start_writer(stop, harness)
+    seen = _wait_for_checkpoints(harness, 0, process)
+    _wait_for_checkpoints(harness, seen + 2, process)
+    steps = _descendants(process.pid)
+    assert steps, "no step process under the run process"
+    os.kill(process.pid, signal.SIGKILL)  # the run process alone, as an OOM killer or a lost container would
+    process.wait(timeout=60)
+    deadline = time.monotonic() + 90
+    while any(_running(pid) for pid in steps) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(_running(pid) for pid in steps), "the orphaned step process is still running"
+    health = slot_health(harness.source.url, f"ingest_{harness.source_name}")
+    assert not health.active  # the slot is free for the next run
+    stop.set()
+    writer.join()
+    _live_catalog(harness, seconds=None)
+    harness.materialize()
+    _assert_exact(harness)
+
+
 def test_the_sensor_keeps_one_live_run_up(cdc: StreamHarness) -> None:  # noqa: F811
     import dagster as dg
 

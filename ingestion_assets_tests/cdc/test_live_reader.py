@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from ingestion_assets.errors import classify
 from ingestion_assets.sources.postgres.cdc import read_changes
 from ingestion_assets.sources.postgres.cdc.errors import CdcError
 from ingestion_assets.sources.postgres.cdc.live import LiveReader, ReadAhead
@@ -73,9 +74,11 @@ def test_a_failure_of_the_session_read_ahead_reaches_the_caller(sandbox: Sandbox
             "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s",
             params=(sandbox.slot,),
         )
-        with pytest.raises(CdcError):
+        with pytest.raises(CdcError) as raised:
             for _ in range(200):  # the batches read before the session ended, then its failure
                 ahead.next_batch()
+    # An operator's pg_terminate_backend (57P01) is no fault of the run: retried, like a dropped connection.
+    assert classify(raised.value).transient and "terminating connection due to administrator command" in str(raised.value)
 
 
 def test_reading_ahead_ends_when_the_run_stops(sandbox: Sandbox) -> None:

@@ -26,6 +26,15 @@ _PQ.PQputCopyData.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
 _PQ.PQflush.argtypes = [ctypes.c_void_p]
 _PQ.PQerrorMessage.argtypes = [ctypes.c_void_p]
 _PQ.PQerrorMessage.restype = ctypes.c_char_p
+_PQ.PQgetResult.argtypes = [ctypes.c_void_p]
+_PQ.PQgetResult.restype = ctypes.c_void_p
+_PQ.PQresultErrorField.argtypes = [ctypes.c_void_p, ctypes.c_int]
+_PQ.PQresultErrorField.restype = ctypes.c_char_p
+_PQ.PQresultErrorMessage.argtypes = [ctypes.c_void_p]
+_PQ.PQresultErrorMessage.restype = ctypes.c_char_p
+_PQ.PQclear.argtypes = [ctypes.c_void_p]
+_PQ.PQclear.restype = None
+_SQLSTATE = ord("C")  # PG_DIAG_SQLSTATE
 
 _XLOG_DATA = struct.Struct(">QQq")  # 'w': data start, WAL end, send time
 _KEEPALIVE = struct.Struct(">Qq?")  # 'k': WAL end, send time, reply requested
@@ -34,7 +43,13 @@ _PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 
 
 class CopyBothError(Exception):
-    """The stream failed or ended; the message is libpq's or the server's."""
+    """The stream failed or ended; the message is libpq's or the server's. `sqlstate`: the server's error code
+    when it ended the stream with one; `lost`: the connection broke, or the server ended the stream because an
+    operator or its shutdown ended the session (class 57, connection class 08), not because of what was asked."""
+
+    def __init__(self, message: str, sqlstate: str | None = None, lost: bool = False) -> None:
+        super().__init__(message)
+        self.sqlstate, self.lost = sqlstate, lost
 
 
 class CopyBoth:
@@ -57,13 +72,13 @@ class CopyBoth:
                 if consumed:
                     return None
                 if not _PQ.PQconsumeInput(self._pg):
-                    raise CopyBothError(self._error())
+                    raise CopyBothError(self._error(), lost=True)
                 consumed = True
                 continue
             if size == -1:
-                raise CopyBothError(f"the server ended the stream {self._error() or '(no error given)'}".strip())
+                raise self._ended()
             if size < 0:
-                raise CopyBothError(self._error())
+                raise CopyBothError(self._error(), lost=True)
             try:
                 message = ctypes.string_at(buffer, size)
             finally:
@@ -89,7 +104,22 @@ class CopyBoth:
         now = int((dt.datetime.now(dt.UTC) - _PG_EPOCH).total_seconds() * 1_000_000)
         status = _STATUS.pack(b"r", lsn, lsn, lsn, now, False)
         if _PQ.PQputCopyData(self._pg, status, len(status)) != 1 or _PQ.PQflush(self._pg) != 0:
-            raise CopyBothError(self._error())
+            raise CopyBothError(self._error(), lost=True)
+
+    def _ended(self) -> CopyBothError:
+        """The server ended the copy: its final result says why (a terminated session says so with 57P01)."""
+        sqlstate, said = None, ""
+        while (result := _PQ.PQgetResult(self._pg)) is not None:
+            try:
+                code = _PQ.PQresultErrorField(result, _SQLSTATE)
+                if code and sqlstate is None:
+                    sqlstate = code.decode("ascii", "replace")
+                    said = (_PQ.PQresultErrorMessage(result) or b"").decode("utf-8", "replace").strip()
+            finally:
+                _PQ.PQclear(result)
+        said = said or self._error() or "(no error given)"
+        lost = sqlstate is None or sqlstate.startswith(("57", "08"))
+        return CopyBothError(f"the server ended the stream: {said}", sqlstate=sqlstate, lost=lost)
 
     def _error(self) -> str:
         said = _PQ.PQerrorMessage(self._pg) or b""

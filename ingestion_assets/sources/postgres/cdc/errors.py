@@ -37,6 +37,13 @@ class DecodeTimeout(CdcError):
     transient = True
 
 
+class StreamLost(CdcError):
+    """The replication session broke or was ended from outside (a terminated walsender, a dropped connection):
+    nothing was acknowledged past the stored checkpoint, so the next attempt resumes from there."""
+
+    transient = True
+
+
 class SourceStopping(CdcError):
     """The source server is shutting down; the stream was closed at once so as not to hold the shutdown up."""
 

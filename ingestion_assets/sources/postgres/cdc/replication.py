@@ -18,7 +18,13 @@ import psycopg2
 import psycopg2.extras
 
 from ingestion_assets.sources.postgres.cdc.copydata import CopyBoth, CopyBothError
-from ingestion_assets.sources.postgres.cdc.errors import CdcError, SlotInUseError, SlotMissingError, SourceStopping
+from ingestion_assets.sources.postgres.cdc.errors import (
+    CdcError,
+    SlotInUseError,
+    SlotMissingError,
+    SourceStopping,
+    StreamLost,
+)
 from ingestion_assets.sources.postgres.cdc.lsn import format_lsn, parse_lsn
 from ingestion_assets.sources.postgres.cdc.messages import Message
 from ingestion_assets.sources.postgres.cdc.pgoutput import Decoder
@@ -156,16 +162,20 @@ class ReplicationStream:
         try:
             self._open().send_status(lsn)
         except CopyBothError as exc:
-            raise CdcError(f"acknowledging {format_lsn(lsn)} on slot {self.slot!r} failed: {exc}") from exc
+            kind = StreamLost if exc.lost else CdcError
+            raise kind(f"acknowledging {format_lsn(lsn)} on slot {self.slot!r} failed: {exc}") from exc
 
     def _read(self) -> tuple[int, bytes] | None:
         copy = self._open()
         try:
             message = copy.read()
         except CopyBothError as exc:
-            raise CdcError(
-                f"reading replication slot {self.slot!r} (publication {self.publication!r}) "
-                f"from {format_lsn(self.start_lsn)} failed: {exc}"
+            kind = StreamLost if exc.lost else CdcError
+            resumes = "; the slot stays at the last stored checkpoint, where a retry resumes" if exc.lost else ""
+            raise kind(
+                f"reading replication slot {self.slot!r} (publication {self.publication!r}; session started at "
+                f"{format_lsn(self.start_lsn)}, WAL seen up to {format_lsn(max(self.wal_end, copy.wal_end))}) "
+                f"failed: {exc}{resumes}"
             ) from exc
         self.wal_end = max(self.wal_end, copy.wal_end)
         if copy.reply_asked:
