@@ -17,6 +17,7 @@ from ingestion_assets.catalog import load_catalog
 from ingestion_assets.checks import check_catalog
 from ingestion_assets.cli import main
 from ingestion_assets.loading.destinations import target_names
+from ingestion_assets.observe.status import stream_statuses
 from ingestion_assets.sources.postgres.cdc import check_cdc, drop_slot
 from ingestion_assets.state.checkpoints import reset_checkpoint
 from ingestion_assets_tests.helpers import StreamHarness
@@ -591,6 +592,9 @@ def test_a_table_no_stream_reads_never_stays_published_without_a_key(cdc: Stream
     result = harness.materialize()  # nokey is left out, customers goes on
     assert "left out of this run" in (paused := _metadata(result, harness, "nokey")["paused"])
     assert "\"nokey\": has no primary key" in paused
+    statuses = stream_statuses(harness.settings, load_catalog(harness.settings.catalog_path), harness.instance)
+    (nokey,) = [s for s in statuses if s.stream.endswith(".nokey")]
+    assert nokey.status == "paused" and nokey.detail == paused  # `ingest status`: needs attention, and why
     _assert_exact(harness, "customers")
     publication = f"ingest_{harness.source_name}"
     members = f"SELECT tablename::text FROM pg_publication_tables WHERE pubname = '{publication}' ORDER BY 1"

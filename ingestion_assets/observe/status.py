@@ -27,7 +27,8 @@ from ingestion_assets.state.summary import partitions_with_state
 OK, FAILED, NEVER, LAGGING, RUNNING, CHECK = "ok", "failed", "never synced", "lagging", "running", "check failed"
 STALE = "stale"  # older than the stream's `freshness.max_lag`
 TARGET_SHORT = "target short"  # the table holds fewer rows than the last run left in it, or is gone
-ATTENTION = (FAILED, NEVER, LAGGING, CHECK, STALE, TARGET_SHORT)
+PAUSED = "paused"  # a CDC stream its source's last run left out (a key it cannot stream by, its key lost)
+ATTENTION = (FAILED, NEVER, LAGGING, CHECK, STALE, TARGET_SHORT, PAUSED)
 CHECK_NAMES = (SCHEMA, DEAD_LETTERS, RECONCILIATION, SLOT_HEALTH, FRESHNESS)
 FRESHNESS_RUNS = 20  # materializations whose freshness histograms `ingest status` merges
 
@@ -141,6 +142,8 @@ def _status(
     failed = _failed_checks(instance, key)
     if status == OK and failed:
         status, detail = CHECK, f"latest evaluation failed: {', '.join(failed)}"
+    if status == OK and isinstance(metadata.get("paused"), str):  # the run went on without it: say why
+        status, detail = PAUSED, str(metadata["paused"])
     if status == FAILED and SCHEMA in failed:  # the run stopped on this stream's schema change: say what to do
         accept = f"`ingest schema show {name}`, then `ingest schema accept {name}`"
         detail = f"{detail}: paused by a schema change ({accept})"
