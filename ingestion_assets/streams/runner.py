@@ -140,7 +140,7 @@ class PartitionJob:
             if refresh is not None
             else self.stream.resume_position(position, bool(details.get("complete", True)))
         )
-        sink.details = {"generation": new_generation, "schema": schema.stored}
+        sink.details = {"generation": new_generation}  # the new schema only once the target has it (below)
         if refresh is not None:
             sink.details["refresh"] = {"mode": "retain", "generation": new_generation}
         target = Target(self.stream.name, new_generation)
@@ -153,6 +153,7 @@ class PartitionJob:
         faults = self.faults or Faults.from_env()
         faults.hit("before_migration", 0)
         apply_to_target(schema, loader)
+        sink.details["schema"] = schema.stored  # a failed migration left the old one stored: the next run retries
         faults.hit("after_migration", 0)
         floor = None if started_over or after is None else position  # the checkpoint holds here at least
         result = self._read(after, target, sink, loader, schema, details, floor)
