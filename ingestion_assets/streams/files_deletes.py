@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from dlt.destinations.exceptions import DatabaseUndefinedRelation
 
 from ingestion_assets.loading.lake import LakeLoader
 from ingestion_assets.loading.metadata_columns import DELETED_AT
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.loading.relations import table_exists
+from ingestion_assets.loading.target_sql import undefined_relation
 from ingestion_assets.sources.files import FILE
 
 _CHUNK = 500  # files per statement
@@ -99,7 +99,7 @@ def target_files(loader: Loader) -> set[str]:
         column = client.escape_column_name(loader.names.column(FILE))
         try:
             rows = client.execute_sql(f"SELECT DISTINCT {column} FROM {table} WHERE {DELETED_AT} IS NULL")
-        except DatabaseUndefinedRelation:
+        except undefined_relation():
             return set()
     return {str(row[0]) for row in rows or [] if row[0] is not None}
 
