@@ -114,6 +114,11 @@ def test_direct_clients_answer_and_fail_as_dlts_own(tmp_path: Path, source_db: S
         expected = _scenario(theirs)
     with direct_sql_client(settings, destination, target_names(destination), dataset) as ours:
         assert _scenario(ours) == expected
+        assert not ours.has_table("t")  # the scenario dropped its schema: asked without a failing statement
+        ours.execute_sql(f"CREATE SCHEMA {ours.fully_qualified_dataset_name()}")
+        ours.execute_sql(f"CREATE TABLE {ours.make_qualified_table_name('t')} (id int)")
+        assert ours.has_table("t") and not ours.has_table("u")
+        ours.execute_sql(f"DROP SCHEMA {ours.fully_qualified_dataset_name()} CASCADE")
     assert ("DatabaseUndefinedRelation", "UndefinedTable" if kind == "postgres" else "CatalogException") in expected
 
 

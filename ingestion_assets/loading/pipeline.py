@@ -332,8 +332,9 @@ class Loader:
         return Marker(self.bound.binding, self.bound.seq + 1, self.bound.generation)
 
     def reused_client(self) -> Any:
-        """One dlt SQL client for the loader's run (each `with` opens its own connection): resolving dlt's
-        configuration for a new client costs more than a small slice's statements."""
+        """One SQL client for the loader's run (each `with` opens its own connection; on a lake or a dlt-only
+        destination, dlt's: resolving dlt's configuration for a new client costs more than a small slice's
+        statements)."""
         if self._sql_client is None:
             self._sql_client = self.sql_client()
         return self._sql_client
@@ -580,8 +581,8 @@ class Loader:
         return self._pipeline
 
     def sql_client(self) -> Any:
-        """A new dlt SQL client on the target (its own connection once entered): SQL needs no dlt schema, and on
-        DuckDB and PostgreSQL no dlt pipeline either."""
+        """A new SQL client on the target (its own connection once entered): SQL needs no dlt schema, and on
+        DuckDB and PostgreSQL not dlt at all (loading/target_sql.py); elsewhere it is the dlt pipeline's."""
         if has_direct_client(self.destination):
             return direct_sql_client(self.settings, self.destination, self.names, self.target.dataset)
         return self._pipeline.sql_client()

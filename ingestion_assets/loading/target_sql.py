@@ -284,7 +284,7 @@ class DuckDbClient(TargetSqlClient):
     def has_table(self, table_name: str) -> bool:
         found = self.execute_sql(
             "SELECT 1 FROM information_schema.tables WHERE table_catalog = current_database() "
-            "AND table_schema = %s AND table_name = %s",
+            "AND lower(table_schema) = lower(%s) AND lower(table_name) = lower(%s)",  # DuckDB's names ignore case
             self.dataset_name,
             table_name,
         )
