@@ -59,3 +59,30 @@ def test_a_run_that_needs_no_new_column_imports_no_dlt(
     assert after is not None and after.run_id != before.run_id  # the run checkpointed
     assert (after.position == before.position) == (change == "nothing")
     harness.assert_target_equals_source("items", "items", order_by="id")
+
+
+def test_a_files_run_with_no_new_file_imports_no_dlt(harness: StreamHarness, tmp_path: Path) -> None:
+    drops = tmp_path / "drops"
+    drops.mkdir()
+    (drops / "a.csv").write_text("id,name\n1,one\n2,two\n")
+    harness.catalog_path = tmp_path / "catalog.yaml"
+    harness.catalog_path.write_text(
+        f"destination: {{type: duckdb, path: {harness.warehouse}}}\n"
+        f"sources:\n  {harness.source_name}:\n    type: files\n    url: {drops}\n"
+        '    streams:\n      rows: {path: "*.csv", primary_key: id}\n'
+    )
+    harness.wait_ok(harness.materialize_cli("rows"))  # the first run loads (with dlt)
+    before = harness.checkpoint("rows")
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "sitecustomize.py").write_text(PROBE)
+    record = tmp_path / "dlt_imports.txt"
+    path = os.pathsep.join(p for p in (str(probe), os.environ.get("PYTHONPATH", "")) if p)
+    harness.wait_ok(harness.materialize_cli("rows", PYTHONPATH=path, NO_DLT_RECORD=str(record)))
+    assert not record.exists(), record.read_text()
+    after = harness.checkpoint("rows")
+    assert before is not None and after is not None and after.run_id != before.run_id
+    assert harness.query_target(f'SELECT id, name FROM "{harness.source_name}".rows ORDER BY id') == [
+        (1, "one"),
+        (2, "two"),
+    ]
