@@ -13,8 +13,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from dlt.destinations.exceptions import DatabaseUndefinedRelation
-from dlt.destinations.impl.postgres.sql_client import Psycopg2SqlClient
+from ingestion_assets.loading.target_sql import is_postgres_client, undefined_relation
 
 TABLE = "_ingest_bindings"
 _DDL_LOCK = 0x1D6E57  # pg_advisory_xact_lock key of the bindings table's creation
@@ -38,7 +37,7 @@ def read_marker(client: Any, stream: str, partition: str | None) -> Marker | Non
             stream,
             partition or "",
         )
-    except DatabaseUndefinedRelation:
+    except undefined_relation():
         return None
     if not rows:
         return None
@@ -86,7 +85,7 @@ def ensure_table(client: Any) -> str:
         f"binding {text} NOT NULL, seq BIGINT NOT NULL, generation BIGINT NOT NULL, "
         f"updated_at {stamp} NOT NULL, PRIMARY KEY (stream, partition_key))"
     )
-    if isinstance(client, Psycopg2SqlClient):
+    if is_postgres_client(client):
         # Two first loads into one schema at once (backfill workers) both pass IF NOT EXISTS and one fails on
         # pg_type's unique index: one statement that takes a transaction lock first makes the second wait.
         create = f"DO $ingest$ BEGIN PERFORM pg_advisory_xact_lock({_DDL_LOCK}); {create}; END $ingest$"

@@ -13,18 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import dlt
 import duckdb
 import psycopg2
-from dlt.destinations.impl.duckdb.configuration import DuckDbCredentials
-from dlt.destinations.impl.postgres.configuration import PostgresCredentials
 
 from ingestion_assets.catalog import Destination
 from ingestion_assets.errors import DestinationUnavailable
 from ingestion_assets.loading.naming import TargetNames
-from ingestion_assets.loading.native_types import DuckDbNativeTypes, PostgresNativeTypes
-from ingestion_assets.loading.postgres_copy import ExactPostgres
-from ingestion_assets.loading.sql_targets import MYSQL_IDENTIFIER_LENGTH, is_mysql, mysql_lock, sqlalchemy_destination
 from ingestion_assets.references import postgres_url
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.tls_probe import explain_verify_failure
@@ -65,7 +59,14 @@ def connect_postgres(settings: Settings, destination: Destination, **options: An
 
 
 def make_destination(settings: Settings, destination: Destination) -> Any:
+    """dlt's destination (imports dlt: only a dlt load, dlt's schema or a dlt-only destination needs it)."""
+    import dlt
+
     if destination.type == "duckdb":
+        from dlt.destinations.impl.duckdb.configuration import DuckDbCredentials
+
+        from ingestion_assets.loading.type_mappers import DuckDbNativeTypes
+
         path = duckdb_path(settings, destination)
         path.parent.mkdir(parents=True, exist_ok=True)
         # DuckDB caches up to 80% of RAM by default: a loader's memory would then grow with the table.
@@ -74,6 +75,8 @@ def make_destination(settings: Settings, destination: Destination) -> Any:
             duckdb_credentials, type_mapper=DuckDbNativeTypes, naming_convention=destination.naming
         )
     if destination.type == "sqlalchemy":
+        from ingestion_assets.loading.sql_targets import sqlalchemy_destination
+
         return sqlalchemy_destination(destination_url(settings, destination), destination.naming)
     if destination.type == "filesystem":
         from ingestion_assets.loading.lake import lake_destination  # the lake's packages load only when used
@@ -85,6 +88,11 @@ def make_destination(settings: Settings, destination: Destination) -> Any:
         if (referenced := dlt_credentials(settings, destination)) is not None:
             extra["credentials"] = referenced
         return dlt.destination(destination.name, naming_convention=destination.naming, **extra)
+    from dlt.destinations.impl.postgres.configuration import PostgresCredentials
+
+    from ingestion_assets.loading.postgres_copy import ExactPostgres
+    from ingestion_assets.loading.type_mappers import PostgresNativeTypes
+
     credentials = PostgresCredentials(destination_url(settings, destination))
     credentials.password = credentials.password or ""  # trust or peer auth: dlt insists on a password field
     return ExactPostgres(credentials=credentials, type_mapper=PostgresNativeTypes, naming_convention=destination.naming)
@@ -126,6 +134,8 @@ def target_names(destination: Destination) -> TargetNames:
     if destination.type == "postgres":
         return TargetNames(destination.naming, POSTGRES_IDENTIFIER_LENGTH, case_sensitive=True)
     if destination.type == "sqlalchemy":  # MySQL column names are case-insensitive, 64 characters at most
+        from ingestion_assets.loading.sql_targets import MYSQL_IDENTIFIER_LENGTH
+
         return TargetNames(destination.naming, MYSQL_IDENTIFIER_LENGTH, case_sensitive=False)
     return TargetNames(destination.naming, None, case_sensitive=False)
 
@@ -140,11 +150,14 @@ def writer_lock(settings: Settings, destination: Destination, dataset: str, tabl
     one code location per lake table). Reading from sources never waits on this lock.
     """
     started = time.monotonic()
-    if destination.type == "sqlalchemy" and is_mysql(url := destination_url(settings, destination)):
-        with mysql_lock(url, dataset, table):
-            _note_wait(started, f"{dataset}.{table}")
-            yield
-        return
+    if destination.type == "sqlalchemy":
+        from ingestion_assets.loading.sql_targets import is_mysql, mysql_lock  # dlt's sqlalchemy destination
+
+        if is_mysql(url := destination_url(settings, destination)):
+            with mysql_lock(url, dataset, table):
+                _note_wait(started, f"{dataset}.{table}")
+                yield
+            return
     if destination.type != "postgres" and destination.type != "duckdb":
         with _file_lock(settings.home / "locks" / _lock_name(settings, destination, dataset, table)):
             _note_wait(started, f"{dataset}.{table}")

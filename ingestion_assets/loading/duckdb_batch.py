@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import dlt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -126,6 +125,8 @@ def _prepare(part: TableSlice) -> None:
         return
     columns = _target_columns(loader)
     if part.rows is not None and not needed <= columns:
+        import dlt  # a new table or new columns: dlt's schema makes them
+
         with loader._lock():
             empty = dlt.resource([part.rows.slice(0, 0)], **loader._resource_hints("append"))
             loader._run([empty], "parquet")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ingestion_assets.loading.metadata_columns import DELETED_AT, EXTRACTED_AT, GENERATION, META, POSITION
+from ingestion_assets.loading.naming_rules import normalize
 
 CONVENTIONS = ("snake_case", "direct")
 # Columns the product or dlt writes itself: a source column of that name would be overwritten.
@@ -43,16 +44,16 @@ class TargetNames:
     case_sensitive: bool = True  # DuckDB folds case: `Order` and `order` are one column there
 
     def column(self, name: str) -> str:
-        """The name dlt gives this source column in the target."""
-        return str(_convention(self.convention, self.max_length).normalize_identifier(name))
+        """The name dlt gives this source column in the target (dlt's convention, without importing dlt)."""
+        return normalize(self.convention, name, self.max_length)
 
     def naming_convention(self) -> Any:
-        """dlt's naming convention object these names follow."""
+        """dlt's naming convention object these names follow (imports dlt: for dlt's own clients)."""
         return _convention(self.convention, self.max_length)
 
     def table(self, name: str) -> str:
         """The name dlt gives a table or dataset (schema) of this name in the target."""
-        return str(_convention(self.convention, self.max_length).normalize_table_identifier(name))
+        return normalize(self.convention, name, self.max_length)
 
     def columns(self, names: Iterable[str]) -> tuple[str, ...]:
         return tuple(self.column(name) for name in names)

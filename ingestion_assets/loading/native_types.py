@@ -1,35 +1,12 @@
-"""The destination's own types where dlt has none (REAL, UUID, INTERVAL, LIST; PostgreSQL's interval, arrays,
-ranges ...), and values in the form a PostgreSQL destination's CSV load reads exactly.
-
-dlt names a column type with its own small set (double, text, json ...). A column hint carries the native
-type (see sources/postgres/landing.py), and these type mappers use it wherever dlt writes a column type:
-CREATE TABLE and ADD COLUMN, for the target and for the staging table a merge goes through.
-"""
+"""Values in the form a PostgreSQL destination's CSV load reads exactly (the destination's own column types are
+loading/type_mappers.py's)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pyarrow as pa
 import pyarrow.compute as pc
-from dlt.destinations.impl.duckdb.factory import DuckDbTypeMapper
-from dlt.destinations.impl.postgres.factory import PostgresTypeMapper
 
 from ingestion_assets.sources.postgres import temporal
-from ingestion_assets.sources.postgres.landing import DUCKDB_TYPE, POSTGRES_TYPE
-
-
-class DuckDbNativeTypes(DuckDbTypeMapper):
-    def to_destination_type(self, column: Any, table: Any) -> str:
-        native = column.get(DUCKDB_TYPE)
-        return str(native) if native else str(super().to_destination_type(column, table))
-
-
-class PostgresNativeTypes(PostgresTypeMapper):
-    def to_destination_type(self, column: Any, table: Any) -> str:
-        native = column.get(POSTGRES_TYPE)
-        return str(native) if native else str(super().to_destination_type(column, table))
-
 
 CSV_SAFE = {  # what Arrow's CSV writer prints as PostgreSQL reads it: four-digit years AD, no infinity
     "date": (temporal.days_from_civil(1, 1, 1), temporal.days_from_civil(10000, 1, 1) - 1),

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import dlt
 import pyarrow as pa
-from dlt.destinations.exceptions import DatabaseUndefinedRelation
 
 from ingestion_assets.loading.dead_letters import DEAD_LETTER_HINTS, DEAD_LETTER_KEY, DEAD_LETTER_TABLE
 from ingestion_assets.loading.storable_text import storable_dead_letters
+from ingestion_assets.loading.target_sql import TargetSqlClient, undefined_relation
 
 
 def dead_letter_resource(records: pa.Table, postgres: bool = False) -> Any:
@@ -17,6 +16,8 @@ def dead_letter_resource(records: pa.Table, postgres: bool = False) -> Any:
     `postgres`: the target is PostgreSQL, whose text and jsonb cannot hold a NUL (written out as `\\u0000`); no
     target's JSON holds half a surrogate pair (written out as `\\ud800`)."""
     json_columns = tuple(name for name, hint in DEAD_LETTER_HINTS.items() if hint["data_type"] == "json")
+    import dlt  # dead letters load through dlt: a run that parks none never imports it
+
     records = storable_dead_letters(records, json_columns, postgres)
     hints: dict[str, Any] = {
         "name": DEAD_LETTER_TABLE,
@@ -36,11 +37,13 @@ def parked_keys(loader: Any, stream: str) -> set[str]:
 
 def parked_keys_in(client: Any, stream: str) -> set[str]:
     """With a client already open (under the writer lock: taking it again from this process would wait)."""
+    if isinstance(client, TargetSqlClient) and not client.has_table(DEAD_LETTER_TABLE):
+        return set()  # no dead letter yet (most streams): asked without a failing statement
     table = client.make_qualified_table_name(DEAD_LETTER_TABLE)
     key, name = (client.escape_column_name(c) for c in ("record_key", "stream"))
     try:
         rows = client.execute_sql(f"SELECT {key} FROM {table} WHERE {name} = %s", stream) or []
-    except DatabaseUndefinedRelation:
+    except undefined_relation():
         return set()
     return {str(row[0]) for row in rows}
 
@@ -58,7 +61,7 @@ def parked_rows(loader: Any) -> list[dict[str, Any]]:
         )
         try:
             found = list(client.execute_sql(statement, loader.stream_name) or [])
-        except DatabaseUndefinedRelation:
+        except undefined_relation():
             return []
     return [dict(zip(columns, row, strict=True)) for row in found]
 

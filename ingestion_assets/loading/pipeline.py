@@ -1,4 +1,7 @@
-"""One dlt pipeline per stream run: it loads slice after slice and runs stateless."""
+"""One dlt pipeline per stream run: it loads slice after slice and runs stateless.
+
+dlt is imported where a load, dlt's schema or a dead letter needs it: a run with nothing new to load asks its target
+through our own SQL client (loading/target_sql.py) and never imports dlt."""
 
 from __future__ import annotations
 
@@ -12,11 +15,8 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, ClassVar
 
-import dlt
 import pyarrow as pa
 import pyarrow.compute as pc
-from dlt.common.libs.pyarrow import get_column_type_from_py_arrow
-from dlt.destinations.exceptions import DatabaseUndefinedRelation
 
 from ingestion_assets.catalog import Destination
 from ingestion_assets.loading.bindings import Marker, read_marker, set_generation, write_marker
@@ -27,11 +27,9 @@ from ingestion_assets.loading.migrate import migration_statements
 from ingestion_assets.loading.naming import TargetNames
 from ingestion_assets.loading.native_types import for_postgres
 from ingestion_assets.loading.parked import dead_letter_resource, delete_parked, parked_keys
-from ingestion_assets.loading.postgres_copy import LOADER_FILE_FORMAT as POSTGRES_FILE_FORMAT
-from ingestion_assets.loading.postgres_load import load_slice as load_postgres_slice
 from ingestion_assets.loading.relations import table_exists
 from ingestion_assets.loading.sql_clients import direct_sql_client, has_direct_client
-from ingestion_assets.loading.sql_targets import refuse_retype
+from ingestion_assets.loading.target_sql import undefined_relation
 from ingestion_assets.loading.versions import KeyCheck, check_keys
 from ingestion_assets.schema.changes import SchemaChange
 from ingestion_assets.settings import Settings
@@ -130,6 +128,8 @@ class Loader:
         return self._dlt_pipeline
 
     def _make_pipeline(self) -> Any:
+        import dlt
+
         # Loaded packages are not kept (a slice is re-read from the source, never from local files), and
         # the staging copy of a merged slice is emptied: neither disk grows with the number of runs.
         dlt.config["load.delete_completed_jobs"] = True
@@ -192,7 +192,7 @@ class Loader:
                 return not client.execute_sql(
                     f"SELECT 1 FROM {client.make_qualified_table_name(self.target.table)} LIMIT 1"
                 )
-            except DatabaseUndefinedRelation:
+            except undefined_relation():
                 return True
 
     def max_generation(self, table: str) -> int | None:
@@ -200,7 +200,7 @@ class Loader:
         with self._lock(), self.sql_client() as client:
             try:
                 rows = client.execute_sql(f"SELECT max({GENERATION}) FROM {client.make_qualified_table_name(table)}")
-            except DatabaseUndefinedRelation:
+            except undefined_relation():
                 return None
         return int(rows[0][0]) if rows and rows[0][0] is not None else None
 
@@ -229,6 +229,8 @@ class Loader:
             disposition = "append"
         table = self._with_target_names(table) if table is not None and table.num_columns else None
         if self.destination.type == "postgres" and self.max_table_nesting == 0:
+            from ingestion_assets.loading.postgres_load import load_slice as load_postgres_slice
+
             loaded = load_postgres_slice(self, table, dead_letters, disposition)  # COPY + merge, no dlt load
             self._loads += 1
             return loaded
@@ -238,6 +240,8 @@ class Loader:
             append = disposition == "append"
             (done,) = load_tables([TableSlice(self, table, dead_letters, append=append, checked=not append)])
             return done.rows
+        import dlt
+
         if table is not None and self.destination.type == "postgres":
             table = for_postgres(table)
         with self._lock():
@@ -286,7 +290,7 @@ class Loader:
             try:
                 rows = bool(client.execute_sql(f"SELECT 1 FROM {table} LIMIT 1"))
                 exists = True
-            except DatabaseUndefinedRelation:
+            except undefined_relation():
                 rows, exists = False, False
             self._known_to_exist = exists
             return TargetState(exists, rows, read_marker(client, self.stream_name, partition))
@@ -328,8 +332,9 @@ class Loader:
         return Marker(self.bound.binding, self.bound.seq + 1, self.bound.generation)
 
     def reused_client(self) -> Any:
-        """One dlt SQL client for the loader's run (each `with` opens its own connection): resolving dlt's
-        configuration for a new client costs more than a small slice's statements."""
+        """One SQL client for the loader's run (each `with` opens its own connection; on a lake or a dlt-only
+        destination, dlt's: resolving dlt's configuration for a new client costs more than a small slice's
+        statements)."""
         if self._sql_client is None:
             self._sql_client = self.sql_client()
         return self._sql_client
@@ -337,6 +342,8 @@ class Loader:
     def create_if_missing(self, empty: pa.Table) -> None:
         """A stream of an empty table still gets its (empty) target table, with every column and type."""
         if not (self._known_to_exist or self.targettable_exists()):
+            import dlt
+
             with self._lock():
                 resource = dlt.resource([self._with_target_names(empty)], **self._resource_hints("append"))
                 self._run([resource], self._file_format)
@@ -360,6 +367,8 @@ class Loader:
         self._forget_pending = True
 
     def _forget_now(self) -> None:
+        from dlt.destinations.exceptions import DatabaseUndefinedRelation
+
         self._forget_pending = False
         name = self._pipeline.default_schema_name
         if name is None:
@@ -411,6 +420,8 @@ class Loader:
     ) -> int:
         """Load one slice of JSON records (nested data becomes child tables) and its dead letters; `column_hints`
         (by field name) say what the values cannot (a decimal's precision and scale)."""
+        import dlt
+
         disposition = "append" if self._append_only else self.target.write_disposition
         with self._lock():
             resources = []
@@ -473,6 +484,8 @@ class Loader:
 
         dlt never alters a column type, and it merges through a staging table it creates from its own
         schema: the tables change here, and dlt's schema learns the new type for the tables it creates."""
+        from ingestion_assets.loading.sql_targets import refuse_retype
+
         refuse_retype(self.destination, f"{self.target.dataset}.{self.stream_name}", [c for c, _, _ in changes])
         changes = [(replace(change, column=self.names.column(change.column)), t, a) for change, t, a in changes]
         self._retype_in_dlt_schema([(change.column, arrow) for change, _, arrow in changes])
@@ -499,6 +512,8 @@ class Loader:
         return done
 
     def _retype_in_dlt_schema(self, columns: list[tuple[str, pa.DataType]]) -> None:
+        from dlt.common.libs.pyarrow import get_column_type_from_py_arrow
+
         pipeline = self.pipeline
         if pipeline.default_schema_name is None:
             return  # a pipeline that never loaded (another partition's created the table): dlt reads it at its load
@@ -548,7 +563,9 @@ class Loader:
 
     @property
     def _file_format(self) -> str:
-        return POSTGRES_FILE_FORMAT if self.destination.type == "postgres" else "parquet"
+        from ingestion_assets.loading.postgres_copy import LOADER_FILE_FORMAT  # it imports dlt: for dlt loads
+
+        return LOADER_FILE_FORMAT if self.destination.type == "postgres" else "parquet"
 
     @property
     def pipeline(self) -> Any:
@@ -564,8 +581,8 @@ class Loader:
         return self._pipeline
 
     def sql_client(self) -> Any:
-        """A new dlt SQL client on the target (its own connection once entered): SQL needs no dlt schema, and on
-        DuckDB and PostgreSQL no dlt pipeline either."""
+        """A new SQL client on the target (its own connection once entered): SQL needs no dlt schema, and on
+        DuckDB and PostgreSQL not dlt at all (loading/target_sql.py); elsewhere it is the dlt pipeline's."""
         if has_direct_client(self.destination):
             return direct_sql_client(self.settings, self.destination, self.names, self.target.dataset)
         return self._pipeline.sql_client()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
-import dlt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -15,7 +14,6 @@ from ingestion_assets.loading.dead_letters import record_keys
 from ingestion_assets.loading.destinations import writer_lock_key
 from ingestion_assets.loading.metadata_columns import POSITION
 from ingestion_assets.loading.parked import dead_letter_resource, parked_keys
-from ingestion_assets.loading.postgres_copy import LOADER_FILE_FORMAT
 from ingestion_assets.loading.postgres_merge import SliceWrite, ensure_unique_key, target_columns, write_slice
 from ingestion_assets.loading.versions import check_keys
 
@@ -84,6 +82,10 @@ def _prepared(loader: Loader, rows: pa.Table | None) -> list[str]:
         with _client(loader) as client, client.native_connection.cursor() as cursor:
             columns = target_columns(cursor, qualified)
         if rows is not None and not set(rows.column_names) <= set(columns):
+            import dlt  # a new table or new columns: dlt's schema makes them
+
+            from ingestion_assets.loading.postgres_copy import LOADER_FILE_FORMAT
+
             empty = dlt.resource([rows.slice(0, 0)], **loader._resource_hints("append"))
             loader.pipeline.run([empty], loader_file_format=LOADER_FILE_FORMAT)
         with _client(loader) as client, client.native_connection.cursor() as cursor:

@@ -1,10 +1,10 @@
-"""What the target holds, asked through dlt's SQL client (DuckDB and PostgreSQL alike)."""
+"""What the target holds, asked through its SQL client (DuckDB and PostgreSQL alike)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from dlt.destinations.exceptions import DatabaseUndefinedRelation
+from ingestion_assets.loading.target_sql import undefined_relation
 
 
 def table_exists(client: Any, qualified: str) -> bool:
@@ -12,6 +12,6 @@ def table_exists(client: Any, qualified: str) -> bool:
     statement that says "no" would abort one."""
     try:
         client.execute_sql(f"SELECT 1 FROM {qualified} LIMIT 0")
-    except DatabaseUndefinedRelation:
+    except undefined_relation():
         return False
     return True

@@ -11,11 +11,10 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from dlt.destinations.exceptions import DatabaseUndefinedRelation
-
 from ingestion_assets.loading.metadata_columns import DELETED_AT
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.loading.relations import table_exists
+from ingestion_assets.loading.target_sql import undefined_relation
 
 Key = tuple[Any, ...]
 LISTINGS = "_ingest_key_listings"  # one row per key listing: when, for which stream, what it found and did
@@ -85,7 +84,7 @@ class TargetKeys:
             rows = client.execute_sql(
                 f"SELECT {columns} FROM {client.make_qualified_table_name(self.loader.target.table)} {where}"
             )
-        except DatabaseUndefinedRelation:
+        except undefined_relation():
             return  # nothing loaded yet
         for row in rows or []:
             yield tuple(row)
@@ -131,7 +130,7 @@ def last_listing(loader: Loader, stream: str) -> dt.datetime | None:
         table = client.make_qualified_table_name(LISTINGS)
         try:
             rows = client.execute_sql(f"SELECT max(listed_at) FROM {table} WHERE stream = {_literal(stream)}")
-        except DatabaseUndefinedRelation:
+        except undefined_relation():
             return None
     value = rows[0][0] if rows else None
     if isinstance(value, dt.datetime):

@@ -7,7 +7,6 @@ from typing import Any
 from ingestion_assets.catalog import Destination
 from ingestion_assets.loading.destinations import destination_url
 from ingestion_assets.loading.pipeline import Loader
-from ingestion_assets.loading.sql_targets import is_mysql, prepare_databases
 from ingestion_assets.settings import Settings
 
 
@@ -18,6 +17,8 @@ def make_loader(settings: Settings, destination: Destination, **options: Any) ->
 
         return LakeLoader(settings=settings, destination=destination, **options)
     if destination.type == "sqlalchemy":
+        from ingestion_assets.loading.sql_targets import is_mysql, prepare_databases  # dlt's sqlalchemy destination
+
         url = destination_url(settings, destination)
         prepare_databases(url, options["target"].dataset)
         if is_mysql(url):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-import dlt
 import duckdb
 import sqlalchemy as sa
 
@@ -115,6 +114,8 @@ def _read_sqlalchemy(url: str, schema: str, name: str) -> TargetTableFacts:
 
 def _read_lake(settings: Settings, destination: Destination, schema: str, name: str) -> TargetTableFacts:
     """The Delta table's row count (from the Parquet footers) and its columns."""
+    import dlt  # a lake's metadata is read through dlt's filesystem client: imported for lakes only
+
     from ingestion_assets.loading.lake_tables import LakeTables
 
     pipeline = dlt.pipeline(

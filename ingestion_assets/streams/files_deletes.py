@@ -21,17 +21,20 @@ read), and deleting the copy must not retire the keys the original, still listed
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import pyarrow as pa
-from dlt.destinations.exceptions import DatabaseUndefinedRelation
 
-from ingestion_assets.loading.lake import LakeLoader
 from ingestion_assets.loading.metadata_columns import DELETED_AT
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.loading.relations import table_exists
+from ingestion_assets.loading.target_sql import undefined_relation
 from ingestion_assets.sources.files import FILE
+
+if TYPE_CHECKING:
+    from ingestion_assets.loading.lake import LakeLoader
 
 _CHUNK = 500  # files per statement
 
@@ -99,13 +102,19 @@ def target_files(loader: Loader) -> set[str]:
         column = client.escape_column_name(loader.names.column(FILE))
         try:
             rows = client.execute_sql(f"SELECT DISTINCT {column} FROM {table} WHERE {DELETED_AT} IS NULL")
-        except DatabaseUndefinedRelation:
+        except undefined_relation():
             return set()
     return {str(row[0]) for row in rows or [] if row[0] is not None}
 
 
+def _is_lake(loader: Loader) -> TypeGuard[LakeLoader]:
+    """A lake's loader can only exist once its module (and dlt) is imported: a SQL target's run imports neither."""
+    lake = sys.modules.get("ingestion_assets.loading.lake")
+    return lake is not None and isinstance(loader, lake.LakeLoader)
+
+
 def _retire(loader: Loader, files: list[str], soft: bool) -> int:
-    if isinstance(loader, LakeLoader):
+    if _is_lake(loader):
         return _retire_in_lake(loader, files, soft)
     retired = 0
     with loader.client() as client:
@@ -133,11 +142,11 @@ def _move(loader: Loader, moved: dict[str, str]) -> int:
         table = client.make_qualified_table_name(loader.target.table)
         column = client.escape_column_name(loader.names.column(FILE))
         counts = client.execute_sql(f"SELECT {column}, count(*) FROM {table} WHERE {DELETED_AT} IS NULL GROUP BY 1")
-        if not isinstance(loader, LakeLoader):
+        if not _is_lake(loader):
             for gone, to in sorted(moved.items()):
                 where = f"{column} = {_literal(gone)} AND {DELETED_AT} IS NULL"
                 client.execute_sql(f"UPDATE {table} SET {column} = {_literal(to)} WHERE {where}")
-    if isinstance(loader, LakeLoader):  # a lake's rows change through its table format, outside the SQL view
+    if _is_lake(loader):  # a lake's rows change through its table format, outside the SQL view
         loader.move_rows(loader.names.column(FILE), moved)
     return sum(int(n) for file, n in counts or [] if file in moved)
 

@@ -13,13 +13,12 @@ from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
-from dlt.common.normalizers.naming.snake_case import NamingConvention
 
+from ingestion_assets.loading.naming_rules import normalize
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.sources.postgres.introspect import Column, TableShape, type_hints
 from ingestion_assets.sources.postgres.query import ReadPlan
 
-_NAMING = NamingConvention()  # dlt's default, which the pipelines use
 _TEXT = {"duckdb": ("VARCHAR",), "postgres": ("text", "character varying")}  # what text columns are named
 _COLUMNS = {
     "duckdb": "SELECT column_name, data_type FROM information_schema.columns "
@@ -41,7 +40,8 @@ def fit_shape(shape: TableShape, loader: Loader) -> TableShape:
         return shape
     with loader.client() as client:
         target = _column_types(client, kind, loader.target.table)
-        names = {c.name: _NAMING.normalize_identifier(c.name) for c in shape.columns}  # as dlt names columns
+        # as dlt names columns by default (snake_case, no length limit), which the pipelines use
+        names = {c.name: normalize("snake_case", c.name, None) for c in shape.columns}
         columns = tuple(c.as_text() if _kept_as_text(c, target.get(names[c.name]), kind) else c for c in shape.columns)
         fitted = TableShape(shape.schema, shape.table, columns)
         if target:
@@ -98,7 +98,7 @@ def _kept_as_text(column: Column, existing: str | None, kind: str) -> bool:
 def _align_staging(client: Any, kind: str, table: str, shape: TableShape, target: dict[str, str]) -> None:
     with client.with_staging_dataset() as staging:
         current = _column_types(staging, kind, table)
-        names = [_NAMING.normalize_identifier(c.name) for c in shape.columns]
+        names = [normalize("snake_case", c.name, None) for c in shape.columns]
         differ = [name for name in names if name in current and current[name] != target.get(name)]
         if not differ:
             return

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
-import dlt
 import pyarrow.compute as pc
 from psycopg2 import sql
 
@@ -131,16 +131,26 @@ def occupied_buckets(url: str, schema: str, table: str, column: str, chunk: int)
         conn.close()
 
 
-@dlt.resource(standalone=True)
-def postgres_table(
-    url: str,
-    schema: str,
-    table: str,
-    primary_key: tuple[str, ...],
-    cursor: tuple[str, ...] = (),
-    slice_rows: int = 250_000,
-) -> Iterator[object]:
-    """Standalone use without Dagster: the whole table as Arrow tables, one per slice."""
-    plan = plan_table_read(url, schema, table, cursor, primary_key)
-    for piece in table_slices(url, plan, None, slice_rows, name=table):
-        yield piece.table
+def __getattr__(name: str) -> Any:
+    """`postgres_table`, the standalone dlt resource (the whole table as Arrow tables, one per slice), is made when
+    it is first asked for: a stream's run reads through `table_slices` and imports dlt only when it loads."""
+    if name != "postgres_table":
+        raise AttributeError(name)
+    import dlt
+
+    @dlt.resource(standalone=True)
+    def postgres_table(
+        url: str,
+        schema: str,
+        table: str,
+        primary_key: tuple[str, ...],
+        cursor: tuple[str, ...] = (),
+        slice_rows: int = 250_000,
+    ) -> Iterator[object]:
+        """Standalone use without Dagster: the whole table as Arrow tables, one per slice."""
+        plan = plan_table_read(url, schema, table, cursor, primary_key)
+        for piece in table_slices(url, plan, None, slice_rows, name=table):
+            yield piece.table
+
+    globals()["postgres_table"] = postgres_table
+    return postgres_table

@@ -10,10 +10,10 @@ from typing import Any
 
 import duckdb
 import psycopg2
-from dlt.destinations.exceptions import DatabaseException
 
 from ingestion_assets.catalog import Reconcile
 from ingestion_assets.loading.pipeline import Loader
+from ingestion_assets.loading.target_sql import database_exception
 from ingestion_assets.partitions import window_for
 from ingestion_assets.sources.postgres.query import ReadPlan
 from ingestion_assets.streams.postgres_table import PostgresTableStream
@@ -67,7 +67,7 @@ def reconcile_run(
         figures = reconcile(request)
     except NotComparable as exc:
         return RunCheck(Reconciliation(scope.name, skipped=str(exc)))
-    except (psycopg2.Error, duckdb.Error, DatabaseException) as exc:
+    except (psycopg2.Error, duckdb.Error, database_exception()) as exc:
         # The slices are loaded and checkpointed: fail the check, not the run (a retry would read nothing new);
         # a full comparison that did not finish is not recorded, so the next run owes it again.
         return RunCheck(Reconciliation(scope.name, error=f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]))

@@ -17,13 +17,12 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
-from dlt.destinations.exceptions import DatabaseUndefinedRelation
 
 from ingestion_assets.loading.destinations import destination_url
 from ingestion_assets.loading.metadata_columns import DELETED_AT, POSITION
 from ingestion_assets.loading.parked import parked_keys_in
 from ingestion_assets.loading.pipeline import Loader
-from ingestion_assets.loading.sql_targets import is_mysql
+from ingestion_assets.loading.target_sql import undefined_relation
 from ingestion_assets.sources.postgres.introspect import TableShape
 from ingestion_assets.sources.postgres.query import ReadPlan
 from ingestion_assets.sources.postgres.reader import SESSION_SETTINGS, csv_options
@@ -51,9 +50,11 @@ def target_dialect(loader: Loader) -> Dialect | None:
         return "postgres"
     if kind in ("duckdb", "filesystem"):
         return "duckdb"
-    if kind == "sqlalchemy" and is_mysql(destination_url(loader.settings, loader.destination)):
-        return "mysql"
-    return None
+    if kind != "sqlalchemy":
+        return None
+    from ingestion_assets.loading.sql_targets import is_mysql  # dlt's sqlalchemy destination: imported for it only
+
+    return "mysql" if is_mysql(destination_url(loader.settings, loader.destination)) else None
 
 
 def comparable_target(loader: Loader) -> None:
@@ -110,7 +111,7 @@ class TargetSide:
         """No table yet (every row parked, or nothing loaded): the target side is empty."""
         try:
             self.client.execute_sql(f"SELECT 1 FROM {self.relation.table} LIMIT 0")
-        except DatabaseUndefinedRelation:
+        except undefined_relation():
             return False
         return True
 
