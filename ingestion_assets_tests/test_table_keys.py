@@ -61,3 +61,22 @@ def test_a_partitions_first_read_looks_at_the_key_within_its_window(harness: Str
     )
     error = _failure(harness.materialize(raise_on_error=False, partition="2026-12-01"))
     assert "k=3 in 2 rows" in error and "nothing was loaded" in error
+
+
+def test_a_partitioned_stream_refuses_a_cursor_the_target_orders_otherwise(harness: StreamHarness) -> None:
+    """The version guard of partitions compares cursor values in the target: an enum ('paid' < 'delivered' in the
+    source, not in bytes) kept older versions, silently (found by a README-only attacker)."""
+    harness.source.execute(
+        "CREATE TYPE stage AS ENUM ('new', 'paid', 'delivered');"
+        "CREATE TABLE en (id int PRIMARY KEY, st stage NOT NULL, code text COLLATE \"C\" NOT NULL, v text);"
+        "INSERT INTO en SELECT g, 'new', 'c' || g, 'v' FROM generate_series(1, 10) g"
+    )
+    stream = {"table": "en", "primary_key": "id", "cursor": "st", "partitions": {"by": "key", "chunk": 5}}
+    harness.write_catalog({"en": stream})
+    harness.plan_partitions("en")
+    error = _failure(harness.materialize(raise_on_error=False, partition="0-4"))
+    assert "cursor st (an enum: its labels' declared order) does not compare in the target as in the source" in error
+    harness.write_catalog({"en": {**stream, "cursor": "code"}})  # text in collation "C": bytes order it alike
+    harness.materialize(partition="0-4")
+    harness.write_catalog({"en": {**stream, "partitions": None}})  # unpartitioned: read in the source's order
+    harness.materialize()

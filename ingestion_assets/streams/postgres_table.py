@@ -20,6 +20,7 @@ from ingestion_assets.partitions import UnknownPartition, window_for
 from ingestion_assets.references import postgres_url
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres import plan_table_read, table_slices
+from ingestion_assets.sources.postgres.cursor_order import unordered_cursor_columns
 from ingestion_assets.sources.postgres.introspect import TableShape, discover_table, type_hints
 from ingestion_assets.sources.postgres.query import ReadPlan, Window
 from ingestion_assets.sources.postgres.reader import connect
@@ -125,6 +126,23 @@ class PostgresTableStream:
         finally:
             conn.close()
 
+    def _cursor_ordered_alike(self) -> None:
+        """Partitions keep a row's newest version by comparing cursor values in the target: refuse a cursor whose
+        order there differs from the source's (an enum, text in a linguistic collation)."""
+        conn = connect(self.source_url(), "ingest-cursor-check")
+        try:
+            spec = self.spec
+            unordered = unordered_cursor_columns(conn, spec.schema_name, spec.table_name, tuple(spec.cursor))
+        finally:
+            conn.close()
+        if unordered:
+            raise StreamError(
+                f"stream {self.qualified_name}: cursor {', '.join(unordered)} does not compare in the target as in "
+                "the source, and a partitioned stream keeps each row's newest version by comparing cursor values "
+                "in the target: a newer version would lose to an older one. Use a cursor of a number, date or "
+                'timestamp type (or text in collation "C"), or leave the stream unpartitioned; nothing was read'
+            )
+
     def _key_unique(self, plan: ReadPlan, window: Window | None) -> None:
         within = plan.window_conditions(window) if window is not None else []
         conn = connect(self.source_url(), "ingest-key-check")
@@ -158,6 +176,8 @@ class PostgresTableStream:
         except UnknownPartition as exc:
             raise StreamError(f"stream {self.qualified_name}: {exc}") from exc
         plan = options.plan or self.plan(options.skip_columns)
+        if self.spec.partitions is not None:
+            self._cursor_ordered_alike()
         if after is None and self.spec.write_disposition == "merge" and self.spec.primary_key:
             self._key_unique(plan, window)  # a first full read (of the partition's window): before anything loads
         loader = options.loader or self.loader(options.target, options.partition, plan)
