@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ingestion_assets.sources.postgres.cdc import slot_health
-from ingestion_assets.sources.postgres.cdc.live import LiveReader, ReadAhead
+from ingestion_assets.sources.postgres.cdc.live import LiveReader
 from ingestion_assets.streams.cdc.batches import apply_batch
 from ingestion_assets.streams.cdc.preflight import slot_ready
 from ingestion_assets.sync import Faults, checkpoint_first
@@ -40,9 +40,9 @@ def apply_live(sync: CdcSync, url: str, outcome: CdcOutcome) -> None:
         batch_seconds=cdc.batch_seconds,
         lifetime_seconds=lifetime,
     )
-    with reader, ReadAhead(reader, sync.stop) as ahead:  # the next batch is read while this one loads
+    with reader:
         while not sync.stop() and time.monotonic() < until:
-            batch = ahead.next_batch()
+            batch = reader.next_batch(sync.stop)
             idle = not batch.transactions and time.monotonic() - stored_at < IDLE_CHECKPOINT_SECONDS
             if batch.end_lsn <= outcome.lsn or idle:
                 continue
@@ -56,7 +56,7 @@ def apply_live(sync: CdcSync, url: str, outcome: CdcOutcome) -> None:
             if not unsafe:
                 sync._commit(batch.end_lsn)
             faults.hit("after_checkpoint", index)
-            ahead.acknowledge(batch.end_lsn)  # only behind stored checkpoints
+            reader.acknowledge(batch.end_lsn)  # only behind stored checkpoints
             outcome.lsn, stored_at, index = batch.end_lsn, time.monotonic(), index + 1
             (sync.log or log).debug(
                 "live batch %d: %d changes, load %.0f ms, checkpoint and acknowledge %.0f ms",

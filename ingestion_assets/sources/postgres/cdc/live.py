@@ -9,18 +9,15 @@ and a server that asks for one (it is shutting down) gets the session closed (So
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from ingestion_assets.sources.postgres.cdc.assembler import TransactionAssembler
 from ingestion_assets.sources.postgres.cdc.changes import ChangeBatch
 from ingestion_assets.sources.postgres.cdc.errors import CdcError
 from ingestion_assets.sources.postgres.cdc.lsn import format_lsn
 from ingestion_assets.sources.postgres.cdc.replication import ReplicationStream
-from ingestion_assets.sources.slices import prefetched
 
 POLL_SECONDS = 0.05  # how often a waiting batch looks at `stop`
 
@@ -59,20 +56,16 @@ class LiveReader:
     ) -> None:
         self._stream.close()
 
-    def next_batch(
-        self, stop: Callable[[], bool] = lambda: False, wanted: Callable[[], bool] = lambda: True
-    ) -> ChangeBatch:
+    def next_batch(self, stop: Callable[[], bool] = lambda: False) -> ChangeBatch:
         """Whole transactions, or an empty batch after `batch_seconds` with none (its end may still move:
-        WAL in which nothing was published). Returns early, with what it has, once `stop()` is true. While
-        `wanted()` is false (the caller is still loading the batch before) it goes on gathering, up to
-        `max_changes`: a backlog then drains in batches as large as a load's time lets in."""
+        WAL in which nothing was published). Returns early, with what it has, once `stop()` is true."""
         assembler, stream = self._assembler, self._stream
         began = time.monotonic()
         first: float | None = None
         while assembler.change_count < self.max_changes and not stop():
             now = time.monotonic()
             deadline = (first if first is not None else began) + self.batch_seconds
-            if now >= deadline and (assembler.completed or assembler.idle) and wanted():
+            if now >= deadline and (assembler.completed or assembler.idle):
                 break
             item = stream.next(timeout=min(POLL_SECONDS, max(0.0, deadline - now)) or POLL_SECONDS)
             if item is not None:
@@ -99,69 +92,3 @@ class LiveReader:
         if lsn > self._acknowledged:
             self._stream.send_flush(lsn)
             self._acknowledged = lsn
-
-
-class ReadAhead:
-    """Reads the next batch from a `LiveReader` while the caller loads the one it was handed.
-
-    Decoding a batch and loading the one before it use different resources (the replication socket and the
-    decoder here; the target and its writer there), so a backlog drains at about the slower of the two instead
-    of their sum, and a change committed while a batch loads waits less. The session is used by the reading
-    thread alone: acknowledgements are queued and sent by it before each read (and by `close` once it ended),
-    so the slot still moves only behind checkpoints the caller stored. One batch at most waits read ahead; a
-    batch read but never taken (the caller stopped or failed) is not acknowledged: the next run reads it again."""
-
-    def __init__(self, reader: LiveReader, stop: Callable[[], bool]) -> None:
-        self._reader, self._stop = reader, stop
-        self._acks: queue.SimpleQueue[int] = queue.SimpleQueue()
-        self._halt = threading.Event()
-        self._wanted = threading.Event()  # the caller waits for a batch: the one being gathered can end
-        self._batches = prefetched(self._read())
-
-    def __enter__(self) -> ReadAhead:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: types.TracebackType | None
-    ) -> None:
-        self.close(send_acknowledgements=kind is None)
-
-    def next_batch(self) -> ChangeBatch:
-        """The next batch in log order (what was read while the caller loaded the one before, or, if that holds
-        no whole transaction yet, as `LiveReader.next_batch` gathers it); an empty one once `stop()` ended it."""
-        self._wanted.set()
-        try:
-            batch: ChangeBatch | None = next(self._batches, None)
-        finally:
-            self._wanted.clear()
-        if batch is None:
-            return ChangeBatch(self._reader.position, self._reader.position, transactions=(), caught_up=False)
-        return batch
-
-    def acknowledge(self, lsn: int) -> None:
-        """Queue `lsn` for the session (see `LiveReader.acknowledge`): call it only once its checkpoint is stored."""
-        self._acks.put(lsn)
-
-    def close(self, send_acknowledgements: bool = True) -> None:
-        """Stop reading ahead (the batch being read returns early); then send the acknowledgements still queued,
-        unless the caller failed."""
-        self._halt.set()
-        self._batches.close()  # joins the reading thread
-        if send_acknowledgements:
-            self._send_acknowledgements()
-
-    def _halted(self) -> bool:
-        return self._halt.is_set() or self._stop()
-
-    def _read(self) -> Iterator[ChangeBatch]:
-        while not self._halted():
-            self._send_acknowledgements()
-            yield self._reader.next_batch(self._halted, self._wanted.is_set)
-
-    def _send_acknowledgements(self) -> None:
-        while True:
-            try:
-                lsn = self._acks.get_nowait()
-            except queue.Empty:
-                return
-            self._reader.acknowledge(lsn)
