@@ -48,13 +48,7 @@ def test_a_run_that_needs_no_new_column_imports_no_dlt(
             "INSERT INTO items SELECT g, 'new ' || g, timestamptz '2024-02-01' + g * interval '1 s'"
             " FROM generate_series(51, 60) g"
         )
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    (probe / "sitecustomize.py").write_text(PROBE)
-    record = tmp_path / "dlt_imports.txt"
-    path = os.pathsep.join(p for p in (str(probe), os.environ.get("PYTHONPATH", "")) if p)
-    harness.wait_ok(harness.materialize_cli("items", PYTHONPATH=path, NO_DLT_RECORD=str(record)))
-    assert not record.exists(), record.read_text()
+    _materialize_refusing_dlt(harness, tmp_path, "items")
     after = harness.checkpoint("items")
     assert after is not None and after.run_id != before.run_id  # the run checkpointed
     assert (after.position == before.position) == (change == "nothing")
@@ -73,16 +67,21 @@ def test_a_files_run_with_no_new_file_imports_no_dlt(harness: StreamHarness, tmp
     )
     harness.wait_ok(harness.materialize_cli("rows"))  # the first run loads (with dlt)
     before = harness.checkpoint("rows")
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    (probe / "sitecustomize.py").write_text(PROBE)
-    record = tmp_path / "dlt_imports.txt"
-    path = os.pathsep.join(p for p in (str(probe), os.environ.get("PYTHONPATH", "")) if p)
-    harness.wait_ok(harness.materialize_cli("rows", PYTHONPATH=path, NO_DLT_RECORD=str(record)))
-    assert not record.exists(), record.read_text()
+    _materialize_refusing_dlt(harness, tmp_path, "rows")
     after = harness.checkpoint("rows")
     assert before is not None and after is not None and after.run_id != before.run_id
     assert harness.query_target(f'SELECT id, name FROM "{harness.source_name}".rows ORDER BY id') == [
         (1, "one"),
         (2, "two"),
     ]
+
+
+def _materialize_refusing_dlt(harness: StreamHarness, tmp_path: Path, stream: str) -> None:
+    """`dagster asset materialize` of `stream` with the import probe in every process: nothing imported dlt."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "sitecustomize.py").write_text(PROBE)
+    record = tmp_path / "dlt_imports.txt"
+    path = os.pathsep.join(p for p in (str(probe), os.environ.get("PYTHONPATH", "")) if p)
+    harness.wait_ok(harness.materialize_cli(stream, PYTHONPATH=path, NO_DLT_RECORD=str(record)))
+    assert not record.exists(), record.read_text()
