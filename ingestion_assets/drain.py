@@ -53,10 +53,8 @@ class Drain:
 
     def describe(self) -> str:
         waited = time.monotonic() - self._since if self._since is not None else 0.0
-        if self._orphaned:
-            return f"{self._cause()} {waited:.1f}s ago"
-        name = signal.Signals(self._signal).name if self._signal is not None else "no signal"
-        return f"{name} received {waited:.1f}s ago"
+        said = self._cause() if self._orphaned else f"{self._cause()} received"
+        return f"{said} {waited:.1f}s ago"
 
     def _cause(self) -> str:
         if self._orphaned:
