@@ -62,11 +62,14 @@ class TargetTable:
     type_hints: tuple[tuple[str, dict[str, Any]], ...] = ()  # (column, dlt hint) the Arrow type cannot carry
     source_columns: tuple[str, ...] = ()  # every column the source sends (checked for name collisions)
 
-    def column_hints(self, names: TargetNames) -> dict[str, dict[str, Any]]:
+    def column_hints(self, names: TargetNames, disposition: str = "merge") -> dict[str, dict[str, Any]]:
+        """dlt's column hints for a load with `disposition`: `dedup_sort` only where dlt merges (elsewhere dlt
+        warns, on every run, that it ignores it)."""
         hints: dict[str, dict[str, Any]] = {names.column(name): dict(hint) for name, hint in self.type_hints}
         for name in names.columns(self.primary_key):
             hints[name] = {**hints.get(name, {}), "nullable": False, "primary_key": True}
-        hints.update(DLT_HINTS)
+        for name, hint in DLT_HINTS.items():
+            hints[name] = hint if disposition == "merge" else {k: v for k, v in hint.items() if k != "dedup_sort"}
         return hints
 
 
@@ -426,7 +429,7 @@ class Loader:
         with self._lock():
             resources = []
             if records:
-                columns = self.target.column_hints(self.names)
+                columns = self.target.column_hints(self.names, disposition)
                 for name, hint in (column_hints or {}).items():
                     column = self.names.column(name)
                     columns[column] = {**columns.get(column, {}), **hint}
@@ -553,7 +556,7 @@ class Loader:
             "table_name": self.target.table,
             "write_disposition": disposition,
             "primary_key": list(self.key),
-            "columns": self.target.column_hints(self.names),
+            "columns": self.target.column_hints(self.names, disposition),
         }
 
     def _with_target_names(self, table: pa.Table) -> pa.Table:
