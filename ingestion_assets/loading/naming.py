@@ -70,6 +70,11 @@ class TargetNames:
         names = [direct.column(first), direct.column(second)]
         return len({n if self.case_sensitive else n.lower() for n in names}) == 1
 
+    def _apart_only_by_case(self, first: str, second: str) -> bool:
+        direct = TargetNames("direct", self.max_length, True)
+        names = (direct.column(first), direct.column(second))
+        return names[0] != names[1] and names[0].lower() == names[1].lower()
+
     def check(self, where: str, source_columns: Iterable[str]) -> None:
         """Refuse columns that would land under one name, or under a name the product writes itself, and more
         columns than a target table can hold."""
@@ -88,7 +93,7 @@ class TargetNames:
             if folded in seen:
                 if self.convention != "direct" and not self._collide_under_direct(seen[folded], name):
                     fix = "; or set `destination.naming: direct` in the catalog to keep source names exactly"
-                elif not self.case_sensitive:
+                elif not self.case_sensitive and self._apart_only_by_case(seen[folded], name):
                     fix = " (this destination does not tell names apart by case, whatever the naming convention)"
                 else:
                     fix = ""
