@@ -13,15 +13,19 @@ from ingestion_assets.sources.postgres.query import ReadPlan
 from ingestion_assets.sources.postgres.reader import reaching
 from ingestion_assets.sources.tls import TlsError
 
+KEY_CHECK_SECONDS = 30.0  # a declared key's GROUP BY in `ingest check`: the source's statement_timeout for it
 
-def check_catalog(settings: Settings, catalog: Catalog) -> list[str]:
-    """Every problem found, each naming the source or stream (or the destination) and what to change."""
+
+def check_catalog(settings: Settings, catalog: Catalog, notes: list[str] | None = None) -> list[str]:
+    """Every problem found, each naming the source or stream (or the destination) and what to change; `notes`
+    receives what was not checked, and why (a key check skipped or stopped by its time limit)."""
     from ingestion_assets.destination_check import check_destination
 
+    notes = notes if notes is not None else []
     problems: list[str] = check_destination(settings, catalog)
     for source_name, source in catalog.sources.items():
         if isinstance(source, PostgresSource):
-            problems += _check_postgres(settings, catalog, source_name, source)
+            problems += _check_postgres(settings, catalog, source_name, source, notes)
         elif isinstance(source, FilesSource):
             problems += _check_files(settings, catalog, source_name, source)
         else:
@@ -57,7 +61,9 @@ def _check_files(settings: Settings, catalog: Catalog, source_name: str, source:
     return problems
 
 
-def _check_postgres(settings: Settings, catalog: Catalog, source_name: str, source: PostgresSource) -> list[str]:
+def _check_postgres(
+    settings: Settings, catalog: Catalog, source_name: str, source: PostgresSource, notes: list[str]
+) -> list[str]:
     where = f"sources.{source_name}.connection"
     try:
         url = postgres_url(source.connection, source.tls, settings, where)
@@ -68,14 +74,16 @@ def _check_postgres(settings: Settings, catalog: Catalog, source_name: str, sour
         with reaching(url, where, source.connection.describe()):
             if source.mode == "cdc":
                 problems += _check_cdc(url, source_name, source)
-            problems += _check_postgres_streams(catalog, url, source_name, source)
+            problems += _check_postgres_streams(catalog, url, source_name, source, notes)
     except SourceUnavailable as exc:
         return [*problems, str(exc)]
     return problems
 
 
-def _check_postgres_streams(catalog: Catalog, url: str, source_name: str, source: PostgresSource) -> list[str]:
-    """Each stream's table and columns, and its real read run with `LIMIT 0`."""
+def _check_postgres_streams(
+    catalog: Catalog, url: str, source_name: str, source: PostgresSource, notes: list[str]
+) -> list[str]:
+    """Each stream's table and columns, its real read run with `LIMIT 0`, and a declared key's uniqueness."""
     import psycopg2
 
     problems: list[str] = []
@@ -88,6 +96,8 @@ def _check_postgres_streams(catalog: Catalog, url: str, source_name: str, source
             )
             problems += _target_name_problems(catalog, name, plan.shape.column_names)
             dry_run(url, plan)
+            if source.mode != "cdc" and stream.write_disposition == "merge" and stream.primary_key:
+                problems += _check_key(url, name, stream, notes)
         except psycopg2.Error as exc:
             if exc.pgcode is None:
                 raise  # no answer from the server: the connection, said once for the source
@@ -99,6 +109,31 @@ def _check_postgres_streams(catalog: Catalog, url: str, source_name: str, source
         if stream.reconcile.applies_deletes:
             problems += _check_reconcile(f"{source_name}.{stream_name}", stream, plan)
     return problems
+
+
+def _check_key(url: str, name: str, stream: PostgresStream, notes: list[str]) -> list[str]:
+    """A declared primary_key no unique index guarantees holds one row per value (the run checks it again on a
+    stream's first full read: here it fails before any sync, and before a CDC-less view is trusted)."""
+    from ingestion_assets.sources.postgres.reader import connect
+    from ingestion_assets.sources.postgres.unique_key import look_at_key, repeated_key_error
+
+    key = tuple(stream.primary_key)
+    conn = connect(url, "ingest-check-key")
+    try:
+        look = look_at_key(conn, stream.schema_name, stream.table_name, key, KEY_CHECK_SECONDS)
+    finally:
+        conn.close()
+    if look.guaranteed:
+        notes.append(f"{name}: primary_key {list(key)} is unique by the source's own index: not looked at")
+    elif look.timed_out:
+        notes.append(
+            f"{name}: primary_key {list(key)} has no unique index and its look for repeated values stopped "
+            f"after {KEY_CHECK_SECONDS:g} s (statement_timeout): not checked here; a first full read checks it "
+            "before loading"
+        )
+    elif look.repeated:
+        return [repeated_key_error(name.removeprefix("stream "), key, list(look.repeated), look.count)]
+    return []
 
 
 def _target_name_problems(catalog: Catalog, stream: str, columns: list[str]) -> list[str]:

@@ -198,12 +198,23 @@ def describe_permanent(where: str, exc: BaseException, verdict: Verdict) -> str:
 
 
 def classify(exc: BaseException) -> Verdict:
-    """The verdict of the most specific error in the chain that says anything."""
-    for error in _chain(exc):
+    """The verdict of the most specific error in the chain that says anything.
+
+    dlt's own labels come last: dlt calls every PostgreSQL OperationalError and DuckDB InvalidInputException
+    "transient", among them a table of more than 1,600 columns (54011) or a value out of range, which no retry
+    heals; the driver's error beneath dlt's label (its SQLSTATE, its class) decides when there is one."""
+    errors = list(_chain(exc))
+    for error in errors:
         verdict = _judge(error)
         if verdict is not None:
             return verdict
+    if any(_labelled_transient(error) for error in errors):
+        return Verdict(True, "")
     return Verdict(False, "retrying will not change this error: fix its cause, then run again")
+
+
+def _labelled_transient(error: BaseException) -> bool:
+    return type(error).__module__.startswith("dlt.") and "Transient" in type(error).__name__
 
 
 def _judge(error: BaseException) -> Verdict | None:
@@ -225,11 +236,21 @@ def _judge(error: BaseException) -> Verdict | None:
         return Verdict(True, "")  # a file lock or a write conflict: another writer goes away
     if (duckdb := _imported("duckdb")) is not None and isinstance(error, duckdb.ConversionException):
         return Verdict(False, _UNFIT_TARGET)
+    if (duckdb := _imported("duckdb")) is not None and isinstance(error, _duckdb_refusals(duckdb)):
+        return Verdict(False, "fix what the destination's message names, then run again")
     if isinstance(error, MemoryError):
         return Verdict(False, "the slice does not fit in memory: lower `slice_rows` (or `pages_per_slice`)")
-    if type(error).__module__.startswith("dlt.") and "Transient" in type(error).__name__:
-        return Verdict(True, "")
     return None
+
+
+def _duckdb_refusals(duckdb: Any) -> tuple[type[BaseException], ...]:
+    """DuckDB's errors about the statement or the data itself (a name, a type, a value, a constraint): the same
+    statement fails the same way again."""
+    names = (
+        *("BinderException", "ParserException", "NotImplementedException", "InvalidInputException"),
+        *("OutOfRangeException", "ConstraintException", "TypeMismatchException", "SyntaxException"),
+    )
+    return tuple(getattr(duckdb, name) for name in names if hasattr(duckdb, name))
 
 
 def _imported(library: str) -> Any:

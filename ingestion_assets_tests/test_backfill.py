@@ -7,6 +7,7 @@ import datetime as dt
 import threading
 import time
 
+import dagster as dg
 import duckdb
 import pytest
 
@@ -199,3 +200,26 @@ def test_an_older_version_arriving_later_never_overwrites_a_newer_one(
     with loader._pipeline.sql_client() as client:
         found = client.execute_sql(f"SELECT id, label FROM {client.make_qualified_table_name('versions')} ORDER BY id")
     assert [tuple(r) for r in found] == [(1, "v2"), (2, "v2"), (3, "v2-again"), (4, "v1")]
+
+
+def test_a_range_over_key_ranges_planned_after_live_refuses_instead_of_taking_in_live(harness: StreamHarness) -> None:
+    """Found by a README-only attack: ranges planned after `live` follow it in the partition list, so
+    `--partition-range FIRST...LAST` over key ranges read the live tail too, and recorded it materialized.
+    Such a range now fails at once naming the ranges to run; a range ending at the last range before `live`, or
+    naming `live` as its end, runs."""
+    harness.source.execute(ORDERS)
+    _key_catalog(harness)
+    assert harness.plan_partitions("orders")[-1] == LIVE
+    harness.source.execute(
+        "INSERT INTO orders SELECT g, 'new', 1, now() FROM generate_series(20001, 26000) g"
+    )
+    assert harness.plan_partitions("orders")[-2:] == [LIVE, "25000-29999"]  # planned after `live`
+    refused = harness.materialize(partition_range=("15000-19999", "25000-29999"), raise_on_error=False)
+    assert not refused.success
+    failure = next(e for e in refused.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
+    message = failure.step_failure_data.error.message
+    assert "15000-19999...25000-29999 takes in `live`" in message
+    assert "run 15000-19999...20000-24999 and 25000-29999...25000-29999, and `live` by itself" in message
+    assert harness.checkpoint("orders", "15000-19999") is None
+    assert harness.materialize(partition_range=("15000-19999", "20000-24999")).success
+    assert harness.materialize(partition_range=("20000-24999", LIVE)).success  # named: taken in

@@ -82,7 +82,7 @@ def test_good_rows_load_bad_rows_wait_with_their_reason_and_replay_after_a_fix(
     _cli(harness, monkeypatch)
     assert main(["dlq", "list", f"{harness.source_name}.readings"]) == 0
     listed = capsys.readouterr().out
-    assert "4 parked row(s)" in listed and "amount: NaN does not fit" in listed
+    assert "4 parked row(s)" in listed and "amount: NaN has no exact decimal value" in listed
     harness.materialize()  # nothing new to read: this run parks nothing, the four rows still wait
     assert _status_dead_letters(capsys) == 4  # what the target holds parked, not what the last run parked
 

@@ -10,8 +10,11 @@ import time
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
+from ingestion_assets.cli import main
 from ingestion_assets.state.runs import _alive, release_dead_runs
+from ingestion_assets_tests.helpers import StreamHarness
 
 
 def test_a_zombie_and_a_killed_process_are_not_alive() -> None:
@@ -75,3 +78,32 @@ def test_a_run_killed_without_a_pool_slot_is_failed_not_left_started(tmp_path: P
         release_dead_runs(instance)
         after = instance.get_run_by_id(run.run_id)
         assert after is not None and after.status == dg.DagsterRunStatus.FAILURE
+
+
+def test_a_first_run_killed_midway_shows_as_failed_in_status_not_never_run(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by a README-only attack: a first run SIGKILLed (its whole process group) after some slices showed
+    `last run: never` in `ingest status`; it says now when that run started, that it failed and why."""
+    harness.source.execute(
+        "CREATE TABLE big (id int PRIMARY KEY, updated_at timestamptz NOT NULL);"
+        "INSERT INTO big SELECT g, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 s' "
+        "FROM generate_series(1, 300000) g"
+    )
+    spec = {"table": "big", "primary_key": "id", "cursor": "updated_at", "slice_rows": 500}
+    harness.write_catalog({"big": spec})
+    process = harness.materialize_cli("big")
+    deadline = time.monotonic() + 240
+    while harness.checkpoint("big") is None and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert process.poll() is None, "the run ended before a slice was checkpointed: make the table larger"
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(30)
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    capsys.readouterr()
+    assert main(["status"]) == 1
+    said = capsys.readouterr()
+    line = next(line for line in said.out.splitlines() if line.startswith(f"{harness.source_name}.big"))
+    assert " failed " in line and "never" not in line and " ago " in line, line
+    assert "are gone (killed or crashed)" in said.err, said.err

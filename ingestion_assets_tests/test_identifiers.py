@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import dagster as dg
 import pyarrow as pa
 import pytest
 import yaml
@@ -13,6 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg2 import sql
 
+from ingestion_assets.catalog import load_catalog
+from ingestion_assets.checks import check_catalog
 from ingestion_assets.loading.naming import NameCollision, TargetNames
 from ingestion_assets.sources.postgres import plan_table_read, table_slices
 from ingestion_assets_tests.helpers import SourceDb, StreamHarness
@@ -170,3 +173,28 @@ def test_generated_names_read_and_load_exactly(source_db: SourceDb, tmp_path: Pa
         assert sorted(read.column(name).to_pylist()) == sorted(f"{name}={r}" for r in range(1, 6))
     again = list(table_slices(source_db.url, plan, first[0].position, 2, table))  # resume after the first slice
     assert sum(s.rows for s in again) == 3
+
+
+def test_columns_meeting_under_direct_naming_are_refused_by_check_and_run(harness: StreamHarness) -> None:
+    """`direct` rewrites a quote to `_`: `quo"te` and `quo_te` would share one target column; found by a
+    README-only attack on a PostgreSQL destination. Both are named, the pair is not blamed on case."""
+    harness.source.execute(
+        'CREATE TABLE quotes (id int PRIMARY KEY, "quo""te" text, quo_te text, updated_at timestamptz NOT NULL);'
+        "INSERT INTO quotes VALUES (1, 'quoted', 'plain', now())"
+    )
+    spec = {"table": "quotes", "primary_key": "id", "cursor": "updated_at", "retries": {"max_attempts": 1}}
+    harness.write_catalog({"quotes": spec}, destination="postgres")
+    catalog = yaml.safe_load(harness.catalog_path.read_text())  # type: ignore[union-attr]
+    catalog["destination"]["naming"] = "direct"
+    harness.catalog_path.write_text(yaml.safe_dump(catalog))  # type: ignore[union-attr]
+    said = "source columns 'quo\"te' and 'quo_te' both land as column 'quo_te' under the destination's naming"
+    problems = check_catalog(harness.settings, load_catalog(harness.settings.catalog_path))
+    assert len(problems) == 1 and said in problems[0]
+    result = harness.materialize(raise_on_error=False)
+    failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
+    assert not result.success and said in failure.step_failure_data.error.message
+    assert harness.query_target(f"SELECT to_regclass('\"{harness.source_name}\".quotes')") == [(None,)]
+    duckdb_names = TargetNames("direct", None, case_sensitive=False)
+    with pytest.raises(NameCollision) as refused:
+        duckdb_names.check("stream s.t", ["quo\"te", "quo_te"])
+    assert "by case" not in str(refused.value)

@@ -71,3 +71,12 @@ def test_replanning_with_any_chunk_leaves_no_gap_and_no_overlap(
     assert ranges[0][0] <= new_low and ranges[-1][1] >= new_high
     for (_, end), (start, _) in itertools.pairwise(ranges):
         assert start == end + 1  # contiguous: every key in exactly one range
+
+
+def test_the_demo_backfills_key_ranges_in_runs_around_live() -> None:
+    """A range run refuses to take in `live` unnamed: the demo's history runs stop on each side of it."""
+    from ingestion_assets.cli.demo_runs import _around_live
+
+    assert _around_live(["0-9", "10-19", LIVE, "20-29"]) == [["0-9", "10-19"], ["20-29"]]
+    assert _around_live(["0-9", LIVE]) == [["0-9"]]
+    assert _around_live([LIVE]) == []

@@ -132,3 +132,33 @@ def test_slices_of_one_run_share_one_target_connection(harness: StreamHarness) -
     many = _sessions(harness) - before - few
     assert harness.query_target(f'SELECT count(*) FROM "{harness.source_name}".many') == [(300,)]
     assert many - few < 10, f"{few} connections for 2 slices, {many} for 12"
+
+
+def test_values_the_load_cannot_carry_are_parked_without_blaming_a_postgres_destination(
+    harness: StreamHarness,
+) -> None:
+    """Found by a README-only attack: on a PostgreSQL destination, dead letters said "DuckDB and Arrow" (far
+    timestamps) and "does not fit the target type" (NaN in numeric(10,2), which PostgreSQL's column holds). The
+    limit is the load's Arrow slices: the reason says so; an infinite interval, which PostgreSQL holds, loads."""
+    harness.source.execute(
+        "CREATE TABLE odd (id int PRIMARY KEY, n numeric(10,2), ts timestamptz, updated_at timestamptz NOT NULL);"
+        "INSERT INTO odd VALUES (1, 'NaN', '2024-01-01', now()), (2, 1.5, '294250-01-01 00:00:00+00', now()),"
+        "(3, 2, '2024-01-02', now())"
+    )
+    infinite_interval = harness.query_source("SHOW server_version_num")[0][0] >= "170000"
+    if infinite_interval:
+        harness.source.execute("ALTER TABLE odd ADD COLUMN iv interval; UPDATE odd SET iv = 'infinity' WHERE id = 3")
+    harness.write_catalog({"odd": {"table": "odd", "primary_key": "id", "cursor": "updated_at"}}, destination="postgres")
+    harness.materialize()
+    reasons = dict(
+        harness.query_target(f'SELECT record_key, error FROM "{harness.source_name}"._ingest_dead_letter')
+    )
+    assert reasons == {
+        "1": "n: NaN has no exact decimal value: the load carries numeric(p,s) as Arrow decimals, whatever the "
+        "destination",
+        "2": "ts: 294250-01-01T00:00:00+00:00 is later than the latest timestamp the load carries (294247-01-10 "
+        "04:00:54.775806 UTC: microseconds in 64 bits, as Arrow and DuckDB keep them), whatever the destination",
+    }
+    assert harness.query_target(f'SELECT id, n::text FROM "{harness.source_name}".odd') == [(3, "2.00")]
+    if infinite_interval:
+        assert harness.query_target(f'SELECT iv::text FROM "{harness.source_name}".odd') == [("infinity",)]

@@ -5,7 +5,10 @@ README-only attacker: a view's repeated key values loaded twice, then collapsed 
 from __future__ import annotations
 
 import dagster as dg
+import pytest
 
+from ingestion_assets import checks
+from ingestion_assets.catalog import load_catalog
 from ingestion_assets_tests.helpers import StreamHarness
 
 SETUP = """
@@ -80,3 +83,43 @@ def test_a_partitioned_stream_refuses_a_cursor_the_target_orders_otherwise(harne
     harness.materialize(partition="0-4")
     harness.write_catalog({"en": {**stream, "partitions": None}})  # unpartitioned: read in the source's order
     harness.materialize()
+
+
+def _check(harness: StreamHarness) -> tuple[list[str], list[str]]:
+    notes: list[str] = []
+    problems = checks.check_catalog(harness.settings, load_catalog(harness.settings.catalog_path), notes)
+    return problems, notes
+
+
+def test_ingest_check_looks_at_an_unguarded_key_and_says_what_it_did_not_look_at(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a README-only attack: `ingest check` passed a view keyed by a column that is not unique; the run
+    then failed. Now check fails first, naming the values; a key an index guarantees is said to be taken as it
+    is, and a look that outlasts its statement_timeout is said to be unchecked, not passed silently."""
+    harness.source.execute(
+        SETUP + "CREATE TABLE keyed (k int PRIMARY KEY, updated_at timestamptz NOT NULL);"
+        "INSERT INTO keyed SELECT g, now() FROM generate_series(1, 300) g;"
+        "CREATE VIEW slow_view AS SELECT * FROM keyed WHERE pg_sleep(0.01 + k * 0) IS NOT NULL"
+    )
+    name = harness.source_name
+    harness.write_catalog(
+        {
+            "events": {"table": "events_view", "primary_key": "k", "cursor": "updated_at"},
+            "pairs": {"table": "events_view", "primary_key": ["k", "sub"], "cursor": "updated_at"},
+            "keyed": {"table": "keyed", "primary_key": "k", "cursor": "updated_at"},
+            "slow": {"table": "slow_view", "primary_key": "k", "cursor": "updated_at"},
+        }
+    )
+    monkeypatch.setattr(checks, "KEY_CHECK_SECONDS", 0.5)  # the view takes 3 s to read whole
+    problems, notes = _check(harness)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"stream {name}.events: primary_key ['k'] is not unique in the source: 2 value(s)")
+    assert "k=1 in 2 rows" in problems[0] and "k=3 in 2 rows" in problems[0]
+    assert sorted(notes) == [
+        f"stream {name}.keyed: primary_key ['k'] is unique by the source's own index: not looked at",
+        f"stream {name}.slow: primary_key ['k'] has no unique index and its look for repeated values stopped after "
+        "0.5 s (statement_timeout): not checked here; a first full read checks it before loading",
+    ]
+    sessions = harness.query_source("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ingest-check-key'")
+    assert sessions == [(0,)]  # nothing left running on the source

@@ -25,10 +25,9 @@ def materialize_all(settings: Settings, env: dict[str, str], round_number: int) 
         if status != 0:
             return status
         if round_number == 1:
-            ranges = _plan(settings, catalog, key)
-            if not ranges:
-                continue
-            status = materialize_logged(settings, env, f"{label}-history", _range_args(key, ranges))
+            for ranges in _plan(settings, catalog, key):
+                if status == 0:
+                    status = materialize_logged(settings, env, f"{label}-history", _range_args(key, ranges))
         else:
             status = materialize_logged(settings, env, f"{label}-live", ["--select", key, "--partition", LIVE])
     return status
@@ -48,8 +47,8 @@ def _streams(catalog: Catalog) -> tuple[list[str], list[str]]:
     return plain, ranged
 
 
-def _plan(settings: Settings, catalog: Catalog, key: str) -> list[str]:
-    """The stream's key ranges, planned now from the table's smallest and largest key (and `live`)."""
+def _plan(settings: Settings, catalog: Catalog, key: str) -> list[list[str]]:
+    """The stream's key ranges, planned now from the table's smallest and largest key, in runs around `live`."""
     from ingestion_assets.defs.assets import catalog_streams
     from ingestion_assets.defs.partitions import dynamic_partitions_name, plan_key_partitions
     from ingestion_assets.state.summary import open_instance
@@ -64,7 +63,13 @@ def _plan(settings: Settings, catalog: Catalog, key: str) -> list[str]:
     with open_instance(settings) as instance:
         plan_key_partitions(stream, instance)
         keys = instance.get_dynamic_partitions(dynamic_partitions_name(source_name, stream_name))
-    return [k for k in keys if k != LIVE]
+    return _around_live(list(keys))
+
+
+def _around_live(keys: list[str]) -> list[list[str]]:
+    """The key ranges in runs that do not take in `live` (ranges planned after it follow it in the list)."""
+    at = keys.index(LIVE) if LIVE in keys else len(keys)
+    return [part for part in (keys[:at], keys[at + 1 :]) if part]
 
 
 def _range_args(key: str, ranges: list[str]) -> list[str]:

@@ -14,7 +14,10 @@ def check(settings: Settings, _args: argparse.Namespace) -> int:
     from ingestion_assets.checks import check_catalog
 
     catalog = load_catalog(settings.catalog_path)
-    problems = check_catalog(settings, catalog)
+    notes: list[str] = []
+    problems = check_catalog(settings, catalog, notes)
+    for line in notes:
+        print(f"NOTE {line}")
     for line in problems:
         print(f"FAIL {line}")
     if not problems:

@@ -47,21 +47,30 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
 
 def _print_table(found: list[StreamStatus], colour: bool) -> None:
     width = max([len(s.stream) for s in found] + [6]) + 2
-    head = f"{'stream':<{width}}{'status':<14}{'rows in target':>15}  {'last run':<10}{'lag':<32}"
+    head = f"{'stream':<{width}}{'status':<14}{'rows in target':>15}  {'last run':<16}{'lag':<32}"
     print(f"{head}{'p50/p99':<14}{'dead':>5}  position")
     for each in found:
         state = f"{each.status:<14}"
         if colour:
             state = f"\033[{_COLOURS.get(each.status, '31')}m{state}\033[0m"
         rows = _rows(each)
-        age = f"{age_text(each.age_seconds)} ago" if each.age_seconds is not None else "never"
+        age = _last_run(each)
         position = json.dumps(each.position, default=str) if each.position else "(start)"
         if len(position) > _POSITION_CHARS:
             position = position[: _POSITION_CHARS - 1] + "…"
         dead = str(each.dead_letters) if each.dead_letters is not None else "-"
         fresh = f"{_ms(each.freshness['p50'])}/{_ms(each.freshness['p99'])}" if each.freshness else "-"
-        print(f"{each.stream:<{width}}{state}{rows:>15}  {age:<10}{each.lag:<32}{fresh:<14}{dead:>5}  {position}")
+        print(f"{each.stream:<{width}}{state}{rows:>15}  {age:<16}{each.lag:<32}{fresh:<14}{dead:>5}  {position}")
         _print_partitions(each)
+
+
+def _last_run(each: StreamStatus) -> str:
+    """The last materialization's age; without one, the last run's outcome and age (`failed 5m ago`), or never."""
+    if each.age_seconds is not None:
+        return f"{age_text(each.age_seconds)} ago"
+    if each.last_attempt is not None and each.attempt_age_seconds is not None:
+        return f"{each.last_attempt} {age_text(each.attempt_age_seconds)} ago"
+    return "never"
 
 
 def _rows(each: StreamStatus) -> str:

@@ -14,6 +14,7 @@ from ingestion_assets.catalog import Catalog, PostgresSource
 from ingestion_assets.defs.failures import permanent_failure
 from ingestion_assets.defs.jobs import cdc_job, job_name
 from ingestion_assets.defs.metadata import POSITION, ROWS_READ, SUMMARY, definition_metadata, target_metadata
+from ingestion_assets.defs.partitions import range_partitions
 from ingestion_assets.defs.run_tags import MODE, SOURCE
 from ingestion_assets.defs.sources import slot_key
 from ingestion_assets.defs.streams import StreamRef
@@ -157,7 +158,9 @@ def _cdc_asset(
     )
     def _asset(context: AssetExecutionContext) -> Iterator[Any]:
         # A CLI backfill (`--partition-range`) of history ranges is one run: each range in turn, in order.
-        partitions = list(context.partition_keys) if context.has_partition_key_range else [None]
+        partitions: list[str | None] = [None]
+        if context.has_partition_key_range:
+            partitions = list(range_partitions(context))
         if context.has_partition_key and not context.has_partition_key_range:
             partitions = [context.partition_key]
         _tag_run(context, source_name, partitions)

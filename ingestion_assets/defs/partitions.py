@@ -50,6 +50,29 @@ def partitions_def(
     return None
 
 
+def range_partitions(context: dg.AssetExecutionContext) -> list[str]:
+    """The partitions of a range run, in order; a range that takes in `live` without naming it is refused.
+
+    Key ranges planned after `live` come after it in the partition list (a dynamic partition set keeps the order
+    keys were added in), so `--partition-range FIRST...LAST` over key ranges could take in the live tail. One
+    materialization stands for every partition of the range, so `live` cannot simply be left out: it would be
+    recorded as materialized without being read. The run fails at once saying which ranges to run instead."""
+    keys = list(context.partition_keys)
+    bounds = context.partition_key_range
+    if LIVE not in keys or LIVE in (bounds.start, bounds.end):
+        return keys
+    at = keys.index(LIVE)
+    raise dg.Failure(
+        description=(
+            f"the partition range {bounds.start}...{bounds.end} takes in `{LIVE}` (key ranges planned after it come "
+            f"after it in the partition list), which a range names only as its first or last partition: run "
+            f"{bounds.start}...{keys[at - 1]} and {keys[at + 1]}...{bounds.end}, and `{LIVE}` by itself; nothing "
+            "was read"
+        ),
+        allow_retries=False,
+    )
+
+
 def newest_partition(spec: PostgresStream | FilesStream, partitions: dg.PartitionsDefinition) -> str | None:
     """What a schedule keeps syncing: the `live` key partition, or the current time window (key ranges of
     file paths have no newest one: their runs are backfills)."""

@@ -12,6 +12,7 @@ import dagster as dg
 from ingestion_assets.defs.checks import DEAD_LETTERS, SCHEMA, check_results, failed_check
 from ingestion_assets.defs.failures import permanent_failure
 from ingestion_assets.defs.metadata import run_metadata
+from ingestion_assets.defs.partitions import range_partitions
 from ingestion_assets.defs.run_tags import mark_run
 from ingestion_assets.defs.streams import StreamRef, open_stream
 from ingestion_assets.drain import Drain
@@ -74,4 +75,6 @@ def _run_partition(context: dg.AssetExecutionContext, stream: Stream, job: Parti
 def _partitions_of(context: dg.AssetExecutionContext) -> list[str | None]:
     if not context.has_partition_key and not context.has_partition_key_range:
         return [None]
+    if context.has_partition_key_range:
+        return list(range_partitions(context))
     return list(context.partition_keys)

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 
 DUCKDB_BUSY_SECONDS = 300.0
+POSTGRES_MAX_COLUMNS = 1600  # MaxHeapAttributeNumber: CREATE/ALTER TABLE refuses more (54011)
 POSTGRES_IDENTIFIER_LENGTH = 63  # NAMEDATALEN - 1: dlt shortens longer names with a hash suffix
 
 
@@ -132,7 +133,9 @@ def describe_destination(settings: Settings, destination: Destination) -> str:
 def target_names(destination: Destination) -> TargetNames:
     """How source column names land in this destination (see loading/naming.py)."""
     if destination.type == "postgres":
-        return TargetNames(destination.naming, POSTGRES_IDENTIFIER_LENGTH, case_sensitive=True)
+        return TargetNames(
+            destination.naming, POSTGRES_IDENTIFIER_LENGTH, True, POSTGRES_MAX_COLUMNS, "a PostgreSQL destination"
+        )
     if destination.type == "sqlalchemy":  # MySQL column names are case-insensitive, 64 characters at most
         from ingestion_assets.loading.sql_targets import MYSQL_IDENTIFIER_LENGTH
 

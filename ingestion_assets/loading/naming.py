@@ -18,6 +18,7 @@ from ingestion_assets.loading.metadata_columns import DELETED_AT, EXTRACTED_AT, 
 from ingestion_assets.loading.naming_rules import normalize
 
 CONVENTIONS = ("snake_case", "direct")
+METADATA_COLUMNS = (EXTRACTED_AT, POSITION, GENERATION, DELETED_AT, META)  # every target table has them
 # Columns the product or dlt writes itself: a source column of that name would be overwritten.
 RESERVED = frozenset(
     {EXTRACTED_AT, POSITION, GENERATION, DELETED_AT, META, "_ingest_raw", "_ingest_problems"}
@@ -31,6 +32,10 @@ class NameCollision(ValueError):
     transient = False
 
 
+class TooManyColumns(NameCollision):
+    """More source columns, with the product's own, than a table of the destination can hold."""
+
+
 @functools.lru_cache(maxsize=8)
 def _convention(name: str, max_length: int | None) -> Any:
     module = importlib.import_module(f"dlt.common.normalizers.naming.{name}")
@@ -42,6 +47,8 @@ class TargetNames:
     convention: str = "snake_case"
     max_length: int | None = None  # the destination's identifier limit (PostgreSQL: 63)
     case_sensitive: bool = True  # DuckDB folds case: `Order` and `order` are one column there
+    max_columns: int | None = None  # the destination's columns per table (PostgreSQL: 1,600)
+    destination: str = "the destination"  # its name in messages
 
     def column(self, name: str) -> str:
         """The name dlt gives this source column in the target (dlt's convention, without importing dlt)."""
@@ -63,8 +70,16 @@ class TargetNames:
         names = [direct.column(first), direct.column(second)]
         return len({n if self.case_sensitive else n.lower() for n in names}) == 1
 
+    def _apart_only_by_case(self, first: str, second: str) -> bool:
+        direct = TargetNames("direct", self.max_length, True)
+        names = (direct.column(first), direct.column(second))
+        return names[0] != names[1] and names[0].lower() == names[1].lower()
+
     def check(self, where: str, source_columns: Iterable[str]) -> None:
-        """Refuse columns that would land under one name, or under a name the product writes itself."""
+        """Refuse columns that would land under one name, or under a name the product writes itself, and more
+        columns than a target table can hold."""
+        source_columns = tuple(source_columns)
+        self._check_width(where, len(source_columns))
         seen: dict[str, str] = {}
         for name in source_columns:
             target = self.column(name)
@@ -78,7 +93,7 @@ class TargetNames:
             if folded in seen:
                 if self.convention != "direct" and not self._collide_under_direct(seen[folded], name):
                     fix = "; or set `destination.naming: direct` in the catalog to keep source names exactly"
-                elif not self.case_sensitive:
+                elif not self.case_sensitive and self._apart_only_by_case(seen[folded], name):
                     fix = " (this destination does not tell names apart by case, whatever the naming convention)"
                 else:
                     fix = ""
@@ -88,3 +103,14 @@ class TargetNames:
                     f"or stream a view that renames one (`table: schema.view` reads a view as it reads a table){fix}"
                 )
             seen[folded] = name
+
+    def _check_width(self, where: str, count: int) -> None:
+        ours = len(METADATA_COLUMNS)
+        if self.max_columns is None or count + ours <= self.max_columns:
+            return
+        raise TooManyColumns(
+            f"{where}: {count} source columns and the product's {ours} ({', '.join(METADATA_COLUMNS)}) make "
+            f"{count + ours} target columns, more than the {self.max_columns} a table of {self.destination} can "
+            f"hold: stream a view of at most {self.max_columns - ours} of its columns (`table: schema.view` reads "
+            "a view as it reads a table)"
+        )

@@ -58,6 +58,9 @@ class StreamStatus:
     partition_summary: PartitionSummary | None = None  # partitioned streams: materialized, failed, running, never run
     rows_after_last_run: int | None = None  # what the last run's metadata says the table held after it
     target_problem: str | None = None  # why the target's rows were not counted (unreachable, busy)
+    # no materialization yet, but a run was: its outcome and when it started (a first run killed or failed)
+    last_attempt: str | None = None  # e.g. "failed"
+    attempt_age_seconds: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,6 +152,7 @@ def _status(
         detail = f"{detail}: paused by a schema change ({accept})"
     dead = metadata.get("dead letters")
     rows = metadata.get("dagster/row_count")
+    attempt, attempt_age = _unmaterialized_attempt(instance, entry, now) if last is None else (None, None)
     return StreamStatus(
         stream=name,
         status=status,
@@ -163,7 +167,30 @@ def _status(
         partitions=[],
         detail=detail,
         rows_after_last_run=int(rows) if isinstance(rows, int) else None,
+        last_attempt=attempt,
+        attempt_age_seconds=attempt_age,
     )
+
+
+def _unmaterialized_attempt(
+    instance: dg.DagsterInstance, entry: Any, now: dt.datetime
+) -> tuple[str | None, float | None]:
+    """The newest run of a stream that has no materialization (a first run that was killed or failed): its
+    outcome and how long ago it started; `ingest status` showed such a stream's last run as `never`."""
+    record = instance.get_run_record_by_id(entry.last_run_id) if entry is not None and entry.last_run_id else None
+    if record is None:
+        return None, None
+    started = record.start_time or record.create_timestamp.timestamp()
+    outcome = _OUTCOMES.get(record.dagster_run.status, record.dagster_run.status.value.lower())
+    return outcome, round(now.timestamp() - started, 1)
+
+
+_OUTCOMES = {
+    dg.DagsterRunStatus.FAILURE: "failed",
+    dg.DagsterRunStatus.CANCELED: "stopped",
+    dg.DagsterRunStatus.STARTED: "running",
+    dg.DagsterRunStatus.STARTING: "running",
+}
 
 
 def _health(
@@ -171,7 +198,7 @@ def _health(
 ) -> tuple[str, str]:
     run = instance.get_run_by_id(entry.last_run_id) if entry is not None and entry.last_run_id else None
     if run is not None and run.status == dg.DagsterRunStatus.FAILURE and not _materialized_in(entry, run.run_id):
-        return FAILED, f"run {run.run_id[:8]} failed"
+        return FAILED, f"run {run.run_id[:8]} failed{_why_failed(instance, run.run_id)}"
     if slot is not None and slot.lagging:
         return LAGGING, (
             f"the slot retains {slot.retained_wal_bytes:,} bytes of WAL, over its limit of {slot.limit_bytes:,}: "
@@ -182,6 +209,13 @@ def _health(
     if last is None:
         return NEVER, "no materialization yet"
     return OK, ""
+
+
+def _why_failed(instance: dg.DagsterInstance, run_id: str) -> str:
+    """`: <the run's failure message>` (a killed run's: its processes are gone), or nothing when it has none."""
+    failures = instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
+    message = failures[-1].dagster_event.message if failures and failures[-1].dagster_event else None
+    return f": {message}" if message else ""
 
 
 def _materialized_in(entry: Any, run_id: str) -> bool:

@@ -5,7 +5,7 @@ In SQL, only what would break parsing: each temporal or decimal column is read a
 `CASE WHEN <parses> THEN col END`, and a row with such a value also carries itself as JSON (`_ingest_raw`).
 The rare temporal values among them (±infinity, BC, years past 9999, 24:00) are then parsed from that JSON
 and put back; intervals and arrays are decoded from their text. What still does not fit (NaN in a decimal,
-a timestamp past DuckDB's range, a multi-dimensional array in a LIST column, a value over the size limit)
+a timestamp past the load's range, a multi-dimensional array in a LIST column, a value over the size limit)
 is named in `_ingest_problems` (column, value, why) for the dead-letter table.
 """
 
@@ -24,6 +24,11 @@ from ingestion_assets.sources.postgres import temporal, values
 from ingestion_assets.sources.postgres.introspect import Column, TableShape
 
 PROBLEMS = "_ingest_problems"
+# NaN in a numeric(p,s): the load carries it as an Arrow decimal, which has no NaN (a PostgreSQL target's numeric
+# would hold it; the load cannot bring it there)
+NO_DECIMAL_VALUE = (
+    "has no exact decimal value: the load carries numeric(p,s) as Arrow decimals, whatever the destination"
+)
 RAW = "_ingest_raw"
 _PARSED_FROM = {  # Arrow's CSV reader parses four-digit years AD only, and no infinity
     "timestamptz": ("timestamptz '0001-01-01 00:00:00+00'", "timestamptz '10000-01-01 00:00:00+00'"),
@@ -122,7 +127,7 @@ def _rare_values(
             if shape.column(name).kind in temporal.TEMPORAL:
                 rare[name][index] = str(value)
             else:
-                found[index].append(f"{name}: {value} does not fit the target type")
+                found[index].append(f"{name}: {value} {NO_DECIMAL_VALUE}")
     return rare
 
 

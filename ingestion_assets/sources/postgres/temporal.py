@@ -14,6 +14,11 @@ DATE_INFINITY = 2**31 - 1
 TIMESTAMP_INFINITY = 2**63 - 1
 LATEST_TIMESTAMP = TIMESTAMP_INFINITY - 1  # 294247-01-10 04:00:54.775806 UTC, DuckDB's latest finite instant
 US_PER_DAY = 86_400_000_000
+# Every destination's rows travel as Arrow slices: the limit is the load's, a PostgreSQL target would hold more.
+LATER_THAN_CARRIED = (
+    "is later than the latest timestamp the load carries (294247-01-10 04:00:54.775806 UTC: microseconds in 64 bits, "
+    "as Arrow and DuckDB keep them), whatever the destination"
+)
 TEMPORAL = frozenset({"date", "time", "timestamp", "timestamptz"})
 
 _VALUE = re.compile(
@@ -46,7 +51,7 @@ def parse(text: str, kind: str) -> int:
         return days
     micros = days * US_PER_DAY + (_time_of_day(match["time"]) if match["time"] else 0) - _offset(match["tz"])
     if micros > LATEST_TIMESTAMP:
-        raise Unfit("is later than the latest timestamp DuckDB and Arrow hold (294247-01-10 04:00:54.775806)")
+        raise Unfit(LATER_THAN_CARRIED)
     return micros
 
 

@@ -10,8 +10,10 @@ a view keyed by a column that is not unique loaded its rows twice, status ok).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import psycopg2.errors
 from psycopg2 import sql
 
 from ingestion_assets.sources.postgres.cdc.keys import unique_keys
@@ -28,8 +30,7 @@ def repeated_keys(
     looked at (a key range holds every row of its key values; a time window those of its own rows)."""
     relation = sql.Identifier(schema, table)
     with conn.cursor() as cur:
-        # a valid, non-partial unique index on plain columns all among the key's makes the key unique
-        if any(set(index.columns) <= set(key) for index in unique_keys(cur, schema, table)):
+        if key_guaranteed(cur, schema, table, key):
             conn.rollback()
             return [], 0
         columns = sql.SQL(", ").join(sql.Identifier(k) for k in key)
@@ -46,6 +47,41 @@ def repeated_keys(
     if not found:
         return [], 0
     return [tuple(row[: len(key) + 1]) for row in found], int(found[0][-1])
+
+
+def key_guaranteed(cur: Any, schema: str, table: str, key: tuple[str, ...]) -> bool:
+    """A valid, non-partial unique index on plain columns all among the key's makes the key unique."""
+    return any(set(index.columns) <= set(key) for index in unique_keys(cur, schema, table))
+
+
+@dataclass(frozen=True)
+class KeyLook:
+    """What `ingest check` found of a declared key: guaranteed by an index, looked at, or not in time."""
+
+    guaranteed: bool = False
+    timed_out: bool = False
+    repeated: tuple[tuple[Any, ...], ...] = ()
+    count: int = 0
+
+
+def look_at_key(conn: Any, schema: str, table: str, key: tuple[str, ...], timeout_seconds: float) -> KeyLook:
+    """`repeated_keys` over the whole relation for `ingest check`, on `conn`, a session of its own (autocommit),
+    made read only and bounded by `statement_timeout` (a view over a large table may take long: the check says it
+    stopped instead of holding the source busy)."""
+    with conn.cursor() as cur:
+        guaranteed = key_guaranteed(cur, schema, table, key)
+    conn.rollback()
+    if guaranteed:
+        return KeyLook(guaranteed=True)
+    with conn.cursor() as cur:  # the session is the check's own, closed after it
+        cur.execute("SET default_transaction_read_only = on")
+        cur.execute("SELECT set_config('statement_timeout', %s, false)", (f"{max(1, int(timeout_seconds * 1000))}ms",))
+    try:
+        repeated, count = repeated_keys(conn, schema, table, key)
+    except psycopg2.errors.QueryCanceled:
+        conn.rollback()
+        return KeyLook(timed_out=True)
+    return KeyLook(repeated=tuple(repeated), count=count)
 
 
 def repeated_key_error(stream: str, key: tuple[str, ...], repeated: list[tuple[Any, ...]], count: int) -> str:

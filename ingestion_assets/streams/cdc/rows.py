@@ -30,6 +30,7 @@ from ingestion_assets.loading.metadata_columns import (
     TIMESTAMP_UTC,
 )
 from ingestion_assets.loading.relations import table_exists
+from ingestion_assets.sources.postgres.bad_values import NO_DECIMAL_VALUE
 from ingestion_assets.sources.postgres.cdc import UNCHANGED_TOAST, Op, RowChange
 from ingestion_assets.sources.postgres.introspect import TableShape
 from ingestion_assets.sources.postgres.reader import connect, csv_options, decode_binary
@@ -146,7 +147,7 @@ class TableChanges:
         for column in self.shape.columns:
             value = row.get(column.name)
             if isinstance(value, str) and pa.types.is_decimal(column.arrow_type) and value in _UNFIT_DECIMAL:
-                return f"{column.name}: {value} does not fit the target type"
+                return f"{column.name}: {value} {NO_DECIMAL_VALUE}"
         return None
 
     def to_arrow(self, generation: int) -> pa.Table | None:
