@@ -63,8 +63,9 @@ class TargetNames:
         names = [direct.column(first), direct.column(second)]
         return len({n if self.case_sensitive else n.lower() for n in names}) == 1
 
-    def check(self, where: str, source_columns: Iterable[str]) -> None:
-        """Refuse columns that would land under one name, or under a name the product writes itself."""
+    def check(self, where: str, source_columns: Iterable[str], views: bool = True) -> None:
+        """Refuse columns that would land under one name, or under a name the product writes itself. `views`:
+        the stream could read a view that renames them (CDC reads tables only)."""
         seen: dict[str, str] = {}
         for name in source_columns:
             target = self.column(name)
@@ -72,8 +73,7 @@ class TargetNames:
             if target in RESERVED or name in RESERVED:
                 raise NameCollision(
                     f"{where}: source column {name!r} lands as {target!r}, a column the product writes itself "
-                    "(metadata or dlt's): rename the source column, or stream a view that renames it (`table: "
-                    "schema.view` reads a view as it reads a table)"
+                    f"(metadata or dlt's): rename the source column{_view_fix('it') if views else ''}"
                 )
             if folded in seen:
                 if self.convention != "direct" and not self._collide_under_direct(seen[folded], name):
@@ -84,7 +84,11 @@ class TargetNames:
                     fix = ""
                 raise NameCollision(
                     f"{where}: source columns {seen[folded]!r} and {name!r} both land as column {target!r} under "
-                    f"the destination's naming convention {self.convention!r}; rename one of them in the source, "
-                    f"or stream a view that renames one (`table: schema.view` reads a view as it reads a table){fix}"
+                    f"the destination's naming convention {self.convention!r}; rename one of them in the source"
+                    f"{_view_fix('one') if views else ''}{fix}"
                 )
             seen[folded] = name
+
+
+def _view_fix(which: str) -> str:
+    return f", or stream a view that renames {which} (`table: schema.view` reads a view as it reads a table)"
