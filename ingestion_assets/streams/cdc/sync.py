@@ -18,7 +18,7 @@ from ingestion_assets.partitions import LIVE
 from ingestion_assets.references import postgres_url
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres.cdc import DeclaredKey
-from ingestion_assets.sources.postgres.cdc.chunks import reading_slot
+from ingestion_assets.sources.postgres.cdc.slot_lock import reading_slot
 from ingestion_assets.streams.cdc.apply import LogLoads
 from ingestion_assets.streams.cdc.batches import apply_log
 from ingestion_assets.streams.cdc.copying import chunk, copy_streams, snapshot, start_log
@@ -90,7 +90,9 @@ class CdcSync:
     def run(self, partition: str | None = None) -> CdcOutcome:
         """Apply the log (`live`, or no partition), or copy one history key range while applying it."""
         url = self.url()
-        with reading_slot(url, self.slot, self.source.cdc.lock_wait_seconds):
+        cdc = self.source.cdc
+        live = cdc.live_seconds is not None and partition in (None, LIVE)  # the lock says who holds the slot
+        with reading_slot(url, self.slot, cdc.lock_wait_seconds, self.run_id, live, lambda m: self._say("%s", m)):
             outcome = self._run(url, partition)
         outcome.reasons = dict(self._state.reasons)
         if outcome.mode != "chunk":
