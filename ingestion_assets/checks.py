@@ -86,7 +86,8 @@ def _check_postgres_streams(catalog: Catalog, url: str, source_name: str, source
             plan = plan_table_read(
                 url, stream.schema_name, stream.table_name, tuple(stream.cursor), tuple(stream.primary_key)
             )
-            problems += _target_name_problems(catalog, name, plan.shape.column_names)
+            views = source.mode != "cdc"  # a publication holds tables only: renaming in a view is no way out there
+            problems += _target_name_problems(catalog, name, plan.shape.column_names, views)
             dry_run(url, plan)
         except psycopg2.Error as exc:
             if exc.pgcode is None:
@@ -101,9 +102,9 @@ def _check_postgres_streams(catalog: Catalog, url: str, source_name: str, source
     return problems
 
 
-def _target_name_problems(catalog: Catalog, stream: str, columns: list[str]) -> list[str]:
+def _target_name_problems(catalog: Catalog, stream: str, columns: list[str], views: bool) -> list[str]:
     try:
-        target_names(catalog.destination).check(stream, columns)
+        target_names(catalog.destination).check(stream, columns, views)
     except NameCollision as exc:
         return [str(exc)]
     return []

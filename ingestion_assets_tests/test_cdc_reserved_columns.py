@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from ingestion_assets.catalog import load_catalog
+from ingestion_assets.checks import check_catalog
 from ingestion_assets.sync import Faults
 from ingestion_assets_tests.helpers import StreamHarness
 from ingestion_assets_tests.test_cdc_real_schemas import FAST, _metadata
@@ -53,6 +55,8 @@ def test_a_reserved_column_in_the_first_run_refuses_its_stream_alone(cdc: Stream
     assert f"stream {harness.source_name}.events" in said and "_ingest_position" in said and "events" in said
     assert _published(harness) == ["orders"]
     _orders_exact(harness)
+    (problem,) = check_catalog(harness.settings, load_catalog(harness.settings.catalog_path))  # `ingest check`
+    assert f"{harness.source_name}.events" in problem and "'_ingest_position'" in problem and "view" not in problem
     harness.source.execute("UPDATE orders SET status = 'paid' WHERE id < 5; DELETE FROM orders WHERE id = 9")
     harness.materialize()
     _orders_exact(harness)
