@@ -1,5 +1,5 @@
-"""The per-source slot lock on a real server: a run that finds it taken says at once who holds it; a live run's
-lock fails the newcomer at once (not retried), another run's is waited for, saying so."""
+"""The per-source slot lock on a real server: a run that finds it taken says at once who holds it; a live run
+that finds another live run's lock fails at once (not retried); other runs wait for it, saying so."""
 
 from __future__ import annotations
 
@@ -52,3 +52,14 @@ def test_a_slot_held_by_another_run_is_waited_for_saying_so(sandbox: Sandbox) ->
     with reading_slot(sandbox.url, sandbox.slot, 1, "two", True, said.append):  # released: taken at once
         pass
     assert len(said) == 1
+
+
+def test_a_history_range_run_waits_for_a_live_run_saying_so(sandbox: Sandbox) -> None:
+    holder = _hold(sandbox, "ingest-cdc-lock live run-one")
+    said: list[str] = []
+    try:
+        with pytest.raises(SlotInUseError), reading_slot(sandbox.url, sandbox.slot, 1, "two", False, said.append):
+            pass
+    finally:
+        holder.close()
+    assert len(said) == 1 and "held by Dagster run run-one (a live run) (backend pid" in said[0]

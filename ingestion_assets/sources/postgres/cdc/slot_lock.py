@@ -51,9 +51,10 @@ def reading_slot(
     live: bool = False,
     say: Callable[[str], None] | None = None,
 ) -> Iterator[None]:
-    """Hold the source's advisory lock for `slot`. Taken by a live run: fail at once, naming it. Taken by another
-    run (a batch or history range run, which ends when caught up): say so at once, then wait for it up to
-    `wait_seconds`. A session lock: it ends with its connection, so a killed run never leaves it behind."""
+    """Hold the source's advisory lock for `slot`. A `live` run that finds it taken by another live run fails at
+    once, naming it (one live run per source applies every stream's changes). Otherwise (a batch run, a history
+    range, which take turns) it says at once who holds it, then waits for it up to `wait_seconds`. A session
+    lock: it ends with its connection, so a killed run never leaves it behind."""
     conn = connect(url, f"{APPLICATION} {'live' if live else 'run'} {run_id or '-'}"[:63])
     try:
         conn.autocommit = True
@@ -61,18 +62,23 @@ def reading_slot(
             key = lock_key(slot)
             cur.execute("SELECT pg_try_advisory_lock(%s)", (key,))
             if not cur.fetchone()[0]:
-                _wait(cur, slot, key, wait_seconds, say)
+                _wait(cur, slot, key, wait_seconds, live, say)
         yield
     finally:
         conn.close()
 
 
 def _wait(
-    cur: psycopg2.extensions.cursor, slot: str, key: int, wait_seconds: float, say: Callable[[str], None] | None
+    cur: psycopg2.extensions.cursor,
+    slot: str,
+    key: int,
+    wait_seconds: float,
+    live: bool,
+    say: Callable[[str], None] | None,
 ) -> None:
     holder = lock_holder(cur, key)
     held = holder.describe() if holder else "another run (gone a moment ago)"
-    if holder is not None and holder.live:
+    if live and holder is not None and holder.live:
         raise SlotHeldByLiveRun(
             f"replication slot {slot!r} is held by {held}, which keeps it for up to its cdc.live_seconds: this run "
             "did not start and is not retried. One live run per source applies every stream's changes; stop that "
