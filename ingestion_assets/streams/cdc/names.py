@@ -45,9 +45,8 @@ def refuse_unlandable(sync: CdcSync, url: str, stored: dict[str, Any]) -> dict[s
     for name, message in refused.items():
         sync._say("%s", message)
         checkpoint = stored.get(name) or {}
-        if _held(checkpoint) or checkpoint.get(PAUSED):
-            lsn = parse_lsn(str(checkpoint["lsn"])) if checkpoint.get("lsn") else 0
-            sync.store.commit(lsn, {name: {"snapshot_done": False, PAUSED: message}})
+        if _held(checkpoint):  # a pause stored already keeps no position: nothing more to store
+            sync.store.commit(parse_lsn(str(checkpoint["lsn"])), {name: {"snapshot_done": False, PAUSED: message}})
     sync.streams = [s for s in sync.streams if s.name not in refused]
     if sync.source.cdc.publication is None:
         read = [(s.schema_name, s.table_name) for n, s in sync.source.streams.items() if n not in refused]
