@@ -94,7 +94,8 @@ def _check_postgres_streams(
             plan = plan_table_read(
                 url, stream.schema_name, stream.table_name, tuple(stream.cursor), tuple(stream.primary_key)
             )
-            problems += _target_name_problems(catalog, name, plan.shape.column_names)
+            views = source.mode != "cdc"  # a publication holds tables only: renaming in a view is no way out there
+            problems += _target_name_problems(catalog, name, plan.shape.column_names, views)
             dry_run(url, plan)
             if source.mode != "cdc" and stream.write_disposition == "merge" and stream.primary_key:
                 problems += _check_key(url, name, stream, notes)
@@ -136,9 +137,9 @@ def _check_key(url: str, name: str, stream: PostgresStream, notes: list[str]) ->
     return []
 
 
-def _target_name_problems(catalog: Catalog, stream: str, columns: list[str]) -> list[str]:
+def _target_name_problems(catalog: Catalog, stream: str, columns: list[str], views: bool) -> list[str]:
     try:
-        target_names(catalog.destination).check(stream, columns)
+        target_names(catalog.destination).check(stream, columns, views)
     except NameCollision as exc:
         return [str(exc)]
     return []

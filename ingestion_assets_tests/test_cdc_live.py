@@ -184,3 +184,31 @@ def test_the_sensor_keeps_one_live_run_up(cdc: StreamHarness) -> None:  # noqa: 
     )
     skip = sensor(dg.build_sensor_context(instance=harness.instance))
     assert isinstance(skip, dg.SkipReason) and run.run_id in str(skip.skip_message)
+
+
+def test_a_second_live_run_fails_at_once_naming_the_run_that_holds_the_slot(writing: Any) -> None:
+    """It waited silently for up to cdc.lock_wait_seconds (900 s) while the first run held the slot for its
+    live_seconds, then was retried to wait again."""
+    harness, _stop = writing
+    _live_catalog(harness, seconds=600)
+    process = harness.materialize_cli("orders")
+    try:
+        _wait_for_checkpoints(harness, 0, process)
+        checkpoint = harness.checkpoint("orders")
+        assert checkpoint is not None
+        harness.write_catalog(
+            {"orders": {"table": "orders", "primary_key": "id"}},
+            mode="cdc",
+            cdc={"live_seconds": 600, "lock_wait_seconds": 20, "retries": {"max_attempts": 3, "delay_seconds": 1}},
+        )
+        result = harness.materialize(raise_on_error=False)
+        assert not result.success
+        failures = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+        assert len(failures) == 1 and not any(e.event_type_value == "STEP_UP_FOR_RETRY" for e in result.all_events)
+        message = str(failures[0].step_failure_data.error)
+        assert f"is held by Dagster run {checkpoint.run_id} (a live run)" in message
+        assert "is not retried" in message and "Stopping a run" in message
+        assert process.poll() is None  # the first run goes on
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=120)

@@ -132,11 +132,26 @@ def test_names_apart_only_by_case_are_refused_on_duckdb_without_advising_direct_
 
 
 def test_a_source_column_named_like_a_metadata_column_is_refused(harness: StreamHarness) -> None:
-    harness.source.execute("CREATE TABLE meta (id int PRIMARY KEY, _ingest_position text); INSERT INTO meta VALUES (1, 'x')")
-    harness.write_catalog({"meta": {"table": "meta", "primary_key": "id", "retries": {"max_attempts": 1}}})
+    """That stream alone fails, at once and naming the column; the others load; one added later by DDL too."""
+    harness.source.execute(
+        "CREATE TABLE meta (id int PRIMARY KEY, _ingest_position text); INSERT INTO meta VALUES (1, 'x');"
+        "CREATE TABLE good (id int PRIMARY KEY, v text); INSERT INTO good VALUES (1, 'a'), (2, 'b')"
+    )
+    spec = {"primary_key": "id", "retries": {"max_attempts": 2, "delay_seconds": 0.1}}
+    harness.write_catalog({"meta": {"table": "meta", **spec}, "good": {"table": "good", **spec}})
     result = harness.materialize(raise_on_error=False)
     assert not result.success
-    assert "a column the product writes itself" in str(result.all_events)
+    failures = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert len(failures) == 1 and not any(e.event_type_value == "STEP_UP_FOR_RETRY" for e in result.all_events)
+    message = str(failures[0].step_failure_data.error)
+    assert f"{harness.source_name}.meta" in message and "source column '_ingest_position'" in message
+    assert "a column the product writes itself" in message
+    harness.assert_target_equals_source("good", "good", "id")
+
+    harness.source.execute("ALTER TABLE good ADD COLUMN _ingest_meta text; UPDATE good SET v = 'c' WHERE id = 1")
+    result = harness.materialize("good", raise_on_error=False)
+    message = str(next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE").step_failure_data.error)
+    assert f"{harness.source_name}.good" in message and "source column '_ingest_meta'" in message
 
 
 _NAME_PARTS = st.sampled_from(["t", "i", "select", "row", "from", "Order", "a b", 'q"t', "ü", "é", "x.y", "_", "1", "Z"])

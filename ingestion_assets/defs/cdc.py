@@ -3,7 +3,7 @@ watches the slot (retained WAL, lag) and asks for a run when changes wait."""
 
 # No `from __future__ import annotations` here: Dagster inspects the asset's `context` annotation at runtime.
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Set
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
@@ -147,6 +147,9 @@ def _cdc_asset(
         specs=specs,
         check_specs=[dg.AssetCheckSpec(SLOT_HEALTH, asset=keys[0], description="the slot does not hoard WAL")],
         pool=f"ingest_{source_name}",
+        # `--select` of some streams runs the whole source (one slot, one log): unselected streams keep their
+        # changes and checkpoints, their materializations are left out of the run.
+        can_subset=True,
         partitions_def=history_partitions(source_name, source),
         backfill_policy=dg.BackfillPolicy.single_run() if source.cdc.history_chunk is not None else None,
         retry_policy=dg.RetryPolicy(
@@ -170,7 +173,14 @@ def _cdc_asset(
             for name, count in earlier.rows.items():
                 outcome.rows[name] = outcome.rows.get(name, 0) + count
             outcome.dead_letters += earlier.dead_letters
-        yield from _results(source, keys, streams, outcome)
+        selected = context.selected_asset_keys
+        left = [k.to_user_string() for k in keys if k not in selected]
+        if left:
+            context.log.info(
+                f"source {source_name} reads one replication slot for all its streams: this run applied the changes "
+                f"of {', '.join(left)} too and checkpointed them (not selected, so not materialized in this run)"
+            )
+        yield from _results(source, keys, streams, outcome, selected, context.selected_asset_check_keys)
 
     def _run_partition(context: AssetExecutionContext, partition: str | None) -> "CdcOutcome":
         from ingestion_assets.sources.postgres.cdc import CdcError as SlotError
@@ -209,7 +219,12 @@ def _summary(stream: str, outcome: "CdcOutcome") -> str:
 
 
 def _results(
-    source: PostgresSource, keys: list[dg.AssetKey], streams: list[StreamRef], outcome: "CdcOutcome"
+    source: PostgresSource,
+    keys: list[dg.AssetKey],
+    streams: list[StreamRef],
+    outcome: "CdcOutcome",
+    selected: Set[dg.AssetKey],
+    checks: Set[dg.AssetCheckKey],
 ) -> Iterator[Any]:
     from ingestion_assets.sources.postgres.cdc import format_lsn
 
@@ -226,6 +241,8 @@ def _results(
         "dead letters": outcome.dead_letters,
     }
     for key, stream in zip(keys, streams, strict=True):
+        if key not in selected:
+            continue
         metadata: dict[str, Any] = {**shared, ROWS_READ: outcome.rows.get(stream.name, 0), **target_metadata(stream)}
         if stream.name in outcome.checkpoints:  # each stream's own log position (a history chunk has none)
             lsn, details = outcome.checkpoints[stream.name]
@@ -239,6 +256,8 @@ def _results(
             metadata["paused"] = outcome.paused[stream.name]
         metadata[SUMMARY] = _summary(stream.name, outcome)
         yield dg.MaterializeResult(asset_key=key, metadata=metadata)
+    if dg.AssetCheckKey(keys[0], SLOT_HEALTH) not in checks:
+        return
     yield dg.AssetCheckResult(
         asset_key=keys[0],
         check_name=SLOT_HEALTH,

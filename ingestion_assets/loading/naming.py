@@ -75,11 +75,12 @@ class TargetNames:
         names = (direct.column(first), direct.column(second))
         return names[0] != names[1] and names[0].lower() == names[1].lower()
 
-    def check(self, where: str, source_columns: Iterable[str]) -> None:
+    def check(self, where: str, source_columns: Iterable[str], views: bool = True) -> None:
         """Refuse columns that would land under one name, or under a name the product writes itself, and more
-        columns than a target table can hold."""
+        columns than a target table can hold. `views`: the stream could read a view that renames or leaves them
+        out (CDC reads tables only)."""
         source_columns = tuple(source_columns)
-        self._check_width(where, len(source_columns))
+        self._check_width(where, len(source_columns), views)
         seen: dict[str, str] = {}
         for name in source_columns:
             target = self.column(name)
@@ -87,8 +88,7 @@ class TargetNames:
             if target in RESERVED or name in RESERVED:
                 raise NameCollision(
                     f"{where}: source column {name!r} lands as {target!r}, a column the product writes itself "
-                    "(metadata or dlt's): rename the source column, or stream a view that renames it (`table: "
-                    "schema.view` reads a view as it reads a table)"
+                    f"(metadata or dlt's): rename the source column{_view_fix('it') if views else ''}"
                 )
             if folded in seen:
                 if self.convention != "direct" and not self._collide_under_direct(seen[folded], name):
@@ -99,18 +99,26 @@ class TargetNames:
                     fix = ""
                 raise NameCollision(
                     f"{where}: source columns {seen[folded]!r} and {name!r} both land as column {target!r} under "
-                    f"the destination's naming convention {self.convention!r}; rename one of them in the source, "
-                    f"or stream a view that renames one (`table: schema.view` reads a view as it reads a table){fix}"
+                    f"the destination's naming convention {self.convention!r}; rename one of them in the source"
+                    f"{_view_fix('one') if views else ''}{fix}"
                 )
             seen[folded] = name
 
-    def _check_width(self, where: str, count: int) -> None:
+    def _check_width(self, where: str, count: int, views: bool) -> None:
         ours = len(METADATA_COLUMNS)
         if self.max_columns is None or count + ours <= self.max_columns:
             return
         raise TooManyColumns(
             f"{where}: {count} source columns and the product's {ours} ({', '.join(METADATA_COLUMNS)}) make "
             f"{count + ours} target columns, more than the {self.max_columns} a table of {self.destination} can "
-            f"hold: stream a view of at most {self.max_columns - ours} of its columns (`table: schema.view` reads "
-            "a view as it reads a table)"
+            + (
+                f"hold: stream a view of at most {self.max_columns - ours} of its columns (`table: schema.view` "
+                "reads a view as it reads a table)"
+                if views
+                else "hold: a CDC stream reads the whole table; take the stream out of the CDC source's catalog"
+            )
         )
+
+
+def _view_fix(which: str) -> str:
+    return f", or stream a view that renames {which} (`table: schema.view` reads a view as it reads a table)"

@@ -14,12 +14,14 @@ import pyarrow as pa
 
 from ingestion_assets.loading.dead_letters import split_bad_rows
 from ingestion_assets.loading.metadata_columns import with_metadata
+from ingestion_assets.loading.naming import NameCollision
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.sources.postgres import plan_table_read, table_slices
 from ingestion_assets.sources.postgres.introspect import TableShape
 from ingestion_assets.sources.postgres.query import Position, ReadPlan, Window
 from ingestion_assets.sources.slices import Slice
 from ingestion_assets.streams.cdc.history import Fences
+from ingestion_assets.streams.cdc.outcome import ColumnsUnlandable
 from ingestion_assets.streams.cdc.rows import VERSION_TYPE
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
 from ingestion_assets.streams.target_types import fit_plan
@@ -107,6 +109,14 @@ def _reader(url: str, stream: PostgresTableStream, rules: CopyRules, loader: Loa
     )
     if loader is None:
         loader = stream.loader(Target(stream.name, 1), None, plan, guard=rules.guard)
+    where = f"stream {stream.qualified_name} (table {spec.schema_name}.{spec.table_name})"
+    try:  # the run's checks saw the table before this range: a column added since is seen here first
+        loader.names.check(where, plan.shape.column_names, views=False)
+    except NameCollision as exc:
+        raise ColumnsUnlandable(
+            f"{exc}. The column came while its copy ran: nothing of this range was loaded, and the next attempt "
+            "leaves this stream out while the other streams of the source go on"
+        ) from exc
     return loader, fit_plan(plan, loader)
 
 

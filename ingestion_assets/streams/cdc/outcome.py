@@ -23,6 +23,13 @@ class LogBehind(CdcError):
     transient = True
 
 
+class ColumnsUnlandable(CdcError):
+    """A column that cannot land appeared in a table while its copy ran: nothing of the range was loaded; the
+    next attempt's checks leave that stream out and the others go on."""
+
+    transient = True
+
+
 @dataclass
 class CdcOutcome:
     mode: str  # snapshot | changes | chunk

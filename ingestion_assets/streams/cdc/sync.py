@@ -18,12 +18,13 @@ from ingestion_assets.partitions import LIVE
 from ingestion_assets.references import postgres_url
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres.cdc import DeclaredKey
-from ingestion_assets.sources.postgres.cdc.chunks import reading_slot
+from ingestion_assets.sources.postgres.cdc.slot_lock import reading_slot
 from ingestion_assets.streams.cdc.apply import LogLoads
 from ingestion_assets.streams.cdc.batches import apply_log
 from ingestion_assets.streams.cdc.copying import chunk, copy_streams, snapshot, start_log
 from ingestion_assets.streams.cdc.history import HISTORY, history_keys
 from ingestion_assets.streams.cdc.live import apply_live
+from ingestion_assets.streams.cdc.names import refuse_unlandable
 from ingestion_assets.streams.cdc.outcome import CdcError, CdcOutcome, LogBehind
 from ingestion_assets.streams.cdc.paused import PAUSED
 from ingestion_assets.streams.cdc.preflight import pause_unidentified, preflight
@@ -89,7 +90,9 @@ class CdcSync:
     def run(self, partition: str | None = None) -> CdcOutcome:
         """Apply the log (`live`, or no partition), or copy one history key range while applying it."""
         url = self.url()
-        with reading_slot(url, self.slot, self.source.cdc.lock_wait_seconds):
+        cdc = self.source.cdc
+        live = cdc.live_seconds is not None and partition in (None, LIVE)  # the lock says who holds the slot
+        with reading_slot(url, self.slot, cdc.lock_wait_seconds, self.run_id, live, lambda m: self._say("%s", m)):
             outcome = self._run(url, partition)
         outcome.reasons = dict(self._state.reasons)
         if outcome.mode != "chunk":
@@ -103,6 +106,7 @@ class CdcSync:
     def _run(self, url: str, partition: str | None) -> CdcOutcome:
         stored = self.store.latest()
         paused = pause_unidentified(self, url, stored)  # the other streams go on
+        paused |= refuse_unlandable(self, url, stored)
         outcome = self._run_streams(url, partition, stored) if self.streams else CdcOutcome("changes", 0)
         outcome.paused = paused | self.refused
         return outcome
@@ -111,8 +115,8 @@ class CdcSync:
         self._state = SourceState({s.name: stored.get(s.name) for s in self.streams})
         for name, checkpoint in stored.items():
             if checkpoint and checkpoint.get(PAUSED) and name in self._state.positions:
-                self._state.recopy(name, "its table has a replica identity again after a pause")
-                self._say("%s.%s: copying its table again: it has a replica identity again", self.source_name, name)
+                self._state.recopy(name, "its table passes its checks again after a pause")
+                self._say("%s.%s: copying its table again: it passes its checks again", self.source_name, name)
         # A missing slot is no check's failure: `resync_at_gap` makes it again (on_wal_gap: resync) or says
         # which streams to re-copy (fail).
         published = preflight(self, url)  # read-only checks, then the publication

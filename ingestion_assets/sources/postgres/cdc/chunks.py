@@ -1,5 +1,4 @@
-"""History chunks read beside a running slot: a snapshot that knows exactly which transactions it sees, and
-the per-source lock that keeps one reader of the slot at a time.
+"""History chunks read beside a running slot: a snapshot that knows exactly which transactions it sees.
 
 A chunk read at any moment meets the log exactly: the transactions of the log that the chunk's snapshot
 does not see are known by their xid (the snapshot's xmin, xmax and in-progress list), so the keys they
@@ -10,16 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import psycopg2
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingestion_assets.sources.postgres.cdc.errors import SlotInUseError
 from ingestion_assets.sources.postgres.cdc.lsn import parse_lsn
 from ingestion_assets.sources.postgres.reader import connect
 
@@ -106,34 +102,5 @@ def wal_insert_position(url: str) -> int:
         with conn.cursor() as cur:
             cur.execute("SELECT pg_current_wal_insert_lsn()::text")
             return parse_lsn(cur.fetchone()[0])
-    finally:
-        conn.close()
-
-
-def _lock_key(slot: str) -> int:
-    digest = hashlib.sha256(f"ingest_cdc:{slot}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
-@contextlib.contextmanager
-def reading_slot(url: str, slot: str, wait_seconds: float) -> Iterator[None]:
-    """Hold the source's advisory lock for `slot`: one run reads (and acknowledges) the slot at a time.
-
-    A session lock: it ends with its connection, so a killed run never leaves it behind.
-    """
-    conn = connect(url, "ingest-cdc-lock")
-    try:
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute("SET lock_timeout = %s", (f"{int(wait_seconds * 1000)}ms",))
-            try:
-                cur.execute("SELECT pg_advisory_lock(%s)", (_lock_key(slot),))
-            except psycopg2.errors.LockNotAvailable as exc:
-                raise SlotInUseError(
-                    f"another run has been reading replication slot {slot!r} for over {wait_seconds:.0f} s; "
-                    "this run did not start and may be retried (pg_locks shows the holder: locktype 'advisory')"
-                ) from exc
-            cur.execute("SET lock_timeout = 0")
-        yield
     finally:
         conn.close()
