@@ -111,6 +111,8 @@ def test_each_change_under_each_policy(
         (("numeric", "numeric(10,2)"), ("numeric", "numeric"), "widened"),
         (("varchar", "character varying(20)"), ("varchar", "character varying(40)"), "widened"),
         (("varchar", "character varying(20)"), ("text", "text"), "widened"),
+        (("text", "text"), ("varchar", "character varying(10)"), "incompatible"),  # a limit where there was none
+        (("varchar", "character varying"), ("varchar", "character varying(10)"), "incompatible"),
         (("text", "text"), ("int4", "integer"), "incompatible"),
         (("int4", "integer"), ("text", "text"), "widened"),
         (("float4", "real"), ("float8", "double precision"), "widened"),

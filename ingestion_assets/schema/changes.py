@@ -93,9 +93,9 @@ def classify(old: ColumnType, new: ColumnType) -> ChangeKind | None:
     if old.kind == new.kind:
         return "widened" if _wider_same_type(old, new) else "incompatible"
     if {old.kind, new.kind} <= {"json", "jsonb"} or (old.kind in _TEXT and new.kind in _TEXT):
-        return (
-            "widened" if _typmod(new)[0] is None or (_typmod(old)[0] or 0) <= (_typmod(new)[0] or 0) else "incompatible"
-        )
+        old_limit, new_limit = _typmod(old)[0], _typmod(new)[0]
+        fits = new_limit is None or (old_limit is not None and old_limit <= new_limit)  # text -> varchar(10) does not
+        return "widened" if fits else "incompatible"
     if old.kind in _INTEGER_RANK:
         if new.kind in _INTEGER_RANK:
             return "widened" if _INTEGER_RANK[new.kind] > _INTEGER_RANK[old.kind] else "incompatible"
