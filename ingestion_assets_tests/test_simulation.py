@@ -148,6 +148,12 @@ def test_cdc_live_acknowledgement_before_the_checkpoint_is_caught(sim_url: str, 
         LiveCdcSimulation(ACK_SEED, sim_url, tmp_path, early_ack=True, ddl=False).run(rounds=ACK_ROUNDS)
 
 
+def test_cdc_live_drain_that_skips_the_checkpoint_is_caught(sim_url: str, tmp_path: Path) -> None:
+    """A drain that ends the run once the batch in flight is loaded but before its checkpoint is stored."""
+    with pytest.raises(SimulationFailure, match="the drained run read up to"):
+        LiveCdcSimulation(CDC_LIVE_SEED, sim_url, tmp_path, unstored_drain=True, ddl=False).run(rounds=2)
+
+
 @pytest.mark.slow  # a few minutes: more seeds, six rounds each
 @pytest.mark.parametrize("seed", CDC_LIVE_SLOW_SEEDS)
 def test_more_cdc_live_seeds_keep_every_invariant(seed: int, sim_url: str, tmp_path: Path) -> None:

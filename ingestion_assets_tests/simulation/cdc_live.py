@@ -19,8 +19,9 @@ published table that this session has not read yet arrives (each change's xid is
 far above a read's need), or `max_changes`, or a drain after a drawn number of transactions. Not
 deterministic: a batch cut short of the last change because the machine stalled past `batch_seconds` (the
 next batch takes the rest), an empty batch checkpointed after IDLE_CHECKPOINT_SECONDS of background WAL, the
-snapshot's catch-up (see cdc.py). `unsafe` plants the checkpoint-first order in the live loop only;
-`early_ack` (tests) acknowledges each batch as soon as it is read."""
+snapshot's catch-up (see cdc.py). `unsafe` plants the checkpoint-first order in the live loop only; the
+tests also plant `early_ack` (each batch acknowledged as soon as it is read) and `unstored_drain` (a drain
+that ends the run without the checkpoint of the batch it finished)."""
 
 from __future__ import annotations
 
@@ -60,12 +61,20 @@ class LiveCdcSimulation(CdcSimulation):
     fault_scale = 1 / 3  # three fault points a batch and many batches a run: at the base's rates few runs end
 
     def __init__(
-        self, seed: int, source_url: str, home: Any, unsafe: bool = False, ddl: bool = True, early_ack: bool = False
+        self,
+        seed: int,
+        source_url: str,
+        home: Any,
+        unsafe: bool = False,
+        ddl: bool = True,
+        early_ack: bool = False,
+        unstored_drain: bool = False,
     ) -> None:
         super().__init__(seed, source_url, home, unsafe=False, history=False, ddl=ddl)
         self.unsafe_live = unsafe  # the planted bug: the live loop checkpoints before its load (the copy does not)
         self.mode = f"cdc live, {self.deletes} deletes"
         self.early_ack = early_ack  # the planted bug: acknowledge each batch as it is read, before its checkpoint
+        self.unstored_drain = unstored_drain  # the planted bug: a drain ends the run before the batch's checkpoint
         self.store = LiveStore(self.rng, 0.05, self._check_checkpoint, self._check_resume)
         self.xids: list[tuple[int, int]] = []  # changes of published tables: (xid, WAL position after its commit)
         self.seen: dict[int, int] = {}  # xid -> its commit's end, from every batch any session read
@@ -80,7 +89,8 @@ class LiveCdcSimulation(CdcSimulation):
     @property
     def replay(self) -> str:
         command = replay_command(self.seed, self.rounds, self.unsafe_live, kind="cdcl")
-        return command + (" (with early_ack=True, a test's planted bug)" if self.early_ack else "")
+        planted = [name for name in ("early_ack", "unstored_drain") if getattr(self, name)]
+        return command + (f" (with {', '.join(planted)}: a test's planted bug)" if planted else "")
 
     def _write_catalog(self) -> None:
         super()._write_catalog()
@@ -124,6 +134,14 @@ class LiveCdcSimulation(CdcSimulation):
         faults.rate *= self.fault_scale
         sync = super()._sync(faults)
         sync.stop = lambda: self.draining
+        if self.unstored_drain:
+            commit = sync._commit
+
+            def drained_commit(lsn: int, names: list[str] | None = None) -> None:
+                if not (self.draining and self._read_end):
+                    commit(lsn, names)
+
+            sync._commit = drained_commit  # type: ignore[method-assign]
         real = sync.run
 
         def run(partition: str | None = None) -> CdcOutcome:
@@ -190,14 +208,14 @@ class LiveCdcSimulation(CdcSimulation):
 
             real_stale = sync_module.recopy_stale
 
-            def recopy_stale(sync: CdcSync, *args: Any) -> None:
-                real_stale(sync, *args)
+            def recopy_stale(sync: CdcSync, url: str, published: tuple[tuple[str, str], ...]) -> None:
+                real_stale(sync, url, published)
                 simulation._check_behind(sync)
 
             sync_module.recopy_stale = recopy_stale
             live_module.LiveReader = SimLiveReader  # type: ignore[misc]
             batches_module.read_changes = read_changes
-            copy_module.table_slices = table_slices  # type: ignore[assignment]
+            copy_module.table_slices = table_slices
             live_module.checkpoint_first = lambda: self.unsafe_live
             try:
                 yield
