@@ -125,7 +125,9 @@ def test_cdc_checkpoint_before_the_load_is_caught(sim_url: str, tmp_path: Path) 
 # 1001 (4 rounds) with the acknowledgement moved before the checkpoint is caught in its first crashes.
 CDC_LIVE_SEED, CDC_LIVE_ROUNDS = 1002, 3
 ACK_SEED, ACK_ROUNDS = 1001, 4
-CDC_LIVE_SLOW_SEEDS = [1003, 1004, 1006, 1007, 1008]
+# 1012: a run re-reading after a crash stores a checkpoint behind what the crashed run loaded (its drain cut the
+# batch shorter): the target is then the source as of the furthest load, which the checkpoint check allows.
+CDC_LIVE_SLOW_SEEDS = [1003, 1004, 1006, 1007, 1008, 1012]
 
 
 def test_cdc_live_seed_keeps_every_invariant(sim_url: str, tmp_path: Path) -> None:
