@@ -34,7 +34,7 @@ lint: install
 	$(BIN)/ruff check ingestion_assets ingestion_assets_tests bench
 	$(BIN)/mypy
 
-# `make simulate SEED=1002` replays one seed exactly (KIND=table|api|cdc|cdch|files|all; cdch: CDC history partitions, files: a files stream); `make simulate RUNS=200` runs many more.
+# `make simulate SEED=1002` replays one seed exactly (KIND=table|api|cdc|cdch|cdcl|files|all; cdch: CDC history partitions, cdcl: CDC live runs, files: a files stream); `make simulate RUNS=200` runs many more.
 SEED ?=
 RUNS ?= 20
 START ?= 1000

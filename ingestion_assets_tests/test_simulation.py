@@ -11,6 +11,7 @@ import pytest
 from ingestion_assets.settings import Settings
 from ingestion_assets_tests.simulation.api import ApiSimulation
 from ingestion_assets_tests.simulation.cdc import CdcSimulation
+from ingestion_assets_tests.simulation.cdc_live import LiveCdcSimulation
 from ingestion_assets_tests.simulation.files import FilesSimulation
 from ingestion_assets_tests.simulation.harness import Simulation, SimulationFailure
 
@@ -116,6 +117,61 @@ def test_a_cdc_seed_replays_identically(sim_url: str, tmp_path: Path) -> None:
 def test_cdc_checkpoint_before_the_load_is_caught(sim_url: str, tmp_path: Path) -> None:
     with pytest.raises(SimulationFailure, match="is not the source as of then"):
         CdcSimulation(1000, sim_url, tmp_path, unsafe=True, ddl=False).run()
+
+
+# Live CDC runs (cdc.live_seconds): one session held while the source changes between batches, deaths in the
+# live loop, drains at seeded moments (simulation/cdc_live.py); `make simulate KIND=cdcl` runs it on every seed.
+# 1002 (3 rounds, 2026-12-07: 9 s, 5 crashes, three drains within a batch) adds the column and the stream.
+# 1001 (4 rounds) with the acknowledgement moved before the checkpoint is caught in its first crashes.
+CDC_LIVE_SEED, CDC_LIVE_ROUNDS = 1002, 3
+ACK_SEED, ACK_ROUNDS = 1001, 4
+# 1012: a run re-reading after a crash stores a checkpoint behind what the crashed run loaded (its drain cut the
+# batch shorter): the target is then the source as of the furthest load, which the checkpoint check allows.
+CDC_LIVE_SLOW_SEEDS = [1003, 1004, 1006, 1007, 1008, 1012]
+
+
+def test_cdc_live_seed_keeps_every_invariant(sim_url: str, tmp_path: Path) -> None:
+    events = LiveCdcSimulation(CDC_LIVE_SEED, sim_url, tmp_path).run(rounds=CDC_LIVE_ROUNDS)
+    assert any(e.startswith("crash") for e in events), "the seed injected no crash: it proves nothing"
+    assert any(e.startswith("drain: after") and not e.startswith("drain: after 0 ") for e in events), events
+    assert "ddl: column added" in events and "ddl: stream added" in events
+
+
+def test_cdc_live_checkpoint_before_the_load_is_caught(sim_url: str, tmp_path: Path) -> None:
+    """The live loop (only it) stores each batch's checkpoint before loading it."""
+    with pytest.raises(SimulationFailure, match="is not the source as of then") as failure:
+        LiveCdcSimulation(1000, sim_url, tmp_path, unsafe=True, ddl=False).run(rounds=2)
+    assert "make simulate SEED=1000 ROUNDS=2 KIND=cdcl UNSAFE=1" in str(failure.value)
+
+
+def test_cdc_live_acknowledgement_before_the_checkpoint_is_caught(sim_url: str, tmp_path: Path) -> None:
+    """Each batch acknowledged as soon as it is read: a death before its checkpoint leaves the slot past it."""
+    with pytest.raises(SimulationFailure, match="past the stored checkpoint"):
+        LiveCdcSimulation(ACK_SEED, sim_url, tmp_path, early_ack=True, ddl=False).run(rounds=ACK_ROUNDS)
+
+
+def test_cdc_live_drain_that_skips_the_checkpoint_is_caught(sim_url: str, tmp_path: Path) -> None:
+    """A drain that ends the run once the batch in flight is loaded but before its checkpoint is stored."""
+    with pytest.raises(SimulationFailure, match="the drained run read up to"):
+        LiveCdcSimulation(CDC_LIVE_SEED, sim_url, tmp_path, unstored_drain=True, ddl=False).run(rounds=2)
+
+
+@pytest.mark.slow  # a few minutes: more seeds, six rounds each
+@pytest.mark.parametrize("seed", CDC_LIVE_SLOW_SEEDS)
+def test_more_cdc_live_seeds_keep_every_invariant(seed: int, sim_url: str, tmp_path: Path) -> None:
+    events = LiveCdcSimulation(seed, sim_url, tmp_path).run()
+    assert any(e.startswith("crash") for e in events) and any(e.startswith("live batch") for e in events)
+
+
+@pytest.mark.slow  # two runs of one seed
+def test_a_cdc_live_seed_replays_identically(sim_url: str, tmp_path: Path) -> None:
+    """Batches end on data and drains on draws, not on the machine's speed. The one drift left is the CDC
+    simulation's: a copy's catch-up reads up to the server's WAL position of the moment, which background WAL
+    moves (an extra empty batch draws a fault). 2026-12-07: same events for 1001, 1002, 1005 on a quiet server;
+    different once (from the first run's copy on) while another simulation loaded the machine."""
+    first = LiveCdcSimulation(CDC_LIVE_SEED, sim_url, tmp_path, ddl=False).run(rounds=3)
+    second = LiveCdcSimulation(CDC_LIVE_SEED, sim_url, tmp_path, ddl=False).run(rounds=3)
+    assert first == second and any(e.startswith("live batch") for e in first)
 
 
 # Files: a keyed seed and a keyless one, three rounds each (a dlt load per slice costs seconds on a busy machine;

@@ -13,10 +13,11 @@ from pathlib import Path
 from ingestion_assets.stack.embedded import EmbeddedPostgres
 from ingestion_assets_tests.simulation.api import ApiSimulation
 from ingestion_assets_tests.simulation.cdc import CdcSimulation
+from ingestion_assets_tests.simulation.cdc_live import LiveCdcSimulation
 from ingestion_assets_tests.simulation.files import FilesSimulation
 from ingestion_assets_tests.simulation.harness import Simulation, SimulationFailure
 
-KINDS = ("table", "api", "cdc", "cdch", "files")  # cdch: cdc with history partitions; files: a files stream
+KINDS = ("table", "api", "cdc", "cdch", "cdcl", "files")  # cdch: history partitions; cdcl: live runs; files
 
 
 def main() -> int:
@@ -42,6 +43,8 @@ def main() -> int:
                 simulation = Simulation(seed, url, root, unsafe=args.unsafe)
             elif kind == "api":
                 simulation = ApiSimulation(seed, root, unsafe=args.unsafe)
+            elif kind == "cdcl":
+                simulation = LiveCdcSimulation(seed, url, root, unsafe=args.unsafe)
             elif kind == "files":
                 simulation = FilesSimulation(seed, root, unsafe=args.unsafe)
             else:

@@ -152,25 +152,29 @@ class CdcSimulation:
             roll = rng.random()
             if self.rows and roll < 0.4:
                 key, value = rng.choice(sorted(self.rows)), rng.randint(0, 10**6)
-                self._sql(f"UPDATE {table} SET value = %s WHERE id = %s", (value, key))
+                self._change(f"UPDATE {table} SET value = %s WHERE id = %s", (value, key))
                 self.rows[key] = value
             elif self.rows and roll < 0.55:
                 key = rng.choice(sorted(self.rows))
-                self._sql(f"DELETE FROM {table} WHERE id = %s", (key,))
+                self._change(f"DELETE FROM {table} WHERE id = %s", (key,))
                 del self.rows[key]
             elif self.rows and roll < 0.6:  # a primary-key change: a delete of the old key, an insert of the new
                 key, new = rng.choice(sorted(self.rows)), self.next_id
                 self.next_id += 1
-                self._sql(f"UPDATE {table} SET id = %s WHERE id = %s", (new, key))
+                self._change(f"UPDATE {table} SET id = %s WHERE id = %s", (new, key))
                 self.rows[new] = self.rows.pop(key)
             else:
                 key, value = self.next_id, rng.randint(0, 10**6)
                 self.next_id += 1
-                self._sql(f"INSERT INTO {table} (id, value) VALUES (%s, %s)", (key, value))
+                self._change(f"INSERT INTO {table} (id, value) VALUES (%s, %s)", (key, value))
                 self.rows[key] = value
             with self._conn.cursor() as cur:
                 cur.execute("SELECT pg_current_wal_insert_lsn()::text")
                 self.history.append((parse_lsn(cur.fetchone()[0]), dict(self.rows)))
+
+    def _change(self, statement: str, params: tuple[Any, ...]) -> None:
+        """One change of items in a transaction of its own (the live simulation also notes its xid)."""
+        self._sql(statement, params)
 
     def _source_ddl(self, round_: int) -> None:
         """A column added with a default (its existing rows get it without a row change in the log), and a
