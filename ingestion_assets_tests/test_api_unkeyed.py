@@ -8,13 +8,24 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+import dlt
 import pytest
 import yaml
+from dlt.pipeline.exceptions import PipelineStepFailed
 
 from ingestion_assets.catalog import load_catalog
+from ingestion_assets.sources.rest import (
+    BucketRegistry,
+    EndpointSpec,
+    NoAuth,
+    PaginationSpec,
+    RestClient,
+    rest_endpoint,
+)
 from ingestion_assets.state.summary import size_pools
 from ingestion_assets_tests.helpers import StreamHarness
 
@@ -151,3 +162,16 @@ def test_a_full_read_parks_a_record_without_its_key(harness: StreamHarness, api:
     harness.materialize()
     assert _items(harness) == [(1, "a"), (2, "b")]
     assert [raw["name"] for _, _, raw in _parked(harness)] == ["nokey"]
+
+
+def test_standalone_use_stops_on_a_record_without_its_key_naming_it(api: ItemsApi, tmp_path: Path) -> None:
+    """`rest_endpoint` (dlt without Dagster) has no dead-letter table: it must not merge a null key, it stops,
+    naming the field and the value."""
+    api.records = [{"id": 1, "updated_at": _stamp(1)}, {"id": None, "updated_at": _stamp(2)}]
+    endpoint = EndpointSpec("/v1/items", page_size=2, pagination=PaginationSpec(style="page"))
+    pipeline = dlt.pipeline(
+        "unkeyed", destination=dlt.destinations.duckdb(str(tmp_path / "w.duckdb")), pipelines_dir=str(tmp_path / "p")
+    )
+    with RestClient(api.url, NoAuth(), buckets=BucketRegistry()) as rest, pytest.raises(PipelineStepFailed) as raised:
+        pipeline.run(rest_endpoint(rest, endpoint))
+    assert "GET /v1/items: primary key 'id' is null; check the EndpointSpec's primary_key" in str(raised.value)

@@ -39,7 +39,7 @@ from ingestion_assets.sources.rest import (
     RetryPolicy,
     read_pages,
 )
-from ingestion_assets.sources.rest.incremental import usable
+from ingestion_assets.sources.rest.incremental import unusable_field
 from ingestion_assets.sources.rest.read_ahead import BackgroundLoads, ReadAhead, favour_the_reader
 from ingestion_assets.sources.slices import Slice
 from ingestion_assets.streams.postgres_table import RunOptions, Target
@@ -255,23 +255,11 @@ class RestApiStream:
 
     def _unusable_key_or_cursor(self, record: dict[str, Any]) -> str | None:
         """Why a record cannot be merged (its key) or ordered (its cursor), naming the stream, field and value."""
-        fields = [("primary key", name) for name in self.spec.primary_key]
-        fields += [("cursor", self.spec.cursor)] if self.spec.cursor else []
-        for role, name in fields:
-            if usable(value := record.get(name)):
-                continue
-            if name not in record:
-                found = f"missing (the record's fields: {sorted(record)[:20]})"
-            elif value is None:
-                found = "null"
-            else:
-                found = f"{_describe_value(value)}, not a string or number"
-            setting = "primary_key" if role == "primary key" else "cursor"
-            return (
-                f"stream {self.qualified_name}: {role} {name!r} is {found}; if every record is like this, check the "
-                f"stream's {setting} in the catalog"
-            )
-        return None
+        if (unusable := unusable_field(record, self.spec.primary_key, self.spec.cursor)) is None:
+            return None
+        setting, why = unusable
+        advice = f"if every record is like this, check the stream's {setting} in the catalog"
+        return f"stream {self.qualified_name}: {why}; {advice}"
 
     def _dead_letter(self, record: Any, problem: str, options: RunOptions, now: dt.datetime) -> dict[str, Any]:
         keys = [record.get(k) for k in self.spec.primary_key] if isinstance(record, dict) else []
@@ -286,13 +274,6 @@ class RestApiStream:
             "raw_record": json_text(record),
             "dead_lettered_at": now,
         }
-
-
-def _describe_value(value: Any) -> str:
-    """A JSON value for an error: its kind and (cut) text."""
-    kind = {dict: "an object", list: "a list", bool: "a boolean", str: "empty text"}.get(type(value), "a value")
-    text = json_text(value)
-    return f"{kind} {text[:60]}{'...' if len(text) > 60 else ''}"
 
 
 def _nul_fields(value: Any, path: str = "") -> list[str]:

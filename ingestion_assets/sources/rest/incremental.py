@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -107,6 +107,31 @@ def positioned(endpoint: EndpointSpec, record: dict[str, Any]) -> bool:
     """Whether the record can stand for a position: its cursor and every key field usable."""
     needed = (*endpoint.primary_key, *((endpoint.cursor_field,) if endpoint.cursor_field else ()))
     return all(usable(record.get(name)) for name in needed)
+
+
+def unusable_field(record: dict[str, Any], primary_key: Sequence[str], cursor: str | None) -> tuple[str, str] | None:
+    """The first key or cursor field a record cannot be merged or ordered by: ("primary_key" or "cursor", why,
+    naming the field and its value), or None."""
+    fields = [("primary_key", name) for name in primary_key]
+    fields += [("cursor", cursor)] if cursor else []
+    for setting, name in fields:
+        if usable(value := record.get(name)):
+            continue
+        if name not in record:
+            found = f"missing (the record's fields: {sorted(record)[:20]})"
+        elif value is None:
+            found = "null"
+        else:
+            found = f"{_describe_value(value)}, not a string or number"
+        return setting, f"{'primary key' if setting == 'primary_key' else 'cursor'} {name!r} is {found}"
+    return None
+
+
+def _describe_value(value: Any) -> str:
+    """A JSON value for an error: its kind and (cut) text."""
+    kind = {dict: "an object", list: "a list", bool: "a boolean", str: "empty text"}.get(type(value), "a value")
+    text = json_text(value)
+    return f"{kind} {text[:60]}{'...' if len(text) > 60 else ''}"
 
 
 def describe_body(body: Any, limit: int = 20) -> str:
