@@ -156,7 +156,8 @@ def run_slices(
         result.nulled += outcome.nulled
         result.slice_seconds.append(time.monotonic() - slice_began)
         if log is not None:
-            log.info("slice %d: %d rows committed, checkpoint %s", piece.index, piece.rows, piece.position)
+            parked = f"; {outcome.dead_letters} parked in _ingest_dead_letter" if outcome.dead_letters else ""
+            log.info("slice %d: %d rows committed, checkpoint %s%s", piece.index, piece.rows, piece.position, parked)
         if after_commit is not None:
             after_commit(result)
         if stop is not None and stop():

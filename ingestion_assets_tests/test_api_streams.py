@@ -168,3 +168,25 @@ def test_a_record_with_a_lone_surrogate_is_parked_not_fatal(
     assert "invalid text: the value of 'name' holds the escape \\ud800" in found["2"][0]
     assert "invalid text: the key 'o.k\\udc00' holds the escape \\udc00" in found["3"][0]
     assert found["2"][1]["name"] == "b\\ud800c"  # as the escape's text: no target's JSON holds half a pair
+
+
+def test_a_literal_client_id_authenticates_and_a_literal_secret_is_refused(harness: StreamHarness, api: DemoApi) -> None:
+    """The OAuth client id is no secret (errors name it): the catalog may hold it as it is. The secret stays a
+    reference: a literal one is refused when the catalog loads, naming the key and not echoing the value."""
+    import yaml
+
+    from ingestion_assets.catalog import CatalogError, load_catalog
+
+    _catalog(harness, api)
+    assert harness.catalog_path is not None
+    catalog = yaml.safe_load(harness.catalog_path.read_text())
+    auth = catalog["sources"][harness.source_name]["auth"]
+    auth["client_id"] = api.config.client_id
+    harness.catalog_path.write_text(yaml.safe_dump(catalog))
+    harness.materialize()
+    _assert_target_equals_server(harness, api)
+    auth["client_secret"] = api.config.client_secret
+    harness.catalog_path.write_text(yaml.safe_dump(catalog))
+    with pytest.raises(CatalogError) as raised:
+        load_catalog(harness.catalog_path)
+    assert "client_secret" in str(raised.value) and api.config.client_secret not in str(raised.value)

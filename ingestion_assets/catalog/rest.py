@@ -10,13 +10,16 @@ from ingestion_assets.catalog.base import DeadLetters, Freshness, Reference, Ret
 
 
 class RestAuth(_Model):
-    """Credentials by reference. `oauth2_refresh_token` writes a rotated refresh token back to its file."""
+    """Credentials by reference (the OAuth client id, no secret, may be a literal). `oauth2_refresh_token`
+    writes a rotated refresh token back to its file."""
 
     type: Literal["none", "api_key", "bearer", "oauth2_client_credentials", "oauth2_refresh_token"] = "none"
     token: Reference | None = Field(None, description="api_key / bearer: the key or token")
     header: str = Field("X-API-Key", description="api_key: the header that carries it")
     token_url: str | None = Field(None, description="oauth2: token endpoint, absolute or relative to base_url")
-    client_id: Reference | None = None
+    client_id: str | Reference | None = Field(
+        None, description="oauth2: the client id, a literal (it is no secret: errors name it) or a reference"
+    )
     client_secret: Reference | None = None
     refresh_token: Reference | None = Field(None, description="oauth2_refresh_token: a `file` reference")
     scope: str | None = None

@@ -39,6 +39,7 @@ from ingestion_assets.sources.rest import (
     RetryPolicy,
     read_pages,
 )
+from ingestion_assets.sources.rest.incremental import unusable_field
 from ingestion_assets.sources.rest.read_ahead import BackgroundLoads, ReadAhead, favour_the_reader
 from ingestion_assets.sources.slices import Slice
 from ingestion_assets.streams.postgres_table import RunOptions, Target
@@ -238,9 +239,8 @@ class RestApiStream:
     def _problem(self, record: Any) -> str | None:
         if not isinstance(record, dict):
             return f"record is a JSON {type(record).__name__}, not an object"
-        missing = [k for k in self.spec.primary_key if record.get(k) in (None, "")]
-        if missing:
-            return f"primary key field(s) {missing} missing or null"
+        if (unusable := self._unusable_key_or_cursor(record)) is not None:
+            return unusable
         text = json_text(record)
         if len(text) > self.spec.dead_letters.max_value_bytes:
             return f"record of {len(text):,} bytes is over the size limit of {self.spec.dead_letters.max_value_bytes:,}"
@@ -252,6 +252,14 @@ class RestApiStream:
         if SURROGATE_ESCAPE.search(text) and (lone := lone_surrogate(record)) is not None:
             return surrogate_problem(lone)  # Arrow cannot encode it: the whole load failed
         return None
+
+    def _unusable_key_or_cursor(self, record: dict[str, Any]) -> str | None:
+        """Why a record cannot be merged (its key) or ordered (its cursor), naming the stream, field and value."""
+        if (unusable := unusable_field(record, self.spec.primary_key, self.spec.cursor)) is None:
+            return None
+        setting, why = unusable
+        advice = f"if every record is like this, check the stream's {setting} in the catalog"
+        return f"stream {self.qualified_name}: {why}; {advice}"
 
     def _dead_letter(self, record: Any, problem: str, options: RunOptions, now: dt.datetime) -> dict[str, Any]:
         keys = [record.get(k) for k in self.spec.primary_key] if isinstance(record, dict) else []

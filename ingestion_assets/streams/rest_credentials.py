@@ -40,7 +40,9 @@ def build_auth(auth: RestAuth, base_url: str, settings: Settings, where: str, tl
         return BearerAuth(_required(secret("token")))
     assert auth.token_url is not None and auth.client_id is not None
     token_url = auth.token_url if "://" in auth.token_url else base_url.rstrip("/") + "/" + auth.token_url.lstrip("/")
-    client_id = resolve(auth.client_id, settings, f"{where}.client_id")
+    client_id = auth.client_id
+    if not isinstance(client_id, str):
+        client_id = resolve(client_id, settings, f"{where}.client_id")
     options: dict[str, Any] = {"scope": auth.scope, "client_auth": auth.token_endpoint_auth_method}
     if tls is not None:
         context = http_ssl_context(tls, f"{where}.token_url")

@@ -15,6 +15,7 @@ from ingestion_assets.loading.metadata_columns import DELETED_AT
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.loading.target_keys import Key, TargetKeys, key_text, last_listing, record_listing
 from ingestion_assets.sources.rest import EndpointSpec, RestClient, read_pages
+from ingestion_assets.sources.rest.incremental import usable
 
 logger = logging.getLogger(__name__)
 SAMPLE = 10
@@ -110,7 +111,8 @@ def retire_unlisted(
         served |= {
             tuple(r[k] for k in endpoint.primary_key)
             for r in page.records
-            if deletes.marker is None or not is_deletion(r, deletes.marker)
+            if all(usable(r.get(k)) for k in endpoint.primary_key)  # a keyless record names no target key
+            and (deletes.marker is None or not is_deletion(r, deletes.marker))
         }
     keys = TargetKeys(loader)
     live = keys.live()

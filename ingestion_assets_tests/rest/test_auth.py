@@ -130,6 +130,7 @@ def test_a_wrong_client_secret_fails_at_once_naming_the_client(api: DemoApi, buc
     message = str(raised.value)
     assert "'demo-client'" in message and "env var DEMO_CLIENT_SECRET" in message and "invalid_client" in message
     assert "wrong-secret-value" not in message
+    assert message.count(f"{api.url}/oauth/token") == 1  # the token URL once (it was repeated)
     assert len(token_requests(api)) == 1 and resource_requests(api) == []
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ingestion_assets.sources.json_numbers import json_text
+from ingestion_assets.sources.json_numbers import is_number, json_text
 from ingestion_assets.sources.rest.client import RestClient
 from ingestion_assets.sources.rest.errors import BadPayload
 from ingestion_assets.sources.rest.paginators import PaginationSpec, Paginator, json_path
@@ -24,8 +24,8 @@ REREAD_FROM = "_reread_from"
 class EndpointSpec:
     """One readable endpoint. Define a custom stream the same way: path, where the records are, their key.
 
-    With a `cursor_field` the read is incremental: records must come sorted by (cursor, primary key)
-    ascending and the API must filter them with `cursor_param` >= a value (inclusive). Without one
+    With a `cursor_field` (the catalog's `cursor`) the read is incremental: records must come sorted by
+    (cursor, primary key) ascending and the API must filter them with `cursor_param` >= a value (inclusive). Without one
     every read is a full read, resumable from its page token.
     """
 
@@ -88,22 +88,50 @@ def window_params(endpoint: EndpointSpec, start: Position | None) -> dict[str, s
 
 
 def page_records(body: Any, endpoint: EndpointSpec) -> list[dict[str, Any]]:
-    """The page's records, checked to carry the fields the read relies on."""
-    where = f"GET {endpoint.path}"
+    """The page's records. A record whose key or cursor is missing or unusable stays in the list: the stream
+    parks it with its reason (`positioned` keeps it out of the position) and the rest of the page loads."""
     records = json_path(body, endpoint.records_path)
     if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
         raise BadPayload(
-            f"{where}: no list of objects at records_path {endpoint.records_path!r}; {describe_body(body)}"
+            f"GET {endpoint.path}: no list of objects at records_path {endpoint.records_path!r}; {describe_body(body)}"
         )
-    needed = (*endpoint.primary_key, *((endpoint.cursor_field,) if endpoint.cursor_field else ()))
-    for record in records:
-        missing = [name for name in needed if record.get(name) is None]
-        if missing:
-            raise BadPayload(
-                f"{where}: a record has no value for {missing} (it has {sorted(record)[:20]}); "
-                "check the endpoint's primary_key and cursor_field"
-            )
     return records
+
+
+def usable(value: Any) -> bool:
+    """A key or cursor value a position and a merge can hold: a JSON string (not empty) or number."""
+    return (isinstance(value, str) and value != "") or is_number(value)
+
+
+def positioned(endpoint: EndpointSpec, record: dict[str, Any]) -> bool:
+    """Whether the record can stand for a position: its cursor and every key field usable."""
+    needed = (*endpoint.primary_key, *((endpoint.cursor_field,) if endpoint.cursor_field else ()))
+    return all(usable(record.get(name)) for name in needed)
+
+
+def unusable_field(record: dict[str, Any], primary_key: Sequence[str], cursor: str | None) -> tuple[str, str] | None:
+    """The first key or cursor field a record cannot be merged or ordered by: ("primary_key" or "cursor", why,
+    naming the field and its value), or None."""
+    fields = [("primary_key", name) for name in primary_key]
+    fields += [("cursor", cursor)] if cursor else []
+    for setting, name in fields:
+        if usable(value := record.get(name)):
+            continue
+        if name not in record:
+            found = f"missing (the record's fields: {sorted(record)[:20]})"
+        elif value is None:
+            found = "null"
+        else:
+            found = f"{_describe_value(value)}, not a string or number"
+        return setting, f"{'primary key' if setting == 'primary_key' else 'cursor'} {name!r} is {found}"
+    return None
+
+
+def _describe_value(value: Any) -> str:
+    """A JSON value for an error: its kind and (cut) text."""
+    kind = {dict: "an object", list: "a list", bool: "a boolean", str: "empty text"}.get(type(value), "a value")
+    text = json_text(value)
+    return f"{kind} {text[:60]}{'...' if len(text) > 60 else ''}"
 
 
 def describe_body(body: Any, limit: int = 20) -> str:
@@ -132,9 +160,9 @@ def next_position(
     (for a timestamp cursor) where the next read starts if this read began after the cursor."""
     if endpoint.cursor_field is None:
         return {PAGE_TOKEN: paginator.token} if paginator.has_more else {}
-    if not records:
+    last = next((r for r in reversed(records) if positioned(endpoint, r)), None)
+    if last is None:  # no record of the page can stand for a position (they are parked): it stays
         return before
-    last = records[-1]
     after: Position = {name: exact_text(last[name]) for name in (endpoint.cursor_field, *endpoint.primary_key)}
     stamp, earlier = _moment(after[endpoint.cursor_field]), _moment(before.get(endpoint.cursor_field))
     if stamp is None:
@@ -168,7 +196,7 @@ def _timestamp(text: str, endpoint: EndpointSpec) -> datetime:
         moment = datetime.fromisoformat(text)
     except ValueError as exc:
         raise ValueError(
-            f"{endpoint.path}: overlap_seconds needs an ISO 8601 cursor, and {endpoint.cursor_field} is {text!r}"
+            f"{endpoint.path}: overlap_seconds needs an ISO 8601 cursor, and cursor {endpoint.cursor_field} is {text!r}"
         ) from exc
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 

@@ -90,8 +90,12 @@ class _OAuth2:
         return True
 
     def describe(self) -> str:
-        secret = f", secret from {self._secret.source}" if self._secret else ""
-        return f"OAuth 2 client {self.client_id!r} at {self.token_url}{secret}"
+        return f"{self._who()} at {self.token_url}"
+
+    def _who(self) -> str:
+        """The client and where its credentials come from, for messages that name the token URL already."""
+        secret = f" (secret from {self._secret.source})" if self._secret else ""
+        return f"OAuth 2 client {self.client_id!r}{secret}"
 
     def _grant(self) -> dict[str, str]:
         raise NotImplementedError
@@ -161,7 +165,7 @@ class _OAuth2:
             )
         if "invalid_client" in detail or response.status_code == 401:
             return AuthError(
-                f"token endpoint {self.token_url} rejected {self.describe()} ({detail}), authenticated by "
+                f"token endpoint {self.token_url} rejected {self._who()} ({detail}), authenticated by "
                 f"{self.client_auth} ({CLIENT_AUTH_METHODS[self.client_auth]}): check the client id"
                 f"{' and that the secret is the current one' if self._secret is not None else ''}; if they are "
                 f"right, the endpoint may expect another method: set {CLIENT_AUTH_SETTING} to {self._other_methods()}",
@@ -169,7 +173,7 @@ class _OAuth2:
             )
         if "invalid_scope" in detail:
             return AuthError(f"token endpoint {self.token_url}: scope {self.scope!r} not allowed ({detail})")
-        return AuthError(f"token endpoint {self.token_url} refused {self.describe()}: {detail}", response.status_code)
+        return AuthError(f"token endpoint {self.token_url} refused {self._who()}: {detail}", response.status_code)
 
 
 class OAuth2ClientCredentials(_OAuth2):
@@ -196,8 +200,8 @@ class OAuth2RefreshToken(_OAuth2):
         super().__init__(token_url, client_id, client_secret, **options)
         self.refresh_token = refresh_token
 
-    def describe(self) -> str:
-        return f"{super().describe()}, refresh token in {self.refresh_token}"
+    def _who(self) -> str:
+        return f"{super()._who()}, refresh token in {self.refresh_token}"
 
     def _renew(self) -> None:
         """Read, spend and write back the refresh token under the store's lock: another process using the
