@@ -720,3 +720,29 @@ def test_a_transaction_that_alters_a_table_between_its_changes_is_applied(cdc: S
     _drain(harness)
     _assert_exact(harness, "tadd")
     _assert_exact(harness, "other")
+
+
+@pytest.mark.parametrize("column", ["note", "id"])
+def test_a_column_renamed_and_renamed_back_between_runs_copies_the_stream_again(
+    cdc: StreamHarness, column: str
+) -> None:
+    """Changes the log wrote while a column had another name carry no value under its name: applied, they loaded
+    NULL there (the key: a NOT NULL failure that blocked every stream of the source). The stream is copied again
+    instead, and the source's other streams go on (found by a README-only attack)."""
+    harness = cdc
+    harness.source.execute(ORDERS + CUSTOMERS)
+    _catalog(harness, {"orders": {}, "customers": {}})
+    harness.materialize()
+    key, note = ("renamed", "note") if column == "id" else ("id", "renamed")  # the names while renamed
+    harness.source.execute(
+        f"ALTER TABLE orders RENAME COLUMN {column} TO renamed;"
+        f"UPDATE orders SET {note} = 'while renamed', status = 'x' WHERE {key} BETWEEN 200 AND 204;"
+        f"INSERT INTO orders ({key}, status, {note}) VALUES (5000, 'new', 'inserted while renamed');"
+        f"DELETE FROM orders WHERE {key} = 7;"
+        f"ALTER TABLE orders RENAME COLUMN renamed TO {column};"
+        "UPDATE customers SET name = 'changed' WHERE id <= 10"
+    )
+    assert harness.materialize().success
+    _assert_exact(harness, "customers")  # the other stream goes on
+    _drain(harness)
+    _assert_exact(harness, "orders")

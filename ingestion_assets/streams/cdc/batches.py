@@ -6,17 +6,26 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from ingestion_assets.sources.postgres.cdc import ChangeBatch, acknowledge, format_lsn, read_changes, slot_health
+from ingestion_assets.sources.postgres.cdc import (
+    ChangeBatch,
+    RowChange,
+    acknowledge,
+    format_lsn,
+    read_changes,
+    slot_health,
+)
 from ingestion_assets.sources.postgres.cdc.chunks import wal_insert_position
 from ingestion_assets.streams.cdc.apply import load_changes
 from ingestion_assets.streams.cdc.history import Fences
 from ingestion_assets.streams.cdc.outcome import CdcError, CdcOutcome, LogBehind
+from ingestion_assets.streams.cdc.paused import RECOPY
 from ingestion_assets.streams.cdc.preflight import slot_ready
 from ingestion_assets.streams.cdc.rows import SourceRows, TableChanges
 from ingestion_assets.streams.postgres_table import PostgresTableStream
 from ingestion_assets.sync import Faults, checkpoint_first
 
 if TYPE_CHECKING:
+    from ingestion_assets.streams.cdc.schema import StreamParts
     from ingestion_assets.streams.cdc.sync import CdcSync
 
 BEHIND_BYTES = 16 * 2**20  # WAL to decode before a copy's next range that is worth telling the operator
@@ -137,6 +146,8 @@ def _gather(
                     f"reset {stream.qualified_name}`; nothing after it was applied"
                 )
             parts = sync._parts(stream)
+            if stream.name not in sync._state.copies and _logged_without_columns(sync, stream, parts, change):
+                continue
             changes = pending.get(stream.name)
             if changes is None:
                 key = tuple(stream.spec.primary_key)
@@ -144,6 +155,29 @@ def _gather(
                 changes = TableChanges(parts.shape, key, soft=stream.spec.deletes == "soft", generated=generated)
                 pending[stream.name] = changes
             changes.add(change, source_rows.lookup(stream, parts.shape))
+
+
+def _logged_without_columns(sync: CdcSync, stream: PostgresTableStream, parts: StreamParts, change: RowChange) -> bool:
+    """A change the log wrote without a column the table has now (renamed and renamed back, or dropped and added
+    again, since): its row cannot say that column's value, and applying it would load NULL there. The stream is
+    copied again instead, from the next run on (stored now: a crash before the run's checkpoint keeps it), and
+    takes nothing more of the log in this run."""
+    generated = parts.generated_columns(stream)
+    logged = set(change.table.columns)
+    missing = [c for c in parts.shape.column_names if c not in logged and c not in generated]
+    if not missing:
+        return False
+    position = sync._state.positions.get(stream.name)
+    reason = (
+        f"the log wrote a change at {format_lsn(change.commit_lsn)} without column(s) {', '.join(missing)} (renamed "
+        "and renamed back, or dropped and added again, while the log was written): its rows cannot say those "
+        "values"
+    )
+    if position is not None:
+        sync.store.commit(position, {stream.name: {"snapshot_done": False, RECOPY: reason}})
+    sync._state.recopy(stream.name, reason)
+    sync._say("%s: copying its table again from the next run: %s", stream.qualified_name, reason)
+    return True
 
 
 def _wants(sync: CdcSync, name: str, xid: int, end_lsn: int, fences: Fences | None) -> bool:

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from ingestion_assets.catalog import PostgresSource
 
 PAUSED = "paused"  # the checkpoint detail of a paused stream: the message (it holds no log position)
+RECOPY = "recopy"  # ... of a stream whose next run copies its table again: why (it holds no log position)
 
 
 def pause_message(source_name: str, stream_name: str, publication: str, entry: Unidentified) -> str:

@@ -26,7 +26,7 @@ from ingestion_assets.streams.cdc.history import HISTORY, history_keys
 from ingestion_assets.streams.cdc.live import apply_live
 from ingestion_assets.streams.cdc.names import refuse_unlandable
 from ingestion_assets.streams.cdc.outcome import CdcError, CdcOutcome, LogBehind
-from ingestion_assets.streams.cdc.paused import PAUSED
+from ingestion_assets.streams.cdc.paused import PAUSED, RECOPY
 from ingestion_assets.streams.cdc.preflight import pause_unidentified, preflight
 from ingestion_assets.streams.cdc.recopy import recopy_rewritten, recopy_stale, resync_at_gap, settle_streams
 from ingestion_assets.streams.cdc.schema import FILES, PARTITIONS, SCHEMA, StreamParts
@@ -117,6 +117,9 @@ class CdcSync:
             if checkpoint and checkpoint.get(PAUSED) and name in self._state.positions:
                 self._state.recopy(name, "its table passes its checks again after a pause")
                 self._say("%s.%s: copying its table again: it passes its checks again", self.source_name, name)
+            elif checkpoint and checkpoint.get(RECOPY) and name in self._state.positions:
+                self._state.recopy(name, str(checkpoint[RECOPY]))
+                self._say("%s.%s: copying its table again: %s", self.source_name, name, checkpoint[RECOPY])
         # A missing slot is no check's failure: `resync_at_gap` makes it again (on_wal_gap: resync) or says
         # which streams to re-copy (fail).
         published = preflight(self, url)  # read-only checks, then the publication
