@@ -100,6 +100,7 @@ class SyncResult:
     nulled: int = 0
     details: dict[str, Any] = field(default_factory=dict)  # what the stream keeps in its final checkpoint
     note: str | None = None  # what the run should tell the user (log and metadata)
+    partitions_moved: str | None = None  # a polled table's partitions attached, created, detached or dropped
     figures: dict[str, Any] = field(default_factory=dict)  # the run's own counters for its metadata (HTTP), not kept
 
     @property

@@ -25,6 +25,7 @@ from ingestion_assets.streams.late_commits import PROBES
 from ingestion_assets.streams.postgres_table import PostgresTableStream, RunOptions, Target
 from ingestion_assets.streams.reconcile import RECONCILED_AT, Reconciliation, carried_details, reconcile_run
 from ingestion_assets.streams.schema_step import SchemaStep, added_with_values, apply_to_target, settle_schema
+from ingestion_assets.streams.table_leaves import GONE, LEAVES
 from ingestion_assets.streams.target_binding import TARGET, binding_details, settle_target
 from ingestion_assets.sync import Faults, SyncResult
 
@@ -40,6 +41,7 @@ CARRIED: tuple[str, ...] = (
     "generation", "refresh", "refresh_requested", "complete", "schema", "schema_accepted", TARGET, PROBES, RECONCILED_AT
 )
 CARRIED = (*CARRIED, MEASURED_TO)  # how far the stream's commit-to-target latency was measured
+CARRIED = (*CARRIED, LEAVES)  # the leaf partitions a polled table stream has read (a failed run read no new one)
 
 
 class StateStore(Protocol):
@@ -309,6 +311,7 @@ class PartitionJob:
             assert isinstance(self.stream, RestApiStream)
             outcome.key_listing = self.stream.retire_unlisted(loader)
         if isinstance(self.stream, PostgresTableStream) and schema.plan is not None:
+            full = full or bool(result.details.get(GONE))  # a partition's rows left without a cursor to show it
             check = reconcile_run(self.stream, schema.plan, loader, self.partition, result, self._carried, full)
             outcome.reconciliation = check.figures
             if check.carried:  # when the last full comparison ran: later runs know when the next one is due
