@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import dagster as dg
+import pytest
 
 from ingestion_assets_tests.helpers import StreamHarness
 
@@ -98,3 +99,29 @@ def test_a_dropped_partition_fails_the_check_without_deletes(harness: StreamHarn
     check = _check(result)
     assert not check.passed
     assert check.metadata["in target only (deleted at the source)"].value == 20
+
+
+def test_a_run_failing_while_it_reads_an_attached_partition_reads_it_again(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint records a partition as read only once all its rows are loaded: the retry reads it whole."""
+    harness.source.execute(PARTS)
+    _catalog(harness)
+    harness.materialize()
+    harness.source.execute(
+        """
+        CREATE TABLE parts_ap (LIKE parts INCLUDING ALL);
+        INSERT INTO parts_ap SELECT 500 + g, '2025-06-01'::timestamptz + g * interval '1 second', 'ap', 'attached'
+            FROM generate_series(1, 20) g;
+        ALTER TABLE parts ATTACH PARTITION parts_ap FOR VALUES IN ('ap');
+        """
+    )
+    monkeypatch.setenv("INGEST_FAULT", "after_partition_load:1")  # two slices (14 rows) of it loaded, then a crash
+    assert not harness.materialize(raise_on_error=False).success
+    kept = harness.checkpoint("parts")
+    assert kept is not None and not any("parts_ap" in name for name in kept.details["partitions"])
+    monkeypatch.delenv("INGEST_FAULT")
+    harness.materialize()
+    assert harness.assert_target_equals_source("parts", "parts", "id, region") == 60
+    kept = harness.checkpoint("parts")
+    assert kept is not None and any("parts_ap" in name for name in kept.details["partitions"])

@@ -213,7 +213,8 @@ class PostgresTableStream:
                 options.log.warning(guard.note)
         settled = guard.settled if guard is not None else None
         leaves = self._leaf_changes(options.stored) if self.spec.cursor else None
-        caught_up = self._read_new_leaves(leaves, plan, after, window, load) if leaves is not None else None
+        faults = options.faults or Faults.from_env()
+        caught_up = self._read_new_leaves(leaves, plan, after, window, load, faults) if leaves is not None else None
         if leaves is not None:  # only now that a new leaf's rows are loaded does a checkpoint record it as read
             kept = getattr(sink, "details", None)
             if isinstance(kept, dict):
@@ -226,7 +227,7 @@ class PostgresTableStream:
             load,
             sink,
             started_from=after,
-            faults=options.faults or Faults.from_env(),
+            faults=faults,
             log=options.log,
             stop=options.stop,
             after_commit=lambda result: dead_letter_limit(self.qualified_name, self.spec.dead_letters, result),
@@ -254,6 +255,7 @@ class PostgresTableStream:
         after: dict[str, Any] | None,
         window: Window | None,
         load: Callable[[Slice], SliceOutcome],
+        faults: Faults,
     ) -> SliceOutcome | None:
         """Load every row of the leaves the checkpoint has not read (attached with rows older than the checkpoint's
         cursor, which the keyset read would pass over), merged like any slice. A first read reads them anyway."""
@@ -266,6 +268,7 @@ class PostgresTableStream:
             url, name_of_stream = self.source_url(), self.qualified_name
             for piece in table_slices(url, whole, None, self.spec.slice_rows, name_of_stream, window):
                 done = load(piece)
+                faults.hit("after_partition_load", piece.index)
                 total = SliceOutcome(
                     loaded=total.loaded + done.loaded,
                     dead_letters=total.dead_letters + done.dead_letters,
