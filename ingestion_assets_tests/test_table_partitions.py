@@ -9,6 +9,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from ingestion_assets.cli import main
 from ingestion_assets_tests.helpers import StreamHarness
 
 PARTS = """
@@ -89,7 +90,9 @@ def test_a_detached_partition_is_said_and_its_rows_deleted_when_asked(harness: S
     assert harness.assert_target_equals_source("parts", "parts", "id, region") == 20
 
 
-def test_a_dropped_partition_fails_the_check_without_deletes(harness: StreamHarness) -> None:
+def test_a_dropped_partition_fails_the_check_each_run_until_its_rows_are_deleted(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
     harness.source.execute(PARTS)
     _catalog(harness)
     harness.materialize()
@@ -99,6 +102,21 @@ def test_a_dropped_partition_fails_the_check_without_deletes(harness: StreamHarn
     check = _check(result)
     assert not check.passed
     assert check.metadata["in target only (deleted at the source)"].value == 20
+    # not a one-off: the next run (nothing new to read) compares the whole table again and still fails the check
+    result = harness.materialize()
+    again = _check(result)
+    assert not again.passed and again.metadata["in target only (deleted at the source)"].value == 20
+    assert "--apply-deletes" in _metadata(harness, result)["partitions moved"]
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["reconcile", f"{harness.source_name}.parts", "--apply-deletes"]) == 0
+    assert harness.assert_target_equals_source("parts", "parts", "id, region") == 20
+    result = harness.materialize()
+    assert _check(result).passed and _check(result).metadata["scope"].value == "full"
+    kept = harness.checkpoint("parts")
+    assert kept is not None and "partitions_gone" not in kept.details
+    result = harness.materialize()  # settled: the window is compared again
+    assert _check(result).passed and _check(result).metadata["scope"].value == "window"
 
 
 def test_a_run_failing_while_it_reads_an_attached_partition_reads_it_again(

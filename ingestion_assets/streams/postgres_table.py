@@ -238,7 +238,7 @@ class PostgresTableStream:
         if guard is not None:
             result.details[PROBES], result.note = guard.probes, guard.note
         if leaves is not None:
-            self._settle_leaves(result, leaves, caught_up, options.log)
+            self._settle_leaves(result, leaves, caught_up, options.log, options.stored.get(GONE))
         if result.slices == 0:
             loader.create_if_missing(self._empty(plan))
         return result
@@ -277,16 +277,25 @@ class PostgresTableStream:
         return total
 
     def _settle_leaves(
-        self, result: SyncResult, leaves: LeafChanges, caught_up: SliceOutcome | None, log: Any
+        self, result: SyncResult, leaves: LeafChanges, caught_up: SliceOutcome | None, log: Any, pending: Any
     ) -> None:
-        """Keep the leaves read in the final checkpoint; say what moved in the run's log and metadata."""
+        """Keep the leaves read in the final checkpoint; say what moved in the run's log and metadata. Leaves gone
+        stay pending (each run compares the whole table) until a full comparison finds no row of theirs left."""
         result.details[LEAVES] = leaves.now
         if caught_up is not None:
             result.loaded += caught_up.loaded
             result.dead_letters += caught_up.dead_letters
-        if leaves.gone:
-            result.details[GONE] = leaves.gone
+        earlier = [name for name in pending if name not in leaves.gone] if isinstance(pending, list) else []
+        if leaves.gone or earlier:
+            result.details[GONE] = sorted({*leaves.gone, *earlier})
         note = leaves.note(self.qualified_name, caught_up.loaded if caught_up is not None else 0)
+        if earlier:
+            still = (
+                f"stream {self.qualified_name}: rows of partition(s) {', '.join(earlier)} (detached or dropped "
+                "earlier) may still be in the target: the whole table is compared each run until they are deleted "
+                f"(`ingest reconcile {self.qualified_name} --apply-deletes`, or reconcile.deletes)"
+            )
+            note = f"{note}; {still}" if note else still
         if note is None:
             return
         result.partitions_moved = note
