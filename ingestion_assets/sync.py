@@ -27,6 +27,7 @@ FAULT_POINTS = (
     "before_swap",
     "after_swap",
     "after_snapshot_slice",  # cdc: a slice of the first copy is loaded, the copy is not complete
+    "after_partition_load",  # a polled table: a slice of a partition attached since the last run is loaded
 )
 UNSAFE_ORDER_ENV = "INGEST_UNSAFE_CHECKPOINT_FIRST"  # test-only: the broken protocol the simulation must catch
 
@@ -100,6 +101,7 @@ class SyncResult:
     nulled: int = 0
     details: dict[str, Any] = field(default_factory=dict)  # what the stream keeps in its final checkpoint
     note: str | None = None  # what the run should tell the user (log and metadata)
+    partitions_moved: str | None = None  # a polled table's partitions attached, created, detached or dropped
     figures: dict[str, Any] = field(default_factory=dict)  # the run's own counters for its metadata (HTTP), not kept
 
     @property

@@ -166,6 +166,9 @@ def run_metadata(stream: Stream, outcomes: list[PartitionOutcome]) -> dict[str, 
     notes = [o.result.note for o in outcomes if o.result.note]
     if notes:
         metadata["late commits"] = "; ".join(notes)
+    moved = [o.result.partitions_moved for o in outcomes if o.result.partitions_moved]
+    if moved:
+        metadata["partitions moved"] = "; ".join(moved)
     started_over = [f"{o.partition or stream.name}: {o.started_over}" for o in outcomes if o.started_over]
     if started_over:  # the target did not hold what the checkpoint described: this run read from the start
         metadata["started over"] = "; ".join(started_over)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from ingestion_assets.sources.postgres.reader import connect
 from ingestion_assets.sources.postgres.unique_key import repeated_key_error, repeated_keys
 from ingestion_assets.sources.slices import Slice
 from ingestion_assets.streams.late_commits import PROBES, guard_read
+from ingestion_assets.streams.table_leaves import GONE, LEAVES, LeafChanges, compare, leaf_names, leaf_plan
 from ingestion_assets.sync import CheckpointSink, Faults, SliceOutcome, SyncResult, run_slices
 
 
@@ -210,6 +212,13 @@ class PostgresTableStream:
             if guard.note is not None and options.log is not None:
                 options.log.warning(guard.note)
         settled = guard.settled if guard is not None else None
+        leaves = self._leaf_changes(options.stored) if self.spec.cursor else None
+        faults = options.faults or Faults.from_env()
+        caught_up = self._read_new_leaves(leaves, plan, after, window, load, faults) if leaves is not None else None
+        if leaves is not None:  # only now that a new leaf's rows are loaded does a checkpoint record it as read
+            kept = getattr(sink, "details", None)
+            if isinstance(kept, dict):
+                kept[LEAVES] = leaves.now
         slices = table_slices(
             self.source_url(), plan, after, self.spec.slice_rows, self.qualified_name, window, settled=settled
         )
@@ -218,7 +227,7 @@ class PostgresTableStream:
             load,
             sink,
             started_from=after,
-            faults=options.faults or Faults.from_env(),
+            faults=faults,
             log=options.log,
             stop=options.stop,
             after_commit=lambda result: dead_letter_limit(self.qualified_name, self.spec.dead_letters, result),
@@ -228,9 +237,70 @@ class PostgresTableStream:
         latency.finish(result.details, result.figures)
         if guard is not None:
             result.details[PROBES], result.note = guard.probes, guard.note
+        if leaves is not None:
+            self._settle_leaves(result, leaves, caught_up, options.log, options.stored.get(GONE))
         if result.slices == 0:
             loader.create_if_missing(self._empty(plan))
         return result
+
+    def _leaf_changes(self, stored: dict[str, Any]) -> LeafChanges:
+        names = leaf_names(self.source_url(), self.spec.schema_name, self.spec.table_name)
+        changes = compare(stored, list(names))
+        return dataclasses.replace(changes, names=names)
+
+    def _read_new_leaves(
+        self,
+        leaves: LeafChanges,
+        plan: ReadPlan,
+        after: dict[str, Any] | None,
+        window: Window | None,
+        load: Callable[[Slice], SliceOutcome],
+        faults: Faults,
+    ) -> SliceOutcome | None:
+        """Load every row of the leaves the checkpoint has not read (attached with rows older than the checkpoint's
+        cursor, which the keyset read would pass over), merged like any slice. A first read reads them anyway."""
+        if after is None or not leaves.new:
+            return None
+        total = SliceOutcome(loaded=0, dead_letters=0, nulled=0)
+        for name in leaves.new:
+            schema, table = leaves.names[name]
+            whole = leaf_plan(plan, schema, table)
+            url, name_of_stream = self.source_url(), self.qualified_name
+            for piece in table_slices(url, whole, None, self.spec.slice_rows, name_of_stream, window):
+                done = load(piece)
+                faults.hit("after_partition_load", piece.index)
+                total = SliceOutcome(
+                    loaded=total.loaded + done.loaded,
+                    dead_letters=total.dead_letters + done.dead_letters,
+                    nulled=total.nulled + done.nulled,
+                )
+        return total
+
+    def _settle_leaves(
+        self, result: SyncResult, leaves: LeafChanges, caught_up: SliceOutcome | None, log: Any, pending: Any
+    ) -> None:
+        """Keep the leaves read in the final checkpoint; say what moved in the run's log and metadata. Leaves gone
+        stay pending (each run compares the whole table) until a full comparison finds no row of theirs left."""
+        result.details[LEAVES] = leaves.now
+        if caught_up is not None:
+            result.loaded += caught_up.loaded
+            result.dead_letters += caught_up.dead_letters
+        earlier = [name for name in pending if name not in leaves.gone] if isinstance(pending, list) else []
+        if leaves.gone or earlier:
+            result.details[GONE] = sorted({*leaves.gone, *earlier})
+        note = leaves.note(self.qualified_name, caught_up.loaded if caught_up is not None else 0)
+        if earlier:
+            still = (
+                f"stream {self.qualified_name}: rows of partition(s) {', '.join(earlier)} (detached or dropped "
+                "earlier) may still be in the target: the whole table is compared each run until they are deleted "
+                f"(`ingest reconcile {self.qualified_name} --apply-deletes`, or reconcile.deletes)"
+            )
+            note = f"{note}; {still}" if note else still
+        if note is None:
+            return
+        result.partitions_moved = note
+        if log is not None:
+            log.warning(note)
 
     def _empty(self, plan: ReadPlan) -> pa.Table:
         """The target's shape without rows: what a slice of the table becomes, its metadata columns added."""

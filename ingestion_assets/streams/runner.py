@@ -25,6 +25,7 @@ from ingestion_assets.streams.late_commits import PROBES
 from ingestion_assets.streams.postgres_table import PostgresTableStream, RunOptions, Target
 from ingestion_assets.streams.reconcile import RECONCILED_AT, Reconciliation, carried_details, reconcile_run
 from ingestion_assets.streams.schema_step import SchemaStep, added_with_values, apply_to_target, settle_schema
+from ingestion_assets.streams.table_leaves import GONE, LEAVES
 from ingestion_assets.streams.target_binding import TARGET, binding_details, settle_target
 from ingestion_assets.sync import Faults, SyncResult
 
@@ -40,6 +41,8 @@ CARRIED: tuple[str, ...] = (
     "generation", "refresh", "refresh_requested", "complete", "schema", "schema_accepted", TARGET, PROBES, RECONCILED_AT
 )
 CARRIED = (*CARRIED, MEASURED_TO)  # how far the stream's commit-to-target latency was measured
+CARRIED = (*CARRIED, LEAVES)  # the leaf partitions a polled table stream has read (a failed run read no new one)
+CARRIED = (*CARRIED, GONE)  # and those gone whose rows a full comparison has not yet found retired
 
 
 class StateStore(Protocol):
@@ -309,10 +312,15 @@ class PartitionJob:
             assert isinstance(self.stream, RestApiStream)
             outcome.key_listing = self.stream.retire_unlisted(loader)
         if isinstance(self.stream, PostgresTableStream) and schema.plan is not None:
+            full = full or bool(result.details.get(GONE))  # a partition's rows left without a cursor to show it
             check = reconcile_run(self.stream, schema.plan, loader, self.partition, result, self._carried, full)
             outcome.reconciliation = check.figures
+            settled = _gone_settled(check.figures) and GONE in outcome.checkpoint
+            if settled:  # no row of a partition gone is left in the target: later runs compare as usual again
+                del outcome.checkpoint[GONE]
             if check.carried:  # when the last full comparison ran: later runs know when the next one is due
                 outcome.checkpoint.update(check.carried)
+            if check.carried or settled:
                 self.store.commit(self.partition, result.position, **outcome.checkpoint)
         return outcome
 
@@ -367,6 +375,13 @@ class PartitionJob:
                 yield
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _gone_settled(figures: Reconciliation | None) -> bool:
+    """A full comparison finished and left no row only in the target (deleted, flagged, or none there)."""
+    if figures is None or figures.scope != "full" or figures.skipped or figures.error:
+        return False
+    return figures.deletes_pending == 0
 
 
 def _attempts_of_this_run(details: dict[str, Any], run_id: str) -> int:
