@@ -3,6 +3,8 @@ log), the streams not selected keep their changes and checkpoints. On the embedd
 
 from __future__ import annotations
 
+from ingestion_assets.catalog import load_catalog
+from ingestion_assets.observe.status import stream_statuses
 from ingestion_assets_tests.helpers import StreamHarness
 from ingestion_assets_tests.test_cdc_reserved_columns import TABLES, _catalog, _events_exact, _orders_exact
 from ingestion_assets_tests.test_cdc_streams import cdc
@@ -33,3 +35,20 @@ def test_selecting_one_stream_of_a_cdc_source_runs_the_source_and_keeps_the_othe
     harness.materialize()
     _orders_exact(harness)
     _events_exact(harness)
+
+
+def test_a_stream_its_source_runs_without_selecting_it_is_not_shown_as_never_synced(cdc: StreamHarness) -> None:
+    """The first run selects one stream: the other is copied and checkpointed without a materialization. `ingest
+    status` said `never synced` (needing attention) for it (found by a README-only attack)."""
+    harness = cdc
+    harness.source.execute(TABLES.replace("_ingest_position", "position"))
+    _catalog(harness, "orders", "events")
+    assert harness.materialize("orders").success
+    _events_exact(harness)
+    statuses = {
+        s.stream: s
+        for s in stream_statuses(harness.settings, load_catalog(harness.settings.catalog_path), harness.instance)
+    }
+    events = statuses[f"{harness.source_name}.events"]
+    assert events.status == "ok", events
+    assert "not materialized in Dagster yet" in events.detail

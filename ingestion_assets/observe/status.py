@@ -142,6 +142,9 @@ def _status(
     last = dt.datetime.fromtimestamp(event.timestamp, tz=dt.UTC) if event is not None else None
     checkpoint = latest_checkpoint(instance, key)
     status, detail = _health(instance, entry, last, slot)
+    if status == NEVER and checkpoint is not None:  # a CDC source's run that selected its other streams
+        paused = checkpoint.details.get("paused")
+        status, detail = (PAUSED, str(paused)) if isinstance(paused, str) else (OK, _UNSELECTED)
     failed = _failed_checks(instance, key)
     if status == OK and failed:
         status, detail = CHECK, f"latest evaluation failed: {', '.join(failed)}"
@@ -170,6 +173,12 @@ def _status(
         last_attempt=attempt,
         attempt_age_seconds=attempt_age,
     )
+
+
+_UNSELECTED = (
+    "checkpointed by its source's runs, not materialized in Dagster yet (the runs selected other streams of the "
+    "CDC source; each applies every stream's changes)"
+)
 
 
 def _unmaterialized_attempt(
