@@ -24,7 +24,13 @@ from ingestion_assets.state.model import DATA_COMMITTED_AT, Checkpoint
 from ingestion_assets.streams.late_commits import PROBES
 from ingestion_assets.streams.postgres_table import PostgresTableStream, RunOptions, Target
 from ingestion_assets.streams.reconcile import RECONCILED_AT, Reconciliation, carried_details, reconcile_run
-from ingestion_assets.streams.schema_step import SchemaStep, added_with_values, apply_to_target, settle_schema
+from ingestion_assets.streams.schema_step import (
+    SchemaStep,
+    added_with_values,
+    apply_to_target,
+    retyped_values,
+    settle_schema,
+)
 from ingestion_assets.streams.target_binding import TARGET, binding_details, settle_target
 from ingestion_assets.sync import Faults, SyncResult
 
@@ -168,12 +174,19 @@ class PartitionJob:
         if not isinstance(self.stream, PostgresTableStream):
             return None
         filled = added_with_values(self.stream, schema)
-        why = None
+        retyped = retyped_values(schema)
+        said = []
         if filled:
-            why = (
+            said.append(
                 f"column(s) {', '.join(filled)} added with values in the existing rows (a default, generated or "
-                "identity column): every row is read again for them, merged by key"
+                "identity column)"
             )
+        if retyped:
+            said.append(
+                f"column(s) {', '.join(retyped)} changed type, which rewrote the values of the existing rows "
+                "without moving their cursor"
+            )
+        why = f"{'; '.join(said)}: every row is read again, merged by key" if said else None
         if why is not None and self.log is not None:
             self.log.warning("%s: re-reading from the start: %s", self.stream.qualified_name, why)
         return why

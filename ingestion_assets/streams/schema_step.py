@@ -7,7 +7,15 @@ from typing import Any, Self
 
 from ingestion_assets.loading.migrate import sql_type
 from ingestion_assets.loading.pipeline import Loader
-from ingestion_assets.schema.changes import ColumnType, SchemaChange, StoredSchema, diff, parse_stored, to_stored
+from ingestion_assets.schema.changes import (
+    ColumnType,
+    SchemaChange,
+    StoredSchema,
+    diff,
+    keeps_values,
+    parse_stored,
+    to_stored,
+)
 from ingestion_assets.schema.policy import Decision, decide
 from ingestion_assets.sources.postgres.introspect import Column, column_of
 from ingestion_assets.sources.postgres.landing import PgType
@@ -111,6 +119,16 @@ def added_with_values(stream: PostgresTableStream, step: SchemaStep) -> list[str
             return sorted(str(row[0]) for row in cur.fetchall())
     finally:
         conn.close()
+
+
+def retyped_values(step: SchemaStep) -> list[str]:
+    """Columns whose type change this run applies and whose rewrite may have changed existing values (a lower
+    timestamp precision rounds, timestamp to timestamptz reads each value in the session's time zone, a lower
+    numeric scale rounds): PostgreSQL rewrote every row without moving its cursor, so those rows are read again.
+    Changes that keep every value (`keeps_values`) read nothing again."""
+    return sorted(
+        c.column for c in step.applied if c.old is not None and c.new is not None and not keeps_values(c.old, c.new)
+    )
 
 
 def apply_to_target(step: SchemaStep, loader: Loader) -> list[str]:
