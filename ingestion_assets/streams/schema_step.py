@@ -180,9 +180,8 @@ def _paused_message(stream: PostgresTableStream, changes: list[SchemaChange]) ->
     action = (
         f"to apply it run `ingest schema accept {stream.qualified_name}`"
         + (
-            f" (the old values are kept in {', '.join(kept)}; rows not read again get the new type by the target's "
-            "own cast of their old value, which may differ from the source's (a USING clause, the session time zone "
-            f"of a timestamp made timestamptz): `ingest refresh {stream.qualified_name}` reads every row)"
+            f" (the target keeps the old values in {', '.join(kept)} only until the run that applies it has read "
+            "every row again, which leaves NULL there: copy the target first if you need them)"
             if kept
             else ""
         )
