@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import dagster as dg
 import pytest
 
@@ -270,6 +272,30 @@ def test_a_type_change_under_key_ranges_is_read_again_by_live(harness: StreamHar
     )
     for key in keys[:-1]:  # each range reads its rows again too, changing nothing
         harness.materialize(partition=key)
+    harness.assert_target_equals_source("typechg", "typechg", "id")
+
+
+def test_a_type_change_under_time_windows_names_the_windows_left_to_run(harness: StreamHarness) -> None:
+    """A time window reads its own rows again; windows already past keep their old values until they run, which
+    no schedule does: the run says so (and the README), and running them makes the target equal."""
+    harness.source.execute(
+        "CREATE TABLE typechg (id int PRIMARY KEY, updated_at timestamptz NOT NULL, ts timestamptz);"
+        "INSERT INTO typechg SELECT g, now() - g * interval '1 hour', timestamptz '2024-01-01 00:00:00.987654+00'"
+        " FROM generate_series(1, 60) g"
+    )
+    windows = {"by": "time", "column": "updated_at", "start": "2020-01-01", "granularity": "daily"}
+    spec = {"table": "typechg", "primary_key": "id", "cursor": "updated_at", "partitions": windows}
+    harness.write_catalog({"typechg": {**spec, "schema_policy": "propagate"}})
+    today = dt.datetime.now(dt.UTC).date()
+    days = [(today - dt.timedelta(days=i)).isoformat() for i in range(4)]
+    for day in reversed(days):
+        harness.materialize(partition=day)
+    harness.source.execute(RETYPES["timestamptz(0)"][1])
+    result = harness.materialize(partition=days[0])
+    said = str(result.asset_materializations_for_node(f"{harness.source_name}__typechg")[0].metadata["started over"])
+    assert "every other partition" in said and "--partition-range" in said
+    for day in days[1:]:
+        harness.materialize(partition=day)
     harness.assert_target_equals_source("typechg", "typechg", "id")
 
 

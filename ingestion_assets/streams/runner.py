@@ -20,6 +20,7 @@ from ingestion_assets.catalog import FilesStream, RestStream
 from ingestion_assets.errors import classify
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.observe.commit_latency import MEASURED_TO
+from ingestion_assets.partitions import LIVE
 from ingestion_assets.state.model import DATA_COMMITTED_AT, Checkpoint
 from ingestion_assets.streams.late_commits import PROBES
 from ingestion_assets.streams.postgres_table import PostgresTableStream, RunOptions, Target
@@ -43,7 +44,15 @@ if TYPE_CHECKING:  # a step imports the modules of its own stream kind only (fil
 
 ERROR_CHARS = 400
 CARRIED: tuple[str, ...] = (
-    "generation", "refresh", "refresh_requested", "complete", "schema", "schema_accepted", TARGET, PROBES, RECONCILED_AT
+    "generation",
+    "refresh",
+    "refresh_requested",
+    "complete",
+    "schema",
+    "schema_accepted",
+    TARGET,
+    PROBES,
+    RECONCILED_AT,
 )
 CARRIED = (*CARRIED, MEASURED_TO)  # how far the stream's commit-to-target latency was measured
 
@@ -187,6 +196,11 @@ class PartitionJob:
                 "without moving their cursor"
             )
         why = f"{'; '.join(said)}: every row is read again, merged by key" if said else None
+        if why is not None and self.partition not in (None, LIVE):
+            why += (
+                f" (this partition's rows; every other partition of {self.stream.qualified_name} reads its rows "
+                "again only when it runs: run them all, e.g. with --partition-range FIRST...LAST)"
+            )
         if why is not None and self.log is not None:
             self.log.warning("%s: re-reading from the start: %s", self.stream.qualified_name, why)
         return why
