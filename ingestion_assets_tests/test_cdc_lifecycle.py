@@ -247,3 +247,31 @@ def test_refresh_of_a_cdc_stream_copies_its_table_again_and_the_others_go_on(
     result = harness.materialize()
     assert "copied" not in _metadata(result, harness, "orders")
     _assert_exact(harness, "orders")
+
+
+def test_type_changes_that_rewrite_values_copy_the_table_again(
+    cdc: StreamHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README-only attack's type changes (timestamptz(0) rounds, a timestamp made timestamptz is read in the
+    session's time zone, numeric(10,0) rounds) rewrite every row and the log carries none of it: the run that
+    applies them copies the table again (checked: the table streams read on from their checkpoint instead)."""
+    harness = cdc
+    harness.source.execute(
+        "CREATE TABLE typechg (id int PRIMARY KEY, ts timestamptz, mon numeric(10,3), lt timestamp);"
+        "INSERT INTO typechg SELECT g, timestamptz '2024-01-01 00:00:00.987654+00', 1.5 + g,"
+        " timestamp '2024-01-01 16:00:00' FROM generate_series(1, 300) g;"
+    )
+    _catalog(harness, {"typechg": {}})
+    harness.materialize()
+    harness.source.execute(
+        "SET timezone = 'America/New_York'; ALTER TABLE typechg ALTER COLUMN ts TYPE timestamptz(0),"
+        " ALTER COLUMN mon TYPE numeric(10,0), ALTER COLUMN lt TYPE timestamptz; RESET timezone"
+    )
+    assert not harness.materialize(raise_on_error=False).success  # paused: incompatible changes
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["schema", "accept", f"{harness.source_name}.typechg"]) == 0
+    result = harness.materialize(raise_on_error=False)
+    assert result.success, _failure(result)
+    assert _metadata(result, harness, "typechg")["copied"] is True
+    _assert_exact(harness, "typechg")

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import dagster as dg
 import pytest
 
 from ingestion_assets.cli import main
+from ingestion_assets.partitions import LIVE
 from ingestion_assets.schema.changes import ColumnType, classify
+from ingestion_assets.sync import FAULT_ENV
 from ingestion_assets_tests.helpers import StreamHarness
 
 TABLE = """
@@ -71,7 +75,7 @@ def test_each_change_under_each_policy(
         message = str(failure.step_failure_data.error)
         column = {"added": "color", "dropped": "note", "widened": "qty", "incompatible": "code"}[kind]
         assert f"column '{column}'" in message and f"ingest schema accept {harness.source_name}.items" in message
-        assert ("the old values are kept in `code__text`" in message) == (kind == "incompatible")  # the real name
+        assert ("the old values in `code__text`" in message) == (kind == "incompatible")  # the real name
         assert _check_failures(harness, result) == ["schema"]
         for key, value in harness.cli_env().items():
             monkeypatch.setenv(key, value)
@@ -90,7 +94,7 @@ def test_each_change_under_each_policy(
     if kind == "incompatible":
         assert columns["code"] == "INTEGER" and columns["code__text"] == "VARCHAR"  # old values kept
         kept = harness.query_target(f'SELECT code, code__text FROM "{harness.source_name}".items WHERE id = 150')
-        assert kept == [(150, "0150")]
+        assert kept == [(150, None)]  # every row was read again: the source's value, NULL in the old one's copy
     if kind == "dropped":
         assert "note" in columns  # history kept
         nulls = harness.query_target(f'SELECT count(*) FROM "{harness.source_name}".items WHERE note IS NULL')
@@ -185,3 +189,130 @@ def test_a_domain_column_retyped_to_text_retypes_the_target(harness: StreamHarne
     harness.materialize()
     assert _target_columns(harness)["p"] == "VARCHAR"
     harness.assert_target_equals_source("items", "items", "id")
+
+
+RETYPED = """
+CREATE TABLE typechg (id int PRIMARY KEY, updated_at timestamptz NOT NULL, ts timestamptz, mon numeric(10,3),
+                      lt timestamp);
+INSERT INTO typechg SELECT g, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 s',
+    timestamptz '2024-01-01 00:00:00.987654+00', 1.5 + g, timestamp '2024-01-01 16:00:00'
+FROM generate_series(1, 150) g;
+"""
+RETYPES = {  # destination, the ALTER
+    "timestamptz(0)": ("duckdb", "ALTER TABLE typechg ALTER COLUMN ts TYPE timestamptz(0)"),
+    "timestamp in a session time zone": (
+        "duckdb",
+        "SET timezone = 'America/New_York'; ALTER TABLE typechg ALTER COLUMN lt TYPE timestamptz; RESET timezone",
+    ),
+    "numeric scale on postgres": ("postgres", "ALTER TABLE typechg ALTER COLUMN mon TYPE numeric(10,0)"),
+}
+
+
+@pytest.mark.parametrize("change", list(RETYPES))
+def test_a_type_change_reads_every_row_again(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], change: str
+) -> None:
+    """Found by the README-only attack: a type change rewrites every row's value through PostgreSQL's cast (a
+    timestamptz(0) rounds, a timestamp made timestamptz is read in the session's time zone, numeric(10,0) rounds)
+    without moving the rows' cursor; the accepted change's run read on from its checkpoint and the target kept the
+    old values (or NULL, on PostgreSQL) in every row while status, check and reconcile said all was well."""
+    destination, alter = RETYPES[change]
+    harness.source.execute(RETYPED)
+    spec = {"table": "typechg", "primary_key": "id", "cursor": "updated_at", "slice_rows": 64}
+    harness.write_catalog({"typechg": {**spec, "retries": {"max_attempts": 1}}}, destination=destination)
+    harness.materialize()
+    harness.source.execute(alter)
+    assert not harness.materialize(raise_on_error=False).success  # paused: an incompatible change
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["schema", "accept", f"{harness.source_name}.typechg"]) == 0
+    capsys.readouterr()
+    result = harness.materialize()
+    metadata = result.asset_materializations_for_node(f"{harness.source_name}__typechg")[0].metadata
+    harness.assert_target_equals_source("typechg", "typechg", "id")
+    assert "changed type" in str(metadata["started over"].value)
+    harness.source.execute("UPDATE typechg SET updated_at = now() WHERE id = 2")
+    result = harness.materialize()  # the change is applied: the next run reads on from its checkpoint
+    assert result.asset_materializations_for_node(f"{harness.source_name}__typechg")[0].metadata["rows read"].value == 1
+    harness.assert_target_equals_source("typechg", "typechg", "id")
+
+
+@pytest.mark.parametrize("fault", ["before_load:0:kill", "after_checkpoint:0:kill"])
+def test_a_killed_re_read_for_a_type_change_resumes(harness: StreamHarness, fault: str) -> None:
+    """SIGKILL inside the re-read: before its first slice's checkpoint the next run sees the change again and
+    starts the re-read over; after it the checkpoint holds the new schema and a position of the re-read, from
+    which the next run goes on (the rows behind it hold the new values already)."""
+    harness.source.execute(RETYPED)
+    spec = {"table": "typechg", "primary_key": "id", "cursor": "updated_at", "slice_rows": 64}
+    harness.write_catalog({"typechg": {**spec, "schema_policy": "propagate", "retries": {"max_attempts": 1}}})
+    harness.materialize()
+    harness.source.execute(RETYPES["timestamptz(0)"][1])
+    assert harness.materialize_cli("typechg", **{FAULT_ENV: fault}).wait(timeout=240) != 0
+    checkpoint = harness.checkpoint("typechg")
+    assert checkpoint is not None
+    assert (checkpoint.details["schema"]["ts"][1] == "timestamp(0) with time zone") == fault.startswith("after")
+    result = harness.materialize()
+    read = result.asset_materializations_for_node(f"{harness.source_name}__typechg")[0].metadata["rows read"].value
+    assert read == (150 if fault.startswith("before") else 150 - 64)
+    harness.assert_target_equals_source("typechg", "typechg", "id")
+
+
+def test_a_type_change_under_key_ranges_is_read_again_by_live(harness: StreamHarness) -> None:
+    """Key ranges and `live` write one table under the version guard: the re-read's rows carry the versions the
+    target already holds and must replace them (an equal version is not older)."""
+    harness.source.execute(RETYPED)
+    spec = {"table": "typechg", "primary_key": "id", "cursor": "updated_at", "slice_rows": 64}
+    harness.write_catalog({"typechg": {**spec, "schema_policy": "propagate", "partitions": {"by": "key", "chunk": 50}}})
+    keys = harness.plan_partitions("typechg")
+    harness.materialize(partition_range=(keys[0], keys[-2]))
+    harness.materialize(partition=LIVE)
+    harness.source.execute(RETYPES["timestamptz(0)"][1])
+    result = harness.materialize(partition=LIVE)
+    harness.assert_target_equals_source("typechg", "typechg", "id")
+    assert (
+        result.asset_materializations_for_node(f"{harness.source_name}__typechg")[0].metadata["rows read"].value == 150
+    )
+    for key in keys[:-1]:  # each range reads its rows again too, changing nothing
+        harness.materialize(partition=key)
+    harness.assert_target_equals_source("typechg", "typechg", "id")
+
+
+def test_a_type_change_under_time_windows_names_the_windows_left_to_run(harness: StreamHarness) -> None:
+    """A time window reads its own rows again; windows already past keep their old values until they run, which
+    no schedule does: the run says so (and the README), and running them makes the target equal."""
+    harness.source.execute(
+        "CREATE TABLE typechg (id int PRIMARY KEY, updated_at timestamptz NOT NULL, ts timestamptz);"
+        "INSERT INTO typechg SELECT g, now() - g * interval '1 hour', timestamptz '2024-01-01 00:00:00.987654+00'"
+        " FROM generate_series(1, 60) g"
+    )
+    windows = {"by": "time", "column": "updated_at", "start": "2020-01-01", "granularity": "daily"}
+    spec = {"table": "typechg", "primary_key": "id", "cursor": "updated_at", "partitions": windows}
+    harness.write_catalog({"typechg": {**spec, "schema_policy": "propagate"}})
+    today = dt.datetime.now(dt.UTC).date()
+    days = [(today - dt.timedelta(days=i)).isoformat() for i in range(4)]
+    for day in reversed(days):
+        harness.materialize(partition=day)
+    harness.source.execute(RETYPES["timestamptz(0)"][1])
+    result = harness.materialize(partition=days[0])
+    said = str(result.asset_materializations_for_node(f"{harness.source_name}__typechg")[0].metadata["started over"])
+    assert "every other partition" in said and "--partition-range" in said
+    for day in days[1:]:
+        harness.materialize(partition=day)
+    harness.assert_target_equals_source("typechg", "typechg", "id")
+
+
+def test_a_type_change_that_keeps_every_value_reads_nothing_again(harness: StreamHarness) -> None:
+    harness.source.execute(
+        "CREATE TABLE kept (id int PRIMARY KEY, n int, v varchar(10), t timestamptz(3), d numeric(6,2),"
+        " updated_at timestamptz NOT NULL);"
+        "INSERT INTO kept SELECT g, g, 'v' || g, now(), g + 0.25, now() FROM generate_series(1, 50) g"
+    )
+    harness.write_catalog({"kept": {"table": "kept", "primary_key": "id", "cursor": "updated_at"}})
+    harness.materialize()
+    harness.source.execute(
+        "ALTER TABLE kept ALTER COLUMN n TYPE bigint, ALTER COLUMN v TYPE text, ALTER COLUMN t TYPE timestamptz,"
+        " ALTER COLUMN d TYPE numeric(12,2); UPDATE kept SET updated_at = now() + interval '1 s' WHERE id = 3"
+    )
+    result = harness.materialize()
+    assert result.asset_materializations_for_node(f"{harness.source_name}__kept")[0].metadata["rows read"].value == 1
+    harness.assert_target_equals_source("kept", "kept", "id")

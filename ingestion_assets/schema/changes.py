@@ -110,6 +110,33 @@ def classify(old: ColumnType, new: ColumnType) -> ChangeKind | None:
     return "incompatible"
 
 
+_SAME_TEXT = {"text", "varchar"}  # bpchar is not: its cast to text or varchar drops the trailing blanks
+_SAME_LIMITED = {"varchar", "timestamp", "timestamptz", "time", "timetz"}  # a larger limit keeps every value
+
+
+def keeps_values(old: ColumnType, new: ColumnType) -> bool:
+    """Whether PostgreSQL's rewrite of a column from `old` to `new` keeps every existing value as it was, so
+    rows not read again already hold in the target what the source holds. Kept: the same type under another
+    name (a domain and its base), text and varchar without a smaller limit, a larger limit of varchar or of
+    the time types, integers to larger integers, numeric(p,s) to a larger p with the same s. Any other
+    change (a limit lowered, a scale changed, timestamp to timestamptz, json to jsonb, anything to text, an
+    integer to numeric or float) may rewrite values or their text: the rows are read again."""
+    if old.sql_type == new.sql_type:
+        return True
+    old_limit, new_limit = _typmod(old), _typmod(new)
+    if old.kind == new.kind and old_limit == new_limit:
+        return True
+    if old.kind in _SAME_TEXT and new.kind in _SAME_TEXT:
+        return new_limit[0] is None or (old_limit[0] is not None and old_limit[0] <= new_limit[0])
+    if old.kind == new.kind in _SAME_LIMITED:
+        return new_limit[0] is None or (old_limit[0] is not None and old_limit[0] <= new_limit[0])
+    if old.kind in _INTEGER_RANK and new.kind in _INTEGER_RANK:
+        return _INTEGER_RANK[new.kind] >= _INTEGER_RANK[old.kind]
+    if old.kind == new.kind == "numeric" and old_limit[0] is not None and new_limit[0] is not None:
+        return (new_limit[1] or 0) == (old_limit[1] or 0) and new_limit[0] >= old_limit[0]
+    return False
+
+
 def _wider_same_type(old: ColumnType, new: ColumnType) -> bool:
     old_p, old_s = _typmod(old)
     new_p, new_s = _typmod(new)

@@ -20,11 +20,18 @@ from ingestion_assets.catalog import FilesStream, RestStream
 from ingestion_assets.errors import classify
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.observe.commit_latency import MEASURED_TO
+from ingestion_assets.partitions import LIVE
 from ingestion_assets.state.model import DATA_COMMITTED_AT, Checkpoint
 from ingestion_assets.streams.late_commits import PROBES
 from ingestion_assets.streams.postgres_table import PostgresTableStream, RunOptions, Target
 from ingestion_assets.streams.reconcile import RECONCILED_AT, Reconciliation, carried_details, reconcile_run
-from ingestion_assets.streams.schema_step import SchemaStep, added_with_values, apply_to_target, settle_schema
+from ingestion_assets.streams.schema_step import (
+    SchemaStep,
+    added_with_values,
+    apply_to_target,
+    retyped_values,
+    settle_schema,
+)
 from ingestion_assets.streams.table_leaves import GONE, LEAVES
 from ingestion_assets.streams.target_binding import TARGET, binding_details, settle_target
 from ingestion_assets.sync import Faults, SyncResult
@@ -38,7 +45,15 @@ if TYPE_CHECKING:  # a step imports the modules of its own stream kind only (fil
 
 ERROR_CHARS = 400
 CARRIED: tuple[str, ...] = (
-    "generation", "refresh", "refresh_requested", "complete", "schema", "schema_accepted", TARGET, PROBES, RECONCILED_AT
+    "generation",
+    "refresh",
+    "refresh_requested",
+    "complete",
+    "schema",
+    "schema_accepted",
+    TARGET,
+    PROBES,
+    RECONCILED_AT,
 )
 CARRIED = (*CARRIED, MEASURED_TO)  # how far the stream's commit-to-target latency was measured
 CARRIED = (*CARRIED, LEAVES)  # the leaf partitions a polled table stream has read (a failed run read no new one)
@@ -171,11 +186,23 @@ class PartitionJob:
         if not isinstance(self.stream, PostgresTableStream):
             return None
         filled = added_with_values(self.stream, schema)
-        why = None
+        retyped = retyped_values(schema)
+        said = []
         if filled:
-            why = (
+            said.append(
                 f"column(s) {', '.join(filled)} added with values in the existing rows (a default, generated or "
-                "identity column): every row is read again for them, merged by key"
+                "identity column)"
+            )
+        if retyped:
+            said.append(
+                f"column(s) {', '.join(retyped)} changed type, which rewrote the values of the existing rows "
+                "without moving their cursor"
+            )
+        why = f"{'; '.join(said)}: every row is read again, merged by key" if said else None
+        if why is not None and self.partition not in (None, LIVE):
+            why += (
+                f" (this partition's rows; every other partition of {self.stream.qualified_name} reads its rows "
+                "again only when it runs: run them all, e.g. with --partition-range FIRST...LAST)"
             )
         if why is not None and self.log is not None:
             self.log.warning("%s: re-reading from the start: %s", self.stream.qualified_name, why)

@@ -7,7 +7,15 @@ from typing import Any, Self
 
 from ingestion_assets.loading.migrate import sql_type
 from ingestion_assets.loading.pipeline import Loader
-from ingestion_assets.schema.changes import ColumnType, SchemaChange, StoredSchema, diff, parse_stored, to_stored
+from ingestion_assets.schema.changes import (
+    ColumnType,
+    SchemaChange,
+    StoredSchema,
+    diff,
+    keeps_values,
+    parse_stored,
+    to_stored,
+)
 from ingestion_assets.schema.policy import Decision, decide
 from ingestion_assets.sources.postgres.introspect import Column, column_of
 from ingestion_assets.sources.postgres.landing import PgType
@@ -113,6 +121,16 @@ def added_with_values(stream: PostgresTableStream, step: SchemaStep) -> list[str
         conn.close()
 
 
+def retyped_values(step: SchemaStep) -> list[str]:
+    """Columns whose type change this run applies and whose rewrite may have changed existing values (a lower
+    timestamp precision rounds, timestamp to timestamptz reads each value in the session's time zone, a lower
+    numeric scale rounds): PostgreSQL rewrote every row without moving its cursor, so those rows are read again.
+    Changes that keep every value (`keeps_values`) read nothing again."""
+    return sorted(
+        c.column for c in step.applied if c.old is not None and c.new is not None and not keeps_values(c.old, c.new)
+    )
+
+
 def apply_to_target(step: SchemaStep, loader: Loader) -> list[str]:
     """Widen or re-type target columns whose type there changed; added and dropped ones need nothing. Whether a
     column's type there changes is judged by what the target holds (a domain lands as its base type, which its
@@ -162,9 +180,8 @@ def _paused_message(stream: PostgresTableStream, changes: list[SchemaChange]) ->
     action = (
         f"to apply it run `ingest schema accept {stream.qualified_name}`"
         + (
-            f" (the old values are kept in {', '.join(kept)}; rows not read again get the new type by the target's "
-            "own cast of their old value, which may differ from the source's (a USING clause, the session time zone "
-            f"of a timestamp made timestamptz): `ingest refresh {stream.qualified_name}` reads every row)"
+            f" (the target keeps the old values in {', '.join(kept)} only until the run that applies it has read "
+            "every row again, which leaves NULL there: copy the target first if you need them)"
             if kept
             else ""
         )
