@@ -257,6 +257,24 @@ def test_a_killed_re_read_for_a_type_change_resumes(harness: StreamHarness, faul
     harness.assert_target_equals_source("typechg", "typechg", "id")
 
 
+@pytest.mark.parametrize("column", ["retyped", "added with a default"])
+def test_a_re_read_that_fails_before_its_first_checkpoint_is_done_again(harness: StreamHarness, column: str) -> None:
+    """A run that fails (an error, not a kill) before the re-read's first checkpoint records its failure with the
+    new schema: that record kept the position the re-read started over from, so the next run saw no change and
+    read on from it, leaving the old values in every row."""
+    harness.source.execute(RETYPED)
+    spec = {"table": "typechg", "primary_key": "id", "cursor": "updated_at", "slice_rows": 64}
+    harness.write_catalog({"typechg": {**spec, "schema_policy": "propagate", "retries": {"max_attempts": 1}}})
+    harness.materialize()
+    alter = RETYPES["timestamptz(0)"][1] if column == "retyped" else "ALTER TABLE typechg ADD COLUMN f int DEFAULT 7"
+    harness.source.execute(alter)
+    assert harness.materialize_cli("typechg", **{FAULT_ENV: "before_load:0"}).wait(timeout=240) != 0
+    result = harness.materialize()
+    read = result.asset_materializations_for_node(f"{harness.source_name}__typechg")[0].metadata["rows read"].value
+    assert read == 150
+    harness.assert_target_equals_source("typechg", "typechg", "id")
+
+
 def test_a_type_change_under_key_ranges_is_read_again_by_live(harness: StreamHarness) -> None:
     """Key ranges and `live` write one table under the version guard: the re-read's rows carry the versions the
     target already holds and must replace them (an equal version is not older)."""

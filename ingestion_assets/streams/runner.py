@@ -167,6 +167,8 @@ class PartitionJob:
         if after is not None and started_over is None:
             started_over = self._reread_for_schema(schema)
             after = None if started_over is not None else after
+        if started_over is not None:  # a failure before the re-read's first checkpoint must not keep the old position
+            sink.position = None  # beside the new schema (the next run would read on from it, past the old values)
         sink.loader = loader
         faults = self.faults or Faults.from_env()
         faults.hit("before_migration", 0)
