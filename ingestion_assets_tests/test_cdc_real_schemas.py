@@ -746,3 +746,20 @@ def test_a_column_renamed_and_renamed_back_between_runs_copies_the_stream_again(
     _assert_exact(harness, "customers")  # the other stream goes on
     _drain(harness)
     _assert_exact(harness, "orders")
+
+
+def test_a_column_dropped_and_added_again_between_runs_copies_the_stream_again(cdc: StreamHarness) -> None:
+    """Same name, same type, no change logged in between: the log shows nothing, and the target kept every row's
+    old value where the source now holds NULL (found by a README-only attack). The column's new number shows it."""
+    harness = cdc
+    harness.source.execute(ORDERS + CUSTOMERS)
+    _catalog(harness, {"orders": {}, "customers": {}})
+    harness.materialize()
+    harness.source.execute(
+        "ALTER TABLE orders DROP COLUMN note; ALTER TABLE orders ADD COLUMN note text;"
+        "UPDATE orders SET note = 'new' WHERE id = 1; UPDATE customers SET name = 'changed' WHERE id <= 3"
+    )
+    assert harness.materialize().success
+    _drain(harness)
+    _assert_exact(harness, "orders")
+    _assert_exact(harness, "customers")

@@ -26,9 +26,12 @@ from ingestion_assets.streams.late_commits import PROBES
 from ingestion_assets.streams.postgres_table import PostgresTableStream, RunOptions, Target
 from ingestion_assets.streams.reconcile import RECONCILED_AT, Reconciliation, carried_details, reconcile_run
 from ingestion_assets.streams.schema_step import (
+    COLUMN_IDS,
     SchemaStep,
     added_with_values,
     apply_to_target,
+    column_ids,
+    made_again,
     retyped_values,
     settle_schema,
 )
@@ -164,8 +167,12 @@ class PartitionJob:
         target = Target(self.stream.name, new_generation)
         loader = self.stream.loader(target, self.partition, schema.plan)
         after, started_over = self._settle_target(loader, details, after, new_generation)
+        ids = column_ids(self.stream) if isinstance(self.stream, PostgresTableStream) else None
+        if ids is not None:  # every checkpoint of the run, its failure record too
+            sink.details[COLUMN_IDS] = self._carried[COLUMN_IDS] = ids
         if after is not None and started_over is None:
-            started_over = self._reread_for_schema(schema)
+            remade = made_again(details.get(COLUMN_IDS), ids) if ids is not None else []
+            started_over = self._reread_for_schema(schema, remade)
             after = None if started_over is not None else after
         if started_over is not None:  # a failure before the re-read's first checkpoint must not keep the old position
             sink.position = None  # beside the new schema (the next run would read on from it, past the old values)
@@ -182,7 +189,7 @@ class PartitionJob:
         outcome.started_over = started_over
         return outcome
 
-    def _reread_for_schema(self, schema: SchemaStep) -> str | None:
+    def _reread_for_schema(self, schema: SchemaStep, remade: list[str]) -> str | None:
         """Why this run reads every row again for a schema change that altered rows without moving their
         cursor (None: it reads on from its checkpoint)."""
         if not isinstance(self.stream, PostgresTableStream):
@@ -190,6 +197,11 @@ class PartitionJob:
         filled = added_with_values(self.stream, schema)
         retyped = retyped_values(schema)
         said = []
+        if remade:
+            said.append(
+                f"{', '.join(remade)} dropped and made again under the same name (a column's values reset, or a "
+                "table restored)"
+            )
         if filled:
             said.append(
                 f"column(s) {', '.join(filled)} added with values in the existing rows (a default, generated or "

@@ -121,6 +121,42 @@ def added_with_values(stream: PostgresTableStream, step: SchemaStep) -> list[str
         conn.close()
 
 
+COLUMN_IDS = "column_ids"  # the checkpoint detail: the table's oid and each column's number when it was read
+_IDS_SQL = """
+SELECT c.oid::bigint, a.attname, a.attnum FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
+WHERE c.oid = %(table)s::regclass AND a.attnum > 0 AND NOT a.attisdropped
+"""
+
+
+def column_ids(stream: PostgresTableStream) -> dict[str, Any]:
+    """{"table": the table's oid, "columns": {name: attnum}}: a column dropped and added again under its name (or
+    a table dropped and made again, a restore) gets a new number, which no type or name comparison shows."""
+    from psycopg2 import sql
+
+    from ingestion_assets.sources.postgres.reader import connect
+
+    conn = connect(stream.source_url(), "ingest-column-ids")
+    try:
+        table = sql.Identifier(stream.spec.schema_name, stream.spec.table_name).as_string(conn)
+        with conn.cursor() as cur:
+            cur.execute(_IDS_SQL, {"table": table})
+            rows = cur.fetchall()
+    finally:
+        conn.close()
+    return {"table": int(rows[0][0]) if rows else None, "columns": {str(name): int(num) for _, name, num in rows}}
+
+
+def made_again(stored: Any, now: dict[str, Any]) -> list[str]:
+    """What was dropped and made again under the same name since `stored` (column_ids' figures): its rows' values
+    changed (to NULL or a default, or a restore's) without their cursor moving. Nothing when none was stored."""
+    if not isinstance(stored, dict) or not isinstance(stored.get("columns"), dict):
+        return []
+    if stored.get("table") is not None and stored.get("table") != now.get("table"):
+        return ["the table itself"]
+    before, columns = stored["columns"], now.get("columns") or {}
+    return sorted(name for name, number in columns.items() if name in before and before[name] != number)
+
+
 def retyped_values(step: SchemaStep) -> list[str]:
     """Columns whose type change this run applies and whose rewrite may have changed existing values (a lower
     timestamp precision rounds, timestamp to timestamptz reads each value in the session's time zone, a lower

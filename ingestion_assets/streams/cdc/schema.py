@@ -19,7 +19,14 @@ from ingestion_assets.sources.postgres.cdc import TableInfo
 from ingestion_assets.sources.postgres.introspect import TableShape
 from ingestion_assets.sources.postgres.reader import connect
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
-from ingestion_assets.streams.schema_step import SchemaPaused, apply_to_target, settle_schema
+from ingestion_assets.streams.schema_step import (
+    COLUMN_IDS,
+    SchemaPaused,
+    apply_to_target,
+    column_ids,
+    made_again,
+    settle_schema,
+)
 from ingestion_assets.streams.target_binding import TARGET, binding_details, settle_target
 
 SCHEMA = "schema"  # the checkpoint detail the table streams keep too (`ingest schema show` reads it)
@@ -62,6 +69,7 @@ class StreamParts:
     empty: bool = False  # the last load left the target without rows
     type_oids: dict[str, int] | None = None  # column -> its type's oid now (`outdated`), read once a run
     generated: frozenset[str] | None = None  # generated columns: the log carries no value of them, read once a run
+    ids: dict[str, Any] | None = None  # the table's oid and column numbers now (schema_step.column_ids)
 
     def generated_columns(self, stream: PostgresTableStream) -> frozenset[str]:
         """The table's generated columns (stored or virtual): pgoutput leaves them out of every change (unless
@@ -85,6 +93,8 @@ class StreamParts:
             details[EMPTY] = True
         if self.schema is not None:
             details[SCHEMA] = self.schema
+        if self.ids is not None:
+            details[COLUMN_IDS] = self.ids
         if self.partitions is not None:  # [] too: a partition attached to a table left without any is news
             details[PARTITIONS] = sorted(self.partitions)
             if self.rewritten is None:  # else the stored ones stay until the copy starts: a failed run sees it again
@@ -113,6 +123,8 @@ def settle_stream(
     left_empty = bool(lsn) and _left_empty(loader, partition, details)  # before settle_target binds anew
     settled = settle_target(loader, partition, details, {"lsn": lsn} if lsn else None, 1)
     rewritten = [c for c in step.applied if c.kind != "dropped"]
+    parts.ids = column_ids(stream)
+    remade = made_again(details.get(COLUMN_IDS), parts.ids)
     loaded = int((details.get(TARGET) or {}).get("seq", 1)) > 0  # a log run that changed nothing loads nothing
     parts.partitions = partitions_of(stream)
     now = parts.partitions or {}
@@ -120,8 +132,9 @@ def settle_stream(
     refiled = _partitions_refiled(details.get(FILES), now)
     if lsn and settled.reason and loaded and not left_empty:
         parts.recopy = f"its target changed: {settled.reason}"
-    elif lsn and rewritten:
-        what = "; ".join(c.describe() for c in rewritten)
+    elif lsn and (rewritten or remade):
+        said = [c.describe() for c in rewritten] + ([f"{', '.join(remade)} dropped and made again"] if remade else [])
+        what = "; ".join(said)
         parts.recopy = f"{what}: the log carries no values for the rows that already existed"
     elif lsn and moved:
         parts.recopy = f"{moved}: the log carries neither the rows a partition brings nor those it takes away"
