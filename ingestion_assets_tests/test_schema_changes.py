@@ -336,25 +336,42 @@ def test_a_type_change_that_keeps_every_value_reads_nothing_again(harness: Strea
     harness.assert_target_equals_source("kept", "kept", "id")
 
 
-@pytest.mark.parametrize("remake", ["column", "table"])
-def test_a_column_or_table_dropped_and_made_again_reads_every_row_again(harness: StreamHarness, remake: str) -> None:
-    """A column dropped and added again under its name and type (NULL in every row now), or a table dropped and
-    restored with other values under the same cursors: no name or type changed and no cursor moved, so the run read
-    on from its checkpoint and the target kept the old values (found by a README-only attack, CDC and polled)."""
+REMAKES = {
+    "column dropped and added": "ALTER TABLE typechg DROP COLUMN mon; ALTER TABLE typechg ADD COLUMN mon numeric(10,3)",
+    "table restored": (
+        "CREATE TABLE restored AS SELECT * FROM typechg; UPDATE restored SET mon = -mon;"
+        "DROP TABLE typechg; ALTER TABLE restored RENAME TO typechg; ALTER TABLE typechg ADD PRIMARY KEY (id)"
+    ),
+    "rewritten to the same type": "ALTER TABLE typechg ALTER COLUMN mon TYPE numeric(10,3) USING mon * 2",
+    "type there and back": (
+        "ALTER TABLE typechg ALTER COLUMN mon TYPE text USING (mon * 10)::text;"
+        "ALTER TABLE typechg ALTER COLUMN mon TYPE numeric(10,3) USING mon::numeric"
+    ),
+    "renamed": "ALTER TABLE typechg RENAME COLUMN mon TO money",
+    "renamed and back": (
+        "ALTER TABLE typechg RENAME COLUMN mon TO money;"
+        "UPDATE typechg SET money = 0.5, updated_at = now() WHERE id IN (30, 31);"
+        "ALTER TABLE typechg RENAME COLUMN money TO mon"
+    ),
+}
+
+
+@pytest.mark.parametrize("remake", list(REMAKES))
+def test_a_column_or_table_changed_in_place_reads_every_row_again(harness: StreamHarness, remake: str) -> None:
+    """A column dropped and added again under its name and type (NULL in every row now), a table dropped and
+    restored with other values under the same cursors, a column rewritten to its own type `USING` an expression or
+    typed there and back, a column renamed (its values under a new name) or renamed and back: no cursor moved and
+    the stored schema shows nothing (or an added column without a default), so the run read on from its checkpoint
+    and the target kept old values or NULL (found by README-only attacks, CDC and polled)."""
     harness.source.execute(RETYPED)
     spec = {"table": "typechg", "primary_key": "id", "cursor": "updated_at", "slice_rows": 64}
     harness.write_catalog({"typechg": spec})
     harness.materialize()
-    if remake == "column":
-        harness.source.execute("ALTER TABLE typechg DROP COLUMN mon; ALTER TABLE typechg ADD COLUMN mon numeric(10,3)")
-    else:
-        harness.source.execute(
-            "CREATE TABLE restored AS SELECT * FROM typechg; UPDATE restored SET mon = -mon;"
-            "DROP TABLE typechg; ALTER TABLE restored RENAME TO typechg; ALTER TABLE typechg ADD PRIMARY KEY (id)"
-        )
+    harness.source.execute(REMAKES[remake])
     result = harness.materialize()
     metadata = result.asset_materializations_for_node(f"{harness.source_name}__typechg")[0].metadata
-    assert "dropped and made again" in str(metadata["started over"].value)
+    harness.assert_target_equals_source("typechg", "typechg", "id")
+    assert "changed in place" in str(metadata["started over"].value)
     harness.assert_target_equals_source("typechg", "typechg", "id")
     result = harness.materialize()  # recorded: the next run reads on
     assert result.asset_materializations_for_node(f"{harness.source_name}__typechg")[0].metadata["rows read"].value == 0

@@ -171,7 +171,8 @@ class PartitionJob:
         if ids is not None:  # every checkpoint of the run, its failure record too
             sink.details[COLUMN_IDS] = self._carried[COLUMN_IDS] = ids
         if after is not None and started_over is None:
-            remade = made_again(details.get(COLUMN_IDS), ids) if ids is not None else []
+            retyped = [c.column for c in schema.applied if c.old is not None and c.new is not None]
+            remade = made_again(details.get(COLUMN_IDS), ids, retyped) if ids is not None else []
             started_over = self._reread_for_schema(schema, remade)
             after = None if started_over is not None else after
         if started_over is not None:  # a failure before the re-read's first checkpoint must not keep the old position
@@ -199,8 +200,8 @@ class PartitionJob:
         said = []
         if remade:
             said.append(
-                f"{', '.join(remade)} dropped and made again under the same name (a column's values reset, or a "
-                "table restored)"
+                f"{', '.join(remade)} changed in place (dropped and made again, renamed, or altered: a restore, "
+                "values reset, or rewritten)"
             )
         if filled:
             said.append(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -123,14 +124,17 @@ def added_with_values(stream: PostgresTableStream, step: SchemaStep) -> list[str
 
 COLUMN_IDS = "column_ids"  # the checkpoint detail: the table's oid and each column's number when it was read
 _IDS_SQL = """
-SELECT c.oid::bigint, a.attname, a.attnum FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
+SELECT c.oid::bigint, a.attname, a.attnum, a.xmin::text FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
 WHERE c.oid = %(table)s::regclass AND a.attnum > 0 AND NOT a.attisdropped
 """
 
 
 def column_ids(stream: PostgresTableStream) -> dict[str, Any]:
-    """{"table": the table's oid, "columns": {name: attnum}}: a column dropped and added again under its name (or
-    a table dropped and made again, a restore) gets a new number, which no type or name comparison shows."""
+    """{"table": the table's oid, "columns": {name: [attnum, xmin of its pg_attribute row]}}: a column dropped and
+    added again under its name (or a table dropped and made again, a restore) gets a new number, a column renamed
+    keeps its number under a new name, and any ALTER of a column (a rewrite to the same type `USING` an
+    expression, a type changed there and back, a rename and back) writes its row anew: no type or name
+    comparison shows those."""
     from psycopg2 import sql
 
     from ingestion_assets.sources.postgres.reader import connect
@@ -143,18 +147,41 @@ def column_ids(stream: PostgresTableStream) -> dict[str, Any]:
             rows = cur.fetchall()
     finally:
         conn.close()
-    return {"table": int(rows[0][0]) if rows else None, "columns": {str(name): int(num) for _, name, num in rows}}
+    columns = {str(name): [int(number), str(xmin)] for _, name, number, xmin in rows}
+    return {"table": int(rows[0][0]) if rows else None, "columns": columns}
 
 
-def made_again(stored: Any, now: dict[str, Any]) -> list[str]:
-    """What was dropped and made again under the same name since `stored` (column_ids' figures): its rows' values
-    changed (to NULL or a default, or a restore's) without their cursor moving. Nothing when none was stored."""
+def made_again(stored: Any, now: dict[str, Any], retyped: Iterable[str] = ()) -> list[str]:
+    """What changed in place since `stored` (column_ids' figures) so that rows' values may have changed without
+    their cursor moving: the table dropped and made again, a column dropped and added again, renamed (its values
+    sit under a name the target does not have), or altered otherwise (a rewrite to the same type). A type change
+    the schema step sees (`retyped`) is left to it (`keeps_values`). Nothing when nothing was stored."""
     if not isinstance(stored, dict) or not isinstance(stored.get("columns"), dict):
         return []
     if stored.get("table") is not None and stored.get("table") != now.get("table"):
         return ["the table itself"]
-    before, columns = stored["columns"], now.get("columns") or {}
-    return sorted(name for name, number in columns.items() if name in before and before[name] != number)
+    before: dict[str, Any] = stored["columns"]
+    numbers = {_number(figures): name for name, figures in before.items()}
+    changed = []
+    for name, figures in (now.get("columns") or {}).items():
+        if name not in before:
+            old = numbers.get(_number(figures))
+            if old is not None and old not in (now.get("columns") or {}):
+                changed.append(f"column {name} (renamed from {old})")
+        elif _number(before[name]) != _number(figures):
+            changed.append(f"column {name} (dropped and added again)")
+        elif _altered(before[name], figures) and name not in set(retyped):
+            changed.append(f"column {name} (altered in place)")
+    return sorted(changed)
+
+
+def _number(figures: Any) -> int:
+    return int(figures[0]) if isinstance(figures, list) else int(figures)
+
+
+def _altered(before: Any, now: Any) -> bool:
+    """Its pg_attribute row was written again (figures stored without it compare as unaltered)."""
+    return isinstance(before, list) and isinstance(now, list) and before[1:2] != now[1:2]
 
 
 def retyped_values(step: SchemaStep) -> list[str]:

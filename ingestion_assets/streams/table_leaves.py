@@ -41,7 +41,7 @@ class LeafChanges:
         if self.new:
             said.append(
                 f"stream {stream}: partition(s) {', '.join(self.new)} attached or created since the last run: "
-                "their rows are read whole, whatever their cursor ({loaded} row(s) loaded)"
+                f"their rows are read whole, whatever their cursor ({loaded} row(s) loaded)"
             )
         if self.gone:
             said.append(

@@ -124,7 +124,8 @@ def settle_stream(
     settled = settle_target(loader, partition, details, {"lsn": lsn} if lsn else None, 1)
     rewritten = [c for c in step.applied if c.kind != "dropped"]
     parts.ids = column_ids(stream)
-    remade = made_again(details.get(COLUMN_IDS), parts.ids)
+    retyped = [c.column for c in step.applied if c.old is not None and c.new is not None]
+    remade = made_again(details.get(COLUMN_IDS), parts.ids, retyped)
     loaded = int((details.get(TARGET) or {}).get("seq", 1)) > 0  # a log run that changed nothing loads nothing
     parts.partitions = partitions_of(stream)
     now = parts.partitions or {}
@@ -133,7 +134,7 @@ def settle_stream(
     if lsn and settled.reason and loaded and not left_empty:
         parts.recopy = f"its target changed: {settled.reason}"
     elif lsn and (rewritten or remade):
-        said = [c.describe() for c in rewritten] + ([f"{', '.join(remade)} dropped and made again"] if remade else [])
+        said = [c.describe() for c in rewritten] + ([f"{', '.join(remade)} changed in place"] if remade else [])
         what = "; ".join(said)
         parts.recopy = f"{what}: the log carries no values for the rows that already existed"
     elif lsn and moved:
