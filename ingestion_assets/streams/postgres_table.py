@@ -28,7 +28,15 @@ from ingestion_assets.sources.postgres.reader import connect
 from ingestion_assets.sources.postgres.unique_key import repeated_key_error, repeated_keys
 from ingestion_assets.sources.slices import Slice
 from ingestion_assets.streams.late_commits import PROBES, guard_read
-from ingestion_assets.streams.table_leaves import GONE, LEAVES, LeafChanges, compare, leaf_names, leaf_plan
+from ingestion_assets.streams.table_leaves import (
+    GONE,
+    LEAF_IDS,
+    LEAVES,
+    LeafChanges,
+    compare,
+    leaf_names,
+    leaf_plan,
+)
 from ingestion_assets.sync import CheckpointSink, Faults, SliceOutcome, SyncResult, run_slices
 
 
@@ -218,7 +226,7 @@ class PostgresTableStream:
         if leaves is not None:  # only now that a new leaf's rows are loaded does a checkpoint record it as read
             kept = getattr(sink, "details", None)
             if isinstance(kept, dict):
-                kept[LEAVES] = leaves.now
+                kept[LEAVES], kept[LEAF_IDS] = leaves.now, leaves.ids
         slices = table_slices(
             self.source_url(), plan, after, self.spec.slice_rows, self.qualified_name, window, settled=settled
         )
@@ -244,9 +252,9 @@ class PostgresTableStream:
         return result
 
     def _leaf_changes(self, stored: dict[str, Any]) -> LeafChanges:
-        names = leaf_names(self.source_url(), self.spec.schema_name, self.spec.table_name)
-        changes = compare(stored, list(names))
-        return dataclasses.replace(changes, names=names)
+        found = leaf_names(self.source_url(), self.spec.schema_name, self.spec.table_name)
+        changes = compare(stored, {name: ident for name, (_, _, ident) in found.items()})
+        return dataclasses.replace(changes, names={name: (s, t) for name, (s, t, _) in found.items()})
 
     def _read_new_leaves(
         self,
@@ -281,7 +289,7 @@ class PostgresTableStream:
     ) -> None:
         """Keep the leaves read in the final checkpoint; say what moved in the run's log and metadata. Leaves gone
         stay pending (each run compares the whole table) until a full comparison finds no row of theirs left."""
-        result.details[LEAVES] = leaves.now
+        result.details[LEAVES], result.details[LEAF_IDS] = leaves.now, leaves.ids
         if caught_up is not None:
             result.loaded += caught_up.loaded
             result.dead_letters += caught_up.dead_letters

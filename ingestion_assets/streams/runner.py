@@ -35,7 +35,7 @@ from ingestion_assets.streams.schema_step import (
     retyped_values,
     settle_schema,
 )
-from ingestion_assets.streams.table_leaves import GONE, LEAVES
+from ingestion_assets.streams.table_leaves import GONE, LEAF_IDS, LEAVES
 from ingestion_assets.streams.target_binding import TARGET, binding_details, settle_target
 from ingestion_assets.sync import Faults, SyncResult
 
@@ -61,6 +61,7 @@ CARRIED: tuple[str, ...] = (
 CARRIED = (*CARRIED, MEASURED_TO)  # how far the stream's commit-to-target latency was measured
 CARRIED = (*CARRIED, LEAVES)  # the leaf partitions a polled table stream has read (a failed run read no new one)
 CARRIED = (*CARRIED, GONE)  # and those gone whose rows a full comparison has not yet found retired
+CARRIED = (*CARRIED, LEAF_IDS)  # and what each of them was when it was read
 
 
 class StateStore(Protocol):

@@ -16,6 +16,9 @@ from ingestion_assets.sources.postgres.reader import connect
 
 LEAVES = "partitions"  # the table's leaf partitions the checkpoint has read (CDC streams keep the same detail)
 GONE = "partitions_gone"  # what a run found detached or dropped: it compares the whole table
+# Each leaf's oid and the xmin of its pg_inherits row when it was read: a leaf dropped and made again under its name,
+# or detached, changed and attached again, has new ones and is read whole again
+LEAF_IDS = "partition_ids"
 
 # One catalog query per run, on pg_inherits only (no lock on the table): every leaf under the table, any depth.
 _LEAVES_SQL = """
@@ -23,7 +26,8 @@ WITH RECURSIVE tree(oid) AS (
     SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = %(table)s::regclass
     UNION ALL SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid
 )
-SELECT format('%%I.%%I', n.nspname, c.relname), n.nspname, c.relname FROM tree JOIN pg_class c ON c.oid = tree.oid
+SELECT format('%%I.%%I', n.nspname, c.relname), n.nspname, c.relname, c.oid::text || '/' || i.xmin::text
+FROM tree JOIN pg_class c ON c.oid = tree.oid JOIN pg_inherits i ON i.inhrelid = c.oid
 JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relkind <> 'p' ORDER BY 1, 2
 """
 
@@ -35,13 +39,14 @@ class LeafChanges:
     gone: list[str]  # leaves the checkpoint read that are no longer under the table
     first_look: bool  # the checkpoint kept no list (a first run, or one from before this check)
     names: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)  # leaf -> (schema, table)
+    ids: dict[str, str] = dataclasses.field(default_factory=dict)  # leaf -> "oid/xmin of its pg_inherits row"
 
     def note(self, stream: str, loaded: int) -> str | None:
         said = []
         if self.new:
             said.append(
-                f"stream {stream}: partition(s) {', '.join(self.new)} attached or created since the last run: "
-                f"their rows are read whole, whatever their cursor ({loaded} row(s) loaded)"
+                f"stream {stream}: partition(s) {', '.join(self.new)} attached, created, or made again since the "
+                f"last run: their rows are read whole, whatever their cursor ({loaded} row(s) loaded)"
             )
         if self.gone:
             said.append(
@@ -52,24 +57,28 @@ class LeafChanges:
         return "; ".join(said) or None
 
 
-def leaf_names(url: str, schema: str, table: str) -> dict[str, tuple[str, str]]:
-    """Every leaf partition under the table, by qualified name (empty: not partitioned, or no partition)."""
+def leaf_names(url: str, schema: str, table: str) -> dict[str, tuple[str, str, str]]:
+    """Every leaf partition under the table, by qualified name, with its schema, table and identity (empty: not
+    partitioned, or no partition)."""
     conn = connect(url, "ingest-partitions")
     try:
         with conn.cursor() as cur:
             cur.execute(_LEAVES_SQL, {"table": sql.Identifier(schema, table).as_string(conn)})
-            return {str(name): (str(s), str(t)) for name, s, t in cur.fetchall()}
+            return {str(name): (str(s), str(t), str(ident)) for name, s, t, ident in cur.fetchall()}
     finally:
         conn.close()
 
 
-def compare(stored: dict[str, Any], now: list[str]) -> LeafChanges:
+def compare(stored: dict[str, Any], now: dict[str, str]) -> LeafChanges:
+    """`now`: each leaf's identity. New: a name not read before, or one whose identity changed since."""
     before = stored.get(LEAVES)
     if not isinstance(before, list):
-        return LeafChanges(sorted(now), [], [], first_look=True)
-    new = sorted(set(now) - set(before))
+        return LeafChanges(sorted(now), [], [], first_look=True, ids=dict(now))
+    stored_ids = stored.get(LEAF_IDS)
+    known: dict[str, Any] = stored_ids if isinstance(stored_ids, dict) else {}
+    new = sorted(name for name, ident in now.items() if name not in before or known.get(name, ident) != ident)
     gone = sorted(set(before) - set(now))
-    return LeafChanges(sorted(now), new, gone, first_look=False)
+    return LeafChanges(sorted(now), new, gone, first_look=False, ids=dict(now))
 
 
 def leaf_plan(plan: ReadPlan, schema: str, table: str) -> ReadPlan:
