@@ -161,16 +161,18 @@ def made_again(stored: Any, now: dict[str, Any], retyped: Iterable[str] = ()) ->
     if stored.get("table") is not None and stored.get("table") != now.get("table"):
         return ["the table itself"]
     before: dict[str, Any] = stored["columns"]
+    columns: dict[str, Any] = now.get("columns") or {}
     numbers = {_number(figures): name for name, figures in before.items()}
+    judged = set(retyped)
     changed = []
-    for name, figures in (now.get("columns") or {}).items():
+    for name, figures in columns.items():
         if name not in before:
             old = numbers.get(_number(figures))
-            if old is not None and old not in (now.get("columns") or {}):
+            if old is not None and old not in columns:
                 changed.append(f"column {name} (renamed from {old})")
         elif _number(before[name]) != _number(figures):
             changed.append(f"column {name} (dropped and added again)")
-        elif _altered(before[name], figures) and name not in set(retyped):
+        elif _altered(before[name], figures) and name not in judged:
             changed.append(f"column {name} (altered in place)")
     return sorted(changed)
 
