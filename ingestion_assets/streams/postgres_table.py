@@ -294,8 +294,8 @@ class PostgresTableStream:
             result.loaded += caught_up.loaded
             result.dead_letters += caught_up.dead_letters
         earlier = [name for name in pending if name not in leaves.gone] if isinstance(pending, list) else []
-        if leaves.gone or earlier:
-            result.details[GONE] = sorted({*leaves.gone, *earlier})
+        if leaves.gone or leaves.remade or earlier:
+            result.details[GONE] = sorted({*leaves.gone, *leaves.remade, *earlier})
         note = leaves.note(self.qualified_name, caught_up.loaded if caught_up is not None else 0)
         if earlier:
             still = (

@@ -40,6 +40,9 @@ class LeafChanges:
     first_look: bool  # the checkpoint kept no list (a first run, or one from before this check)
     names: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)  # leaf -> (schema, table)
     ids: dict[str, str] = dataclasses.field(default_factory=dict)  # leaf -> "oid/xmin of its pg_inherits row"
+    # Leaves read before under their name that were dropped and made again, or detached and attached again: rows
+    # deleted from them meanwhile left no cursor behind, so, as for a leaf gone, the whole table is compared
+    remade: list[str] = dataclasses.field(default_factory=list)
 
     def note(self, stream: str, loaded: int) -> str | None:
         said = []
@@ -47,6 +50,12 @@ class LeafChanges:
             said.append(
                 f"stream {stream}: partition(s) {', '.join(self.new)} attached, created, or made again since the "
                 f"last run: their rows are read whole, whatever their cursor ({loaded} row(s) loaded)"
+            )
+        if self.remade:
+            said.append(
+                f"stream {stream}: partition(s) {', '.join(self.remade)} dropped and made again, or detached and "
+                "attached again: rows deleted from them meanwhile are no longer in the source and polling cannot see "
+                "it; the whole table is compared with the target"
             )
         if self.gone:
             said.append(
@@ -76,9 +85,10 @@ def compare(stored: dict[str, Any], now: dict[str, str]) -> LeafChanges:
         return LeafChanges(sorted(now), [], [], first_look=True, ids=dict(now))
     stored_ids = stored.get(LEAF_IDS)
     known: dict[str, Any] = stored_ids if isinstance(stored_ids, dict) else {}
-    new = sorted(name for name, ident in now.items() if name not in before or known.get(name, ident) != ident)
+    remade = sorted(name for name, ident in now.items() if name in before and known.get(name, ident) != ident)
+    new = sorted({*remade, *(name for name in now if name not in before)})
     gone = sorted(set(before) - set(now))
-    return LeafChanges(sorted(now), new, gone, first_look=False, ids=dict(now))
+    return LeafChanges(sorted(now), new, gone, first_look=False, ids=dict(now), remade=remade)
 
 
 def leaf_plan(plan: ReadPlan, schema: str, table: str) -> ReadPlan:
