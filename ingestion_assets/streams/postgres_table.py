@@ -32,12 +32,17 @@ from ingestion_assets.streams.table_leaves import (
     GONE,
     LEAF_IDS,
     LEAVES,
+    UNSETTLED,
     LeafChanges,
     compare,
+    late_writers,
     leaf_names,
     leaf_plan,
+    pinned_snapshot,
 )
 from ingestion_assets.sync import CheckpointSink, Faults, SliceOutcome, SyncResult, run_slices
+
+_LEAF_READS = 3  # a new leaf read whole at most this often in one run while writers in flight keep adding to it
 
 
 class StreamError(RuntimeError):
@@ -266,22 +271,40 @@ class PostgresTableStream:
         faults: Faults,
     ) -> SliceOutcome | None:
         """Load every row of the leaves the checkpoint has not read (attached with rows older than the checkpoint's
-        cursor, which the keyset read would pass over), merged like any slice. A first read reads them anyway."""
+        cursor, which the keyset read would pass over), merged like any slice. A first read reads them anyway.
+
+        Each leaf is read under a snapshot whose in-flight writers are known (a load into a partition just
+        attached, still open): once they end, a leaf they wrote rows behind the checkpoint into is read whole
+        again; one still open after `late_commits.wait_seconds` leaves the leaf to be read whole again by the next
+        run (rows past the checkpoint are the keyset read's, as in any leaf)."""
         if after is None or not leaves.new:
             return None
         total = SliceOutcome(loaded=0, dead_letters=0, nulled=0)
+        guarded = self.spec.late_commits.enabled
+        url, name_of_stream = self.source_url(), self.qualified_name
         for name in leaves.new:
             schema, table = leaves.names[name]
             whole = leaf_plan(plan, schema, table)
-            url, name_of_stream = self.source_url(), self.qualified_name
-            for piece in table_slices(url, whole, None, self.spec.slice_rows, name_of_stream, window):
-                done = load(piece)
-                faults.hit("after_partition_load", piece.index)
-                total = SliceOutcome(
-                    loaded=total.loaded + done.loaded,
-                    dead_letters=total.dead_letters + done.dead_letters,
-                    nulled=total.nulled + done.nulled,
-                )
+            settled = False
+            for _ in range(_LEAF_READS):
+                with pinned_snapshot(url) as (snapshot, in_flight):
+                    for piece in table_slices(
+                        url, whole, None, self.spec.slice_rows, name_of_stream, window, snapshot=snapshot
+                    ):
+                        done = load(piece)
+                        faults.hit("after_partition_load", piece.index)
+                        total = SliceOutcome(
+                            loaded=total.loaded + done.loaded,
+                            dead_letters=total.dead_letters + done.dead_letters,
+                            nulled=total.nulled + done.nulled,
+                        )
+                wait = self.spec.late_commits.wait_seconds
+                late = late_writers(url, whole, after, in_flight if guarded else [], wait)
+                settled = not late.still_open and not late.rows
+                if settled or late.still_open:
+                    break
+            if not settled and name in leaves.ids:
+                leaves.ids[name] += UNSETTLED
         return total
 
     def _settle_leaves(

@@ -5,13 +5,16 @@ table."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
+from collections.abc import Iterator
 from typing import Any
 
 from psycopg2 import sql
 
 from ingestion_assets.sources.postgres.introspect import TableShape
-from ingestion_assets.sources.postgres.query import ReadPlan
+from ingestion_assets.sources.postgres.query import Position, ReadPlan
 from ingestion_assets.sources.postgres.reader import connect
 
 LEAVES = "partitions"  # the table's leaf partitions the checkpoint has read (CDC streams keep the same detail)
@@ -19,6 +22,8 @@ GONE = "partitions_gone"  # what a run found detached or dropped: it compares th
 # Each leaf's oid and the xmin of its pg_inherits row when it was read: a leaf dropped and made again under its name,
 # or detached, changed and attached again, has new ones and is read whole again
 LEAF_IDS = "partition_ids"
+# Marks an identity whose read saw writers in flight that had not ended when the run finished: read whole again
+UNSETTLED = "?"
 
 # One catalog query per run, on pg_inherits only (no lock on the table): every leaf under the table, any depth.
 _LEAVES_SQL = """
@@ -85,8 +90,11 @@ def compare(stored: dict[str, Any], now: dict[str, str]) -> LeafChanges:
         return LeafChanges(sorted(now), [], [], first_look=True, ids=dict(now))
     stored_ids = stored.get(LEAF_IDS)
     known: dict[str, Any] = stored_ids if isinstance(stored_ids, dict) else {}
-    remade = sorted(name for name, ident in now.items() if name in before and known.get(name, ident) != ident)
-    new = sorted({*remade, *(name for name in now if name not in before)})
+    remade = sorted(
+        name for name, ident in now.items() if name in before and str(known.get(name, ident)).rstrip(UNSETTLED) != ident
+    )
+    unsettled = {name for name, ident in known.items() if str(ident).endswith(UNSETTLED)}
+    new = sorted({*remade, *unsettled.intersection(now), *(name for name in now if name not in before)})
     gone = sorted(set(before) - set(now))
     return LeafChanges(sorted(now), new, gone, first_look=False, ids=dict(now), remade=remade)
 
@@ -95,3 +103,68 @@ def leaf_plan(plan: ReadPlan, schema: str, table: str) -> ReadPlan:
     """The stream's read, of one leaf: the parent's columns in the parent's order (a leaf attached may order its
     columns otherwise)."""
     return dataclasses.replace(plan, shape=TableShape(schema, table, plan.shape.columns))
+
+
+@contextlib.contextmanager
+def pinned_snapshot(url: str) -> Iterator[tuple[str, list[int]]]:
+    """A snapshot to read a leaf under (exported: the read imports it), and the transactions that had written and
+    were still in flight in it: whatever they wrote is not in that read, whatever their rows' cursor."""
+    conn = connect(url, "ingest-partitions")
+    try:
+        with conn.cursor() as cur:  # one statement: the snapshot exported is the one whose writers are listed
+            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            cur.execute("SELECT pg_export_snapshot(), array(SELECT txid_snapshot_xip(txid_current_snapshot()))")
+            row = cur.fetchone()
+        assert row is not None
+        yield str(row[0]), [int(x) for x in row[1]]
+    finally:
+        conn.close()
+
+
+# Of the transactions given (32-bit xids), those holding a lock on the relation: they have written into it
+_WRITING_HERE = """
+SELECT DISTINCT x.transactionid::text::bigint FROM pg_locks x
+JOIN pg_locks r ON r.virtualtransaction = x.virtualtransaction
+WHERE x.locktype = 'transactionid' AND x.transactionid::text::bigint = ANY(%s::bigint[])
+  AND r.locktype = 'relation' AND r.relation = %s::regclass
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class LateWriters:
+    rows: int  # rows behind the checkpoint that writers in flight at the leaf's read committed since (it missed them)
+    still_open: int  # writers in flight at the read that had not ended after waiting
+
+
+def late_writers(url: str, plan: ReadPlan, after: Position, in_flight: list[int], wait_seconds: float) -> LateWriters:
+    """After a leaf was read under a snapshot with `in_flight` writers: wait up to `wait_seconds` for them to end,
+    then count the leaf's rows at or before the checkpoint (`after`) those that committed wrote (by xmin; one scan
+    of the leaf, only when one did). Rows past the checkpoint are the keyset read's and the late-commit guard's."""
+    if not in_flight:
+        return LateWriters(0, 0)
+    conn = connect(url, "ingest-partitions")
+    try:
+        deadline = time.monotonic() + wait_seconds
+        with conn.cursor() as cur:
+            while True:
+                cur.execute("SELECT x, txid_status(x) FROM unnest(%s::bigint[]) x", (in_flight,))
+                status = dict(cur.fetchall())
+                still_open = [x for x, state in status.items() if state == "in progress"]
+                if not still_open or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.1)
+            if still_open:  # only those that wrote into this leaf (its lock): others cannot have hidden rows in it
+                leaf = sql.Identifier(plan.shape.schema, plan.shape.table).as_string(conn)
+                cur.execute(_WRITING_HERE, ([int(x) % (1 << 32) for x in still_open], leaf))
+                still_open = [x for (x,) in cur.fetchall()]
+            committed = [int(x) % (1 << 32) for x, state in status.items() if state == "committed"]
+            if not committed:
+                return LateWriters(0, len(still_open))
+            statement = sql.SQL(
+                "SELECT count(*) FROM {table} t WHERE t.xmin::text::bigint = ANY(%s::bigint[]) AND {behind}"
+            ).format(table=sql.Identifier(plan.shape.schema, plan.shape.table), behind=plan.at_or_before(after))
+            cur.execute(statement, (committed,))
+            (rows,) = cur.fetchone() or (0,)
+        return LateWriters(int(rows), len(still_open))
+    finally:
+        conn.close()

@@ -117,9 +117,7 @@ def read_horizon(conn: PgConnection, max_reader_seconds: float | None) -> Horizo
     ignored: list[OpenTransaction] = []
     for pid, application, user, state, started, written, _ in rows:
         open_transaction = OpenTransaction(pid, application, user, state, started, bool(written))
-        reader = (
-            max_reader_seconds is not None and not written and (now - started).total_seconds() > max_reader_seconds
-        )
+        reader = max_reader_seconds is not None and not written and (now - started).total_seconds() > max_reader_seconds
         (ignored if reader else blockers).append(open_transaction)
     blockers += [OpenTransaction(gid, "", "", "prepared", None, True) for gid, _ in prepared]
     return Horizon(now, tuple(blockers), tuple(ignored), int(hidden))

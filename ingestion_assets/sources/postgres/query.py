@@ -167,6 +167,11 @@ class ReadPlan:
             flag = sql.SQL("{} AND ({}) > ({})").format(flag, keys, self._literals(settled.floor))
         return flag
 
+    def at_or_before(self, position: Position) -> sql.Composable:
+        """Rows the keyset read has passed once its checkpoint is `position` (alias `t`)."""
+        keys = sql.SQL(", ").join(self.order_expressions())
+        return sql.SQL("({keys}) <= ({values})").format(keys=keys, values=self._literals(position))
+
     def _literals(self, position: Position) -> sql.Composable:
         return sql.SQL(", ").join(_literal(c, self._value(position, c)) for c in self.ordering)
 
