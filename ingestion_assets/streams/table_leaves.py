@@ -145,18 +145,19 @@ def late_writers(url: str, plan: ReadPlan, after: Position, in_flight: list[int]
     conn = connect(url, "ingest-partitions")
     try:
         deadline = time.monotonic() + wait_seconds
+        leaf = sql.Identifier(plan.shape.schema, plan.shape.table).as_string(conn)
         with conn.cursor() as cur:
             while True:
                 cur.execute("SELECT x, txid_status(x) FROM unnest(%s::bigint[]) x", (in_flight,))
                 status = dict(cur.fetchall())
-                still_open = [x for x, state in status.items() if state == "in progress"]
+                # only those still open that wrote into this leaf (they hold its lock) can hide rows in it
+                still_open = [int(x) % (1 << 32) for x, state in status.items() if state == "in progress"]
+                if still_open:
+                    cur.execute(_WRITING_HERE, (still_open, leaf))
+                    still_open = [x for (x,) in cur.fetchall()]
                 if not still_open or time.monotonic() >= deadline:
                     break
                 time.sleep(0.1)
-            if still_open:  # only those that wrote into this leaf (its lock): others cannot have hidden rows in it
-                leaf = sql.Identifier(plan.shape.schema, plan.shape.table).as_string(conn)
-                cur.execute(_WRITING_HERE, ([int(x) % (1 << 32) for x in still_open], leaf))
-                still_open = [x for (x,) in cur.fetchall()]
             committed = [int(x) % (1 << 32) for x, state in status.items() if state == "committed"]
             if not committed:
                 return LateWriters(0, len(still_open))
