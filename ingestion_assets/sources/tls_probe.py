@@ -9,11 +9,14 @@ import socket
 import ssl
 import struct
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import psycopg2.extensions
-from cryptography import x509
 
 from ingestion_assets.sources.tls import TlsError
+
+if TYPE_CHECKING:  # imported where a handshake failed: every process connecting to a source would pay ~80 ms
+    from cryptography import x509
 
 _SSL_REQUEST = struct.pack("!ii", 8, 80877103)  # PostgreSQL's SSLRequest: the server answers b"S" to go TLS
 _NOT_YET_VALID, _EXPIRED, _REVOKED = 9, 10, 23  # OpenSSL's X509_V_ERR_CERT_NOT_YET_VALID, _HAS_EXPIRED, _REVOKED
@@ -97,6 +100,8 @@ def _peer_certificate(address: str, port: int, host: str) -> x509.Certificate | 
     context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
     with contextlib.suppress(OSError, ssl.SSLError, ValueError):
         der = _handshake(context, address, port, host)
+        from cryptography import x509
+
         return x509.load_der_x509_certificate(der) if der else None
     return None
 

@@ -167,21 +167,22 @@ class PartitionJob:
             sink.details["refresh"] = {"mode": "retain", "generation": new_generation}
         target = Target(self.stream.name, new_generation)
         loader = self.stream.loader(target, self.partition, schema.plan)
-        after, started_over = self._settle_target(loader, details, after, new_generation)
         ids = column_ids(self.stream) if isinstance(self.stream, PostgresTableStream) else None
         if ids is not None:  # every checkpoint of the run, its failure record too
             sink.details[COLUMN_IDS] = self._carried[COLUMN_IDS] = ids
-        if after is not None and started_over is None:
-            retyped = [c.column for c in schema.applied if c.old is not None and c.new is not None]
-            remade = made_again(details.get(COLUMN_IDS), ids, retyped) if ids is not None else []
-            started_over = self._reread_for_schema(schema, remade)
-            after = None if started_over is not None else after
-        if started_over is not None:  # a failure before the re-read's first checkpoint must not keep the old position
-            sink.position = None  # beside the new schema (the next run would read on from it, past the old values)
-        sink.loader = loader
         faults = self.faults or Faults.from_env()
-        faults.hit("before_migration", 0)
-        apply_to_target(schema, loader)
+        with loader.held():  # the target's steps before the read, under one writer lock (short: no read inside)
+            after, started_over = self._settle_target(loader, details, after, new_generation)
+            if after is not None and started_over is None:
+                retyped = [c.column for c in schema.applied if c.old is not None and c.new is not None]
+                remade = made_again(details.get(COLUMN_IDS), ids, retyped) if ids is not None else []
+                started_over = self._reread_for_schema(schema, remade)
+                after = None if started_over is not None else after
+            if started_over is not None:  # a failure before the re-read's first checkpoint must not keep the old
+                sink.position = None  # position beside the new schema (the next run would read on, past old values)
+            sink.loader = loader
+            faults.hit("before_migration", 0)
+            apply_to_target(schema, loader)
         sink.details["schema"] = schema.stored  # a failed migration left the old one stored: the next run retries
         faults.hit("after_migration", 0)
         floor = None if started_over or after is None else position  # the checkpoint holds here at least
