@@ -62,6 +62,20 @@ def test_a_reserved_column_in_the_first_run_refuses_its_stream_alone(cdc: Stream
     _orders_exact(harness)
 
 
+def test_any_column_under_the_products_prefix_refuses_its_stream(cdc: StreamHarness) -> None:
+    """`_ingest_cdc_op` and `_ingest_lsn` were copied and streamed: only the names the product writes were refused."""
+    harness = cdc
+    harness.source.execute(
+        TABLES.replace("_ingest_position text", "_ingest_cdc_op text, _ingest_lsn text").replace("'p' || g", "'a', 'b'")
+    )
+    _catalog(harness, "orders", "events")
+    result = harness.materialize()
+    said = _metadata(result, harness, "events")["paused"]
+    assert f"stream {harness.source_name}.events" in said and "source column '_ingest_cdc_op'" in said
+    assert "a column the product writes itself" in said and _published(harness) == ["orders"]
+    _orders_exact(harness)
+
+
 def _events_exact(harness: StreamHarness) -> None:
     target = harness.target_rows_where("events", ["id", "kind", "position"], "id", "_ingest_deleted_at IS NULL")
     assert target == harness.source.rows("events", "id")
