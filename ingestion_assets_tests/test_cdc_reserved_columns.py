@@ -205,6 +205,7 @@ def test_a_reserved_column_added_while_its_table_is_copied_pauses_it_alone_in_th
     table = f"{harness.source.schema}.events"
     assert f"stream {harness.source_name}.events (table {table}): source column '_ingest_meta'" in said
     assert "it is paused" in said and "the other streams of source" in said
+    assert not _metadata(result, harness, "events").get("copied")  # its copy did not end: it stopped
     assert _published(harness) == ["orders"]
     _orders_exact(harness)
     harness.source.execute("UPDATE orders SET status = 'q' WHERE id < 3; UPDATE events SET kind = 'y' WHERE id = 2")

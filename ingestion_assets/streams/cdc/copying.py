@@ -124,7 +124,7 @@ def copy_streams(sync: CdcSync, url: str, outcome: CdcOutcome) -> None:
     while copying and not sync.stop():
         copying = _copy_range(sync, url, outcome, copying)
     sync._applied = None  # a run that goes on applying the log (live) keeps no list
-    outcome.copied = [name for name in names if name not in sync._state.copies]
+    outcome.copied = [name for name in names if name not in sync._state.copies and name not in sync.refused]
 
 
 def _copy_range(
