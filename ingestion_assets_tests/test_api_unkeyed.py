@@ -156,6 +156,36 @@ def test_a_record_without_its_key_or_cursor_is_parked_and_the_rest_loads(harness
     assert len(_parked(harness)) == 5  # nothing released: none of them loaded, none parked twice
 
 
+@pytest.mark.parametrize(
+    ("setting", "wrong"), [("primary_key", "item_id"), ("cursor", "updated")], ids=["primary_key", "cursor"]
+)
+def test_a_key_or_cursor_no_record_has_fails_the_run_at_once(
+    harness: StreamHarness, api: ItemsApi, setting: str, wrong: str
+) -> None:
+    """Found by a README-only attack: a misspelled `primary_key` (or `cursor`) parked every record, and a run under
+    the dead-letter limit's 1,000 rows "succeeded" with nothing loaded. A setting to fix, not bad data: the run
+    now fails at once, without retries, naming the stream, the field and a record's fields; nothing is parked."""
+    api.records = [{"id": i, "updated_at": _stamp(i), "name": f"n{i}"} for i in range(1, 6)]
+    wrong_setting: dict[str, Any] = {"cursor": "updated_at", setting: wrong}
+    _catalog(harness, api, **wrong_setting, retries={"max_attempts": 2, "delay_seconds": 0.1})
+    result = harness.materialize(raise_on_error=False)
+    assert not result.success
+    assert not any(e.event_type_value == "STEP_UP_FOR_RETRY" for e in result.all_events)
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    message = str(failure.step_failure_data.error)
+    label = "primary key" if setting == "primary_key" else "cursor"
+    assert f"stream {harness.source_name}.items: none of the 2 records of the run's first page(s) has the {label} " in message
+    assert f"field {wrong!r} (a record's fields: ['id', 'name', 'updated_at'])" in message, message
+    assert f"set the stream's `{setting}` in the catalog" in message, message
+    checkpoint = harness.checkpoint("items")
+    assert checkpoint is None or checkpoint.position is None
+    _catalog(harness, api, cursor="updated_at")
+    harness.materialize()
+    assert _items(harness) == [(i, f"n{i}") for i in range(1, 6)]  # and nothing parked: no dead-letter table
+    tables = harness.query_target(f"SELECT table_name FROM information_schema.tables WHERE table_schema = '{harness.source_name}'")
+    assert "_ingest_dead_letter" not in {t[0] for t in tables}
+
+
 def test_a_full_read_parks_a_record_without_its_key(harness: StreamHarness, api: ItemsApi) -> None:
     api.records = [{"id": 1, "name": "a"}, {"name": "nokey"}, {"id": 2, "name": "b"}]
     _catalog(harness, api, cursor=None)

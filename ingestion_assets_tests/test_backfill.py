@@ -221,5 +221,16 @@ def test_a_range_over_key_ranges_planned_after_live_refuses_instead_of_taking_in
     assert "15000-19999...25000-29999 takes in `live`" in message
     assert "run 15000-19999...20000-24999 and 25000-29999...25000-29999, and `live` by itself" in message
     assert harness.checkpoint("orders", "15000-19999") is None
+    # It read nothing: `ingest status` showed the stream and the range's last partition `failed` (a README-only
+    # attack); they are as they were, and the refused run is named apart.
+    (line,) = stream_statuses(harness.settings, load_catalog(harness.catalog_path), harness.instance)
+    assert line.status != "failed" and line.partition_summary and not line.partition_summary.failed, line
+    assert line.refused_run and "the partition range 15000-19999...25000-29999 takes in `live`" in line.refused_run
     assert harness.materialize(partition_range=("15000-19999", "20000-24999")).success
     assert harness.materialize(partition_range=("20000-24999", LIVE)).success  # named: taken in
+    assert harness.materialize(partition_range=("25000-29999", "25000-29999")).success
+    assert not harness.materialize(partition_range=("15000-19999", "25000-29999"), raise_on_error=False).success
+    (line,) = stream_statuses(harness.settings, load_catalog(harness.catalog_path), harness.instance)
+    assert line.status == "ok" and line.partition_summary and not line.partition_summary.failed, line
+    assert line.partition_summary.materialized == 4 and line.refused_run, line
+

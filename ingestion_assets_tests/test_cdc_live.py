@@ -188,7 +188,11 @@ def test_the_sensor_keeps_one_live_run_up(cdc: StreamHarness) -> None:  # noqa: 
 
 def test_a_second_live_run_fails_at_once_naming_the_run_that_holds_the_slot(writing: Any) -> None:
     """It waited silently for up to cdc.lock_wait_seconds (900 s) while the first run held the slot for its
-    live_seconds, then was retried to wait again."""
+    live_seconds, then was retried to wait again. Then (found by a README-only attack) the refused run left the
+    stream `failed` in `ingest status` while the first run went on, until a later materialization."""
+    from ingestion_assets.catalog import load_catalog
+    from ingestion_assets.observe.status import stream_statuses
+
     harness, _stop = writing
     _live_catalog(harness, seconds=600)
     process = harness.materialize_cli("orders")
@@ -208,6 +212,8 @@ def test_a_second_live_run_fails_at_once_naming_the_run_that_holds_the_slot(writ
         message = str(failures[0].step_failure_data.error)
         assert f"is held by Dagster run {checkpoint.run_id} (a live run)" in message
         assert "is not retried" in message and "Stopping a run" in message
+        (line,) = stream_statuses(harness.settings, load_catalog(harness.catalog_path), harness.instance)
+        assert line.status == "running" and line.refused_run and "(a live run)" in line.refused_run, line
         assert process.poll() is None  # the first run goes on
     finally:
         os.killpg(process.pid, signal.SIGTERM)

@@ -154,6 +154,26 @@ def test_a_source_column_named_like_a_metadata_column_is_refused(harness: Stream
     assert f"{harness.source_name}.good" in message and "source column '_ingest_meta'" in message
 
 
+@pytest.mark.parametrize("column", ["_ingest_cdc_op", "_ingest_lsn", "_Ingest_Lsn"])
+def test_any_column_under_the_products_prefix_is_refused(harness: StreamHarness, column: str) -> None:
+    """`_ingest_cdc_op` and `_ingest_lsn` loaded: only the names the product writes today were refused, not
+    the prefix the README reserves. Now `ingest check` and the run refuse them with the message the others get."""
+    for names in (TargetNames("snake_case", 63), TargetNames("direct", None, case_sensitive=False)):
+        with pytest.raises(NameCollision, match="a column the product writes itself"):
+            names.check("stream s.t", ["id", column])
+    names.check("stream s.t", ["id", "_dlt_id2", "ingest_lsn", "x_ingest_lsn"])  # not under a reserved name
+    harness.source.execute(
+        f'CREATE TABLE meta (id int PRIMARY KEY, "{column}" text); INSERT INTO meta VALUES (1, \'x\')'
+    )
+    harness.write_catalog({"meta": {"table": "meta", "primary_key": "id", "retries": {"max_attempts": 1}}})
+    (problem,) = check_catalog(harness.settings, load_catalog(harness.settings.catalog_path))
+    assert f"{harness.source_name}.meta" in problem and f"source column {column!r}" in problem
+    result = harness.materialize(raise_on_error=False)
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    message = str(failure.step_failure_data.error)
+    assert f"source column {column!r}" in message and "a column the product writes itself" in message
+
+
 _NAME_PARTS = st.sampled_from(["t", "i", "select", "row", "from", "Order", "a b", 'q"t', "ü", "é", "x.y", "_", "1", "Z"])
 _names = st.lists(_NAME_PARTS, min_size=1, max_size=3).map("".join)
 

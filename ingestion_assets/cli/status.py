@@ -42,6 +42,11 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
         for each in needing:
             detail = each.detail.removeprefix(f"{each.status}: ")  # a detail may begin with the status itself
             print(f"  {each.stream}: {each.status}: {detail}", file=sys.stderr)
+    refused = [s for s in found if s.refused_run]
+    if refused and not args.json:  # no stream's state: said apart from it
+        print(f"\n{len(refused)} stream(s) whose newest run refused to start (it read nothing):", file=sys.stderr)
+        for each in refused:
+            print(f"  {each.stream}: {each.refused_run}", file=sys.stderr)
     return 1 if needing else 0
 
 

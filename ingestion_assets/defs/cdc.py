@@ -15,7 +15,7 @@ from ingestion_assets.defs.failures import permanent_failure
 from ingestion_assets.defs.jobs import cdc_job, job_name
 from ingestion_assets.defs.metadata import POSITION, ROWS_READ, SUMMARY, definition_metadata, target_metadata
 from ingestion_assets.defs.partitions import range_partitions
-from ingestion_assets.defs.run_tags import MODE, SOURCE
+from ingestion_assets.defs.run_tags import MODE, SOURCE, mark_refused
 from ingestion_assets.defs.sources import slot_key
 from ingestion_assets.defs.streams import StreamRef
 from ingestion_assets.drain import Drain
@@ -184,6 +184,7 @@ def _cdc_asset(
 
     def _run_partition(context: AssetExecutionContext, partition: str | None) -> "CdcOutcome":
         from ingestion_assets.sources.postgres.cdc import CdcError as SlotError
+        from ingestion_assets.sources.postgres.cdc.slot_lock import SlotHeldByLiveRun
         from ingestion_assets.streams.cdc import CdcError
 
         running = cdc_streams(settings, catalog, source_name, source)
@@ -193,6 +194,8 @@ def _cdc_asset(
             try:
                 return sync.run(partition)
             except (CdcError, SlotError) as exc:  # each says whether a retry may help (another run holds the slot)
+                if isinstance(exc, SlotHeldByLiveRun):  # nothing was read: no stream's state
+                    mark_refused(context, str(exc))
                 raise dg.Failure(description=str(exc), allow_retries=exc.transient) from exc
             except Exception as exc:
                 where = f"source {source_name} (cdc)" + (f" partition {partition}" if partition else "")

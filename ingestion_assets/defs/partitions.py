@@ -16,6 +16,7 @@ from ingestion_assets.catalog import (
     PostgresStream,
     TimePartitions,
 )
+from ingestion_assets.defs.run_tags import mark_refused
 from ingestion_assets.partitions import KEY_FORMATS, LIVE, key_range, key_range_keys, key_ranges_below
 from ingestion_assets.state.checkpoints import InstanceStateStore, latest_checkpoint
 
@@ -62,15 +63,14 @@ def range_partitions(context: dg.AssetExecutionContext) -> list[str]:
     if LIVE not in keys or LIVE in (bounds.start, bounds.end):
         return keys
     at = keys.index(LIVE)
-    raise dg.Failure(
-        description=(
-            f"the partition range {bounds.start}...{bounds.end} takes in `{LIVE}` (key ranges planned after it come "
-            f"after it in the partition list), which a range names only as its first or last partition: run "
-            f"{bounds.start}...{keys[at - 1]} and {keys[at + 1]}...{bounds.end}, and `{LIVE}` by itself; nothing "
-            "was read"
-        ),
-        allow_retries=False,
+    why = (
+        f"the partition range {bounds.start}...{bounds.end} takes in `{LIVE}` (key ranges planned after it come "
+        f"after it in the partition list), which a range names only as its first or last partition: run "
+        f"{bounds.start}...{keys[at - 1]} and {keys[at + 1]}...{bounds.end}, and `{LIVE}` by itself; nothing "
+        "was read"
     )
+    mark_refused(context, why)
+    raise dg.Failure(description=why, allow_retries=False)
 
 
 def newest_partition(spec: PostgresStream | FilesStream, partitions: dg.PartitionsDefinition) -> str | None:

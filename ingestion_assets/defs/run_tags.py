@@ -1,5 +1,7 @@
 """Run tags that say what a run did: `ingest/mode` (incremental | refresh | backfill | cdc | replay),
-`ingest/source` and `ingest/generation`; the runs list and the timeline filter on them.
+`ingest/source` and `ingest/generation`; the runs list and the timeline filter on them. `ingest/refused`: a run
+that refused to start (another run holds the source or stream, a partition range it cannot take) and did
+nothing: `ingest status` shows its streams as they stand, not as failed.
 
 Tags set at launch come from the source's job (defs/jobs.py); a stream asset adds what only its run
 learns (a refresh found in the state, the generation it wrote) while it runs."""
@@ -21,6 +23,7 @@ log = logging.getLogger(__name__)
 MODE = "ingest/mode"
 SOURCE = "ingest/source"
 GENERATION = "ingest/generation"
+REFUSED = "ingest/refused"  # why the run refused to start (it read and stored nothing)
 MODES = ("incremental", "refresh", "backfill", "cdc", "replay")
 BACKFILL_TAG = "dagster/backfill"
 
@@ -54,6 +57,14 @@ def mark_run(
             if outcome.generation:
                 tags[GENERATION] = _joined(tags.get(GENERATION, current.get(GENERATION)), str(outcome.generation))
         context.instance.add_run_tags(context.run_id, tags)
+    except dg.DagsterError as exc:
+        log.warning("could not tag run %s: %s", context.run_id, exc)
+
+
+def mark_refused(context: dg.AssetExecutionContext, why: str) -> None:
+    """Tag a run that refuses to start: its failure is no stream's state. Logged, never raised, like the others."""
+    try:
+        context.instance.add_run_tags(context.run_id, {REFUSED: why[:500]})
     except dg.DagsterError as exc:
         log.warning("could not tag run %s: %s", context.run_id, exc)
 

@@ -24,6 +24,13 @@ RESERVED = frozenset(
     {EXTRACTED_AT, POSITION, GENERATION, DELETED_AT, META, "_ingest_raw", "_ingest_problems"}
     | {"_dlt_id", "_dlt_load_id", "_dlt_parent_id", "_dlt_root_id", "_dlt_list_idx"}
 )
+OURS_PREFIX = "_ingest_"  # every column the product writes, now or in a later version, is named so
+
+
+def reserved(name: str) -> bool:
+    """A column name the product keeps for itself: one of RESERVED, or any under its own prefix (a name it does
+    not write today, `_ingest_lsn`, may be one it writes tomorrow)."""
+    return name in RESERVED or name.lower().startswith(OURS_PREFIX)
 
 
 class NameCollision(ValueError):
@@ -85,7 +92,7 @@ class TargetNames:
         for name in source_columns:
             target = self.column(name)
             folded = target if self.case_sensitive else target.lower()
-            if target in RESERVED or name in RESERVED:
+            if reserved(target) or reserved(name):
                 raise NameCollision(
                     f"{where}: source column {name!r} lands as {target!r}, a column the product writes itself "
                     f"(metadata or dlt's): rename the source column{_view_fix('it') if views else ''}"

@@ -16,6 +16,7 @@ from ingestion_assets.catalog import Catalog, PostgresSource
 from ingestion_assets.defs.cdc import SLOT_HEALTH
 from ingestion_assets.defs.checks import DEAD_LETTERS, RECONCILIATION, SCHEMA
 from ingestion_assets.defs.freshness import FRESHNESS, stored_evaluation
+from ingestion_assets.defs.run_tags import REFUSED
 from ingestion_assets.observe.freshness import HISTOGRAM, merged, percentiles
 from ingestion_assets.observe.partition_status import PartitionSummary, partition_summary, stream_partitions
 from ingestion_assets.observe.target_counts import TargetCounts, count_target_rows
@@ -61,6 +62,9 @@ class StreamStatus:
     # no materialization yet, but a run was: its outcome and when it started (a first run killed or failed)
     last_attempt: str | None = None  # e.g. "failed"
     attempt_age_seconds: float | None = None
+    # its newest run refused to start and did nothing (another live run holds the source, a partition range it
+    # cannot take): "run <id> refused: <why>"; the status is that of the run before it
+    refused_run: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -141,7 +145,8 @@ def _status(
     metadata = {k: v.value for k, v in (materialization.metadata if materialization else {}).items()}
     last = dt.datetime.fromtimestamp(event.timestamp, tz=dt.UTC) if event is not None else None
     checkpoint = latest_checkpoint(instance, key)
-    status, detail = _health(instance, entry, last, slot)
+    run, refused = _last_run(instance, key, entry)
+    status, detail = _health(instance, entry, run, last, slot)
     if status == NEVER and checkpoint is not None:  # a CDC source's run that selected its other streams
         paused = checkpoint.details.get("paused")
         status, detail = (PAUSED, str(paused)) if isinstance(paused, str) else (OK, _UNSELECTED)
@@ -155,7 +160,7 @@ def _status(
         detail = f"{detail}: paused by a schema change ({accept})"
     dead = metadata.get("dead letters")
     rows = metadata.get("dagster/row_count")
-    attempt, attempt_age = _unmaterialized_attempt(instance, entry, now) if last is None else (None, None)
+    attempt, attempt_age = _unmaterialized_attempt(instance, run, now) if last is None else (None, None)
     return StreamStatus(
         stream=name,
         status=status,
@@ -172,7 +177,28 @@ def _status(
         rows_after_last_run=int(rows) if isinstance(rows, int) else None,
         last_attempt=attempt,
         attempt_age_seconds=attempt_age,
+        refused_run=f"run {refused.run_id[:8]} refused: {refused.tags[REFUSED]}" if refused is not None else None,
     )
+
+
+def _last_run(
+    instance: dg.DagsterInstance, key: dg.AssetKey, entry: Any, looked: int = 50
+) -> tuple[dg.DagsterRun | None, dg.DagsterRun | None]:
+    """The stream's newest run that did not refuse to start, and the newest refused one when that is newer. A
+    refused run read and stored nothing: its failure says nothing of the stream (found by a README-only attack:
+    a second live CDC run, refused at once, left the stream `failed` while the first went on)."""
+    run = instance.get_run_by_id(entry.last_run_id) if entry is not None and entry.last_run_id else None
+    if run is None or REFUSED not in run.tags:
+        return run, None
+    seen = {run.run_id}
+    for record in instance.fetch_planned_materializations(key, limit=looked).records:  # newest first
+        if record.run_id in seen:
+            continue
+        seen.add(record.run_id)
+        earlier = instance.get_run_by_id(record.run_id)
+        if earlier is not None and REFUSED not in earlier.tags:
+            return earlier, run
+    return None, run
 
 
 _UNSELECTED = (
@@ -182,11 +208,11 @@ _UNSELECTED = (
 
 
 def _unmaterialized_attempt(
-    instance: dg.DagsterInstance, entry: Any, now: dt.datetime
+    instance: dg.DagsterInstance, run: dg.DagsterRun | None, now: dt.datetime
 ) -> tuple[str | None, float | None]:
     """The newest run of a stream that has no materialization (a first run that was killed or failed): its
     outcome and how long ago it started; `ingest status` showed such a stream's last run as `never`."""
-    record = instance.get_run_record_by_id(entry.last_run_id) if entry is not None and entry.last_run_id else None
+    record = instance.get_run_record_by_id(run.run_id) if run is not None else None
     if record is None:
         return None, None
     started = record.start_time or record.create_timestamp.timestamp()
@@ -203,9 +229,12 @@ _OUTCOMES = {
 
 
 def _health(
-    instance: dg.DagsterInstance, entry: Any, last: dt.datetime | None, slot: SlotFigures | None
+    instance: dg.DagsterInstance,
+    entry: Any,
+    run: dg.DagsterRun | None,
+    last: dt.datetime | None,
+    slot: SlotFigures | None,
 ) -> tuple[str, str]:
-    run = instance.get_run_by_id(entry.last_run_id) if entry is not None and entry.last_run_id else None
     if run is not None and run.status == dg.DagsterRunStatus.FAILURE and not _materialized_in(entry, run.run_id):
         return FAILED, f"run {run.run_id[:8]} failed{_why_failed(instance, run.run_id)}"
     if slot is not None and slot.lagging:

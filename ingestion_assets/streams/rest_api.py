@@ -33,10 +33,12 @@ from ingestion_assets.sources.json_strings import SURROGATE_ESCAPE, lone_surroga
 from ingestion_assets.sources.rest import (
     Clock,
     EndpointSpec,
+    FieldMissing,
     Page,
     PaginationSpec,
     RestClient,
     RetryPolicy,
+    missing_everywhere,
     read_pages,
 )
 from ingestion_assets.sources.rest.incremental import unusable_field
@@ -139,6 +141,8 @@ class RestApiStream:
         latency = CommitLatency.for_stream(self.spec.cursor, options.stored)
 
         def load(piece: Slice) -> SliceOutcome:
+            if piece.index == 0:
+                self._refuse_missing_field(piece.table)  # nothing loaded or parked yet
             good, dead = self._split(piece.table, options)  # this source's slices hold records, not Arrow
             good = schema.settle(good, loader)  # a change the policy pauses on stops before this slice loads
             loaded = load_slice(loader, good, dead, self.spec.deletes, schema.column_hints())
@@ -260,6 +264,21 @@ class RestApiStream:
         setting, why = unusable
         advice = f"if every record is like this, check the stream's {setting} in the catalog"
         return f"stream {self.qualified_name}: {why}; {advice}"
+
+    def _refuse_missing_field(self, records: list[Any]) -> None:
+        """Every record of the run's first slice lacks the same key or cursor field: the catalog names a field the
+        API does not send. Parking them all (a small run under the dead-letter limit "succeeded" with nothing
+        loaded) would hide a setting to fix; the run stops at once instead."""
+        if (missing := missing_everywhere(records, self.spec.primary_key, self.spec.cursor)) is None:
+            return
+        setting, name = missing
+        fields = sorted(str(k) for k in records[0])
+        shown = f"{fields[:20]}{' ...' if len(fields) > 20 else ''}"
+        raise FieldMissing(
+            f"stream {self.qualified_name}: none of the {len(records)} records of the run's first page(s) has the "
+            f"{'primary key' if setting == 'primary_key' else 'cursor'} field {name!r} (a record's fields: {shown}): "
+            f"set the stream's `{setting}` in the catalog to a field the API sends; nothing was loaded or parked"
+        )
 
     def _dead_letter(self, record: Any, problem: str, options: RunOptions, now: dt.datetime) -> dict[str, Any]:
         keys = [record.get(k) for k in self.spec.primary_key] if isinstance(record, dict) else []

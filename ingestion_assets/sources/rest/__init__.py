@@ -21,6 +21,7 @@ from ingestion_assets.sources.rest.errors import (
     ApiError,
     AuthError,
     BadPayload,
+    FieldMissing,
     NotFound,
     PaginationLoop,
     RateLimited,
@@ -32,6 +33,7 @@ from ingestion_assets.sources.rest.incremental import (
     EndpointSpec,
     Page,
     Position,
+    missing_everywhere,
     read_pages,
     unusable_field,
 )
@@ -50,6 +52,7 @@ __all__ = [
     "BucketRegistry",
     "Clock",
     "EndpointSpec",
+    "FieldMissing",
     "FileSecretStore",
     "NoAuth",
     "NotFound",
@@ -67,6 +70,7 @@ __all__ = [
     "Secret",
     "SecretRef",
     "TokenBucket",
+    "missing_everywhere",
     "read_pages",
     "rest_endpoint",
 ]

@@ -58,6 +58,11 @@ class BadPayload(ApiError):
     spec looks for them): permanent until the spec or the server changes."""
 
 
+class FieldMissing(BadPayload):
+    """No record of a run's first pages has the stream's primary key (or cursor) field: the catalog names a field
+    the API does not send. A setting to fix, not bad records to park: permanent until the catalog changes."""
+
+
 def server_detail(response: httpx.Response) -> str:
     """The server's `error` / `error_description` (or the start of its body), for a message; a secret it
     echoes (a rejected token, often) is masked."""

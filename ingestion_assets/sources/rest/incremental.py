@@ -127,6 +127,18 @@ def unusable_field(record: dict[str, Any], primary_key: Sequence[str], cursor: s
     return None
 
 
+def missing_everywhere(
+    records: Sequence[Any], primary_key: Sequence[str], cursor: str | None
+) -> tuple[str, str] | None:
+    """The key or cursor field that no record has (("primary_key" or "cursor", the field)), when there are at
+    least two records, all objects: the setting names a field the API does not send. None otherwise (one
+    record, or one that has it: a record to park, not a setting to fix)."""
+    if len(records) < 2 or not all(isinstance(r, dict) for r in records):
+        return None
+    fields = [("primary_key", name) for name in primary_key] + ([("cursor", cursor)] if cursor else [])
+    return next(((setting, name) for setting, name in fields if all(name not in r for r in records)), None)
+
+
 def _describe_value(value: Any) -> str:
     """A JSON value for an error: its kind and (cut) text."""
     kind = {dict: "an object", list: "a list", bool: "a boolean", str: "empty text"}.get(type(value), "a value")

@@ -115,7 +115,8 @@ def _reader(url: str, stream: PostgresTableStream, rules: CopyRules, loader: Loa
     except NameCollision as exc:
         raise ColumnsUnlandable(
             f"{exc}. The column came while its copy ran: nothing of this range was loaded, and the next attempt "
-            "leaves this stream out while the other streams of the source go on"
+            "leaves this stream out while the other streams of the source go on",
+            str(exc),
         ) from exc
     return loader, fit_plan(plan, loader)
 

@@ -17,7 +17,8 @@ from ingestion_assets.sources.postgres.cdc.publication import await_older_writer
 from ingestion_assets.streams.cdc.batches import REACH_SECONDS, apply_log, catch_up
 from ingestion_assets.streams.cdc.copy import CopyRules, RangeCopied, copy_as_of, copy_range, create_target
 from ingestion_assets.streams.cdc.history import Fences, fences_for, plan_history
-from ingestion_assets.streams.cdc.outcome import CdcOutcome, LogBehind
+from ingestion_assets.streams.cdc.names import pause_copied
+from ingestion_assets.streams.cdc.outcome import CdcOutcome, ColumnsUnlandable, LogBehind
 from ingestion_assets.streams.cdc.rows import copy_floor, snapshot_version
 from ingestion_assets.streams.postgres_table import PostgresTableStream
 from ingestion_assets.sync import Faults
@@ -123,18 +124,26 @@ def copy_streams(sync: CdcSync, url: str, outcome: CdcOutcome) -> None:
     while copying and not sync.stop():
         copying = _copy_range(sync, url, outcome, copying)
     sync._applied = None  # a run that goes on applying the log (live) keeps no list
-    outcome.copied = [name for name in names if name not in sync._state.copies]
+    outcome.copied = [name for name in names if name not in sync._state.copies and name not in sync.refused]
 
 
 def _copy_range(
     sync: CdcSync, url: str, outcome: CdcOutcome, copying: list[PostgresTableStream]
 ) -> list[PostgresTableStream]:
-    """The next range of each stream's copy under one fresh snapshot; returns the streams not done."""
+    """The next range of each stream's copy under one fresh snapshot; returns the streams not done. A stream
+    whose table took a column that cannot land since its copy began is paused, and the others go on."""
     catch_up(sync, url, outcome, f"the next range of {', '.join(s.qualified_name for s in copying)}")
+    unlandable: dict[str, str] = {}
     with fenced_snapshot(sync, url, outcome, copying) as (snap, fences):
         version = snapshot_version(snap.lsn)
         for stream in copying:
-            _next_range(sync, url, stream, snap.name, version, fences, outcome)
+            try:
+                _next_range(sync, url, stream, snap.name, version, fences, outcome)
+            except ColumnsUnlandable as exc:  # nothing of its range was loaded
+                unlandable[stream.name] = exc.problem
+    if unlandable:
+        pause_copied(sync, url, unlandable)
+    copying = [s for s in copying if s.name not in unlandable]
     sync._commit(outcome.lsn, [s.name for s in copying])
     return [s for s in copying if s.name in sync._state.copies]
 

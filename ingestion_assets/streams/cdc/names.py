@@ -47,13 +47,34 @@ def refuse_unlandable(sync: CdcSync, url: str, stored: dict[str, Any]) -> dict[s
         checkpoint = stored.get(name) or {}
         if _held(checkpoint):  # a pause stored already keeps no position: nothing more to store
             sync.store.commit(parse_lsn(str(checkpoint["lsn"])), {name: {"snapshot_done": False, PAUSED: message}})
+    _leave_out(sync, url, refused)
+    if not sync.streams:
+        raise CdcError("; ".join(refused.values()))
+    return refused
+
+
+def pause_copied(sync: CdcSync, url: str, paused: dict[str, str]) -> None:
+    """Streams whose copy beside the log met a column that cannot land (added while it ran; `paused`: stream ->
+    what cannot land): nothing of that range was loaded. Each is paused at once, as the next run's checks
+    would pause it (its checkpoint keeps no position, its table leaves the product's publication), and the
+    run goes on with the other streams."""
+    for name, problem in paused.items():
+        message = _message(sync, problem, held=True)
+        sync._say("%s", message)
+        position = sync._state.positions.pop(name, None)
+        sync._state.copies.pop(name, None)
+        if position is not None:
+            sync.store.commit(position, {name: {"snapshot_done": False, PAUSED: message}})
+        sync.refused[name] = message
+    _leave_out(sync, url, paused)
+
+
+def _leave_out(sync: CdcSync, url: str, refused: dict[str, str]) -> None:
+    """The run goes on without these streams; the product's own publication drops their tables."""
     sync.streams = [s for s in sync.streams if s.name not in refused]
     if sync.source.cdc.publication is None:
         read = [(s.schema_name, s.table_name) for n, s in sync.source.streams.items() if n not in refused]
         drop_unread_tables(url, sync.publication, read)
-    if not sync.streams:
-        raise CdcError("; ".join(refused.values()))
-    return refused
 
 
 def table_columns(url: str, tables: Sequence[TableName]) -> dict[TableName, list[str]]:

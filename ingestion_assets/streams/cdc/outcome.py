@@ -24,10 +24,15 @@ class LogBehind(CdcError):
 
 
 class ColumnsUnlandable(CdcError):
-    """A column that cannot land appeared in a table while its copy ran: nothing of the range was loaded; the
-    next attempt's checks leave that stream out and the others go on."""
+    """A column that cannot land appeared in a table while its copy ran: nothing of the range was loaded. A copy
+    beside the log pauses that stream and goes on with the others (`problem`: what cannot land); a history range
+    fails, and the next attempt's checks leave that stream out while the others go on."""
 
     transient = True
+
+    def __init__(self, message: str, problem: str) -> None:
+        super().__init__(message)
+        self.problem = problem
 
 
 @dataclass
