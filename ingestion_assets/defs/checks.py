@@ -106,6 +106,15 @@ def _reconciliation(outcomes: list[PartitionOutcome]) -> dg.AssetCheckResult:
     errors = [r.error for r in compared if r.error]
     if errors:
         metadata["error"] = dg.MetadataValue.text("; ".join(errors))
+    owed = [r.owed for r in compared if r.owed]
+    if owed:  # kept in the checkpoint: every run compares the whole table, and fails here, until it is closed
+        metadata["owed"] = dg.MetadataValue.text("; ".join(owed))
+    repaired = total["repaired"]
+    if repaired and passed:
+        metadata["repair"] = (
+            f"{repaired} row(s) missing or older in the target were read again by key and merged; compared again, "
+            "they agree with the source"
+        )
     if pending:
         metadata["what to do"] = (
             f"{pending} row(s) are gone from the source: set `reconcile: {{full_every_seconds: N, deletes: hard}}` "
@@ -132,6 +141,7 @@ _FIGURES = {
     "deletions_applied": "deletions applied",
     "not_yet_synced": "not yet synced (past the checkpoint)",
     "parked": "parked as dead letters",
+    "repaired": "read again by key (repaired)",
     "seconds": "seconds",
 }
 _SAMPLES = {
@@ -139,6 +149,7 @@ _SAMPLES = {
     "stale": "sample of older keys",
     "newer": "sample of newer keys",
     "deleted": "sample of keys deleted at the source",
+    "repaired": "sample of repaired keys",
 }
 
 

@@ -199,25 +199,13 @@ class PostgresTableStream:
         loader.run_id = options.run_id
         if after is None and window is None and loader.use_initial_load_path() and options.log is not None:
             options.log.info("%s: empty target, first full read: loading slices by append", self.qualified_name)
-        ordering = [c.name for c in plan.ordering]
         latency = CommitLatency.for_stream(self.spec.cursor[0] if len(self.spec.cursor) == 1 else None, options.stored)
 
         def load(piece: Slice) -> SliceOutcome:
-            split = split_bad_rows(
-                piece.table,
-                self.name,
-                options.partition,
-                options.run_id,
-                self.spec.primary_key,
-                ordering,
-                self.spec.dead_letters.on_bad_value,
-            )
-            now = dt.datetime.now(dt.UTC)
-            rows = with_metadata(split.rows, self.spec.cursor, now, options.target.generation, meta=split.meta)
-            loaded = loader.load(rows, dead_letters=split.dead)
-            latency.observe(split.rows, dt.datetime.now(dt.UTC))  # committed: the load returned
-            parked = split.dead_count + loader.take_parked()
-            return SliceOutcome(loaded=loaded, dead_letters=parked, nulled=split.nulled)
+            generation, partition = options.target.generation, options.partition
+            rows, outcome = self.load_piece(piece, loader, plan, generation, partition, options.run_id)
+            latency.observe(rows, dt.datetime.now(dt.UTC))  # committed: the load returned
+            return outcome
 
         guard = None
         if self.spec.cursor and self.spec.late_commits.enabled:
@@ -255,6 +243,27 @@ class PostgresTableStream:
         if result.slices == 0:
             loader.create_if_missing(self._empty(plan))
         return result
+
+    def load_piece(
+        self, piece: Slice, loader: Loader, plan: ReadPlan, generation: int, partition: str | None, run_id: str
+    ) -> tuple[pa.Table, SliceOutcome]:
+        """One slice as every read loads it (a run's, a reconciliation's repair): bad values parked or nulled,
+        metadata columns added, merged; returns the rows as read and what the load did."""
+        ordering = [c.name for c in plan.ordering]
+        split = split_bad_rows(
+            piece.table,
+            self.name,
+            partition,
+            run_id,
+            self.spec.primary_key,
+            ordering,
+            self.spec.dead_letters.on_bad_value,
+        )
+        now = dt.datetime.now(dt.UTC)
+        rows = with_metadata(split.rows, self.spec.cursor, now, generation, meta=split.meta)
+        loaded = loader.load(rows, dead_letters=split.dead)
+        parked = split.dead_count + loader.take_parked()
+        return split.rows, SliceOutcome(loaded=loaded, dead_letters=parked, nulled=split.nulled)
 
     def _leaf_changes(self, stored: dict[str, Any]) -> LeafChanges:
         found = leaf_names(self.source_url(), self.spec.schema_name, self.spec.table_name)

@@ -24,7 +24,7 @@ from ingestion_assets.partitions import LIVE
 from ingestion_assets.state.model import DATA_COMMITTED_AT, Checkpoint
 from ingestion_assets.streams.late_commits import PROBES
 from ingestion_assets.streams.postgres_table import PostgresTableStream, RunOptions, Target
-from ingestion_assets.streams.reconcile import RECONCILED_AT, Reconciliation, carried_details, reconcile_run
+from ingestion_assets.streams.reconcile import OWED, RECONCILED_AT, Reconciliation, carried_details, reconcile_run
 from ingestion_assets.streams.schema_step import (
     COLUMN_IDS,
     SchemaStep,
@@ -62,6 +62,7 @@ CARRIED = (*CARRIED, MEASURED_TO)  # how far the stream's commit-to-target laten
 CARRIED = (*CARRIED, LEAVES)  # the leaf partitions a polled table stream has read (a failed run read no new one)
 CARRIED = (*CARRIED, GONE)  # and those gone whose rows a full comparison has not yet found retired
 CARRIED = (*CARRIED, LEAF_IDS)  # and what each of them was when it was read
+CARRIED = (*CARRIED, OWED)  # a gap a comparison found and did not repair: runs compare in full until it is closed
 
 
 class StateStore(Protocol):
@@ -357,13 +358,19 @@ class PartitionJob:
             outcome.key_listing = self.stream.retire_unlisted(loader)
         if isinstance(self.stream, PostgresTableStream) and schema.plan is not None:
             full = full or bool(result.details.get(GONE))  # a partition's rows left without a cursor to show it
-            check = reconcile_run(self.stream, schema.plan, loader, self.partition, result, self._carried, full)
+            check = reconcile_run(
+                self.stream, schema.plan, loader, self.partition, result, self._carried, full, generation, self.run_id
+            )
             outcome.reconciliation = check.figures
             settled = _gone_settled(check.figures) and GONE in outcome.checkpoint
             if settled:  # no row of a partition gone is left in the target: later runs compare as usual again
                 del outcome.checkpoint[GONE]
-            if check.carried:  # when the last full comparison ran: later runs know when the next one is due
-                outcome.checkpoint.update(check.carried)
+            # when the last full comparison ran (later runs know when the next one is due), and what it left owed
+            for name, value in check.carried.items():
+                if value is None:
+                    outcome.checkpoint.pop(name, None)
+                else:
+                    outcome.checkpoint[name] = value
             if check.carried or settled:
                 self.store.commit(self.partition, result.position, **outcome.checkpoint)
         return outcome

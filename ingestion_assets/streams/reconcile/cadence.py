@@ -3,6 +3,7 @@ checkpoint remembers of it, so most runs only do the cheap window check."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from ingestion_assets.streams.reconcile.canonical import NotComparable
 from ingestion_assets.streams.reconcile.compare import Request, reconcile
 from ingestion_assets.streams.reconcile.figures import Reconciliation
 from ingestion_assets.streams.reconcile.relation import Scope
+from ingestion_assets.streams.reconcile.repair import OWED, Repair, owed_reason, repair
 from ingestion_assets.sync import SyncResult
 
 RECONCILED_AT = "reconciled_full_at"  # checkpoint detail: when the last full comparison completed (UTC)
@@ -30,12 +32,12 @@ ERROR_CHARS = 400
 @dataclass(frozen=True)
 class RunCheck:
     figures: Reconciliation | None
-    carried: dict[str, Any] = field(default_factory=dict)  # checkpoint details to store after it
+    carried: dict[str, Any] = field(default_factory=dict)  # checkpoint details to store after it (None: remove)
 
 
 def carried_details(details: Mapping[str, Any]) -> dict[str, Any]:
     """What a run keeps from the checkpoint it started from."""
-    return {RECONCILED_AT: details[RECONCILED_AT]} if RECONCILED_AT in details else {}
+    return {name: details[name] for name in (RECONCILED_AT, OWED) if name in details}
 
 
 def reconcile_run(
@@ -46,13 +48,18 @@ def reconcile_run(
     result: SyncResult,
     carried: Mapping[str, Any],
     forced_full: bool = False,
+    generation: int = 1,
+    run_id: str = "",
 ) -> RunCheck:
-    """Compare the run's window, or (when due, or `forced_full` after a refresh) its whole table or partition."""
+    """Compare the run's window, or (when due, when a gap is owed, or `forced_full` after a refresh) its whole
+    table or partition; repair what it finds missing or older; remember what it could not repair."""
     settings = stream.spec.reconcile
     if stream.spec.write_disposition == "append":
         return RunCheck(Reconciliation(settings.scope, skipped="append keeps every version of a row: not compared"))
     now = dt.datetime.now(dt.UTC)
-    full = forced_full or settings.scope == "full" or full_due(settings, carried.get(RECONCILED_AT), now)
+    owed = carried.get(OWED)
+    full = forced_full or owed is not None or settings.scope == "full"
+    full = full or full_due(settings, carried.get(RECONCILED_AT), now)
     if not full and settings.scope == "off":
         return RunCheck(None)
     scope = Scope(
@@ -63,17 +70,51 @@ def reconcile_run(
         highest=result.position,
     )
     request = Request(stream.source_url(), plan, loader, scope, result.position, settings.deletes)
+    how = Repair(stream, plan, generation, partition, run_id) if repairs(stream) else None
     try:
-        figures = reconcile(request)
+        figures = compared(request, how)
     except NotComparable as exc:
         return RunCheck(Reconciliation(scope.name, skipped=str(exc)))
-    except (psycopg2.Error, duckdb.Error, database_exception()) as exc:
-        # The slices are loaded and checkpointed: fail the check, not the run (a retry would read nothing new);
-        # a full comparison that did not finish is not recorded, so the next run owes it again.
-        return RunCheck(Reconciliation(scope.name, error=f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]))
-    # Remembered only where a cadence asks (a checkpoint more per run otherwise, for nothing).
-    remember = full and bool(settings.full_every_seconds)
-    return RunCheck(figures, {RECONCILED_AT: now.isoformat()} if remember else {})
+    kept: dict[str, Any] = {}
+    # Remembered only where a cadence asks (a checkpoint more per run otherwise, for nothing); a full comparison
+    # that did not finish is not recorded, so the next run owes it again.
+    if full and bool(settings.full_every_seconds) and figures.error is None:
+        kept[RECONCILED_AT] = now.isoformat()
+    why = owed_reason(figures, stream.qualified_name)
+    if why is not None:  # every later run compares the whole table, and fails its check, until the gap is closed
+        since = owed.get("since") if isinstance(owed, Mapping) else None
+        kept[OWED] = {"since": since or now.isoformat(), "why": why}
+        figures = dataclasses.replace(figures, owed=why)
+    elif owed is not None:  # a full comparison found nothing left unrepaired: the gap is closed
+        kept[OWED] = None
+    return RunCheck(dataclasses.replace(figures, found_keys=None), kept)
+
+
+def compared(request: Request, how: Repair | None) -> Reconciliation:
+    """The comparison, then the repair of what it found. A failure of either fails the check, not the run: the
+    slices are loaded and checkpointed (a retry would read nothing new); what was found stays owed."""
+    try:
+        figures = reconcile(request)
+    except failures() as exc:
+        return Reconciliation(request.scope.name, error=f"{type(exc).__name__}: {exc}"[:ERROR_CHARS])
+    if how is None:
+        return figures
+    try:
+        return repair(request, figures, how)
+    except failures() as exc:
+        return dataclasses.replace(figures, error=f"the repair failed: {type(exc).__name__}: {exc}"[:ERROR_CHARS])
+
+
+def repairs(stream: PostgresTableStream) -> bool:
+    """Merge streams with a key repair by key; a `replace` stream reads its whole table every run anyway."""
+    return stream.spec.write_disposition == "merge" and bool(stream.spec.primary_key)
+
+
+def failures() -> tuple[type[Exception], ...]:
+    """What a comparison or a repair meets on either side (the source, the target, dlt's load)."""
+    from dlt.common.exceptions import DltException
+
+    return (psycopg2.Error, duckdb.Error, database_exception(), DltException, OSError)
 
 
 def full_due(settings: Reconcile, last: str | None, now: dt.datetime) -> bool:

@@ -105,6 +105,32 @@ def _compare(request: Request, source: SourceSide, target: TargetSide) -> Reconc
         not_yet_synced=found.counts[UNSYNCED],
         parked=found.parked,
         samples={kind: keys for kind, keys in found.samples.items() if keys},
+        found_keys=found.repairable,
+    )
+
+
+def recheck(request: Request, keys: pa.Table) -> Reconciliation:
+    """`keys` (k0.., as the source side types them) compared again, looked up on both sides whatever their version
+    or window: after a repair, whether each is now in the target at the source's version."""
+    comparable_target(request.loader)
+    with request.loader.client() as client, SourceSide.open(request.url, request.plan, request.scope) as source:
+        target = TargetSide(request.loader, request.plan, request.scope, source.shape, client)
+        ours, theirs = _both(lambda: source.lookup(keys), lambda: target.lookup(keys))
+        diff = Diff(ours, theirs, len(request.plan.primary_key), len(request.plan.cursor))
+        try:
+            classified = diff.classify(*_ordering(request))
+        finally:
+            diff.close()
+        found = summarize(classified, len(request.plan.primary_key), target.parked() if classified.num_rows else set())
+    return Reconciliation(
+        scope=request.scope.name,
+        missing=found.counts[MISSING],
+        stale=found.counts[STALE],
+        newer_in_target=found.counts[NEWER],
+        deleted_at_source=found.counts[DELETED],
+        not_yet_synced=found.counts[UNSYNCED],
+        parked=found.parked,
+        samples={kind: keys for kind, keys in found.samples.items() if keys},
     )
 
 

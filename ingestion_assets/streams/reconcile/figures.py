@@ -30,15 +30,20 @@ class Reconciliation:
     deletions_applied: int = 0
     not_yet_synced: int = 0  # the source's version is past the checkpoint: the next run reads it
     parked: int = 0  # source rows that differ because they wait in the dead-letter table
+    repaired: int = 0  # missing or older rows read again by key in the same run, and found in place after
+    owed: str | None = None  # a gap found and not repaired (this run or before): later runs compare the whole table
     samples: dict[str, list[str]] = field(default_factory=dict)
     skipped: str | None = None  # why nothing was compared
     error: str | None = None  # the comparison could not finish (the run's load is committed all the same)
     seconds: float = 0.0
+    # the keys (k0.., typed as the source's) of the missing and older rows, for the repair; not shown
+    found_keys: pa.Table | None = field(default=None, repr=False, compare=False)
 
     @property
     def passed(self) -> bool:
         """Nothing unexplained: every row the checkpoint covers is in the target at the source's version."""
-        return self.error is None and self.missing == 0 and self.stale == 0 and self.newer_in_target == 0
+        unexplained = self.missing or self.stale or self.newer_in_target
+        return self.error is None and not unexplained and self.owed is None
 
     @property
     def deletes_pending(self) -> int:
@@ -53,6 +58,7 @@ class Found:
     samples: dict[str, list[str]]
     parked: int
     deleted_keys: pa.Table  # target-typed key columns k0.. of the rows only in the target
+    repairable: pa.Table  # source-typed key columns k0.. of the missing and older rows (not parked)
 
 
 def summarize(classified: pa.Table, keys: int, parked: set[str]) -> Found:
@@ -60,6 +66,7 @@ def summarize(classified: pa.Table, keys: int, parked: set[str]) -> Found:
     samples: dict[str, list[str]] = {}
     parked_count = 0
     deleted = pa.table({})
+    repairable = []
     for kind in (MISSING, STALE, NEWER, DELETED, UNSYNCED):
         side = "t" if kind == DELETED else "s"
         rows = classified.filter(pc.equal(classified["kind"], kind))
@@ -71,8 +78,11 @@ def summarize(classified: pa.Table, keys: int, parked: set[str]) -> Found:
             waiting = pc.is_in(texts, value_set=pa.array(sorted(parked), pa.string()))
             parked_count += int(pc.sum(waiting).as_py() or 0)
             texts = texts.filter(pc.invert(waiting))
+            rows = rows.filter(pc.invert(waiting))
+        if kind in (MISSING, STALE):
+            repairable.append(rows)
         if kind == DELETED:
             deleted = rows
         counts[kind] = len(texts)
         samples[kind] = sorted(texts.slice(0, SAMPLE * 10).to_pylist())[:SAMPLE]
-    return Found(counts, samples, parked_count, deleted)
+    return Found(counts, samples, parked_count, deleted, pa.concat_tables(repairable))

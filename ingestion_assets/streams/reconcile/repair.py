@@ -1,0 +1,99 @@
+"""The repair after a comparison: rows found missing from the target, or older there, are read again from the
+source by primary key in the run that found them and merged like any slice; a gap it cannot close is owed."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+from ingestion_assets.loading.dead_letters import record_keys
+from ingestion_assets.sources.postgres import table_slices
+from ingestion_assets.sources.postgres.query import ReadPlan, exact_text
+from ingestion_assets.sources.postgres.values import plain
+from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
+from ingestion_assets.streams.reconcile.compare import Request, recheck
+from ingestion_assets.streams.reconcile.diff import MISSING, STALE
+from ingestion_assets.streams.reconcile.figures import SAMPLE, Reconciliation
+from ingestion_assets.streams.reconcile.relation import key_alias
+
+# Above this many keys a gap is a table's worth (a partition detached, a restore, a cursor reset), not stray late
+# rows: reading it back 1,000 keys per IN list costs more than one re-read of the table (`ingest refresh STREAM
+# --retain`), and the key list would sit in memory beside the diff. Such a gap is owed instead of repaired.
+REPAIR_CAP = 100_000
+KEYS_PER_READ = 1000  # keys per read (one IN list): a repair holds at most this many rows at a time
+OWED = "reconcile_owed"  # checkpoint detail: a gap found and not repaired ({"since", "why"}): compare in full
+
+
+@dataclasses.dataclass(frozen=True)
+class Repair:
+    """What a repair loads with: the run's read plan (fitted to the target) and the generation its rows carry."""
+
+    stream: PostgresTableStream
+    plan: ReadPlan
+    generation: int
+    partition: str | None = None
+    run_id: str = ""
+
+
+def repair(request: Request, found: Reconciliation, how: Repair) -> Reconciliation:
+    """Read the missing and older rows again by key, merge them under the version guard (a newer version another
+    writer loaded meanwhile stays), then compare those keys again. A key gone from the source by now loads
+    nothing: it is not missing any more, and a later comparison sees it as deleted at the source."""
+    keys = found.found_keys
+    if keys is None or keys.num_rows == 0 or keys.num_rows > REPAIR_CAP:
+        return found
+    stream, plan = how.stream, how.plan
+    loader = stream.loader(Target(stream.name, how.generation), how.partition, plan, guard=True)
+    loader.run_id = how.run_id
+    for chunk in _key_texts(keys):
+        pieces = table_slices(request.url, plan, None, stream.spec.slice_rows, stream.qualified_name, keys=chunk)
+        for piece in pieces:  # the row's current version, wherever its cursor or time window now is
+            stream.load_piece(piece, loader, plan, how.generation, how.partition, how.run_id)
+    after = recheck(request, keys)
+    left = after.missing + after.stale + after.newer_in_target + after.parked + after.deleted_at_source
+    samples = {kind: k for kind, k in found.samples.items() if kind not in (MISSING, STALE)}
+    samples.update({kind: k for kind, k in after.samples.items() if kind in (MISSING, STALE)})
+    texts = record_keys(keys, [key_alias(i) for i in range(keys.num_columns)]).to_pylist()
+    samples["repaired"] = sorted(texts)[:SAMPLE]
+    return dataclasses.replace(
+        found,
+        missing=after.missing,
+        stale=after.stale,
+        newer_in_target=found.newer_in_target + after.newer_in_target,
+        deleted_at_source=found.deleted_at_source + after.deleted_at_source,
+        parked=found.parked + after.parked,
+        repaired=keys.num_rows - left,
+        samples=samples,
+    )
+
+
+def owed_reason(figures: Reconciliation, stream: str) -> str | None:
+    """What the comparison found and did not repair (None: nothing), said so a person can act on it."""
+    if figures.error is not None:
+        return f"the comparison did not finish ({figures.error})"
+    said = []
+    if figures.missing or figures.stale:
+        over = figures.found_keys is not None and figures.found_keys.num_rows > REPAIR_CAP and not figures.repaired
+        why = (
+            f"more than the {REPAIR_CAP:,} a run reads again by key: `ingest refresh {stream} --retain` re-reads "
+            "the table"
+            if over
+            else "not repaired"
+        )
+        said.append(f"{figures.missing} row(s) missing and {figures.stale} older in the target ({why})")
+    if figures.newer_in_target:
+        said.append(
+            f"{figures.newer_in_target} row(s) newer in the target than in the source (the source's cursor went "
+            f"backwards; the version guard keeps the target's: `ingest refresh {stream}` reads them again)"
+        )
+    return "; ".join(said) or None
+
+
+def _key_texts(keys: pa.Table) -> Iterator[list[list[str]]]:
+    """The keys as the read's IN list takes them: each value's exact text, KEYS_PER_READ at a time."""
+    for start in range(0, keys.num_rows, KEYS_PER_READ):
+        chunk = keys.slice(start, KEYS_PER_READ)
+        columns = [chunk.column(i) for i in range(chunk.num_columns)]
+        yield [[str(exact_text(plain(column[row]))) for column in columns] for row in range(chunk.num_rows)]

@@ -1,0 +1,154 @@
+"""A gap a comparison finds (rows missing from the target, or older there) is read again by key in the same run;
+what it cannot repair is owed: every later run compares the whole table and fails its check until it is closed.
+
+Found by a README-only attack: a gap found once was forgotten, the next run compared only its own cursor window
+and the check (and `ingest status`) went back to ok with the rows still missing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from ingestion_assets.cli import main
+from ingestion_assets.streams.reconcile import OWED
+from ingestion_assets_tests.helpers import StreamHarness
+
+ITEMS = """
+CREATE TABLE items (id int PRIMARY KEY, name text NOT NULL, updated_at timestamptz NOT NULL);
+INSERT INTO items SELECT g, 'item ' || g, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 second'
+FROM generate_series(1, 300) g;
+"""
+LAST = "timestamptz '2024-01-01 00:05:00+00'"  # row 300's cursor: the first run's checkpoint
+
+
+def _catalog(harness: StreamHarness, destination: str = "duckdb", reconcile: Any = "window") -> None:
+    spec = {"table": "items", "primary_key": "id", "cursor": "updated_at", "slice_rows": 100}
+    harness.write_catalog({"items": {**spec, "retries": {"max_attempts": 1}, "reconcile": reconcile}}, destination)
+
+
+def _check(result: dg.ExecuteInProcessResult) -> dg.AssetCheckEvaluation:
+    return next(e for e in result.get_asset_check_evaluations() if e.check_name == "reconciliation")
+
+
+def _figure(check: dg.AssetCheckEvaluation, label: str) -> Any:
+    return check.metadata[label].value
+
+
+def _owed(harness: StreamHarness, partition: str | None = None) -> Any:
+    checkpoint = harness.checkpoint("items", partition)
+    assert checkpoint is not None
+    return checkpoint.details.get(OWED)
+
+
+@pytest.mark.parametrize("destination", ["duckdb", "postgres"])
+def test_late_rows_and_older_versions_are_read_again_in_the_run_that_finds_them(
+    harness: StreamHarness, destination: str
+) -> None:
+    harness.source.execute(ITEMS)
+    _catalog(harness, destination, "full")
+    assert _check(harness.materialize()).passed
+    harness.source.execute(
+        # committed after the run read, with cursors behind its checkpoint (an application clock, a copied time)
+        "INSERT INTO items VALUES (999, 'late', timestamptz '2024-01-01 00:00:05.5+00');"
+        "UPDATE items SET name = 'changed', updated_at = updated_at + interval '1 ms' WHERE id IN (30, 31)"
+    )
+
+    check = _check(harness.materialize())
+    assert check.passed, check.metadata
+    assert _figure(check, "read again by key (repaired)") == 3
+    assert _figure(check, "sample of repaired keys") == ["30", "31", "999"]
+    assert _figure(check, "missing in target") == 0 and _figure(check, "older in target than in source") == 0
+    assert "read again by key" in _figure(check, "repair")
+    assert harness.assert_target_equals_source("items", "items", "id") == 301
+    assert _owed(harness) is None
+    again = _check(harness.materialize())
+    assert again.passed and _figure(again, "buckets differing") == 0
+
+
+def test_a_late_row_sharing_the_checkpoint_cursor_is_repaired_by_the_window_check(harness: StreamHarness) -> None:
+    harness.source.execute(ITEMS)
+    _catalog(harness)
+    harness.materialize()
+    # a row committed late with the checkpoint's own cursor and a lower key: the keyset read is past it
+    harness.source.execute(f"INSERT INTO items VALUES (0, 'tie', {LAST})")
+
+    check = _check(harness.materialize())
+    assert _figure(check, "scope") == "window" and check.passed, check.metadata
+    assert _figure(check, "sample of repaired keys") == ["0"]
+    harness.assert_target_equals_source("items", "items", "id")
+
+
+def test_a_gap_over_the_cap_is_owed_until_a_full_comparison_closes_it(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness.source.execute(ITEMS)
+    _catalog(harness)
+    harness.materialize()
+    monkeypatch.setattr("ingestion_assets.streams.reconcile.repair.REPAIR_CAP", 2)
+    harness.source.execute(
+        f"INSERT INTO items SELECT -g, 'late ' || g, {LAST} FROM generate_series(1, 3) g;"
+        "UPDATE items SET name = 'new', updated_at = statement_timestamp() WHERE id = 1"
+    )
+    first = _check(harness.materialize())  # the window from the checkpoint's cursor on sees the three
+    assert not first.passed and _figure(first, "missing in target") == 3, first.metadata
+    assert "more than the 2 a run reads again by key" in _figure(first, "owed")
+    since = _owed(harness)["since"]
+
+    for key in (2, 3):  # the window moves on, past the late rows: the owed gap still makes runs compare in full
+        harness.source.execute(f"UPDATE items SET updated_at = statement_timestamp() WHERE id = {key}")
+        later = _check(harness.materialize())
+        assert _figure(later, "scope") == "full" and not later.passed, later.metadata
+        assert _figure(later, "missing in target") == 3 and _owed(harness)["since"] == since
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["status"]) == 1
+    assert "check failed" in capsys.readouterr().err
+
+    monkeypatch.setattr("ingestion_assets.streams.reconcile.repair.REPAIR_CAP", 100_000)
+    closed = _check(harness.materialize())  # a full comparison repairs them: the gap is closed
+    assert closed.passed and _figure(closed, "read again by key (repaired)") == 3, closed.metadata
+    assert _owed(harness) is None
+    harness.assert_target_equals_source("items", "items", "id")
+    assert _figure(_check(harness.materialize()), "scope") == "window"  # back to the cheap check
+
+
+def test_a_refresh_clears_what_is_owed(harness: StreamHarness, monkeypatch: pytest.MonkeyPatch) -> None:
+    harness.source.execute(ITEMS)
+    _catalog(harness)
+    harness.materialize()
+    monkeypatch.setattr("ingestion_assets.streams.reconcile.repair.REPAIR_CAP", 2)
+    harness.source.execute(f"INSERT INTO items SELECT -g, 'late ' || g, {LAST} FROM generate_series(1, 3) g")
+    assert not _check(harness.materialize()).passed and _owed(harness) is not None
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["refresh", f"{harness.source_name}.items", "--retain", "--later"]) == 0
+
+    check = _check(harness.materialize())  # every row read again
+    assert check.passed and _owed(harness) is None, check.metadata
+    harness.assert_target_equals_source("items", "items", "id")
+
+
+def test_a_time_partition_repairs_into_the_one_target_table(harness: StreamHarness) -> None:
+    harness.source.execute(
+        "CREATE TABLE events (id int PRIMARY KEY, v text, updated_at timestamptz NOT NULL);"
+        "INSERT INTO events SELECT g, 'v' || g, timestamptz '2024-01-01 00:00:00+00' + g * interval '10 min' "
+        "FROM generate_series(1, 200) g"  # 1-143 on the first day, the rest on the second
+    )
+    partitions = {"by": "time", "column": "updated_at", "start": "2024-01-01", "granularity": "daily"}
+    spec = {"table": "events", "primary_key": "id", "cursor": "updated_at", "partitions": partitions}
+    harness.write_catalog({"events": {**spec, "reconcile": {"full_every_seconds": 0}}})
+    harness.materialize(partition_range=("2024-01-01", "2024-01-02"))
+    harness.source.execute(  # late into the first day, behind its checkpoint; an older version on the second day
+        "INSERT INTO events VALUES (500, 'late', '2024-01-01 03:00:00.5+00');"
+        "UPDATE events SET v = 'changed', updated_at = updated_at + interval '1 ms' WHERE id = 150"
+    )
+
+    first = _check(harness.materialize(partition="2024-01-01"))
+    assert first.passed and _figure(first, "sample of repaired keys") == ["500"], first.metadata
+    second = _check(harness.materialize(partition="2024-01-02"))
+    assert second.passed and _figure(second, "sample of repaired keys") == ["150"], second.metadata
+    harness.assert_target_equals_source("events", "events", "id")
+    checkpoint = harness.checkpoint("events", "2024-01-01")
+    assert checkpoint is not None and OWED not in checkpoint.details
