@@ -104,7 +104,8 @@ def test_a_gap_over_the_cap_is_owed_until_a_full_comparison_closes_it(
     for key, value in harness.cli_env().items():
         monkeypatch.setenv(key, value)
     assert main(["status"]) == 1
-    assert "check failed" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "check failed: reconciliation owed since" in err and "3 row(s) missing" in err
 
     monkeypatch.setattr("ingestion_assets.streams.reconcile.repair.REPAIR_CAP", 100_000)
     closed = _check(harness.materialize())  # a full comparison repairs them: the gap is closed
@@ -152,3 +153,24 @@ def test_a_time_partition_repairs_into_the_one_target_table(harness: StreamHarne
     harness.assert_target_equals_source("events", "events", "id")
     checkpoint = harness.checkpoint("events", "2024-01-01")
     assert checkpoint is not None and OWED not in checkpoint.details
+
+
+def test_ingest_reconcile_repairs_what_it_finds(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness.source.execute(ITEMS)
+    _catalog(harness, reconcile={"full_every_seconds": 3600})
+    harness.materialize()
+    harness.source.execute("INSERT INTO items VALUES (999, 'late', timestamptz '2024-01-01 00:00:05.5+00')")
+    assert _check(harness.materialize()).passed  # the window check cannot see a row so far behind its checkpoint
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    stream = f"{harness.source_name}.items"
+
+    assert main(["reconcile", stream, "--no-repair"]) == 1
+    out = capsys.readouterr().out
+    assert "1 missing" in out and "0 read again by key (repaired)" in out and "not repaired: --no-repair" in out
+    assert main(["reconcile", stream]) == 0
+    out = capsys.readouterr().out
+    assert "0 missing" in out and "1 read again by key (repaired)" in out and "repaired: 999" in out
+    harness.assert_target_equals_source("items", "items", "id")

@@ -127,6 +127,9 @@ def _parser() -> argparse.ArgumentParser:
         "--apply-deletes", action="store_true", help="delete rows the source no longer has (soft if the stream says so)"
     )
     compare.add_argument("--every-key", action="store_true", help="diff every key, even where the checksums agree")
+    compare.add_argument(
+        "--no-repair", action="store_true", help="only compare: do not read missing or older rows again by key"
+    )
     return parser
 
 

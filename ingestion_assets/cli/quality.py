@@ -152,11 +152,12 @@ def _replay_failures() -> tuple[type[BaseException], ...]:
 
 
 def reconcile(settings: Settings, args: argparse.Namespace) -> int:
-    """A full comparison now, with the stream's last checkpoint; deletions only with --apply-deletes."""
+    """A full comparison now, with the stream's last checkpoint; the missing and older rows it finds are read again
+    by key (as a run's comparison does; not with --no-repair); deletions only with --apply-deletes."""
     from ingestion_assets.partitions import window_for
-    from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
-    from ingestion_assets.streams.reconcile import Request, Scope
-    from ingestion_assets.streams.reconcile import reconcile as compare
+    from ingestion_assets.streams.postgres_table import PostgresTableStream
+    from ingestion_assets.streams.reconcile import Request, Scope, owed_reason
+    from ingestion_assets.streams.reconcile.cadence import compared, repairs
 
     stream, store = _stream_and_store(settings, args.stream)
     if not isinstance(stream, PostgresTableStream) or stream.source.mode == "cdc":
@@ -164,13 +165,15 @@ def reconcile(settings: Settings, args: argparse.Namespace) -> int:
     if stream.spec.partitions is not None and args.partition is None:
         raise SystemExit(f"error: {args.stream} is partitioned: name the partition to compare with --partition")
     latest = store.latest(args.partition)
-    plan = stream.plan()
-    loader = stream.loader(Target(stream.name, 1), args.partition, plan)
+    loader, plan, how, no_repair = _repair_setup(stream, latest, args.partition, not args.no_repair)
     mode = stream.spec.reconcile.deletes if stream.spec.reconcile.applies_deletes else "hard"
     scope = Scope("full", window_for(stream.spec, args.partition))
     position = latest.position if latest is not None else None
     deletes = mode if args.apply_deletes else "report"
-    found = compare(Request(stream.source_url(), plan, loader, scope, position, deletes, every_key=args.every_key))
+    request = Request(stream.source_url(), plan, loader, scope, position, deletes, every_key=args.every_key)
+    found = compared(request, how if repairs(stream) else None)
+    if found.error is not None:
+        raise SystemExit(f"error: {stream.qualified_name}: {found.error}")
     print(
         f"{stream.qualified_name}{'' if args.partition is None else ' partition ' + args.partition} (full, deletes: "
         f"{found.deletes}): {found.source_rows} source rows, {found.target_rows} target rows; "
@@ -179,11 +182,41 @@ def reconcile(settings: Settings, args: argparse.Namespace) -> int:
     print(
         f"  {found.missing} missing, {found.stale} older, {found.newer_in_target} newer in the target, "
         f"{found.deleted_at_source} in the target only (deleted at the source), {found.deletions_applied} deleted, "
-        f"{found.not_yet_synced} not yet synced, {found.parked} parked"
+        f"{found.not_yet_synced} not yet synced, {found.parked} parked, {found.repaired} read again by key (repaired)"
     )
     for kind, keys in found.samples.items():
         print(f"  {kind}: {', '.join(keys)}")
+    if no_repair is not None and (found.missing or found.stale):
+        print(f"  not repaired: {no_repair}")
+    left = owed_reason(found, stream.qualified_name)
+    if left is not None:
+        print(f"  left: {left}")
     return 0 if found.passed and found.deletes_pending == 0 else 1
+
+
+def _repair_setup(stream: Any, latest: Any, partition: str | None, wanted: bool) -> tuple[Any, Any, Any, str | None]:
+    """The loader and read plan of the stream's last run (its generation, its settled schema fitted to the target),
+    the repair they allow, and why there is none: a schema change the last run has not applied would load rows
+    the target is not ready for (the next run applies it, then repairs)."""
+    from ingestion_assets.streams.postgres_table import Target
+    from ingestion_assets.streams.reconcile import Repair
+    from ingestion_assets.streams.schema_step import SchemaPaused, settle_schema
+    from ingestion_assets.streams.target_types import fit_plan
+
+    details = dict(latest.details) if latest is not None else {}
+    generation = max(int(details.get("generation", 1)), 1)
+    why: str | None = None if wanted else "--no-repair"
+    try:
+        step = settle_schema(stream, details)
+        plan = step.plan if step.plan is not None else stream.plan()
+        if step.applied and why is None:
+            why = f"the source's columns changed since the last run ({step.describe()[0]}, ...): run the stream first"
+    except SchemaPaused as exc:
+        plan, why = stream.plan(), f"{exc}"
+    loader = stream.loader(Target(stream.name, generation), partition, plan)
+    plan = fit_plan(plan, loader)
+    how = Repair(stream, plan, generation, partition, "ingest-reconcile") if why is None else None
+    return loader, plan, how, why
 
 
 def _no_reconcile(stream: Any) -> str:

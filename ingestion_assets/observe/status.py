@@ -24,6 +24,7 @@ from ingestion_assets.references import postgres_url
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import latest_checkpoint
 from ingestion_assets.state.summary import partitions_with_state
+from ingestion_assets.streams.reconcile.repair import OWED
 
 OK, FAILED, NEVER, LAGGING, RUNNING, CHECK = "ok", "failed", "never synced", "lagging", "running", "check failed"
 STALE = "stale"  # older than the stream's `freshness.max_lag`
@@ -153,6 +154,12 @@ def _status(
     failed = _failed_checks(instance, key)
     if status == OK and failed:
         status, detail = CHECK, f"latest evaluation failed: {', '.join(failed)}"
+    owed = checkpoint.details.get(OWED) if checkpoint is not None else None
+    if status in (OK, CHECK) and isinstance(owed, dict):  # a gap a comparison found and could not repair
+        status, detail = CHECK, (
+            f"reconciliation owed since {owed.get('since')}: {owed.get('why')}; every run compares the whole table "
+            "until a full comparison finds it closed"
+        )
     if status == OK and isinstance(metadata.get("paused"), str):  # the run went on without it: say why
         status, detail = PAUSED, str(metadata["paused"])
     if status == FAILED and SCHEMA in failed:  # the run stopped on this stream's schema change: say what to do
