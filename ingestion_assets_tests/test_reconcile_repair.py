@@ -197,3 +197,27 @@ def test_a_comparison_that_failed_is_owed_and_done_in_full_by_the_next_run(
     assert _figure(check, "scope") == "full" and check.passed, check.metadata
     assert _figure(check, "sample of repaired keys") == ["999"] and _owed(harness) is None
     harness.assert_target_equals_source("items", "items", "id")
+
+
+def test_rows_deleted_from_the_target_behind_its_back_are_found_and_read_again(harness: StreamHarness) -> None:
+    """Rows deleted from the target by hand (or an older copy of the table restored): `ingest status` said `target
+    short` once, the next run's window check passed, and from then on the lower count was the new normal, the rows
+    missing for good (found by a README-only attack). The run that finds the table shorter than the last run left
+    it, with no deletion of ours, fails its check and owes a full comparison; the next one repairs."""
+    import duckdb
+
+    harness.source.execute(ITEMS)
+    _catalog(harness)
+    harness.materialize()
+    with duckdb.connect(str(harness.warehouse)) as con:
+        con.execute(f'DELETE FROM "{harness.source_name}".items WHERE id BETWEEN 10 AND 19')
+    check = _check(harness.materialize())
+    assert not check.passed and "10 fewer than the last run left" in _figure(check, "owed")
+    assert _owed(harness) is not None
+    check = _check(harness.materialize())
+    assert check.passed and _figure(check, "scope") == "full", check.metadata
+    assert _figure(check, "read again by key (repaired)") == 10
+    harness.assert_target_equals_source("items", "items", "id")
+    assert _owed(harness) is None
+    check = _check(harness.materialize())
+    assert check.passed and _figure(check, "scope") == "window"

@@ -11,10 +11,11 @@ import dagster as dg
 
 from ingestion_assets.defs.checks import DEAD_LETTERS, SCHEMA, check_results, failed_check
 from ingestion_assets.defs.failures import permanent_failure
-from ingestion_assets.defs.metadata import run_metadata
+from ingestion_assets.defs.metadata import ROW_COUNT, run_metadata
 from ingestion_assets.defs.partitions import range_partitions
 from ingestion_assets.defs.run_tags import mark_run
 from ingestion_assets.defs.streams import StreamRef, open_stream
+from ingestion_assets.defs.target_shrank import owe_if_shrank, rows_left_by_last_run
 from ingestion_assets.drain import Drain
 from ingestion_assets.loading.dead_letters import DeadLetterThreshold
 from ingestion_assets.state.checkpoints import InstanceStateStore
@@ -32,6 +33,7 @@ def materialize_stream(
     spec = stream.spec
     store = InstanceStateStore(context.instance, context.asset_key, context.log_event)
     mark_run(context, stream.source_name, key_ranges=key_ranged)
+    rows_before = rows_left_by_last_run(context) if reconciles else None
     outcomes: list[PartitionOutcome] = []
     with Drain(spec.drain_seconds, context.log) as drain:
         for partition in _partitions_of(context):
@@ -47,9 +49,12 @@ def materialize_stream(
                 allow_retries=False,
             )
     mark_run(context, stream.source_name, key_ranges=key_ranged, outcomes=outcomes)
-    return dg.MaterializeResult(
-        metadata=run_metadata(stream, outcomes), check_results=check_results(outcomes, reconciles, spec.freshness)
-    )
+    metadata = run_metadata(stream, outcomes)
+    shrank = owe_if_shrank(store, stream.qualified_name, rows_before, metadata.get(ROW_COUNT), outcomes)
+    if shrank is not None:
+        context.log.warning("%s: %s", stream.qualified_name, shrank)
+        metadata = run_metadata(stream, outcomes)  # its checkpoint (one partition) now keeps the full comparison owed
+    return dg.MaterializeResult(metadata=metadata, check_results=check_results(outcomes, reconciles, spec.freshness))
 
 
 def _run_partition(context: dg.AssetExecutionContext, stream: Stream, job: PartitionJob) -> PartitionOutcome:
