@@ -41,8 +41,8 @@ def owe_if_shrank(
     if before is None or not isinstance(now, int) or now >= before:
         return None
     compared = [o for o in outcomes if o.reconciliation is not None and o.reconciliation.skipped is None]
-    if not compared or any(o.mode.startswith("refresh") or o.drained for o in outcomes):
-        return None  # a refresh starts the table over; a stream not compared is not polled
+    if not compared or any(o.mode.startswith("refresh") or o.drained or o.started_over for o in outcomes):
+        return None  # a refresh or a re-read from the start (a target found not to match) starts the table over
     if any(o.reconciliation is not None and o.reconciliation.deletions_applied for o in outcomes):
         return None  # this run's own deletions (reconcile.deletes: hard)
     why = (
