@@ -102,6 +102,7 @@ class SyncResult:
     details: dict[str, Any] = field(default_factory=dict)  # what the stream keeps in its final checkpoint
     note: str | None = None  # what the run should tell the user (log and metadata)
     partitions_moved: str | None = None  # a polled table's partitions attached, created, detached or dropped
+    compare_whole: str | None = None  # why the run's check compares the whole table (rows may lie behind its cursor)
     figures: dict[str, Any] = field(default_factory=dict)  # the run's own counters for its metadata (HTTP), not kept
 
     @property

@@ -82,3 +82,29 @@ def test_a_long_reader_does_not_hold_the_checkpoint_for_ever(harness: StreamHarn
         assert checkpoint is not None and checkpoint.position is not None and checkpoint.position["id"] == "100"
     finally:
         reader.close()
+
+
+def test_a_transaction_taken_for_a_reader_that_writes_after_all_is_caught_once_it_ends(harness: StreamHarness) -> None:
+    """Taken for a reader (nothing written for longer than max_reader_seconds), the checkpoint went on without it;
+    it then wrote a row stamped with its own start and committed: behind the checkpoint, never read, every later
+    check passed (found by a README-only attack). Once such a transaction has ended, the next run compares the whole
+    table and reads again by key what it finds missing."""
+    harness.source.execute(TABLE)
+    _catalog(harness, max_reader_seconds=0.5)
+    harness.materialize()
+    late = psycopg2.connect(harness.source.url, application_name="batch-job")
+    try:
+        with late.cursor() as cur:
+            cur.execute(f'SET search_path = "{harness.source.schema}"')
+            cur.execute("SELECT now(), pg_sleep(0.7)")  # open, nothing written, for longer than max_reader_seconds
+        harness.source.execute("INSERT INTO orders (note) SELECT 'on time ' || g FROM generate_series(1, 5) g")
+        harness.materialize()  # the checkpoint passes the batch job's start
+        with late.cursor() as cur:
+            cur.execute("INSERT INTO orders (note) VALUES ('written by the job, stamped with its start')")
+        late.commit()
+    finally:
+        late.close()
+    result = harness.materialize()
+    check = next(e for e in result.get_asset_check_evaluations() if e.check_name == "reconciliation")
+    assert check.passed and check.metadata["scope"].value == "full", check.metadata
+    assert harness.assert_target_equals_source("orders", "orders", "id") == 106

@@ -10,16 +10,20 @@ a transaction open across many runs holds the checkpoint at the last probe befor
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ingestion_assets.catalog import PostgresStream
-from ingestion_assets.sources.postgres.horizon import Horizon, Probe, take_probe, wait_for_settling
+from ingestion_assets.sources.postgres.horizon import Horizon, OpenTransaction, Probe, take_probe, wait_for_settling
 from ingestion_assets.sources.postgres.query import Position, ReadPlan, Settled
 from ingestion_assets.sources.postgres.reader import connect
 
 PROBES = "probes"  # checkpoint detail: [{"at": ISO time, "position": {...} | None}, ...], oldest first
 KEEP = 32  # probes kept: the newest settled one and those after it, at most this many
+# Checkpoint detail: the transactions taken for readers (open long, nothing written), [{"pid", "started"}]. One may
+# still write, with a cursor as old as its start, behind a checkpoint that went on without it: once it has ended,
+# the run compares the whole table (and reads again by key what that finds missing or older)
+READERS = "readers_passed"
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,8 @@ class Guard:
     settled: Settled
     probes: list[dict[str, Any]]  # what the checkpoint keeps for the next run
     note: str | None  # what held the checkpoint back or could not be seen (log and metadata)
+    readers: list[dict[str, Any]] = field(default_factory=list)  # taken for readers and not known to have ended
+    compare_whole: str | None = None  # why the run compares the whole table: such a transaction ended since
 
 
 def guard_read(
@@ -43,11 +49,34 @@ def guard_read(
     settled = [p for p in probes if horizon.settles(p)]
     best = settled[-1] if settled else None
     kept = probes[probes.index(best) :] if best is not None else probes
+    readers, ended = _readers(stored.get(READERS), horizon)
     return Guard(
         settled=Settled(best.position if best is not None else None, floor),
         probes=[_stored(p) for p in ([kept[0], *kept[1:][-(KEEP - 1) :]] if kept else [])],
         note=_note(horizon, probe, name),
+        readers=readers,
+        compare_whole=(
+            f"{name}: transaction(s) taken for readers have ended ({', '.join(ended[:3])}): a row one of them wrote "
+            "carries a cursor as old as its start, behind the checkpoint: the whole table is compared"
+            if ended
+            else None
+        ),
     )
+
+
+def _readers(stored: Any, horizon: Horizon) -> tuple[list[dict[str, Any]], list[str]]:
+    """Those taken for readers now or before, still open (reading, or written since: then they hold the checkpoint
+    as writers do, and are kept here until they end), and a description of each stored one that has ended."""
+
+    def ident(t: OpenTransaction) -> dict[str, Any]:
+        return {"pid": t.pid, "started": t.started.isoformat() if t.started is not None else None}
+
+    open_now = [ident(t) for t in (*horizon.ignored, *horizon.blockers)]
+    before = [r for r in stored if isinstance(r, dict)] if isinstance(stored, list) else []
+    still = [r for r in before if r in open_now]
+    ended = [f"pid {r.get('pid')} open since {r.get('started')}" for r in before if r not in open_now]
+    passed = still + [ident(t) for t in horizon.ignored if ident(t) not in still]
+    return passed, ended
 
 
 def settled_now(url: str, plan: ReadPlan, spec: PostgresStream) -> tuple[Position | None, list[dict[str, Any]]]:

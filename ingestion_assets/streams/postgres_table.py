@@ -27,7 +27,7 @@ from ingestion_assets.sources.postgres.query import ReadPlan, Window
 from ingestion_assets.sources.postgres.reader import connect
 from ingestion_assets.sources.postgres.unique_key import repeated_key_error, repeated_keys
 from ingestion_assets.sources.slices import Slice
-from ingestion_assets.streams.late_commits import PROBES, guard_read
+from ingestion_assets.streams.late_commits import PROBES, READERS, guard_read
 from ingestion_assets.streams.table_leaves import (
     GONE,
     LEAF_IDS,
@@ -238,6 +238,9 @@ class PostgresTableStream:
         latency.finish(result.details, result.figures)
         if guard is not None:
             result.details[PROBES], result.note = guard.probes, guard.note
+            result.details[READERS], result.compare_whole = guard.readers, guard.compare_whole
+            if guard.compare_whole is not None and options.log is not None:
+                options.log.warning(guard.compare_whole)
         if leaves is not None:
             self._settle_leaves(result, leaves, caught_up, options.log, options.stored.get(GONE))
         if result.slices == 0:

@@ -22,7 +22,7 @@ from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.observe.commit_latency import MEASURED_TO
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.state.model import DATA_COMMITTED_AT, Checkpoint
-from ingestion_assets.streams.late_commits import PROBES
+from ingestion_assets.streams.late_commits import PROBES, READERS
 from ingestion_assets.streams.postgres_table import PostgresTableStream, RunOptions, Target
 from ingestion_assets.streams.reconcile import OWED, RECONCILED_AT, Reconciliation, carried_details, reconcile_run
 from ingestion_assets.streams.schema_step import (
@@ -62,6 +62,7 @@ CARRIED = (*CARRIED, MEASURED_TO)  # how far the stream's commit-to-target laten
 CARRIED = (*CARRIED, LEAVES)  # the leaf partitions a polled table stream has read (a failed run read no new one)
 CARRIED = (*CARRIED, GONE)  # and those gone whose rows a full comparison has not yet found retired
 CARRIED = (*CARRIED, LEAF_IDS)  # and what each of them was when it was read
+CARRIED = (*CARRIED, READERS)  # transactions taken for readers: when one ends, the whole table is compared
 CARRIED = (*CARRIED, OWED)  # a gap a comparison found and did not repair: runs compare in full until it is closed
 
 
@@ -358,6 +359,9 @@ class PartitionJob:
             outcome.key_listing = self.stream.retire_unlisted(loader)
         if isinstance(self.stream, PostgresTableStream) and schema.plan is not None:
             full = full or bool(result.details.get(GONE))  # a partition's rows left without a cursor to show it
+            full = (
+                full or result.compare_whole is not None
+            )  # a transaction taken for a reader ended: it may have written
             check = reconcile_run(
                 self.stream, schema.plan, loader, self.partition, result, self._carried, full, generation, self.run_id
             )
