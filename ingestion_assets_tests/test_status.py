@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import shutil
 import signal
 from collections.abc import Iterator
 
@@ -17,7 +18,10 @@ from ingestion_assets.definitions import defs
 from ingestion_assets.observe.freshness import encode, merged, percentiles, record
 from ingestion_assets.sources.postgres.cdc import drop_slot
 from ingestion_assets.sync import FAULT_ENV
+from ingestion_assets_tests.destination_targets import MariaDb, mariadb, use_destination
 from ingestion_assets_tests.helpers import StreamHarness
+
+__all__ = ["mariadb"]
 
 
 @pytest.fixture
@@ -241,3 +245,44 @@ def test_status_counts_the_target_not_the_last_runs_metadata(
     (said,) = [line for line in err.splitlines() if "not counted" in line]
     assert said.startswith("rows in target not counted: destination.credentials (postgres:env:UNREACHABLE_WAREHOUSE")
     assert "Connection refused" in said and "secret" not in out + err
+
+
+@pytest.mark.parametrize("kind", ["duckdb", "postgres", "mariadb", "delta", "iceberg", "parquet"])
+def test_status_counts_every_destination_kind_and_calls_a_removed_table_short(
+    harness: StreamHarness,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    kind: str,
+) -> None:
+    """Found by the README-only attack: on an Iceberg lake (and plain Parquet) status showed every stream `ok`
+    with `no table`, also once the table's folder was removed: the lake's rows were read as Delta only."""
+    harness.source.execute("CREATE TABLE items (id int PRIMARY KEY); INSERT INTO items SELECT generate_series(1, 30)")
+    disposition = "append" if kind == "parquet" else "merge"  # plain Parquet cannot merge on a key
+    items = {"table": "items", "primary_key": "id", "write_disposition": disposition}
+    harness.write_catalog({"items": items}, destination="postgres" if kind == "postgres" else "duckdb")
+    lake = harness.tmp_path / "lake"
+    if kind == "mariadb":
+        maria: MariaDb = request.getfixturevalue("mariadb")
+        use_destination(harness, maria.destination())
+        maria.datasets.append(harness.source_name)
+    elif kind in ("delta", "iceberg", "parquet"):
+        use_destination(harness, {"type": "filesystem", "bucket_url": str(lake), "table_format": kind})
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    harness.materialize()
+    assert main(["status", "--json"]) == 0
+    (line,) = json.loads(capsys.readouterr().out)
+    assert (line["status"], line["rows_in_target"], line["rows_after_last_run"]) == ("ok", 30, 30), line
+
+    stream = f"{harness.source_name}.items"
+    if kind == "mariadb":
+        maria.query(f"DROP TABLE `{harness.source_name}`.`items`")
+    elif kind in ("duckdb", "postgres"):
+        harness.execute_target(f'DROP TABLE "{harness.source_name}".items')
+    else:
+        shutil.rmtree(lake / harness.source_name / "items")
+    assert main(["status", "--json"]) == 1
+    (line,) = json.loads(capsys.readouterr().out)
+    assert (line["status"], line["rows_in_target"], line["rows_after_last_run"]) == ("target short", None, 30), line
+    assert f"the target table {stream} does not exist, but the last run left 30 in it" in line["detail"]

@@ -24,7 +24,6 @@ from ingestion_assets.catalog import Destination
 from ingestion_assets.loading.bindings import TABLE as BINDINGS
 from ingestion_assets.loading.bindings import Marker
 from ingestion_assets.loading.dead_letters import DEAD_LETTER_TABLE, record_keys
-from ingestion_assets.loading.lake_parquet import ParquetFiles
 from ingestion_assets.loading.lake_sql import LakeSqlView, keep_newest_in_duckdb, lake_sql_view
 from ingestion_assets.loading.lake_tables import LakeTables, TableStore, _literal
 from ingestion_assets.loading.metadata_columns import DELETED_AT, GENERATION, POSITION
@@ -55,13 +54,7 @@ class LakeLoader(Loader):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.lake = LakeTables.of(self._pipeline)
-        self.tables = self.lake
-        if self.destination.table_format == "iceberg":
-            from ingestion_assets.loading.iceberg import IcebergTables  # pyiceberg loads only for Iceberg
-
-            self.tables = IcebergTables(self._pipeline, self.lake.dataset_url, self.lake.local)
-        elif self.destination.table_format == "parquet":
-            self.tables = ParquetFiles(self._pipeline)
+        self.tables = self.lake.stream_tables(self._pipeline, self.destination.table_format)
 
     def load(self, table: pa.Table | None, dead_letters: pa.Table | None = None) -> int:
         """A slice with several versions of a key (a CDC batch: an insert and its delete) is reduced to the newest

@@ -71,6 +71,19 @@ class LakeTables:
     def url(self, table: str) -> str:
         return f"{self.dataset_url}/{table}"
 
+    def stream_tables(self, pipeline: Any, table_format: str) -> TableStore:
+        """The stream tables' store in the destination's table format (what loads them and what counts them must
+        read the same format: Iceberg and plain Parquet folders are no Delta tables)."""
+        if table_format == "iceberg":
+            from ingestion_assets.loading.iceberg import IcebergTables  # pyiceberg loads only for Iceberg
+
+            return IcebergTables(pipeline, self.dataset_url, self.local)
+        if table_format == "parquet":
+            from ingestion_assets.loading.lake_parquet import ParquetFiles
+
+            return ParquetFiles(pipeline)
+        return self
+
     def open(self, table: str) -> DeltaTable | None:
         try:
             return DeltaTable(self.url(table), storage_options=self.storage_options)

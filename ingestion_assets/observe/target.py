@@ -113,7 +113,8 @@ def _read_sqlalchemy(url: str, schema: str, name: str) -> TargetTableFacts:
 
 
 def _read_lake(settings: Settings, destination: Destination, schema: str, name: str) -> TargetTableFacts:
-    """The Delta table's row count (from the Parquet footers) and its columns."""
+    """The table's row count (from the Parquet footers of its current files) and its columns, read in the
+    destination's table format (Delta, Iceberg or plain Parquet)."""
     import dlt  # a lake's metadata is read through dlt's filesystem client: imported for lakes only
 
     from ingestion_assets.loading.lake_tables import LakeTables
@@ -124,9 +125,8 @@ def _read_lake(settings: Settings, destination: Destination, schema: str, name: 
         destination=make_destination(settings, destination),
         dataset_name=schema,
     )
-    delta = LakeTables.of(pipeline).open(name)
-    if delta is None:
+    dataset = LakeTables.of(pipeline).stream_tables(pipeline, destination.table_format).dataset(name)
+    if dataset is None:
         return TargetTableFacts(schema, name, None, ())
-    dataset = delta.to_pyarrow_dataset()
     columns = tuple(TargetColumn(f.name, str(f.type), f.nullable) for f in dataset.schema)
     return TargetTableFacts(schema, name, int(dataset.count_rows()), columns)
