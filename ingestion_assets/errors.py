@@ -190,11 +190,22 @@ class Verdict:
 
 def describe_permanent(where: str, exc: BaseException, verdict: Verdict) -> str:
     """`where: <the source's own words> (permanent: ...) <what to do>`."""
-    text = redact(" ".join(line.strip() for line in str(exc).strip().splitlines()[:2])) or type(exc).__name__
+    text = " ".join(line.strip() for line in str(exc).strip().splitlines()[:2]).strip()
+    if text.endswith(":"):  # a wrapper's words stop where its cause's begin (dlt: "... with exception:")
+        text = f"{text} {_innermost_words(exc)}"
+    text = redact(text) or type(exc).__name__
     text = text.removeprefix(f"{where}: ")  # our own errors often name the stream already
     if verdict.advice and verdict.advice in text:  # said already (a connection's refusal names what to fix)
         return f"{where}: {text} — a permanent error, not retried"
     return f"{where}: {text} — a permanent error, not retried; {verdict.advice}"
+
+
+def _innermost_words(exc: BaseException) -> str:
+    """The first line of the deepest error in the chain that says anything: the server's own message."""
+    for error in reversed(list(_chain(exc))[1:]):
+        if words := str(error).strip().split("\n", 1)[0].strip():
+            return words
+    return ""
 
 
 def classify(exc: BaseException) -> Verdict:

@@ -106,6 +106,17 @@ def test_reconcile_takes_a_scope_or_a_cadence_with_deletes(
             "destination: {type: duckdb, path: /data/shop.duckdb}\n" + VALID,
             "the DuckDB file is named like the source 'shop'",
         ),
+        (  # found by attack19a: PostgreSQL refuses `pg_*` schemas, dlt's `pg_staging` of source `pg` among them
+            "destination: {type: postgres, credentials: {env: W}}\n" + VALID.replace("  shop:", "  pg:"),
+            "sources.pg: on a PostgreSQL destination the source 'pg' lands in schema 'pg' and dlt's staging schema "
+            "'pg_staging', and PostgreSQL refuses the schema name 'pg_staging' (names starting with `pg_` are "
+            "reserved for its system schemas). Rename the source (e.g. 'postgres';",
+        ),
+        (
+            "destination: {type: postgres, credentials: {env: W}}\n" + VALID.replace("  shop:", "  pg_shop:"),
+            "PostgreSQL refuses the schema name 'pg_shop' (names starting with `pg_` are reserved for its system "
+            "schemas). Rename the source (e.g. 'pgshop';",
+        ),
         (
             VALID.replace("cursor: updated_at", "cursor: updated_at, reconcile: {deletes: hard}"),
             "sources.shop.streams.orders.reconcile: deletes are found by a full comparison",

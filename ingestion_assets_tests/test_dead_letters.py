@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 
 import dagster as dg
+import pyarrow as pa
 import pytest
 
 from ingestion_assets.cli import main
+from ingestion_assets.loading.dead_letters import split_bad_rows
+from ingestion_assets.sources.postgres.bad_values import PROBLEMS, RAW
 from ingestion_assets_tests.helpers import StreamHarness
 
 MIXED = """
@@ -163,3 +166,70 @@ def test_reconciliation_finds_rows_missing_from_the_target(harness: StreamHarnes
     with duckdb.connect(str(harness.warehouse)) as con:
         back = con.execute(f'SELECT id FROM "{harness.source_name}".readings WHERE id BETWEEN 10 AND 12').fetchall()
     assert sorted(back) == [(10,), (11,), (12,)]
+
+
+NULL_KEYS = """
+CREATE TABLE pairs (a int, b text, ts timestamptz NOT NULL, x int);  -- no primary key: the catalog declares (a, b)
+INSERT INTO pairs SELECT g, 'k' || g, timestamptz '2026-01-01 00:00:00+00' + g * interval '1 s', g
+FROM generate_series(1, 50) g;
+INSERT INTO pairs VALUES (NULL, 'n', '2026-01-01 00:00:10.5+00', -1), (7, NULL, '2026-01-01 00:00:20.5+00', -2),
+                         (NULL, NULL, '2026-01-01 00:00:49.5+00', -3);
+"""
+
+
+@pytest.mark.parametrize("destination", ["duckdb", "postgres"])
+def test_a_null_in_a_declared_key_column_parks_the_row_and_the_rest_loads(
+    harness: StreamHarness, destination: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by a README-only attacker: a table without a primary key, `primary_key: [a, b]`, a row with a NULL
+    in a or b failed every load of its slice (DuckDB: retried as transient, then "lower slice_rows"), nothing
+    parked, the stream stuck. Such a row is a dead letter naming the column and its other key values."""
+    harness.source.execute(NULL_KEYS)
+    spec = {"table": "pairs", "primary_key": ["a", "b"], "cursor": "ts", "slice_rows": 20}
+    harness.write_catalog({"pairs": {**spec, "retries": {"max_attempts": 1}}}, destination=destination)
+    result = harness.materialize()
+    metadata = result.asset_materializations_for_node(f"{harness.source_name}__pairs")[0].metadata
+    assert metadata["dead letters"].value == 3 and metadata["rows written"].value == 50
+    parked = _parked(harness)
+    assert sorted(parked) == ["7|\\N", "\\N|\\N", "\\N|n"]
+    assert parked["\\N|n"][0] == (
+        "stream pairs: key column 'a' is null: the row cannot be merged on primary_key ['a', 'b'] "
+        "(its other key values: b='n')"
+    )
+    assert "key column 'b' is null" in parked["7|\\N"][0] and "(its other key values: a=7)" in parked["7|\\N"][0]
+    assert "key column 'a', 'b' is null" in parked["\\N|\\N"][0] and parked["\\N|n"][1]["x"] == -1
+    loaded = harness.query_target(f'SELECT a, b, x FROM "{harness.source_name}".pairs ORDER BY a')
+    assert loaded == [(g, f"k{g}", g) for g in range(1, 51)]
+    checkpoint = harness.checkpoint("pairs")
+    assert (
+        checkpoint is not None
+        and checkpoint.position is not None
+        and checkpoint.position["ts"].startswith("2026-01-01T00:00:50")
+    )
+
+    harness.source.execute("UPDATE pairs SET a = 0, ts = '2026-01-02' WHERE b = 'n'")  # fixed at the source
+    _cli(harness, monkeypatch)
+    assert main(["dlq", "replay", f"{harness.source_name}.pairs"]) == 1  # two still without their key
+    assert "3 dead letter(s) read again: 0 released, 2 still bad" in capsys.readouterr().out
+    harness.materialize()  # the fixed row loads with its key
+    assert harness.query_target(f"SELECT a, x FROM \"{harness.source_name}\".pairs WHERE b = 'n'") == [(0, -1)]
+
+
+def test_with_on_bad_value_null_a_row_without_its_key_is_still_parked() -> None:
+    """A value nulled lets its row load; a key that is NULL leaves nothing to merge on, so that row is parked."""
+    table = pa.table(
+        {
+            "a": pa.array([1, None, 3], pa.int64()),
+            "v": pa.array(["x", "y", None], pa.string()),
+            RAW: pa.array([None, None, '{"a": 3, "v": "NaN"}'], pa.string()),
+            PROBLEMS: pa.array([None, None, "v: NaN has no exact decimal value"], pa.string()),
+        }
+    )
+    split = split_bad_rows(table, "t", None, "run", ["a"], ["a"], "null")
+    assert split.rows.column("a").to_pylist() == [1, 3] and split.nulled == 1
+    assert split.meta is not None and split.meta.to_pylist()[0] is None and "NaN" in split.meta.to_pylist()[1]
+    assert split.dead is not None and split.dead.column("record_key").to_pylist() == ["\\N"]
+    assert split.dead.column("error").to_pylist() == [
+        "stream t: key column 'a' is null: the row cannot be merged on primary_key ['a']"
+    ]
+    assert json.loads(split.dead.column("raw_record")[0].as_py()) == {"a": None, "v": "y"}

@@ -124,3 +124,24 @@ def test_a_value_the_target_column_cannot_hold_says_what_to_do() -> None:
     verdict = classify(loaded)
     assert not verdict.transient
     assert "ingest refresh" in verdict.advice and "copies its table again" in verdict.advice
+
+
+def test_a_load_failure_wrapped_by_dlt_keeps_the_servers_message(source_db: SourceDb) -> None:
+    """Found by attack19a: dlt's PipelineStepFailed starts "... with exception:" and puts its cause two lines
+    further, so the one-line failure read "with exception:  — a permanent error", the server's words lost."""
+    from types import SimpleNamespace
+
+    from dlt.common.destination.exceptions import SchemaUpdateTerminalError
+    from dlt.pipeline.exceptions import PipelineStepFailed
+
+    from ingestion_assets.errors import describe_permanent
+
+    refused = _postgres_error(source_db, "CREATE SCHEMA pg_shop")  # the real server's refusal
+    terminal = SchemaUpdateTerminalError("ingest_pg_shop_weird", [], refused)
+    terminal.__cause__ = refused
+    pipeline = SimpleNamespace(has_pending_data=False, pipeline_name="p")
+    failed = PipelineStepFailed(pipeline, "load", "1.5", terminal)  # type: ignore[arg-type]
+    verdict = classify(failed)
+    message = describe_permanent("stream pg_shop.weird", failed, verdict)
+    assert not verdict.transient
+    assert 'with exception: unacceptable schema name "pg_shop" — a permanent error' in message, message

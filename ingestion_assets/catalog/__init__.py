@@ -69,6 +69,9 @@ class Catalog(_Model):
             _check_name(("sources", source_name), source_name)
             for stream_name in source.streams:
                 _check_name(("sources", source_name, "streams", stream_name), stream_name)
+        if self.destination.type == "postgres":
+            for source_name in self.sources:
+                _check_postgres_schema(source_name)
         if self.destination.type == "duckdb":
             stem = Path(self.destination.path or "warehouse.duckdb").name.split(".")[0]
             if stem in self.sources:
@@ -105,6 +108,21 @@ def _check_name(key_path: tuple[str, ...], name: str) -> None:
             f"{'.'.join(key_path)}: name {name!r} must be lower-case letters, digits and underscores "
             "(it becomes a Dagster asset key and a table name)"
         )
+
+
+def _check_postgres_schema(name: str) -> None:
+    """PostgreSQL reserves schema names starting with `pg_`: a source's schema, or dlt's `<source>_staging` (which
+    a merge and the dead letters go through), named so fails its first load after `ingest check` passed."""
+    refused = next((schema for schema in (name, f"{name}_staging") if schema.startswith("pg_")), None)
+    if refused is None:
+        return
+    instead = name.replace("pg_", "pg", 1) if name.startswith("pg_") else "postgres"
+    raise ValueError(
+        f"sources.{name}: on a PostgreSQL destination the source {name!r} lands in schema {name!r} and dlt's staging "
+        f"schema {name + '_staging'!r}, and PostgreSQL refuses the schema name {refused!r} (names starting with "
+        f"`pg_` are reserved for its system schemas). Rename the source (e.g. {instead!r}; its asset keys and "
+        "target schema follow the name)"
+    )
 
 
 def load_catalog(path: Path | str) -> Catalog:

@@ -8,6 +8,7 @@ the reason in `_ingest_meta`.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,9 +18,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingestion_assets.catalog import DeadLetters
+from ingestion_assets.sources.postgres import values
 from ingestion_assets.sources.postgres.bad_values import PROBLEMS, RAW
 
 DEAD_LETTER_TABLE = "_ingest_dead_letter"
+NULL_KEY = "\\N"  # a NULL among a parked row's key values, in its record_key (COPY's text for NULL)
 DEAD_LETTER_KEY = ("stream", "partition", "record_key")
 DEAD_LETTER_HINTS: dict[str, dict[str, Any]] = {
     "stream": {"data_type": "text", "nullable": False, "primary_key": True},
@@ -56,15 +59,39 @@ def split_bad_rows(
 ) -> Split:
     if PROBLEMS not in table.column_names:
         return Split(table, None, None)
+    table, keyless = _null_keys(table, stream, primary_key)
     problems = table.column(PROBLEMS)
     clean = table.drop_columns([PROBLEMS, RAW])
     bad = pc.is_valid(problems)
     if not pc.any(bad).as_py():
         return Split(clean, None, None)
-    if on_bad_value == "null":
-        notes = [None if p is None else json.dumps({"nulled": p}) for p in problems.to_pylist()]
-        return Split(clean, pa.array(notes, pa.string()), None, nulled=sum(n is not None for n in notes))
-    bad_rows = table.filter(bad)
+    if on_bad_value == "null":  # a value is nulled and its row loads; a row without its key cannot load: parked
+        parked = [False] * table.num_rows if keyless is None else keyless.to_pylist()
+        notes = [
+            None if p is None or off else json.dumps({"nulled": p})
+            for p, off in zip(problems.to_pylist(), parked, strict=True)
+        ]
+        kept = [not off for off in parked]
+        meta = pa.array([n for n, keep in zip(notes, kept, strict=True) if keep], pa.string())
+        dead = None
+        if keyless is not None:
+            dead = _dead_letters(table.filter(keyless), stream, partition, run_id, primary_key, ordering)
+        return Split(clean.filter(pa.array(kept)), meta, dead, nulled=sum(n is not None for n in notes))
+    dead = _dead_letters(table.filter(bad), stream, partition, run_id, primary_key, ordering)
+    return Split(clean.filter(pc.invert(bad)), None, dead)
+
+
+def _dead_letters(
+    bad_rows: pa.Table,
+    stream: str,
+    partition: str | None,
+    run_id: str,
+    primary_key: Sequence[str],
+    ordering: Sequence[str],
+) -> pa.Table | None:
+    """The dead-letter records of `bad_rows` (each with its problems and raw record; None: no row)."""
+    if bad_rows.num_rows == 0:
+        return None
     now = dt.datetime.now(dt.UTC)
     records = []
     keys = record_keys(bad_rows, primary_key).to_pylist()
@@ -82,13 +109,40 @@ def split_bad_rows(
                 "dead_lettered_at": now,
             }
         )
-    dead = pa.Table.from_pylist(records, schema=DEAD_LETTER_SCHEMA)
-    return Split(clean.filter(pc.invert(bad)), None, dead)
+    return pa.Table.from_pylist(records, schema=DEAD_LETTER_SCHEMA)
+
+
+def _null_keys(table: pa.Table, stream: str, primary_key: Sequence[str]) -> tuple[pa.Table, pa.Array | None]:
+    """Name in `_ingest_problems` the rows with a NULL in a key column (a table or view whose declared key the
+    source does not hold NOT NULL): the merge cannot key them, and a NOT NULL key column fails the whole load.
+    Returns the table and the mask of those rows (None: every row has its key)."""
+    present = [k for k in primary_key if k in table.column_names]
+    masks = {k: pc.is_null(table.column(k)).combine_chunks() for k in present if table.column(k).null_count}
+    if not masks:
+        return table, None
+    keyless = functools.reduce(pc.or_, masks.values())
+    flags = {k: mask.to_pylist() for k, mask in masks.items()}
+    problems, raws = table.column(PROBLEMS).to_pylist(), table.column(RAW).to_pylist()
+    for index in pc.indices_nonzero(keyless).to_pylist():
+        nulls = [k for k in present if k in flags and flags[k][index]]
+        others = ", ".join(f"{k}={values.plain(table.column(k)[index])!r}" for k in present if k not in nulls)
+        why = (
+            f"stream {stream}: key column {', '.join(map(repr, nulls))} is null: the row cannot be merged on "
+            f"primary_key {list(primary_key)}" + (f" (its other key values: {others})" if others else "")
+        )
+        problems[index] = problems[index] or why  # a key value nulled as unfit keeps that reason
+        if raws[index] is None:
+            row = {name: values.plain(table.column(name)[index]) for name in table.column_names}
+            raws[index] = json.dumps({k: v for k, v in row.items() if k not in (PROBLEMS, RAW)}, default=str)
+    table = table.set_column(table.schema.get_field_index(PROBLEMS), PROBLEMS, pa.array(problems, pa.string()))
+    table = table.set_column(table.schema.get_field_index(RAW), RAW, pa.array(raws, pa.string()))
+    return table, keyless
 
 
 def record_keys(table: pa.Table, primary_key: Sequence[str]) -> pa.Array:
-    """A row's primary key as text, the values joined by '|' (what `ingest dlq list` shows)."""
-    parts = [pc.fill_null(pc.cast(table.column(k), pa.string()), "") for k in primary_key]
+    """A row's primary key as text, the values joined by '|' (what `ingest dlq list` shows; a NULL, which only a
+    parked row's key holds, as `\\N`)."""
+    parts = [pc.fill_null(pc.cast(table.column(k), pa.string()), NULL_KEY) for k in primary_key]
     joined = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, "|")
     return joined.combine_chunks() if isinstance(joined, pa.ChunkedArray) else joined
 

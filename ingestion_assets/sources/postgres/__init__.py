@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow.compute as pc
@@ -64,7 +64,7 @@ def table_slices(
     slice_rows: int,
     name: str,
     window: Window | None = None,
-    keys: list[list[str]] | None = None,
+    keys: Sequence[Sequence[str | None]] | None = None,
     snapshot: str | None = None,
     settled: Settled | None = None,
     limit: int | None = None,

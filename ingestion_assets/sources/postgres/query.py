@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,7 +84,7 @@ class ReadPlan:
         conn: PgConnection,
         after: Position | None,
         window: Window | None = None,
-        keys_in: list[list[str]] | None = None,
+        keys_in: Sequence[Sequence[str | None]] | None = None,
         settled: Settled | None = None,
         limit: int | None = None,
     ) -> str:
@@ -109,7 +109,7 @@ class ReadPlan:
         self,
         after: Position | None,
         window: Window | None,
-        keys_in: list[list[str]] | None,
+        keys_in: Sequence[Sequence[str | None]] | None,
         settled: Settled | None = None,
         probe: bool = False,
     ) -> sql.Composed:
@@ -175,15 +175,23 @@ class ReadPlan:
     def _literals(self, position: Position) -> sql.Composable:
         return sql.SQL(", ").join(_literal(c, self._value(position, c)) for c in self.ordering)
 
-    def _key_condition(self, keys: list[list[str]]) -> sql.Composable:
-        """Rows whose primary key is one of `keys` (each the key's values as text)."""
+    def _key_condition(self, keys: Sequence[Sequence[str | None]]) -> sql.Composable:
+        """Rows whose primary key is one of `keys` (each the key's values as text; None: a NULL, which only a
+        parked row's key holds, matched with IS NULL)."""
         columns = [self.shape.column(name) for name in self.primary_key]
         idents = sql.SQL(", ").join(sql.SQL("t.") + sql.Identifier(c.name) for c in columns)
         rows = [
             sql.SQL("({})").format(sql.SQL(", ").join(_literal(c, v) for c, v in zip(columns, key, strict=True)))
             for key in keys
+            if None not in key
         ]
-        return sql.SQL("({}) IN ({})").format(idents, sql.SQL(", ").join(rows) if rows else sql.SQL("SELECT NULL"))
+        condition = sql.SQL("({}) IN ({})").format(idents, sql.SQL(", ").join(rows)) if rows else sql.SQL("false")
+        keyless = [
+            sql.SQL("({})").format(sql.SQL(" AND ").join(_key_equals(c, v) for c, v in zip(columns, key, strict=True)))
+            for key in keys
+            if None in key
+        ]
+        return sql.SQL("({})").format(sql.SQL(" OR ").join([condition, *keyless])) if keyless else condition
 
     def _output(self, column: Column) -> sql.Composable:
         ident = sql.SQL("t.") + sql.Identifier(column.name)
@@ -235,6 +243,13 @@ def _order_expr(column: Column) -> sql.Composable:
 def _literal(column: Column, value: str | None) -> sql.Composable:
     text = column.lowest_literal if value is None else value
     return sql.SQL("{value}::{type}").format(value=sql.Literal(text), type=sql.SQL(column.sql_type))
+
+
+def _key_equals(column: Column, value: str | None) -> sql.Composable:
+    ident = sql.SQL("t.") + sql.Identifier(column.name)
+    if value is None:
+        return sql.SQL("{} IS NULL").format(ident)
+    return sql.SQL("{} = {}").format(ident, _literal(column, value))
 
 
 def _typed_null(column: Column) -> sql.Composable:
