@@ -221,3 +221,23 @@ def test_rows_deleted_from_the_target_behind_its_back_are_found_and_read_again(h
     assert _owed(harness) is None
     check = _check(harness.materialize())
     assert check.passed and _figure(check, "scope") == "window"
+
+
+def test_a_key_of_infinity_is_repaired_like_any_other(harness: StreamHarness) -> None:
+    """A timestamptz key of infinity among the rows to read again crashed the repair (OverflowError, permanent, every
+    run) and no other row was repaired (found by a README-only attack)."""
+    harness.source.execute(
+        "CREATE TABLE stamps (id timestamptz PRIMARY KEY, v text, updated_at bigint NOT NULL);"
+        "INSERT INTO stamps SELECT timestamptz '2024-01-01+00' + g * interval '1 s', 'v', 100 + g"
+        " FROM generate_series(1, 20) g"
+    )
+    spec = {"table": "stamps", "primary_key": "id", "cursor": "updated_at", "reconcile": "full"}
+    harness.write_catalog({"stamps": {**spec, "retries": {"max_attempts": 1}}})
+    harness.materialize()
+    harness.source.execute(
+        "INSERT INTO stamps VALUES ('infinity', 'late', 1), ('-infinity', 'late', 2), ('2020-01-01+00', 'late', 3)"
+    )
+    check = _check(harness.materialize())
+    assert check.passed and _figure(check, "read again by key (repaired)") == 3, check.metadata
+    loaded = harness.query_target(f'SELECT v FROM "{harness.source_name}".stamps WHERE updated_at < 10 ORDER BY 1')
+    assert _figure(check, "missing in target") == 0 and loaded == [("late",)] * 3

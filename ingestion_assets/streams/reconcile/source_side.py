@@ -21,7 +21,7 @@ from ingestion_assets.sources.postgres.introspect import Column, TableShape
 from ingestion_assets.sources.postgres.query import ReadPlan, exact_text
 from ingestion_assets.sources.postgres.reader import connect, copy_batches
 from ingestion_assets.sources.postgres.temporal import TEMPORAL
-from ingestion_assets.sources.postgres.values import from_text
+from ingestion_assets.sources.postgres.values import from_text, plain
 from ingestion_assets.streams.reconcile.canonical import Expr, NotComparable, kind_of
 from ingestion_assets.streams.reconcile.relation import (
     Buckets,
@@ -111,7 +111,8 @@ class SourceSide:
         found = [fetched(self.shape, [])]
         names = [key_alias(i) for i in range(len(relation.keys))]
         for start in range(0, keys.num_rows, KEYS_PER_LOOKUP):
-            chunk = keys.slice(start, KEYS_PER_LOOKUP).select(names).to_pylist()
+            part = keys.slice(start, KEYS_PER_LOOKUP).select(names)  # plain: ±infinity and BC as PostgreSQL's text
+            chunk = [{n: plain(part.column(n)[i]) for n in names} for i in range(part.num_rows)]
             values = ", ".join(
                 "(" + ", ".join(self._literal(e, row[n]) for e, n in zip(relation.keys, names, strict=True)) + ")"
                 for row in chunk
