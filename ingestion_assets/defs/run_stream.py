@@ -11,11 +11,11 @@ import dagster as dg
 
 from ingestion_assets.defs.checks import DEAD_LETTERS, SCHEMA, check_results, failed_check
 from ingestion_assets.defs.failures import permanent_failure
-from ingestion_assets.defs.metadata import ROW_COUNT, run_metadata
+from ingestion_assets.defs.metadata import run_metadata
 from ingestion_assets.defs.partitions import range_partitions
 from ingestion_assets.defs.run_tags import mark_run
-from ingestion_assets.defs.streams import StreamRef, open_stream
-from ingestion_assets.defs.target_shrank import owe_if_shrank, rows_left_by_last_run
+from ingestion_assets.defs.streams import StreamRef, is_table, open_stream
+from ingestion_assets.defs.target_shrank import target_shrank
 from ingestion_assets.drain import Drain
 from ingestion_assets.loading.dead_letters import DeadLetterThreshold
 from ingestion_assets.state.checkpoints import InstanceStateStore
@@ -33,13 +33,17 @@ def materialize_stream(
     spec = stream.spec
     store = InstanceStateStore(context.instance, context.asset_key, context.log_event)
     mark_run(context, stream.source_name, key_ranges=key_ranged)
-    rows_before = rows_left_by_last_run(context) if reconciles else None
+    shrank = target_shrank(context, stream) if reconciles and is_table(stream) else None
+    if shrank is not None:
+        context.log.warning("%s: %s", stream.qualified_name, shrank)
     outcomes: list[PartitionOutcome] = []
     with Drain(spec.drain_seconds, context.log) as drain:
         for partition in _partitions_of(context):
             if drain.requested:
                 break
-            job = PartitionJob(stream, store, partition, stop=drain, log=context.log, run_id=context.run_id)
+            job = PartitionJob(
+                stream, store, partition, stop=drain, log=context.log, run_id=context.run_id, compare_whole=shrank
+            )
             outcomes.append(_run_partition(context, stream, job))
         if drain.requested:
             done = ", ".join(str(o.partition or stream.name) for o in outcomes) or "nothing"
@@ -50,10 +54,6 @@ def materialize_stream(
             )
     mark_run(context, stream.source_name, key_ranges=key_ranged, outcomes=outcomes)
     metadata = run_metadata(stream, outcomes)
-    shrank = owe_if_shrank(store, stream.qualified_name, rows_before, metadata.get(ROW_COUNT), outcomes)
-    if shrank is not None:
-        context.log.warning("%s: %s", stream.qualified_name, shrank)
-        metadata = run_metadata(stream, outcomes)  # its checkpoint (one partition) now keeps the full comparison owed
     return dg.MaterializeResult(metadata=metadata, check_results=check_results(outcomes, reconciles, spec.freshness))
 
 

@@ -129,6 +129,7 @@ class PartitionJob:
     log: logging.Logger | Any | None = None
     run_id: str = ""
     read_ahead: int = 1
+    compare_whole: str | None = None  # why the run's check compares the whole table (or partition) whatever is due
     _carried: dict[str, Any] = field(default_factory=dict, init=False, repr=False)  # kept across its checkpoints
 
     def run(self) -> PartitionOutcome:
@@ -358,10 +359,10 @@ class PartitionJob:
             assert isinstance(self.stream, RestApiStream)
             outcome.key_listing = self.stream.retire_unlisted(loader)
         if isinstance(self.stream, PostgresTableStream) and schema.plan is not None:
-            full = full or bool(result.details.get(GONE))  # a partition's rows left without a cursor to show it
-            full = (
-                full or result.compare_whole is not None
-            )  # a transaction taken for a reader ended: it may have written
+            # the whole table when a partition's rows left without a cursor to show it, a transaction taken for a
+            # reader ended (it may have written behind the checkpoint), or the target lost rows behind the runs
+            gone = bool(result.details.get(GONE))
+            full = full or gone or result.compare_whole is not None or self.compare_whole is not None
             check = reconcile_run(
                 self.stream, schema.plan, loader, self.partition, result, self._carried, full, generation, self.run_id
             )
