@@ -243,3 +243,29 @@ def test_a_key_of_infinity_is_repaired_like_any_other(harness: StreamHarness) ->
     assert check.passed and _figure(check, "read again by key (repaired)") == 3, check.metadata
     loaded = harness.query_target(f'SELECT v FROM "{harness.source_name}".stamps WHERE updated_at < 10 ORDER BY 1')
     assert _figure(check, "missing in target") == 0 and loaded == [("late",)] * 3
+
+
+def test_a_gap_a_past_time_partition_owes_keeps_status_failed_after_other_partitions_run(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A past window's comparison owed a gap; the next run (another window) passed its own check and `ingest status`
+    said ok, with the gap still there (found by a README-only attack): status reads every partition's checkpoint."""
+
+    harness.source.execute(
+        "CREATE TABLE events (id int PRIMARY KEY, v text, updated_at timestamptz NOT NULL);"
+        "INSERT INTO events SELECT g, 'v' || g, timestamptz '2024-01-01 00:00:00+00' + g * interval '10 min' "
+        "FROM generate_series(1, 200) g"
+    )
+    partitions = {"by": "time", "column": "updated_at", "start": "2024-01-01", "granularity": "daily"}
+    spec = {"table": "events", "primary_key": "id", "cursor": "updated_at", "partitions": partitions}
+    harness.write_catalog({"events": {**spec, "reconcile": {"full_every_seconds": 0}}})
+    harness.materialize(partition_range=("2024-01-01", "2024-01-02"))
+    # the source's cursor went backwards: the target's version is newer, which no repair settles (owed)
+    harness.source.execute("UPDATE events SET updated_at = updated_at - interval '1 minute' WHERE id = 5")
+    assert not _check(harness.materialize(partition="2024-01-01")).passed
+    assert _check(harness.materialize(partition="2024-01-02")).passed
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["status"]) == 1
+    err = capsys.readouterr().err
+    assert "reconciliation owed by 1 partition(s): partition 2024-01-01" in err, err
