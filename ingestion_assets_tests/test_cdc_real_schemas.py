@@ -130,6 +130,7 @@ def test_a_keyless_table_is_never_published_and_the_applications_writes_never_fa
     harness.source.execute("UPDATE events SET note = 'after' WHERE id = 1")  # the application still works
 
 
+@pytest.mark.slow  # ~26 s: the default suite stays under 45 minutes (`make test-slow` runs it)
 def test_a_truncate_refused_on_a_stream_that_is_not_first_is_fixed_by_resetting_that_stream(
     cdc: StreamHarness,
 ) -> None:
@@ -151,6 +152,7 @@ def test_a_truncate_refused_on_a_stream_that_is_not_first_is_fixed_by_resetting_
     _assert_exact(harness, "customers")
 
 
+@pytest.mark.slow  # ~36 s: the default suite stays under 45 minutes (`make test-slow` runs it)
 def test_a_stream_added_to_a_running_source_gets_its_existing_rows_while_a_writer_runs(cdc: StreamHarness) -> None:
     harness = cdc
     harness.source.execute(CUSTOMERS + ORDERS)
