@@ -164,10 +164,7 @@ class Loader:
         self._ensure_pipeline()  # made first: it tells whether this process restored the schema already
         if not self._restore_pending:
             return
-        if self._lock_holder == threading.get_ident():
-            self._sync_destination()
-            return
-        with self._lock():  # it opens the destination: DuckDB admits one process at a time
+        with self._lock():  # it opens the destination: DuckDB admits one process at a time (reentrant)
             self._sync_destination()
 
     def _sync_destination(self) -> None:
@@ -576,11 +573,8 @@ class Loader:
         with no writer lock of the target held (it takes it). SQL alone goes through `sql_client`."""
         self._restore_schema()
         if self._forget_pending:
-            if self._lock_holder == threading.get_ident():
+            with self._lock():
                 self._forget_now()
-            else:
-                with self._lock():
-                    self._forget_now()
         return self._pipeline
 
     def sql_client(self) -> Any:

@@ -292,7 +292,7 @@ class PostgresTableStream:
         if after is None or not leaves.new:
             return None
         total = SliceOutcome(loaded=0, dead_letters=0, nulled=0)
-        guarded = self.spec.late_commits.enabled
+        late_commits = self.spec.late_commits
         url, name_of_stream = self.source_url(), self.qualified_name
         for name in leaves.new:
             schema, table = leaves.names[name]
@@ -310,8 +310,8 @@ class PostgresTableStream:
                             dead_letters=total.dead_letters + done.dead_letters,
                             nulled=total.nulled + done.nulled,
                         )
-                wait = self.spec.late_commits.wait_seconds
-                late = late_writers(url, whole, after, in_flight if guarded else [], wait)
+                watched = in_flight if late_commits.enabled else []
+                late = late_writers(url, whole, after, watched, late_commits.wait_seconds)
                 settled = not late.still_open and not late.rows
                 if settled or late.still_open:
                     break

@@ -150,18 +150,16 @@ def late_writers(url: str, plan: ReadPlan, after: Position, in_flight: list[int]
             while True:
                 cur.execute("SELECT x, txid_status(x) FROM unnest(%s::bigint[]) x", (in_flight,))
                 status = dict(cur.fetchall())
-                # only those still open that wrote into this leaf (they hold its lock) can hide rows in it
-                open_now = [int(x) % (1 << 32) for x, state in status.items() if state == "in progress"]
+                still_open = [int(x) % (1 << 32) for x, state in status.items() if state == "in progress"]
                 writing_here: list[int] = []
-                if open_now:  # waited for: those that wrote into this leaf already (its lock)
-                    cur.execute(_WRITING_HERE, (open_now, leaf))
+                if still_open:  # waited for: those that wrote into this leaf already (they hold its lock)
+                    cur.execute(_WRITING_HERE, (still_open, leaf))
                     writing_here = [x for (x,) in cur.fetchall()]
                 if not writing_here or time.monotonic() >= deadline:
                     break
                 time.sleep(0.1)
             # Any of them still open may yet write old rows into the leaf (not waited for: a long transaction
             # elsewhere would cost every new leaf the whole wait): the leaf is read whole again by the next run
-            still_open = open_now
             committed = [int(x) % (1 << 32) for x, state in status.items() if state == "committed"]
             if not committed:
                 return LateWriters(0, len(still_open))
