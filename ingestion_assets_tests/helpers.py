@@ -337,3 +337,17 @@ class StreamHarness:
             diff = [(e, a) for e, a in zip(expected, actual, strict=True) if e != a][:5]
             raise AssertionError(f"target differs from source; first differences (source, target): {diff}")
         return len(expected)
+
+
+def load_daily_events(harness: StreamHarness, reconcile: Any) -> None:
+    """`events`: 200 rows ten minutes apart from 2024-01-01 (1-143 on the first day, the rest on the second), read by
+    a daily-partitioned stream with `reconcile`; both days loaded."""
+    harness.source.execute(
+        "CREATE TABLE events (id int PRIMARY KEY, v text, updated_at timestamptz NOT NULL);"
+        "INSERT INTO events SELECT g, 'v' || g, timestamptz '2024-01-01 00:00:00+00' + g * interval '10 min' "
+        "FROM generate_series(1, 200) g"
+    )
+    partitions = {"by": "time", "column": "updated_at", "start": "2024-01-01", "granularity": "daily"}
+    spec = {"table": "events", "primary_key": "id", "cursor": "updated_at", "partitions": partitions}
+    harness.write_catalog({"events": {**spec, "reconcile": reconcile}})
+    harness.materialize(partition_range=("2024-01-01", "2024-01-02"))

@@ -8,7 +8,7 @@ from typing import Any
 import dagster as dg
 
 from ingestion_assets.partitions import LIVE
-from ingestion_assets_tests.helpers import StreamHarness
+from ingestion_assets_tests.helpers import StreamHarness, load_daily_events
 
 DETECT = {"full_every_seconds": 0, "deletes": "hard"}
 
@@ -44,15 +44,7 @@ def test_a_key_range_applies_the_deletes_of_its_own_range_only(harness: StreamHa
 
 
 def test_a_row_moved_to_a_newer_time_window_is_not_deleted_from_the_old_one(harness: StreamHarness) -> None:
-    harness.source.execute(
-        "CREATE TABLE events (id int PRIMARY KEY, v text, updated_at timestamptz NOT NULL);"
-        "INSERT INTO events SELECT g, 'v' || g, timestamptz '2024-01-01 00:00:00+00' + g * interval '10 min' "
-        "FROM generate_series(1, 200) g"  # 1-143 on the first day, the rest on the second
-    )
-    partitions = {"by": "time", "column": "updated_at", "start": "2024-01-01", "granularity": "daily"}
-    spec = {"table": "events", "primary_key": "id", "cursor": "updated_at", "partitions": partitions}
-    harness.write_catalog({"events": {**spec, "reconcile": DETECT}})
-    harness.materialize(partition_range=("2024-01-01", "2024-01-02"))
+    load_daily_events(harness, DETECT)
     harness.source.execute(
         "UPDATE events SET v = 'moved', updated_at = '2024-01-02 12:00:00+00' WHERE id = 5;"
         "DELETE FROM events WHERE id = 6"

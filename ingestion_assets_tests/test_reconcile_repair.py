@@ -14,7 +14,7 @@ import pytest
 
 from ingestion_assets.cli import main
 from ingestion_assets.streams.reconcile import OWED
-from ingestion_assets_tests.helpers import StreamHarness
+from ingestion_assets_tests.helpers import StreamHarness, load_daily_events
 
 ITEMS = """
 CREATE TABLE items (id int PRIMARY KEY, name text NOT NULL, updated_at timestamptz NOT NULL);
@@ -133,15 +133,7 @@ def test_a_refresh_clears_what_is_owed(harness: StreamHarness, monkeypatch: pyte
 
 
 def test_a_time_partition_repairs_into_the_one_target_table(harness: StreamHarness) -> None:
-    harness.source.execute(
-        "CREATE TABLE events (id int PRIMARY KEY, v text, updated_at timestamptz NOT NULL);"
-        "INSERT INTO events SELECT g, 'v' || g, timestamptz '2024-01-01 00:00:00+00' + g * interval '10 min' "
-        "FROM generate_series(1, 200) g"  # 1-143 on the first day, the rest on the second
-    )
-    partitions = {"by": "time", "column": "updated_at", "start": "2024-01-01", "granularity": "daily"}
-    spec = {"table": "events", "primary_key": "id", "cursor": "updated_at", "partitions": partitions}
-    harness.write_catalog({"events": {**spec, "reconcile": {"full_every_seconds": 0}}})
-    harness.materialize(partition_range=("2024-01-01", "2024-01-02"))
+    load_daily_events(harness, {"full_every_seconds": 0})
     harness.source.execute(  # late into the first day, behind its checkpoint; an older version on the second day
         "INSERT INTO events VALUES (500, 'late', '2024-01-01 03:00:00.5+00');"
         "UPDATE events SET v = 'changed', updated_at = updated_at + interval '1 ms' WHERE id = 150"
@@ -250,16 +242,7 @@ def test_a_gap_a_past_time_partition_owes_keeps_status_failed_after_other_partit
 ) -> None:
     """A past window's comparison owed a gap; the next run (another window) passed its own check and `ingest status`
     said ok, with the gap still there (found by a README-only attack): status reads every partition's checkpoint."""
-
-    harness.source.execute(
-        "CREATE TABLE events (id int PRIMARY KEY, v text, updated_at timestamptz NOT NULL);"
-        "INSERT INTO events SELECT g, 'v' || g, timestamptz '2024-01-01 00:00:00+00' + g * interval '10 min' "
-        "FROM generate_series(1, 200) g"
-    )
-    partitions = {"by": "time", "column": "updated_at", "start": "2024-01-01", "granularity": "daily"}
-    spec = {"table": "events", "primary_key": "id", "cursor": "updated_at", "partitions": partitions}
-    harness.write_catalog({"events": {**spec, "reconcile": {"full_every_seconds": 0}}})
-    harness.materialize(partition_range=("2024-01-01", "2024-01-02"))
+    load_daily_events(harness, {"full_every_seconds": 0})
     # the source's cursor went backwards: the target's version is newer, which no repair settles (owed)
     harness.source.execute("UPDATE events SET updated_at = updated_at - interval '1 minute' WHERE id = 5")
     assert not _check(harness.materialize(partition="2024-01-01")).passed
