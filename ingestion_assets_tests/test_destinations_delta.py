@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
 
+from ingestion_assets.loading import lake_tables
 from ingestion_assets.loading.bindings import TABLE as BINDINGS
 from ingestion_assets.loading.bindings import Marker
 from ingestion_assets.loading.lake_tables import LakeTables
@@ -174,6 +176,33 @@ def test_streams_recording_their_bindings_at_once_never_fail_on_each_others_comm
     assert errors == []
     markers = [tables.read_marker(f"s{i}", None) for i in range(6)]
     assert [marker.seq if marker else None for marker in markers] == [3] * 6
+
+
+
+def test_a_sync_forces_the_newest_commits_never_a_temporary_file_of_another_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sync after a commit forced the last two names of the Delta log by name order: a concurrent writer's
+    temporary commit file (renamed away meanwhile: FileNotFoundError failed the run, CI saw it) and
+    `_last_checkpoint` sort after every commit, so the commit just made was not the one forced."""
+    tables = LakeTables(str(tmp_path), {}, local=True)
+    for seq in range(3):
+        tables.write_marker("s", None, Marker("binding", seq, 1))
+    log_dir = tmp_path / BINDINGS / "_delta_log"
+    (log_dir / "_commit_0a1b.json.tmp").write_text("{}")
+    (log_dir / "_last_checkpoint").write_text("{}")
+    forced: list[str] = []
+    real_open = open
+
+    def watching(path: str, *args: object, **kwargs: object) -> object:
+        forced.append(os.path.basename(path))
+        if path.endswith(".tmp"):
+            raise FileNotFoundError(2, "No such file or directory", path)  # renamed by its writer meanwhile
+        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(lake_tables, "open", watching, raising=False)
+    tables.sync(BINDINGS)
+    assert forced[-1] == "00000000000000000002.json" and not any(name.startswith("_") for name in forced)
 
 
 EXTREMES = """

@@ -244,14 +244,29 @@ class LakeTables:
         if not self.local:
             return
         log_dir = os.path.join(self.url(table).removeprefix("file://"), "_delta_log")
-        fsync_in(log_dir, sorted(os.listdir(log_dir))[-2:])
+        fsync_in(log_dir, newest_commits(os.listdir(log_dir)))
+
+
+SYNCED_COMMITS = 32
+
+
+def newest_commits(names: list[str]) -> list[str]:
+    """The Delta log's newest commit files (`<20-digit version>.json`), never a writer's temporary file or
+    `_last_checkpoint` (they sort after the commits by name; a temporary file is renamed away under a concurrent
+    writer). Streams sharing a table (bindings, dead letters) commit between this one's commit and its sync:
+    the newest few are forced, each already on the device costs next to nothing."""
+    commits = [name for name in names if name.endswith(".json") and name[:-5].isdigit()]
+    return sorted(commits, key=lambda name: int(name[:-5]))[-SYNCED_COMMITS:]
 
 
 def fsync_in(folder: str, names: list[str]) -> None:
     """Force the named files of `folder`, then the folder itself (so a rename into it survives a power cut)."""
     for name in names:
-        with open(os.path.join(folder, name), "rb") as handle:
-            os.fsync(handle.fileno())
+        try:
+            with open(os.path.join(folder, name), "rb") as handle:
+                os.fsync(handle.fileno())
+        except FileNotFoundError:  # removed meanwhile (an old commit's log cleanup): nothing left to force
+            continue
     descriptor = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(descriptor)
