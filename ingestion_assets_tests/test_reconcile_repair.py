@@ -101,6 +101,7 @@ def test_a_gap_over_the_cap_is_owed_until_a_full_comparison_closes_it(
         harness.source.execute(f"UPDATE items SET updated_at = statement_timestamp() WHERE id = {key}")
         later = _check(harness.materialize())
         assert _figure(later, "scope") == "full" and not later.passed, later.metadata
+        assert _figure(later, "why the whole table") == "a gap an earlier comparison found is owed"
         assert _figure(later, "missing in target") == 3 and _owed(harness)["since"] == since
     for key, value in harness.cli_env().items():
         monkeypatch.setenv(key, value)
@@ -210,6 +211,7 @@ def test_rows_deleted_from_the_target_behind_its_back_are_found_and_read_again(
         harness.source.execute("INSERT INTO items SELECT g, 'new', now() FROM generate_series(301, 320) g")
     check = _check(harness.materialize())
     assert check.passed and _figure(check, "scope") == "full", check.metadata
+    assert "10 fewer than the last run left" in _figure(check, "why the whole table"), check.metadata
     assert _figure(check, "read again by key (repaired)") == 10
     harness.assert_target_equals_source("items", "items", "id")
     assert _owed(harness) is None

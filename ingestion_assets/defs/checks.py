@@ -103,6 +103,9 @@ def _reconciliation(outcomes: list[PartitionOutcome]) -> dg.AssetCheckResult:
     }
     for kind, label in _SAMPLES.items():
         metadata[label] = dg.MetadataValue.json([k for r in compared for k in r.samples.get(kind, [])][:10])
+    because = sorted({r.whole_because for r in compared if r.whole_because})
+    if because:  # a window's comparison cannot see rows moved without a cursor: why this run looked at them all
+        metadata["why the whole table"] = dg.MetadataValue.text("; ".join(because))
     errors = [r.error for r in compared if r.error]
     if errors:
         metadata["error"] = dg.MetadataValue.text("; ".join(errors))

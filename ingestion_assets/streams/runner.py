@@ -359,12 +359,16 @@ class PartitionJob:
             assert isinstance(self.stream, RestApiStream)
             outcome.key_listing = self.stream.retire_unlisted(loader)
         if isinstance(self.stream, PostgresTableStream) and schema.plan is not None:
-            # the whole table when a partition's rows left without a cursor to show it, a transaction taken for a
-            # reader ended (it may have written behind the checkpoint), or the target lost rows behind the runs
-            gone = bool(result.details.get(GONE))
-            full = full or gone or result.compare_whole is not None or self.compare_whole is not None
             check = reconcile_run(
-                self.stream, schema.plan, loader, self.partition, result, self._carried, full, generation, self.run_id
+                self.stream,
+                schema.plan,
+                loader,
+                self.partition,
+                result,
+                self._carried,
+                self._compare_whole_because(result, refreshed=full),
+                generation,
+                self.run_id,
             )
             outcome.reconciliation = check.figures
             settled = _gone_settled(check.figures) and GONE in outcome.checkpoint
@@ -379,6 +383,15 @@ class PartitionJob:
             if check.carried or settled:
                 self.store.commit(self.partition, result.position, **outcome.checkpoint)
         return outcome
+
+    def _compare_whole_because(self, result: SyncResult, refreshed: bool) -> list[str]:
+        """Why this run's check compares the whole table (or partition) whatever is due: rows moved without a
+        cursor to show it. Said in the check's metadata."""
+        reasons = ["a refresh read the table again"] if refreshed else []
+        gone = result.details.get(GONE)
+        if gone:
+            reasons.append(f"source partition(s) detached, dropped or made again: {', '.join(map(str, gone[:3]))}")
+        return [*reasons, *(why for why in (result.compare_whole, self.compare_whole) if why is not None)]
 
     def _record_failure(self, details: dict[str, Any], sink: _Sink, exc: Exception) -> None:
         """Keep the checkpoint, note the failure; several failed attempts without a commit in a row stop."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,19 +47,24 @@ def reconcile_run(
     partition: str | None,
     result: SyncResult,
     carried: Mapping[str, Any],
-    forced_full: bool = False,
+    whole_because: Sequence[str] = (),
     generation: int = 1,
     run_id: str = "",
 ) -> RunCheck:
-    """Compare the run's window, or (when due, when a gap is owed, or `forced_full` after a refresh) its whole
-    table or partition; repair what it finds missing or older; remember what it could not repair."""
+    """Compare the run's window, or its whole table or partition (`whole_because`: the run's reasons, such as a
+    refresh; a gap owed; `scope: full`; a full comparison due); repair what it finds missing or older; remember
+    what it could not repair."""
     settings = stream.spec.reconcile
     if stream.spec.write_disposition == "append":
         return RunCheck(Reconciliation(settings.scope, skipped="append keeps every version of a row: not compared"))
     now = dt.datetime.now(dt.UTC)
     owed = carried.get(OWED)
-    full = forced_full or owed is not None or settings.scope == "full"
-    full = full or full_due(settings, carried.get(RECONCILED_AT), now)
+    because = [*whole_because]
+    if owed is not None:
+        because.append("a gap an earlier comparison found is owed")
+    if full_due(settings, carried.get(RECONCILED_AT), now):
+        because.append(f"a full comparison is due (full_every_seconds: {settings.full_every_seconds})")
+    full = bool(because) or settings.scope == "full"
     if not full and settings.scope == "off":
         return RunCheck(None)
     scope = Scope(
@@ -72,7 +77,7 @@ def reconcile_run(
     request = Request(stream.source_url(), plan, loader, scope, result.position, settings.deletes)
     how = Repair(stream, plan, generation, partition, run_id) if repairs(stream) else None
     try:
-        figures = compared(request, how)
+        figures = dataclasses.replace(compared(request, how), whole_because="; ".join(because) or None)
     except NotComparable as exc:
         return RunCheck(Reconciliation(scope.name, skipped=str(exc)))
     kept: dict[str, Any] = {}

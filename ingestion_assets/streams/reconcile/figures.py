@@ -36,6 +36,7 @@ class Reconciliation:
     skipped: str | None = None  # why nothing was compared
     error: str | None = None  # the comparison could not finish (the run's load is committed all the same)
     seconds: float = 0.0
+    whole_because: str | None = None  # why a run compared its whole table or partition, not its window
     # the keys (k0.., typed as the source's) of the missing and older rows, for the repair; not shown
     found_keys: pa.Table | None = field(default=None, repr=False, compare=False)
 
