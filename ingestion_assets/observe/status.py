@@ -96,10 +96,11 @@ def stream_statuses(settings: Settings, catalog: Catalog, instance: dg.DagsterIn
     found = []
     for source_name, source, stream_name, spec in catalog.streams():
         key = dg.AssetKey([source_name, stream_name])
-        status = _status(instance, key, f"{source_name}.{stream_name}", now, slots.get(source_name))
-        status = _with_target_rows(status, counts, (source_name, stream_name))
         planned = stream_partitions(source_name, source, stream_name, spec)
-        if getattr(spec, "partitions", None) is not None or planned is not None:
+        partitioned = getattr(spec, "partitions", None) is not None or planned is not None
+        status = _status(instance, key, f"{source_name}.{stream_name}", now, slots.get(source_name), partitioned)
+        status = _with_target_rows(status, counts, (source_name, stream_name))
+        if partitioned:
             checkpoints = _partition_checkpoints(instance, key)
             if getattr(spec, "partitions", None) is not None:
                 status = replace(status, partitions=_partition_lines(checkpoints, now))
@@ -142,8 +143,15 @@ def _with_partitions(status: StreamStatus, summary: PartitionSummary) -> StreamS
 
 
 def _status(
-    instance: dg.DagsterInstance, key: dg.AssetKey, name: str, now: dt.datetime, slot: SlotFigures | None
+    instance: dg.DagsterInstance,
+    key: dg.AssetKey,
+    name: str,
+    now: dt.datetime,
+    slot: SlotFigures | None,
+    partitioned: bool = False,
 ) -> StreamStatus:
+    """The stream's status from its last run, checks and newest checkpoint (a partitioned stream's owed gaps are
+    read per partition: `_with_owed_partitions`)."""
     record = next(iter(instance.get_asset_records([key])), None)
     entry = record.asset_entry if record is not None else None
     event = entry.last_materialization if entry is not None else None
@@ -159,7 +167,7 @@ def _status(
     failed = _failed_checks(instance, key)
     if status == OK and failed:
         status, detail = CHECK, f"latest evaluation failed: {', '.join(failed)}"
-    owed = checkpoint.details.get(OWED) if checkpoint is not None else None
+    owed = checkpoint.details.get(OWED) if checkpoint is not None and not partitioned else None
     if status in (OK, CHECK) and isinstance(owed, dict):  # a gap a comparison found and could not repair
         status, detail = (
             CHECK,
