@@ -99,7 +99,9 @@ def test_a_truncated_source_is_detected_and_applied(harness: StreamHarness, dest
     assert live == [] and len(_target(harness)) == (0 if mode == "hard" else 300)
 
 
-def test_without_detection_deletes_are_reported_not_applied(harness: StreamHarness) -> None:
+def test_without_detection_deletes_are_reported_not_applied(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     harness.source.execute(ITEMS)
     _catalog(harness, reconcile="full")
     harness.materialize()
@@ -110,6 +112,11 @@ def test_without_detection_deletes_are_reported_not_applied(harness: StreamHarne
     assert _figure(check, "in target only (deleted at the source)") == 1 and _figure(check, "deletions applied") == 0
     assert "ingest reconcile" in _figure(check, "what to do")
     assert len(_target(harness)) == 300
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    main(["status"])  # says the check failed and, as the check does, what to run (it named no command before)
+    out = capsys.readouterr()
+    assert "--apply-deletes" in out.out + out.err
 
 
 @pytest.mark.parametrize("destination", DESTINATIONS)

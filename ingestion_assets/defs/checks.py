@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 SCHEMA = "schema"
 DEAD_LETTERS = "dead_letters"
 RECONCILIATION = "reconciliation"
+WHAT_TO_DO = "what to do"  # metadata of a failed check: the command that resolves it (`ingest status` shows it)
 DESCRIPTIONS = {
     SCHEMA: "the source's columns match what the stream loads",
     DEAD_LETTERS: "rows that could not load are parked, not lost",
@@ -119,7 +120,7 @@ def _reconciliation(outcomes: list[PartitionOutcome]) -> dg.AssetCheckResult:
             "they agree with the source"
         )
     if pending:
-        metadata["what to do"] = (
+        metadata[WHAT_TO_DO] = (
             f"{pending} row(s) are gone from the source: set `reconcile: {{full_every_seconds: N, deletes: hard}}` "
             "(or soft) to apply the deletions found, or run `ingest reconcile STREAM --apply-deletes`"
         )

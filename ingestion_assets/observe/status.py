@@ -14,7 +14,7 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 
 from ingestion_assets.catalog import Catalog, PostgresSource
 from ingestion_assets.defs.cdc import SLOT_HEALTH
-from ingestion_assets.defs.checks import DEAD_LETTERS, RECONCILIATION, SCHEMA
+from ingestion_assets.defs.checks import DEAD_LETTERS, RECONCILIATION, SCHEMA, WHAT_TO_DO
 from ingestion_assets.defs.freshness import FRESHNESS, stored_evaluation
 from ingestion_assets.defs.run_tags import REFUSED
 from ingestion_assets.observe.freshness import HISTOGRAM, merged, percentiles
@@ -164,9 +164,9 @@ def _status(
     if status == NEVER and checkpoint is not None:  # a CDC source's run that selected its other streams
         paused = checkpoint.details.get("paused")
         status, detail = (PAUSED, str(paused)) if isinstance(paused, str) else (OK, _UNSELECTED)
-    failed = _failed_checks(instance, key)
+    failed, advice = _failed_checks(instance, key)
     if status == OK and failed:
-        status, detail = CHECK, f"latest evaluation failed: {', '.join(failed)}"
+        status, detail = CHECK, "; ".join([f"latest evaluation failed: {', '.join(failed)}", *advice])
     owed = checkpoint.details.get(OWED) if checkpoint is not None and not partitioned else None
     if status in (OK, CHECK) and isinstance(owed, dict):  # a gap a comparison found and could not repair
         status, detail = (
@@ -323,10 +323,20 @@ def _with_owed_partitions(status: StreamStatus, checkpoints: dict[str, Checkpoin
     return replace(status, status=CHECK, detail=detail)
 
 
-def _failed_checks(instance: dg.DagsterInstance, key: dg.AssetKey) -> list[str]:
+def _failed_checks(instance: dg.DagsterInstance, key: dg.AssetKey) -> tuple[list[str], list[str]]:
+    """The checks whose latest evaluation failed, and what their metadata says to do about it (rows only in the
+    target under `deletes: report` named no command in status before)."""
     keys = [dg.AssetCheckKey(key, name) for name in CHECK_NAMES]
     latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(keys)
-    return sorted(k.name for k, record in latest.items() if record.status == AssetCheckExecutionRecordStatus.FAILED)
+    failed = {k.name: r for k, r in latest.items() if r.status == AssetCheckExecutionRecordStatus.FAILED}
+    advice = []
+    for name in sorted(failed):
+        event = failed[name].event
+        evaluation = event.dagster_event.event_specific_data if event and event.dagster_event else None
+        todo = getattr(evaluation, "metadata", {}).get(WHAT_TO_DO)
+        if todo is not None:
+            advice.append(f"{name}: {todo.value}")
+    return sorted(failed), advice
 
 
 def _freshness(instance: dg.DagsterInstance, key: dg.AssetKey, runs: int = FRESHNESS_RUNS) -> dict[str, float]:
