@@ -331,12 +331,14 @@ def test_a_column_spelled_differently_across_files_lands_in_one_column_and_a_fil
     drops.write("c.jsonl", '{"id": 4, "Name": "j", "select": "k", "amount": 4.5}\n', BASE + 3)
     drops.write("d.csv", "id;name;NAME\n5;p;q\n", BASE + 4)  # which one is the name?
     drops.write("e.csv", "id;_ingest_file\n6;mine\n", BASE + 5)
+    drops.write("f.csv", "id;_Ingest_Batch\n7;mine\n", BASE + 6)  # under the prefix the product keeps for itself
     drops.run()
     loaded = drops.rows('id, name, "select", amount')
     assert loaded == [(1, "x", "y", 1.5), (2, "w", "v", 2.5), (3, "z", "c", 3.5), (4, "j", "k", 4.5)]
     parked = dict(drops.dead_letters())
     assert "columns 'name' and 'NAME' both land as column 'name'" in parked["d.csv:file"]
     assert "its column '_ingest_file' lands as '_ingest_file', a column the product writes" in parked["e.csv:file"]
+    assert "its column '_Ingest_Batch' lands as '_ingest_batch', a column the product writes" in parked["f.csv:file"]
 
 
 @pytest.mark.slow  # several loads (or a subprocess): beyond the default suite's time budget

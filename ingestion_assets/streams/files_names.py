@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 import pyarrow as pa
 
-from ingestion_assets.loading.naming import RESERVED, TargetNames
+from ingestion_assets.loading.naming import RESERVED, TargetNames, reserved
 from ingestion_assets.sources.files import FILE, ROW, TEXT, CorruptFile
 
 OURS = RESERVED | {FILE, ROW, "_ingest_file_version"}  # what a file stream's rows carry besides the file's
@@ -43,7 +43,7 @@ class FileColumnNames:
             if name == ROW or name.startswith(TEXT):
                 continue  # the reader's own row number, a typed column's text
             target = self._names.column(name)
-            if name in OURS or target in OURS:
+            if name in OURS or reserved(name) or reserved(target):  # the prefix too: a later version may write it
                 raise CorruptFile(_ours(name, target))
             folded = self._folded(name)
             if folded in seen:
