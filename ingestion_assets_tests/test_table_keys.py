@@ -123,3 +123,24 @@ def test_ingest_check_looks_at_an_unguarded_key_and_says_what_it_did_not_look_at
     ]
     sessions = harness.query_source("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ingest-check-key'")
     assert sessions == [(0,)]  # nothing left running on the source
+
+
+def test_a_key_repeated_after_the_first_read_is_told_as_repeated_not_as_newer_in_the_target(
+    harness: StreamHarness,
+) -> None:
+    """Rows made later that repeat a key no constraint guards are merged into one target row, the newest (README).
+    The check then compared the source's older row with the target's newer one and failed every run, 'newer in
+    the target', owed, with `ingest refresh` as the fix (which cannot help: the source still repeats the key)."""
+    harness.source.execute(SETUP + "DELETE FROM events WHERE sub = 2")
+    harness.write_catalog(
+        {"events": {"table": "events", "primary_key": "k", "cursor": "updated_at", "reconcile": "full"}}
+    )
+    harness.materialize()
+    harness.source.execute("INSERT INTO events VALUES (2, 9, '2026-12-05', 'two again')")
+    result = harness.materialize()
+    check = next(e for e in result.get_asset_check_evaluations() if e.check_name == "reconciliation")
+    assert check.passed, check.metadata
+    assert check.metadata["older rows of keys repeated at the source (the target keeps the newest)"].value == 1
+    assert check.metadata["sample of keys repeated at the source"].value == ["2"]
+    assert check.metadata["newer in target than in source"].value == 0
+    assert harness.query_target(f'SELECT v FROM "{harness.source_name}".events WHERE k = 2') == [("two again",)]

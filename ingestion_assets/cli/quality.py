@@ -184,6 +184,9 @@ def reconcile(settings: Settings, args: argparse.Namespace) -> int:
         f"{found.deleted_at_source} in the target only (deleted at the source), {found.deletions_applied} deleted, "
         f"{found.not_yet_synced} not yet synced, {found.parked} parked, {found.repaired} read again by key (repaired)"
     )
+    if found.repeated_at_source:
+        repeated = found.repeated_at_source
+        print(f"  {repeated} older row(s) of keys the source holds more than once (the target keeps the newest)")
     for kind, keys in found.samples.items():
         print(f"  {kind}: {', '.join(keys)}")
     if no_repair is not None and (found.missing or found.stale):

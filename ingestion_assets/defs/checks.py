@@ -145,6 +145,7 @@ _FIGURES = {
     "deletions_applied": "deletions applied",
     "not_yet_synced": "not yet synced (past the checkpoint)",
     "parked": "parked as dead letters",
+    "repeated_at_source": "older rows of keys repeated at the source (the target keeps the newest)",
     "repaired": "read again by key (repaired)",
     "seconds": "seconds",
 }
@@ -154,6 +155,7 @@ _SAMPLES = {
     "newer": "sample of newer keys",
     "deleted": "sample of keys deleted at the source",
     "repaired": "sample of repaired keys",
+    "duplicate": "sample of keys repeated at the source",
 }
 
 

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.sources.postgres.query import Position, ReadPlan
-from ingestion_assets.streams.reconcile.diff import DELETED, MISSING, NEWER, STALE, UNSYNCED, Diff
+from ingestion_assets.streams.reconcile.diff import DELETED, DUPLICATE, MISSING, NEWER, STALE, UNSYNCED, Diff
 from ingestion_assets.streams.reconcile.figures import Reconciliation, summarize
 from ingestion_assets.streams.reconcile.relation import Buckets, Scope, key_alias, version_alias
 from ingestion_assets.streams.reconcile.source_side import SourceSide
@@ -104,6 +104,7 @@ def _compare(request: Request, source: SourceSide, target: TargetSide) -> Reconc
         deletions_applied=applied,
         not_yet_synced=found.counts[UNSYNCED],
         parked=found.parked,
+        repeated_at_source=found.counts[DUPLICATE],
         samples={kind: keys for kind, keys in found.samples.items() if keys},
         found_keys=found.repairable,
     )

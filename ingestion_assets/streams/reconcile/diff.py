@@ -17,6 +17,8 @@ from ingestion_assets.streams.reconcile.predicates import columns_equal, columns
 from ingestion_assets.streams.reconcile.relation import key_alias, version_alias
 
 MISSING, STALE, NEWER, DELETED, UNSYNCED = "missing", "stale", "newer", "deleted", "unsynced"
+# a source row another row of the same key outranks (a key the source does not enforce: the target keeps the newest)
+DUPLICATE = "duplicate"
 
 
 class Diff:
@@ -65,10 +67,19 @@ class Diff:
         )
         on = " AND ".join(f"s.{k} = t.{k}" for k in self.keys)
         sides = ", ".join([f"s.{k} AS s_{k}" for k in self.keys] + [f"t.{k} AS t_{k}" for k in self.keys])
+        # Rows repeating a key at the source (one no constraint guards) are merged into one target row, the
+        # newest: only that one is compared, the others are told as repeated, not as newer in the target.
+        newest = ", ".join(f"{v} DESC" for v in self.versions) or "1"
+        keys = ", ".join(self.keys)
+        ranked = f"SELECT *, row_number() OVER (PARTITION BY {keys} ORDER BY {newest}) AS _rank FROM src"
+        repeated = ", ".join([f"{k} AS s_{k}" for k in self.keys] + [f"NULL AS t_{k}" for k in self.keys])
         query = (
+            f"WITH ranked AS ({ranked}) "
             f"SELECT {kind} AS kind, {sides} "
-            f"FROM (SELECT *, TRUE AS _in FROM src) s FULL OUTER JOIN (SELECT *, TRUE AS _in FROM tgt) t ON {on} "
-            f"WHERE s._in IS NULL OR t._in IS NULL OR NOT {columns_equal(source, target)}"
+            f"FROM (SELECT *, TRUE AS _in FROM ranked WHERE _rank = 1) s "
+            f"FULL OUTER JOIN (SELECT *, TRUE AS _in FROM tgt) t ON {on} "
+            f"WHERE s._in IS NULL OR t._in IS NULL OR NOT {columns_equal(source, target)} "
+            f"UNION ALL SELECT '{DUPLICATE}', {repeated} FROM ranked WHERE _rank > 1"
         )
         return self.con.sql(query).to_arrow_table()
 

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingestion_assets.loading.dead_letters import record_keys
-from ingestion_assets.streams.reconcile.diff import DELETED, MISSING, NEWER, STALE, UNSYNCED
+from ingestion_assets.streams.reconcile.diff import DELETED, DUPLICATE, MISSING, NEWER, STALE, UNSYNCED
 from ingestion_assets.streams.reconcile.relation import key_alias
 
 SAMPLE = 10
@@ -30,6 +30,7 @@ class Reconciliation:
     deletions_applied: int = 0
     not_yet_synced: int = 0  # the source's version is past the checkpoint: the next run reads it
     parked: int = 0  # source rows that differ because they wait in the dead-letter table
+    repeated_at_source: int = 0  # older rows of a key the source holds several times (the target keeps the newest)
     repaired: int = 0  # missing or older rows read again by key in the same run, and found in place after
     owed: str | None = None  # a gap found and not repaired (this run or before): later runs compare the whole table
     samples: dict[str, list[str]] = field(default_factory=dict)
@@ -68,7 +69,7 @@ def summarize(classified: pa.Table, keys: int, parked: set[str]) -> Found:
     parked_count = 0
     deleted = pa.table({})
     repairable = []
-    for kind in (MISSING, STALE, NEWER, DELETED, UNSYNCED):
+    for kind in (MISSING, STALE, NEWER, DELETED, UNSYNCED, DUPLICATE):
         side = "t" if kind == DELETED else "s"
         rows = classified.filter(pc.equal(classified["kind"], kind))
         rows = rows.select([f"{side}_{key_alias(i)}" for i in range(keys)]).rename_columns(
