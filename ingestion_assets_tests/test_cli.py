@@ -197,8 +197,11 @@ def test_dlq_replay_failures_are_one_line_naming_the_stream(
     assert f"the folder {drops.folder} does not exist (url {drops.folder})" in told
     drops.folder.mkdir()  # there again, without a.csv: its parked row stays, said so
     assert main(["dlq", "replay", "drops.orders"]) == 1
-    assert "1 gone from the source (they stay parked: a.csv:row2)" in capsys.readouterr().out
+    assert "1 gone from the source (they stay parked: a.csv:row2; `ingest dlq discard " in capsys.readouterr().out
     assert drops.dead_letters()[0][0] == "a.csv:row2" and drops.rows() == [(1, "a", 1.5)]
+    assert main(["dlq", "discard", "drops.orders", "--key", "a.csv:row2", "--yes", "--reason", "file deleted"]) == 0
+    assert "drops.orders: 1 dead letter(s) discarded (file deleted)" in capsys.readouterr().out
+    assert drops.dead_letters() == [] and drops.rows() == [(1, "a", 1.5)]
 
 
 def test_a_hand_edited_dagster_yaml_is_never_replaced_silently(

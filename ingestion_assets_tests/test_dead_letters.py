@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from ingestion_assets.cli import main
+from ingestion_assets.cli.dlq import DISCARDED
 from ingestion_assets.loading.dead_letters import split_bad_rows
 from ingestion_assets.sources.postgres.bad_values import PROBLEMS, RAW
 from ingestion_assets_tests.helpers import StreamHarness
@@ -233,3 +234,71 @@ def test_with_on_bad_value_null_a_row_without_its_key_is_still_parked() -> None:
         "stream t: key column 'a' is null: the row cannot be merged on primary_key ['a']"
     ]
     assert json.loads(split.dead.column("raw_record")[0].as_py()) == {"a": None, "v": "y"}
+
+
+GONE = "postgresql://nobody@127.0.0.1:9/none"  # a server that is not there
+
+
+def _dead_letters_check(result: dg.ExecuteInProcessResult) -> bool:
+    return next(e.passed for e in result.get_asset_check_evaluations() if e.check_name == "dead_letters")
+
+
+@pytest.mark.parametrize("destination", ["duckdb", "postgres"])
+def test_a_person_discards_dead_letters_by_key_or_all_and_the_discard_is_recorded(
+    harness: StreamHarness, destination: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README left a dead letter whose row came back under its key (or left the source) "for a person to
+    decide", and gave that person no command: `ingest dlq` had list and replay only, the row stayed parked for
+    good. `dlq discard` names the keys (or --all), is a dry run without --yes, refuses an unknown key whole, and
+    records what it removed on the stream's asset."""
+    harness.source.execute(NULL_KEYS)
+    spec = {"table": "pairs", "primary_key": ["a", "b"], "cursor": "ts", "slice_rows": 20}
+    harness.write_catalog({"pairs": {**spec, "retries": {"max_attempts": 1}}}, destination=destination)
+    assert not _dead_letters_check(harness.materialize())  # three rows parked by this run
+    name = f"{harness.source_name}.pairs"
+    harness.source.execute("UPDATE pairs SET a = 0, ts = '2026-01-02' WHERE b = 'n'")  # given its key at the source
+    assert _dead_letters_check(harness.materialize())  # loads as 0|n; its old dead letter stays
+    assert harness.query_target(f"SELECT a, x FROM \"{harness.source_name}\".pairs WHERE b = 'n'") == [(0, -1)]
+    assert sorted(_parked(harness)) == ["7|\\N", "\\N|\\N", "\\N|n"]
+
+    _cli(harness, monkeypatch)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as unknown:
+        main(["dlq", "discard", name, "--key", "\\N|n", "--key", "0|n", "--yes"])
+    assert str(unknown.value.code).startswith(f"error: {name}: no dead letter with key '0|n' (3 key(s) parked")
+    assert sorted(_parked(harness)) == ["7|\\N", "\\N|\\N", "\\N|n"]  # nothing left, not even the known key
+
+    assert main(["dlq", "discard", name, "--key", "\\N|n"]) == 0  # no --yes: a dry run
+    said = capsys.readouterr().out
+    assert "would discard key \\N|n  (stream pairs: key column 'a' is null" in said and "nothing removed" in said
+    assert sorted(_parked(harness)) == ["7|\\N", "\\N|\\N", "\\N|n"]
+
+    assert main(["dlq", "discard", name, "--key", "\\N|n", "--yes", "--reason", "loaded as 0|n"]) == 0
+    said = capsys.readouterr().out
+    assert "  discarded key \\N|n  (" in said and f"{name}: 1 dead letter(s) discarded (loaded as 0|n)" in said
+    assert sorted(_parked(harness)) == ["7|\\N", "\\N|\\N"]
+    assert _status_dead_letters(capsys) == 2
+
+    if destination == "duckdb":  # the source gone: its dead letters are still listed and discarded (never read)
+        (harness.tmp_path / "source_url").write_text(GONE)
+        assert main(["dlq", "list", name]) == 0 and "2 parked row(s)" in capsys.readouterr().out
+    assert main(["dlq", "discard", name, "--all", "--yes"]) == 0
+    assert "2 dead letter(s) discarded" in capsys.readouterr().out
+    assert _parked(harness) == {} and _status_dead_letters(capsys) == 0
+    assert main(["dlq", "discard", name, "--all", "--yes"]) == 0
+    assert "no parked rows: nothing to discard" in capsys.readouterr().out
+
+    records = harness.instance.fetch_observations(harness.key("pairs"), limit=1000).records
+    discards = [r.asset_observation.metadata for r in records if r.asset_observation is not None]
+    entries = [m[DISCARDED].value for m in discards if DISCARDED in m]  # newest first
+    assert [(e["count"], e["reason"]) for e in entries] == [(2, None), (1, "loaded as 0|n")]
+    assert [d["key"] for d in entries[1]["dead letters"]] == ["\\N|n"]
+    assert entries[1]["dead letters"][0]["error"].startswith("stream pairs: key column 'a' is null")
+    assert sorted(d["key"] for d in entries[0]["dead letters"]) == ["7|\\N", "\\N|\\N"]
+    assert harness.checkpoint("pairs") is not None  # a discard is no checkpoint: the position stays
+    assert harness.query_target(f'SELECT count(*) FROM "{harness.source_name}".pairs') == [(51,)]
+    if destination == "postgres":  # the destination gone: one line naming the stream, no traceback
+        (harness.tmp_path / "source_url").write_text(GONE)
+        with pytest.raises(SystemExit) as failed:
+            main(["dlq", "discard", name, "--all"])
+        assert str(failed.value.code).startswith(f"error: {name}: dlq discard failed: ")

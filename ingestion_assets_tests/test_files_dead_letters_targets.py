@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import gzip
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from ingestion_assets.loading.parked import parked_rows
+from ingestion_assets.loading.parked import UnknownDeadLetters, discard_parked, parked_rows
 from ingestion_assets.streams.files_replay import replay_file_dead_letters
 from ingestion_assets.streams.postgres_table import Target
 from ingestion_assets_tests.destination_targets import MariaDb, mariadb
@@ -100,3 +101,49 @@ def test_a_timestamp_past_year_9999_is_parked_not_fatal(drops: Drops, mariadb: M
     assert sorted(_parked(drops, runs)) == ["2", "4"]
     assert runs == {"test"}  # `ingest dlq list` says which run parked them (it was empty)
     assert [r[0] for r in mariadb.rows("drops", "orders", ["id"], "id")] == [1, 3]
+
+
+@pytest.mark.parametrize("kind", [pytest.param("mariadb", marks=SLOW), "delta", pytest.param("iceberg", marks=SLOW)])
+def test_dead_letters_are_discarded_by_key_under_the_writer_lock(
+    kind: str, drops: Drops, request: pytest.FixtureRequest
+) -> None:
+    """`ingest dlq discard` goes through the release path a load takes (SQL on MariaDB, the Delta API on a lake):
+    a dry run removes nothing, an unknown key removes nothing, the named keys leave and the others stay."""
+    drops.catalog(path="*.csv", primary_key="id", csv={"column_types": {"amount": "float64"}})
+    _target(drops, _destination(kind, drops, request))
+    drops.write("a.csv", "id,name,amount\n1,a,1.5\n2,b,oops\n3,c,nope\n4,d,bad\n", BASE)
+    drops.run()
+    assert _parked(drops) == ["a.csv:row2", "a.csv:row3", "a.csv:row4"]
+    stream = drops.stream()
+    loader = stream.loader(Target(stream.name, 1), None)
+    dry = discard_parked(loader, ["a.csv:row2"], apply=False)
+    assert [row["record_key"] for row in dry] == ["a.csv:row2"] and "oops" in dry[0]["error"]
+    with pytest.raises(UnknownDeadLetters) as unknown:
+        discard_parked(loader, ["a.csv:row3", "a.csv:row9"], apply=True)
+    assert unknown.value.args == (["a.csv:row9"], 3)
+    assert _parked(drops) == ["a.csv:row2", "a.csv:row3", "a.csv:row4"]
+    gone = discard_parked(loader, ["a.csv:row2", "a.csv:row4"], apply=True)
+    assert sorted(row["record_key"] for row in gone) == ["a.csv:row2", "a.csv:row4"]
+    assert _parked(drops) == ["a.csv:row3"]
+    assert [row["record_key"] for row in discard_parked(loader, None, apply=True)] == ["a.csv:row3"]
+    assert _parked(drops) == [] and discard_parked(loader, None, apply=True) == []
+
+
+def test_a_discard_waits_for_a_load_that_holds_the_writer_lock(drops: Drops) -> None:
+    """The look at the dead letters and their delete are one hold of the stream's writer lock: a load running
+    meanwhile (which parks and releases) finishes first."""
+    drops.catalog(path="*.csv", primary_key="id", csv={"column_types": {"amount": "float64"}})
+    _target(drops, {"type": "filesystem", "bucket_url": str(drops.root / "lake"), "table_format": "delta"})
+    drops.write("a.csv", "id,name,amount\n1,a,oops\n", BASE)
+    drops.run()
+    stream = drops.stream()
+    loading, discarding = (stream.loader(Target(stream.name, 1), None) for _ in range(2))
+    events: list[str] = []
+    worker = threading.Thread(target=lambda: events.append(str(len(discard_parked(discarding, None, apply=True)))))
+    with loading.held():
+        worker.start()
+        worker.join(0.5)
+        assert worker.is_alive()  # waiting for the lock
+        events.append("load done")
+    worker.join(60)
+    assert events == ["load done", "1"] and _parked(drops) == []

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ingestion_assets.catalog import CatalogError
-from ingestion_assets.cli import cdc, quality, stack, state, status
+from ingestion_assets.cli import cdc, dlq, quality, stack, state, status
 from ingestion_assets.errors import SourceUnavailable
 from ingestion_assets.references import UnresolvedReference
 from ingestion_assets.settings import Settings
@@ -119,6 +119,13 @@ def _parser() -> argparse.ArgumentParser:
     dlq_list.add_argument("stream", help="SOURCE.STREAM")
     replay = dlq_action("replay", quality.dlq_replay, "read parked rows again from the source; loaded ones leave")
     replay.add_argument("stream", help="SOURCE.STREAM")
+    discard = dlq_action("discard", dlq.dlq_discard, "close dead letters on purpose (dry run unless --yes); recorded")
+    discard.add_argument("stream", help="SOURCE.STREAM")
+    chosen = discard.add_mutually_exclusive_group(required=True)
+    chosen.add_argument("--key", action="append", help="a parked row's key as `ingest dlq list` prints it (repeatable)")
+    chosen.add_argument("--all", action="store_true", help="every dead letter of the stream")
+    discard.add_argument("--reason", help="why, kept with the record of the discard")
+    discard.add_argument("--yes", action="store_true", help="remove them (without it: only print what would go)")
 
     compare = command("reconcile", quality.reconcile, "compare a table stream's target with its source now, in full")
     compare.add_argument("stream", help="SOURCE.STREAM")

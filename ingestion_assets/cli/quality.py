@@ -33,7 +33,7 @@ def schema_show(settings: Settings, args: argparse.Namespace) -> int:
     from ingestion_assets.streams.files import FileSourceStream
     from ingestion_assets.streams.rest_api import RestApiStream
 
-    stream, store = _stream_and_store(settings, args.stream)
+    stream, store = stream_and_store(settings, args.stream)
     latest = store.latest(checkpoint_partition(stream.source))
     stored = parse_stored(latest.details.get("schema") if latest else None)
     if isinstance(stream, RestApiStream | FileSourceStream):  # learnt as they load: nothing to discover first
@@ -72,7 +72,7 @@ def _api_schema_show(stream: Any, stored: dict[str, Any] | None, latest: Any) ->
 
 
 def schema_accept(settings: Settings, args: argparse.Namespace) -> int:
-    stream, store = _stream_and_store(settings, args.stream)
+    stream, store = stream_and_store(settings, args.stream)
     partition = checkpoint_partition(stream.source, args.partition)
     latest = store.latest(partition)
     if latest is None:
@@ -83,12 +83,11 @@ def schema_accept(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def dlq_list(settings: Settings, args: argparse.Namespace) -> int:
+    from ingestion_assets.cli.dlq import dead_letter_loader
     from ingestion_assets.loading.parked import parked_rows
-    from ingestion_assets.streams.postgres_table import Target
 
-    stream, _ = _stream_and_store(settings, args.stream)
-    loader = stream.loader(Target(stream.name, 1), None)
-    rows = parked_rows(loader)
+    stream, _ = stream_and_store(settings, args.stream)
+    rows = parked_rows(dead_letter_loader(stream))
     print(f"{len(rows)} parked row(s) of {stream.qualified_name}")
     for row in rows:
         when = row["dead_lettered_at"]
@@ -101,7 +100,7 @@ def dlq_replay(settings: Settings, args: argparse.Namespace) -> int:
     from ingestion_assets.streams.files import FileSourceStream
     from ingestion_assets.streams.postgres_table import PostgresTableStream
 
-    stream, store = _stream_and_store(settings, args.stream)
+    stream, store = stream_and_store(settings, args.stream)
     name = stream.qualified_name
     if not isinstance(stream, FileSourceStream | PostgresTableStream):
         raise SystemExit(
@@ -111,13 +110,16 @@ def dlq_replay(settings: Settings, args: argparse.Namespace) -> int:
         )
     try:
         replay = _replay(stream, store)
-    except _replay_failures() as exc:
+    except replay_failures() as exc:
         text = " ".join(str(exc).split()) or type(exc).__name__
         raise SystemExit(f"error: {name}: dlq replay failed: {text.removeprefix(f'stream {name}: ')}") from exc
     if replay.parked == 0:
         print(f"{name}: no parked rows: nothing to replay")
         return 0
-    gone = f" (they stay parked: {', '.join(replay.gone[:5])}{', ...' * (len(replay.gone) > 5)})" * bool(replay.gone)
+    gone = (
+        f" (they stay parked: {', '.join(replay.gone[:5])}{', ...' * (len(replay.gone) > 5)}; "
+        f"`ingest dlq discard {name} --key KEY --yes` closes one)"
+    ) * bool(replay.gone)
     print(
         f"{name}: {replay.parked} dead letter(s) read again: {replay.released} released, "
         f"{replay.still_bad} still bad (parked again with today's error), {len(replay.gone)} gone from the source"
@@ -138,7 +140,7 @@ def _replay(stream: Any, store: Any) -> Any:
     return replay_dead_letters(stream, generation)
 
 
-def _replay_failures() -> tuple[type[BaseException], ...]:
+def replay_failures() -> tuple[type[BaseException], ...]:
     """What a replay meets that a user acts on: the source or its storage (missing, unreachable), a schema change
     the policy pauses on, the destination (unreachable, locked, not able to compare versions)."""
     import duckdb
@@ -159,7 +161,7 @@ def reconcile(settings: Settings, args: argparse.Namespace) -> int:
     from ingestion_assets.streams.reconcile import Request, Scope, owed_reason
     from ingestion_assets.streams.reconcile.cadence import compared, repairs
 
-    stream, store = _stream_and_store(settings, args.stream)
+    stream, store = stream_and_store(settings, args.stream)
     if not isinstance(stream, PostgresTableStream) or stream.source.mode == "cdc":
         raise SystemExit(f"error: {args.stream} is not a polled table stream: {_no_reconcile(stream)}")
     if stream.spec.partitions is not None and args.partition is None:
@@ -237,7 +239,7 @@ def _no_reconcile(stream: Any) -> str:
     return "cdc streams get deletes from the log"
 
 
-def _stream_and_store(settings: Settings, name: str) -> tuple[Any, Any]:
+def stream_and_store(settings: Settings, name: str) -> tuple[Any, Any]:
     import dagster as dg
 
     from ingestion_assets.defs.assets import catalog_streams

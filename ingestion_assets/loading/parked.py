@@ -1,7 +1,8 @@
-"""The dead-letter table in the destination: write, list, release."""
+"""The dead-letter table in the destination: write, list, release, discard."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -72,6 +73,27 @@ def release_parked(loader: Any, keys: list[str]) -> None:
     with loader._lock():
         loader._parked_keys = None
         loader._release_parked_keys(keys)
+
+
+class UnknownDeadLetters(LookupError):
+    """Keys asked to be discarded that the stream has not parked (a typo, or already released)."""
+
+
+def discard_parked(loader: Any, keys: Sequence[str] | None, apply: bool) -> list[dict[str, Any]]:
+    """The loader's stream's dead letters named by `keys` (None: all of them), and with `apply` they leave through
+    the release path a load takes (`release_parked`), all under one hold of the writer lock: a running load cannot
+    park or release between the look and the delete. A key not parked raises before anything leaves."""
+    with loader.held():
+        rows = parked_rows(loader)
+        if keys is not None:
+            known = {row["record_key"] for row in rows}
+            unknown = [key for key in dict.fromkeys(keys) if key not in known]
+            if unknown:
+                raise UnknownDeadLetters(unknown, len(known))
+            rows = [row for row in rows if row["record_key"] in set(keys)]
+        if apply and rows:
+            release_parked(loader, sorted({row["record_key"] for row in rows}))
+    return rows
 
 
 def release_file_keys(loader: Any, whole: dict[str, set[str]]) -> None:

@@ -85,6 +85,10 @@ class InstanceStateStore:
     def latest(self, partition: str | None) -> Checkpoint | None:
         return latest_checkpoint(self._instance, self._asset_key, partition)
 
+    def observe(self, metadata: dict[str, Any]) -> None:
+        """An event of the stream's asset that is no checkpoint (an operator's act: dead letters discarded)."""
+        self._log_event(dg.AssetObservation(asset_key=self._asset_key, metadata=metadata))
+
     def commit(self, partition: str | None, position: dict[str, Any] | None, **details: Any) -> None:
         self._log_event(
             dg.AssetObservation(
