@@ -141,10 +141,44 @@ def _null_keys(table: pa.Table, stream: str, primary_key: Sequence[str]) -> tupl
 
 def record_keys(table: pa.Table, primary_key: Sequence[str]) -> pa.Array:
     """A row's primary key as text, the values joined by '|' (what `ingest dlq list` shows; a NULL, which only a
-    parked row's key holds, as `\\N`)."""
-    parts = [pc.fill_null(pc.cast(table.column(k), pa.string()), NULL_KEY) for k in primary_key]
+    parked row's key holds, as `\\N`). A backslash or '|' inside a value is escaped with a backslash, so the
+    text reads back as the values it was made of (`key_values`): a text key `a|b` or `\\N` is no two values or
+    no NULL."""
+    parts = [pc.fill_null(_escaped(pc.cast(table.column(k), pa.string())), NULL_KEY) for k in primary_key]
     joined = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, "|")
     return joined.combine_chunks() if isinstance(joined, pa.ChunkedArray) else joined
+
+
+def _escaped(values: Any) -> Any:
+    return pc.replace_substring(pc.replace_substring(values, "\\", "\\\\"), "|", "\\|")
+
+
+def key_part(value: str) -> str:
+    """One key value as `record_keys` writes it into the key's text."""
+    return value.replace("\\", "\\\\").replace("|", "\\|")
+
+
+def key_values(text: str) -> list[str | None]:
+    """The key values a `record_keys` text was made of (None for a whole value `\\N`)."""
+    values: list[str | None] = []
+    current: list[str] = []
+    null = False
+    i = 0
+    while i < len(text):
+        char, after = text[i], text[i + 1 : i + 2]
+        if char == "|":
+            values.append(None if null else "".join(current))
+            current, null = [], False
+        elif char == "\\" and after == "N" and not current and text[i + 2 : i + 3] in ("", "|"):
+            null, i = True, i + 1
+        elif char == "\\" and after in ("\\", "|"):
+            current.append(after)
+            i += 1
+        else:
+            current.append(char)
+        i += 1
+    values.append(None if null else "".join(current))
+    return values
 
 
 DEAD_LETTER_SCHEMA = pa.schema(

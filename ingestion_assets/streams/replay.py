@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from ingestion_assets.loading.dead_letters import NULL_KEY, record_keys, split_bad_rows
+from ingestion_assets.loading.dead_letters import key_values, record_keys, split_bad_rows
 from ingestion_assets.loading.metadata_columns import with_metadata
 from ingestion_assets.loading.parked import parked_rows
 from ingestion_assets.sources.postgres import table_slices
@@ -34,7 +34,7 @@ def replay_dead_letters(stream: PostgresTableStream, generation: int, run_id: st
     seen: set[str] = set()
     ordering = [c.name for c in plan.ordering]
     for start in range(0, len(parked), KEYS_PER_READ):
-        keys = [[None if v == NULL_KEY else v for v in key.split("|")] for key in parked[start : start + KEYS_PER_READ]]
+        keys = [key_values(key) for key in parked[start : start + KEYS_PER_READ]]
         for piece in table_slices(
             stream.source_url(), plan, None, stream.spec.slice_rows, stream.qualified_name, keys=keys
         ):

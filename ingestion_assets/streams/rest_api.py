@@ -14,7 +14,7 @@ import httpx
 import pyarrow as pa
 
 from ingestion_assets.catalog import Destination, RestSource, RestStream
-from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA, dead_letter_limit
+from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA, dead_letter_limit, key_part
 from ingestion_assets.loading.metadata_columns import (
     DELETED_AT,
     EXTRACTED_AT,
@@ -283,10 +283,11 @@ class RestApiStream:
     def _dead_letter(self, record: Any, problem: str, options: RunOptions, now: dt.datetime) -> dict[str, Any]:
         keys = [record.get(k) for k in self.spec.primary_key] if isinstance(record, dict) else []
         cursor = record.get(self.spec.cursor) if isinstance(record, dict) and self.spec.cursor else None
+        key = "|".join("" if k is None else key_part(str(k)) for k in keys)
         return {
             "stream": self.name,
             "partition": options.partition or "",
-            "record_key": _storable("|".join("" if k is None else str(k) for k in keys)) or _fingerprint(record),
+            "record_key": _storable(key) or _fingerprint(record),
             "run_id": options.run_id,
             "position": json_text({self.spec.cursor: cursor} if self.spec.cursor else {}),
             "error": problem,

@@ -12,7 +12,7 @@ import csv
 import datetime as dt
 import io
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -238,10 +238,6 @@ def mark_deleted(loader: Loader, marks: dict[Key, tuple[Decimal, dt.datetime]]) 
             )
             flagged += 1
     return flagged
-
-
-def keys_text(rows: Sequence[dict[str, Any]], primary_key: Sequence[str]) -> list[str]:
-    return ["|".join(str(r.get(k)) for k in primary_key) for r in rows]
 
 
 def dead_letter_table(stream: PostgresTableStream, changes: TableChanges, run_id: str) -> pa.Table | None:
