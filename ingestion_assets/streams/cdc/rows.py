@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA
+from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA, key_part
 from ingestion_assets.loading.metadata_columns import (
     DELETED_AT,
     EXTRACTED_AT,
@@ -192,7 +192,7 @@ class TableChanges:
     def dead_letter_rows(self) -> list[tuple[str, str, str]]:
         """(record key, error, raw JSON) of the changes whose values cannot load."""
         return [
-            ("|".join(str(row.get(k)) for k in self.primary_key), problem, json.dumps(row, default=str))
+            ("|".join(key_part(str(row.get(k))) for k in self.primary_key), problem, json.dumps(row, default=str))
             for row, problem in self.bad
         ]
 
