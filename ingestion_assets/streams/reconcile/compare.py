@@ -9,9 +9,10 @@ under that lock, does not hold it at any version.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -59,11 +60,20 @@ def reconcile(request: Request) -> Reconciliation:
     """Under the target's writer lock from before the source is read to after the deletions: the target then
     holds still while both sides are compared (a load of another partition cannot pass for a deleted row)."""
     began = time.monotonic()
-    comparable_target(request.loader)
-    with request.loader.client() as client, SourceSide.open(request.url, request.plan, request.scope) as source:
-        target = TargetSide(request.loader, request.plan, request.scope, source.shape, client)
+    with _sides(request) as (source, target):
         found = _compare(request, source, target)
     return dataclasses.replace(found, seconds=round(time.monotonic() - began, 3))
+
+
+@contextlib.contextmanager
+def _sides(request: Request) -> Iterator[tuple[SourceSide, TargetSide]]:
+    """Both sides open: the source's snapshot, and the target's client under its writer lock."""
+    dialect = comparable_target(request.loader)
+    with (
+        request.loader.client() as client,
+        SourceSide.open(request.url, request.plan, request.scope, dialect) as source,
+    ):
+        yield source, TargetSide(request.loader, request.plan, request.scope, source.shape, client)
 
 
 def bucket_count(rows: int) -> int:
@@ -113,9 +123,7 @@ def _compare(request: Request, source: SourceSide, target: TargetSide) -> Reconc
 def recheck(request: Request, keys: pa.Table) -> Reconciliation:
     """`keys` (k0.., as the source side types them) compared again, looked up on both sides whatever their version
     or window: after a repair, whether each is now in the target at the source's version."""
-    comparable_target(request.loader)
-    with request.loader.client() as client, SourceSide.open(request.url, request.plan, request.scope) as source:
-        target = TargetSide(request.loader, request.plan, request.scope, source.shape, client)
+    with _sides(request) as (source, target):
         ours, theirs = _both(lambda: source.lookup(keys), lambda: target.lookup(keys))
         diff = Diff(ours, theirs, len(request.plan.primary_key), len(request.plan.cursor))
         try:
