@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.sources.postgres.query import Position, ReadPlan
+from ingestion_assets.streams.reconcile.canonical import numeric_text
 from ingestion_assets.streams.reconcile.diff import DELETED, DUPLICATE, MISSING, NEWER, STALE, UNSYNCED, Diff
 from ingestion_assets.streams.reconcile.figures import Reconciliation, summarize
 from ingestion_assets.streams.reconcile.relation import Buckets, Scope, key_alias, version_alias
@@ -125,7 +126,7 @@ def recheck(request: Request, keys: pa.Table) -> Reconciliation:
     or window: after a repair, whether each is now in the target at the source's version."""
     with _sides(request) as (source, target):
         ours, theirs = _both(lambda: source.lookup(keys), lambda: target.lookup(keys))
-        diff = Diff(ours, theirs, len(request.plan.primary_key), len(request.plan.cursor))
+        diff = _diff_of(request, ours, theirs)
         try:
             classified = diff.classify(*_ordering(request))
         finally:
@@ -148,7 +149,7 @@ def _diff(
 ) -> tuple[pa.Table, int]:
     """The classified differences of the chosen buckets, and how many rows both sides sent for them."""
     ours, theirs = _both(lambda: source.rows(buckets, only), lambda: target.rows(buckets, only))
-    diff = Diff(ours, theirs, len(request.plan.primary_key), len(request.plan.cursor))
+    diff = _diff_of(request, ours, theirs)
     try:
         if not request.conclusive:
             diff.add("tgt", target.lookup(diff.only_in("src")))
@@ -156,6 +157,15 @@ def _diff(
         return diff.classify(*_ordering(request)), diff.rows
     finally:
         diff.close()
+
+
+def _diff_of(request: Request, ours: pa.Table, theirs: pa.Table) -> Diff:
+    """Both sides' rows joined; numeric text (key or version) ordered by its value."""
+    plan = request.plan
+    aliases = {key_alias(i): name for i, name in enumerate(plan.primary_key)}
+    aliases.update({version_alias(i): name for i, name in enumerate(plan.cursor)})
+    numbers = [alias for alias, name in aliases.items() if numeric_text(plan.shape.column(name))]
+    return Diff(ours, theirs, len(plan.primary_key), len(plan.cursor), numbers)
 
 
 def _both(on_source: Callable[[], T], on_target: Callable[[], U]) -> tuple[T, U]:
