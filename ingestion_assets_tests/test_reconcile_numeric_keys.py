@@ -109,3 +109,16 @@ def test_a_numeric_cursor_orders_by_value_in_the_comparison(harness: StreamHarne
     assert rows == [(1, "A", "5.00"), (2, "b", "9.5"), (3, "c", "10"), (4, "late", "9.6")]
     again = _figures(harness.materialize())
     assert again["passed"] and again["buckets differing"] == 0, again
+
+
+def test_a_parked_row_with_a_numeric_key_is_not_missing(harness: StreamHarness) -> None:
+    """The dead-letter table names the key as the source spelled it (7.50); the comparison's key is 7.5."""
+    harness.source.execute(
+        "CREATE TABLE t (id numeric PRIMARY KEY, amount numeric(6,2), updated_at timestamptz NOT NULL);"
+        "INSERT INTO t VALUES (1.0, 1, '2024-01-01 00:00:01+00'), (7.50, 'NaN', '2024-01-01 00:00:02+00'),"
+        " (8.00, 2, '2024-01-01 00:00:03+00')"
+    )
+    _catalog(harness, "postgres", {"full_every_seconds": 0})
+    figures = _figures(harness.materialize())
+    assert figures["passed"] and figures["parked as dead letters"] == 1, figures
+    assert figures["missing in target"] == 0 and "owed" not in figures, figures

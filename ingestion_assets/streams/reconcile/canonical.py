@@ -120,6 +120,12 @@ def numeric_text(column: Column) -> bool:
     return column.kind == "numeric" and pa.types.is_string(column.arrow_type)
 
 
+def number_text(text: str) -> str:
+    """_number_text in Python: a numeric's text as a `number` key compares it (the dead-letter table keeps the
+    source's spelling)."""
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
 def _number_text(text: str) -> str:
     """A numeric's text without the fraction's trailing zeros (`1.50` -> `1.5`, `2.00` -> `2`): PostgreSQL's
     `trim_scale` (13+), spelled so any version and DuckDB print it alike; NaN and ±Infinity stay themselves."""

@@ -27,7 +27,15 @@ from ingestion_assets.sources.postgres.introspect import TableShape
 from ingestion_assets.sources.postgres.query import ReadPlan
 from ingestion_assets.sources.postgres.reader import SESSION_SETTINGS, csv_options
 from ingestion_assets.streams.reconcile import target_mysql
-from ingestion_assets.streams.reconcile.canonical import Dialect, Expr, NotComparable, key_kind, kind_of, mysql_cast
+from ingestion_assets.streams.reconcile.canonical import (
+    Dialect,
+    Expr,
+    NotComparable,
+    key_kind,
+    kind_of,
+    mysql_cast,
+    number_text,
+)
 from ingestion_assets.streams.reconcile.relation import (
     Buckets,
     Relation,
@@ -171,7 +179,12 @@ class TargetSide:
                 return int(cur.rowcount)
 
     def parked(self) -> set[str]:
-        return parked_keys_in(self.client, self.loader.stream_name)
+        """The parked rows' keys as the comparison spells them: a `number` part without trailing zeros."""
+        parked = parked_keys_in(self.client, self.loader.stream_name)
+        numbers = [e.kind.name == "number" for e in self.relation.keys]
+        if not any(numbers):
+            return parked
+        return {_number_parts(key, numbers) for key in parked}
 
     @contextlib.contextmanager
     def _keys(self, keys: pa.Table) -> Iterator[None]:
@@ -208,6 +221,14 @@ class TargetSide:
             table: pa.Table = self.client.native_connection.sql(query).to_arrow_table()
             return pa.table(table.columns, names=table.column_names)
         return _copy_postgres(self.client.native_connection, query, self.shape)
+
+
+def _number_parts(key: str, numbers: list[bool]) -> str:
+    """A dead letter's key text (parts joined by '|') with its number parts as the comparison spells them."""
+    parts = key.split("|") if len(numbers) > 1 else [key]
+    if len(parts) != len(numbers):  # a text part holding '|': left as it is
+        return key
+    return "|".join(number_text(part) if number else part for part, number in zip(parts, numbers, strict=True))
 
 
 def _copy_postgres(conn: Any, query: str, shape: TableShape) -> pa.Table:
