@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from ingestion_assets.loading.dead_letters import NULL_KEY, key_part, key_values
 from ingestion_assets.loading.destinations import destination_url
 from ingestion_assets.loading.metadata_columns import DELETED_AT, POSITION
 from ingestion_assets.loading.parked import parked_keys_in
@@ -224,11 +225,15 @@ class TargetSide:
 
 
 def _number_parts(key: str, numbers: list[bool]) -> str:
-    """A dead letter's key text (parts joined by '|') with its number parts as the comparison spells them."""
-    parts = key.split("|") if len(numbers) > 1 else [key]
-    if len(parts) != len(numbers):  # a text part holding '|': left as it is
+    """A dead letter's key text (record_keys) with its number parts as the comparison spells them."""
+    values = key_values(key)
+    if len(values) != len(numbers):
         return key
-    return "|".join(number_text(part) if number else part for part, number in zip(parts, numbers, strict=True))
+    parts = [
+        NULL_KEY if value is None else key_part(number_text(value) if number else value)
+        for value, number in zip(values, numbers, strict=True)
+    ]
+    return "|".join(parts)
 
 
 def _copy_postgres(conn: Any, query: str, shape: TableShape) -> pa.Table:
