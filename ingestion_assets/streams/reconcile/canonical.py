@@ -5,6 +5,12 @@ text both dialects print the same way: integers and exact decimals as their digi
 microseconds, dates as epoch days, text as itself (char(n) with its padding, as COPY sent it), bytes as
 hex. Floats have no such text (PostgreSQL and DuckDB print them differently), so a float key or cursor
 is refused with a reason rather than compared wrongly.
+
+A key is compared by the identity its target gives it. A `numeric` without limits lands as PostgreSQL's text
+in DuckDB, MariaDB and lakes, where `1.0` and `1.00` are two keys (a change of scale is a changed key), and as
+`numeric` in a PostgreSQL destination, where they are one: there such a key's text is its value's, trailing
+zeros of the fraction dropped, on both sides. A row's version keeps its exact text: a cursor updated from 1.0
+to 1.00 is a change of the value the target stores.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ class NotComparable(ValueError):
 class Kind:
     """How one column's values are written as canonical text, and cast to on the target."""
 
-    name: str  # int | timestamp | timestamptz | date | decimal | bool | text | bpchar | binary
+    name: str  # int | timestamp | timestamptz | date | decimal | bool | text | bpchar | binary | number
     precision: int = 0
     scale: int = 0
 
@@ -50,10 +56,17 @@ class Kind:
             return f"(CASE WHEN isfinite({expr}) THEN ({expr} - DATE '1970-01-01')::text ELSE ({expr})::text END)"
         if self.name == "binary":
             return f"lower(hex({expr}))" if dialect == "duckdb" else f"encode({expr}, 'hex')"
+        if self.name == "number":
+            return _number_text(f"CAST({expr} AS VARCHAR)" if dialect == "duckdb" else f"({expr})::text")
         if self.name == "bpchar" and dialect == "postgres":
             # `::text` trims char(n)'s padding; COPY (and so the target) keeps it: concat() prints it as COPY does
             return f"(CASE WHEN {expr} IS NULL THEN NULL ELSE concat({expr}) END)"
         return f"CAST({expr} AS VARCHAR)" if dialect == "duckdb" else f"({expr})::text"
+
+    def identity(self, dialect: Dialect, expr: str) -> str:
+        """SQL for a key as the comparison joins and looks it up: the value itself, or for a number its text,
+        so 1.0 and 1.00 (one key to PostgreSQL) meet in the diff."""
+        return self.text(dialect, expr) if self.name == "number" else expr
 
     @property
     def target_type(self) -> str:
@@ -64,6 +77,7 @@ class Kind:
             "timestamptz": "TIMESTAMPTZ",
             "date": "DATE",
             "bool": "BOOLEAN",
+            "number": "NUMERIC",
         }
         if self.name == "decimal":
             return f"DECIMAL({self.precision},{self.scale})"
@@ -91,6 +105,31 @@ def kind_of(column: Column) -> Kind:
         f"column {column.name!r} ({column.sql_type}) has no text PostgreSQL and DuckDB print alike: "
         "a key or cursor of this type cannot be reconciled by checksum"
     )
+
+
+def key_kind(column: Column, target: Dialect) -> Kind:
+    """A key column's kind on a comparison with `target`: a `numeric` without limits the target holds as
+    `numeric` (a PostgreSQL destination, unless the table predates native types) is keyed by its value."""
+    if numeric_text(column) and target == "postgres" and column.postgres_type:
+        return Kind("number")
+    return kind_of(column)
+
+
+def numeric_text(column: Column) -> bool:
+    """A `numeric` without limits (or past 38 digits): it travels as PostgreSQL's text, ordered by its value."""
+    return column.kind == "numeric" and pa.types.is_string(column.arrow_type)
+
+
+def number_text(text: str) -> str:
+    """_number_text in Python: a numeric's text as a `number` key compares it (the dead-letter table keeps the
+    source's spelling)."""
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _number_text(text: str) -> str:
+    """A numeric's text without the fraction's trailing zeros (`1.50` -> `1.5`, `2.00` -> `2`): PostgreSQL's
+    `trim_scale` (13+), spelled so any version and DuckDB print it alike; NaN and ±Infinity stay themselves."""
+    return f"(CASE WHEN strpos({text}, '.') > 0 THEN rtrim(rtrim({text}, '0'), '.') ELSE {text} END)"
 
 
 @dataclass(frozen=True)

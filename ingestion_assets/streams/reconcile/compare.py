@@ -9,9 +9,10 @@ under that lock, does not hold it at any version.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -20,6 +21,7 @@ import pyarrow as pa
 
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.sources.postgres.query import Position, ReadPlan
+from ingestion_assets.streams.reconcile.canonical import numeric_text
 from ingestion_assets.streams.reconcile.diff import DELETED, DUPLICATE, MISSING, NEWER, STALE, UNSYNCED, Diff
 from ingestion_assets.streams.reconcile.figures import Reconciliation, summarize
 from ingestion_assets.streams.reconcile.relation import Buckets, Scope, key_alias, version_alias
@@ -59,11 +61,20 @@ def reconcile(request: Request) -> Reconciliation:
     """Under the target's writer lock from before the source is read to after the deletions: the target then
     holds still while both sides are compared (a load of another partition cannot pass for a deleted row)."""
     began = time.monotonic()
-    comparable_target(request.loader)
-    with request.loader.client() as client, SourceSide.open(request.url, request.plan, request.scope) as source:
-        target = TargetSide(request.loader, request.plan, request.scope, source.shape, client)
+    with _sides(request) as (source, target):
         found = _compare(request, source, target)
     return dataclasses.replace(found, seconds=round(time.monotonic() - began, 3))
+
+
+@contextlib.contextmanager
+def _sides(request: Request) -> Iterator[tuple[SourceSide, TargetSide]]:
+    """Both sides open: the source's snapshot, and the target's client under its writer lock."""
+    dialect = comparable_target(request.loader)
+    with (
+        request.loader.client() as client,
+        SourceSide.open(request.url, request.plan, request.scope, dialect) as source,
+    ):
+        yield source, TargetSide(request.loader, request.plan, request.scope, source.shape, client)
 
 
 def bucket_count(rows: int) -> int:
@@ -113,11 +124,9 @@ def _compare(request: Request, source: SourceSide, target: TargetSide) -> Reconc
 def recheck(request: Request, keys: pa.Table) -> Reconciliation:
     """`keys` (k0.., as the source side types them) compared again, looked up on both sides whatever their version
     or window: after a repair, whether each is now in the target at the source's version."""
-    comparable_target(request.loader)
-    with request.loader.client() as client, SourceSide.open(request.url, request.plan, request.scope) as source:
-        target = TargetSide(request.loader, request.plan, request.scope, source.shape, client)
+    with _sides(request) as (source, target):
         ours, theirs = _both(lambda: source.lookup(keys), lambda: target.lookup(keys))
-        diff = Diff(ours, theirs, len(request.plan.primary_key), len(request.plan.cursor))
+        diff = _diff_of(request, ours, theirs)
         try:
             classified = diff.classify(*_ordering(request))
         finally:
@@ -140,7 +149,7 @@ def _diff(
 ) -> tuple[pa.Table, int]:
     """The classified differences of the chosen buckets, and how many rows both sides sent for them."""
     ours, theirs = _both(lambda: source.rows(buckets, only), lambda: target.rows(buckets, only))
-    diff = Diff(ours, theirs, len(request.plan.primary_key), len(request.plan.cursor))
+    diff = _diff_of(request, ours, theirs)
     try:
         if not request.conclusive:
             diff.add("tgt", target.lookup(diff.only_in("src")))
@@ -148,6 +157,15 @@ def _diff(
         return diff.classify(*_ordering(request)), diff.rows
     finally:
         diff.close()
+
+
+def _diff_of(request: Request, ours: pa.Table, theirs: pa.Table) -> Diff:
+    """Both sides' rows joined; numeric text (key or version) ordered by its value."""
+    plan = request.plan
+    aliases = {key_alias(i): name for i, name in enumerate(plan.primary_key)}
+    aliases.update({version_alias(i): name for i, name in enumerate(plan.cursor)})
+    numbers = [alias for alias, name in aliases.items() if numeric_text(plan.shape.column(name))]
+    return Diff(ours, theirs, len(plan.primary_key), len(plan.cursor), numbers)
 
 
 def _both(on_source: Callable[[], T], on_target: Callable[[], U]) -> tuple[T, U]:

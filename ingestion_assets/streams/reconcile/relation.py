@@ -132,7 +132,7 @@ class Relation:
 
     @property
     def select_list(self) -> str:
-        columns = [f"{e.sql} AS {key_alias(i)}" for i, e in enumerate(self.keys)]
+        columns = [f"{e.kind.identity(self.dialect, e.sql)} AS {key_alias(i)}" for i, e in enumerate(self.keys)]
         columns += [f"{e.sql} AS {version_alias(i)}" for i, e in enumerate(self.versions)]
         return ", ".join(columns)
 

@@ -22,7 +22,7 @@ from ingestion_assets.sources.postgres.query import ReadPlan, exact_text
 from ingestion_assets.sources.postgres.reader import connect, copy_batches
 from ingestion_assets.sources.postgres.temporal import TEMPORAL
 from ingestion_assets.sources.postgres.values import from_text, plain
-from ingestion_assets.streams.reconcile.canonical import Expr, NotComparable, kind_of
+from ingestion_assets.streams.reconcile.canonical import Dialect, Expr, NotComparable, key_kind, kind_of
 from ingestion_assets.streams.reconcile.relation import (
     Buckets,
     Relation,
@@ -44,17 +44,18 @@ class SourceSide:
     scope: Scope
     conn: PgConnection  # in a read-only repeatable-read transaction that exported `snapshot`
     snapshot: str
+    target: Dialect  # the other side's: a key is compared by the identity the target gives it (canonical.py)
 
     @classmethod
     @contextlib.contextmanager
-    def open(cls, url: str, plan: ReadPlan, scope: Scope) -> Iterator[SourceSide]:
+    def open(cls, url: str, plan: ReadPlan, scope: Scope, target: Dialect) -> Iterator[SourceSide]:
         conn = connect(url, APPLICATION)
         try:
             with conn.cursor() as cur:
                 cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 cur.execute("SELECT pg_export_snapshot()")
                 (snapshot,) = cur.fetchone() or ("",)
-            yield cls(url, plan, scope, conn, str(snapshot))
+            yield cls(url, plan, scope, conn, str(snapshot), target)
         finally:
             conn.close()
 
@@ -64,16 +65,17 @@ class SourceSide:
         return Relation(
             dialect="postgres",
             table=sql.Identifier(self.plan.shape.schema, self.plan.shape.table).as_string(self.conn),
-            keys=tuple(self._expr(name) for name in self.plan.primary_key),
+            keys=tuple(self._expr(name, key=True) for name in self.plan.primary_key),
             versions=tuple(self._expr(name) for name in self.plan.cursor),
             window_column=self._expr(window.column) if window is not None else None,
             quote=lambda text: sql.Literal(text).as_string(self.conn),
         )
 
-    def _expr(self, name: str) -> Expr:
+    def _expr(self, name: str, key: bool = False) -> Expr:
         column = self.plan.shape.column(name)
         ident = "t." + sql.Identifier(name).as_string(self.conn)
-        return Expr(ident, kind_of(column), column.nullable, column.sql_type)
+        kind = key_kind(column, self.target) if key else kind_of(column)
+        return Expr(ident, kind, column.nullable, column.sql_type)
 
     @functools.cached_property
     def shape(self) -> TableShape:

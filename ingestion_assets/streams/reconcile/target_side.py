@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from ingestion_assets.loading.dead_letters import NULL_KEY, key_part, key_values
 from ingestion_assets.loading.destinations import destination_url
 from ingestion_assets.loading.metadata_columns import DELETED_AT, POSITION
 from ingestion_assets.loading.parked import parked_keys_in
@@ -27,7 +28,15 @@ from ingestion_assets.sources.postgres.introspect import TableShape
 from ingestion_assets.sources.postgres.query import ReadPlan
 from ingestion_assets.sources.postgres.reader import SESSION_SETTINGS, csv_options
 from ingestion_assets.streams.reconcile import target_mysql
-from ingestion_assets.streams.reconcile.canonical import Dialect, Expr, NotComparable, kind_of, mysql_cast
+from ingestion_assets.streams.reconcile.canonical import (
+    Dialect,
+    Expr,
+    NotComparable,
+    key_kind,
+    kind_of,
+    mysql_cast,
+    number_text,
+)
 from ingestion_assets.streams.reconcile.relation import (
     Buckets,
     Relation,
@@ -57,16 +66,18 @@ def target_dialect(loader: Loader) -> Dialect | None:
     return "mysql" if is_mysql(destination_url(loader.settings, loader.destination)) else None
 
 
-def comparable_target(loader: Loader) -> None:
+def comparable_target(loader: Loader) -> Dialect:
     """Reconciliation compares canonical SQL forms on both sides; elsewhere it says it was skipped and why."""
     destination = loader.destination
-    if target_dialect(loader) is None:
+    dialect = target_dialect(loader)
+    if dialect is None:
         raise NotComparable(
             f"stream {loader.target.dataset}.{loader.stream_name}: `reconcile` is not run on a {destination.type} "
             "target (its checksums are written in DuckDB's, PostgreSQL's and MySQL's SQL): deletes the polling "
             "cannot see are not found there; use `mode: cdc` for them, or a DuckDB, PostgreSQL, MariaDB or lake "
             "destination, or set `reconcile: off` (README, Destinations)"
         )
+    return dialect
 
 
 @dataclasses.dataclass
@@ -80,16 +91,14 @@ class TargetSide:
     @functools.cached_property
     def relation(self) -> Relation:
         client = self.client
+        dialect = comparable_target(self.loader)
+        mysql = dialect == "mysql"
 
-        def expr(source_name: str, target_name: str | None = None) -> Expr:
+        def expr(source_name: str, target_name: str | None = None, key: bool = False) -> Expr:
             column = self.plan.shape.column(source_name)
             name = client.escape_column_name(target_name or self.loader.names.column(source_name))
-            kind = kind_of(column)
+            kind = key_kind(column, dialect) if key else kind_of(column)
             return Expr(f"t.{name}", kind, column.nullable, mysql_cast(kind) if mysql else kind.target_type)
-
-        dialect = target_dialect(self.loader)
-        assert dialect is not None
-        mysql = dialect == "mysql"
 
         cursor = self.plan.cursor
         # One cursor column: the row's version is `_ingest_position`, typed like it (the loader's version guard
@@ -99,7 +108,7 @@ class TargetSide:
         return Relation(
             dialect=dialect,  # a lake: DuckDB's view of it
             table=client.make_qualified_table_name(self.loader.target.table),
-            keys=tuple(expr(k) for k in self.plan.primary_key),
+            keys=tuple(expr(k, key=True) for k in self.plan.primary_key),
             versions=versions,
             window_column=expr(window.column) if window is not None else None,
             quote=target_mysql.quote if mysql else client.capabilities.escape_literal,
@@ -171,7 +180,12 @@ class TargetSide:
                 return int(cur.rowcount)
 
     def parked(self) -> set[str]:
-        return parked_keys_in(self.client, self.loader.stream_name)
+        """The parked rows' keys as the comparison spells them: a `number` part without trailing zeros."""
+        parked = parked_keys_in(self.client, self.loader.stream_name)
+        numbers = [e.kind.name == "number" for e in self.relation.keys]
+        if not any(numbers):
+            return parked
+        return {_number_parts(key, numbers) for key in parked}
 
     @contextlib.contextmanager
     def _keys(self, keys: pa.Table) -> Iterator[None]:
@@ -208,6 +222,18 @@ class TargetSide:
             table: pa.Table = self.client.native_connection.sql(query).to_arrow_table()
             return pa.table(table.columns, names=table.column_names)
         return _copy_postgres(self.client.native_connection, query, self.shape)
+
+
+def _number_parts(key: str, numbers: list[bool]) -> str:
+    """A dead letter's key text (record_keys) with its number parts as the comparison spells them."""
+    values = key_values(key)
+    if len(values) != len(numbers):
+        return key
+    parts = [
+        NULL_KEY if value is None else key_part(number_text(value) if number else value)
+        for value, number in zip(values, numbers, strict=True)
+    ]
+    return "|".join(parts)
 
 
 def _copy_postgres(conn: Any, query: str, shape: TableShape) -> pa.Table:
