@@ -190,3 +190,21 @@ def test_a_literal_client_id_authenticates_and_a_literal_secret_is_refused(harne
     with pytest.raises(CatalogError) as raised:
         load_catalog(harness.catalog_path)
     assert "client_secret" in str(raised.value) and api.config.client_secret not in str(raised.value)
+
+
+@pytest.mark.parametrize("destination", ["duckdb", "postgres"])
+def test_a_first_read_that_finds_no_record_succeeds_and_the_next_loads_what_came(
+    harness: StreamHarness, destination: str
+) -> None:
+    """A new, empty account (found by a README-only attack): the first run loaded nothing, so nothing had made the
+    target's schema, and recording the target's binding there failed the run as permanent."""
+    server = start_demo_api(orders=0, customers=0, tie_group=1, token_ttl=3.0)
+    try:
+        _catalog(harness, server, destination)
+        harness.materialize()
+        harness.materialize()
+        server.mutate("orders", inserts=12)
+        harness.materialize()
+        _assert_target_equals_server(harness, server)
+    finally:
+        server.stop()

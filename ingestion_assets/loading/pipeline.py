@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from ingestion_assets.catalog import Destination
 from ingestion_assets.loading.bindings import Marker, read_marker, set_generation, write_marker
-from ingestion_assets.loading.dead_letters import record_keys
+from ingestion_assets.loading.dead_letters import key_part, record_keys
 from ingestion_assets.loading.destinations import describe_destination, make_destination, target_names, writer_lock
 from ingestion_assets.loading.metadata_columns import DLT_HINTS, GENERATION
 from ingestion_assets.loading.migrate import migration_statements
@@ -317,6 +317,15 @@ class Loader:
             options["table_format"] = self.destination.table_format
         self.pipeline.run(resources, **options)
 
+    def _ensure_dataset(self) -> None:
+        """The dataset (schema) the binding's table lives in, made if no load made it (nothing to load yet)."""
+        with self.sql_client() as client:
+            if hasattr(client, "has_dataset"):  # dlt's own client (sqlalchemy destinations)
+                if not client.has_dataset():
+                    client.create_dataset()
+            else:  # DuckDB, PostgreSQL: the product's thin client
+                client.execute_sql(f"CREATE SCHEMA IF NOT EXISTS {client.fully_qualified_dataset_name()}")
+
     def _advance_marker(self) -> None:
         """After the data committed and before the checkpoint: the target holds one more slice."""
         self.bound = self.next_marker()
@@ -444,8 +453,10 @@ class Loader:
                 self._parked_keys = None
             if resources:
                 self._run(resources, None)
+            elif self.bound is not None:  # an API's first read found nothing: no load made the dataset yet
+                self._ensure_dataset()
             self._advance_marker()
-            keys = ["|".join(str(r.get(k)) for k in self.target.primary_key) for r in records]
+            keys = ["|".join(key_part(str(r.get(k))) for k in self.target.primary_key) for r in records]
             self._release_parked_keys(keys)
         gc.collect()
         return len(records)
