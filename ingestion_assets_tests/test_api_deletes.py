@@ -174,3 +174,23 @@ def test_a_key_listing_against_an_api_capping_its_pages_retires_no_live_key(
         assert _target(harness) == _server(api) and len(_server(api)) == 150
     finally:
         api.stop()
+
+
+def test_a_key_listing_that_may_have_ended_early_retires_nothing(harness: StreamHarness, api: DemoApi) -> None:
+    # token_path names no key of the body: the read ends after its first (full) page, and so does the listing;
+    # its 60 keys of the 100 read would retire 40 (under max_retire_share). An end in doubt is no basis for deletes
+    listing = {"page_size": 60, "every_hours": 0}
+    write_api_catalog(
+        harness,
+        api,
+        page_size=100,
+        pagination={"style": "cursor", "token_path": "paging.next"},
+        deletes={"mode": "hard", "key_listing": listing},
+    )
+    result = harness.materialize()
+    figures = _listing(result, harness)
+    assert figures is not None and (figures["listed"], figures["target_only"]) == (60, 40)
+    assert figures["deletions_applied"] == 0 and "'paging.next' is not in the body" in figures["refused"]
+    assert len(_target(harness)) == 100
+    check = [c for c in result.get_asset_check_evaluations() if c.check_name == "reconciliation"]
+    assert [c.passed for c in check] == [False]

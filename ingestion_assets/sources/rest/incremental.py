@@ -51,6 +51,7 @@ class Page:
     records: list[dict[str, Any]]
     position: Position  # the checkpoint once this page and every page before it is committed
     index: int  # 0-based within the read
+    doubt: str | None = None  # the last page, when its end is not certain (why): no basis for deletes
 
 
 def read_pages(
@@ -83,7 +84,7 @@ def read_pages(
         records = page_records(body, endpoint)
         paginator.advance(response, body, records)
         position = next_position(endpoint, position, records, paginator, began)
-        yield Page(records=records, position=position, index=index)
+        yield Page(records=records, position=position, index=index, doubt=paginator.doubt)
         index += 1
 
 

@@ -53,6 +53,7 @@ class Paginator(ABC):
         self.has_more = True
         self.token: str | None = None
         self.largest = 0  # records on the largest page of this read before the current one: the server's cap
+        self.doubt: str | None = None  # why the end may not be the end (a key listing retires nothing on it)
         self._seen: set[str] = set()
         self._last_page: list[Any] = []
 
@@ -150,6 +151,7 @@ class CursorTokenPaginator(Paginator):
                 f"page: set token_path to the key that holds the next page's token"
             )
         if records and len(records) >= min(self.page_size, self.largest or self.page_size):
+            self.doubt = f"pagination.token_path {self.token_path!r} is not in the body of a full page (keys: {shown})"
             logger.warning(
                 "%s: pagination.token_path %r is not in the body (its keys: %s) of a full page (%d records): taken "
                 "as the last page; if the API has more, token_path names the wrong key",
