@@ -153,3 +153,44 @@ def test_a_listing_that_would_empty_the_target_is_refused_and_fails_the_check(
     check = [c for c in first.get_asset_check_evaluations() if c.check_name == "reconciliation"]
     assert [c.passed for c in check] == [False]
     assert _listing(harness.materialize(), harness) is None  # every 24 hours: not due again yet
+
+
+@pytest.mark.parametrize("style", ["page", pytest.param("offset", marks=pytest.mark.slow)])
+def test_a_key_listing_against_an_api_capping_its_pages_retires_no_live_key(
+    harness: StreamHarness, style: str
+) -> None:
+    # the listing asks for 1000 keys a page, the API serves 100: the short first page is not the end (before, the
+    # listing took it for the end and hard-deleted the 50 live records past it, 33 % < max_retire_share)
+    api = start_demo_api(orders=150, customers=10, tie_group=9, page_cap=100)
+    try:
+        listing = {"page_size": 1000, "every_hours": 0}
+        pagination = {"style": style, "size_param": "per_page" if style == "page" else "limit"}
+        write_api_catalog(
+            harness, api, page_size=100, pagination=pagination, deletes={"mode": "hard", "key_listing": listing}
+        )
+        figures = _listing(harness.materialize(), harness)  # the read, then the listing
+        assert figures is not None and figures["refused"] is None
+        assert (figures["listed"], figures["target_only"], figures["deletions_applied"]) == (150, 0, 0)
+        assert _target(harness) == _server(api) and len(_server(api)) == 150
+    finally:
+        api.stop()
+
+
+def test_a_key_listing_that_may_have_ended_early_retires_nothing(harness: StreamHarness, api: DemoApi) -> None:
+    # token_path names no key of the body: the read ends after its first (full) page, and so does the listing;
+    # its 60 keys of the 100 read would retire 40 (under max_retire_share). An end in doubt is no basis for deletes
+    listing = {"page_size": 60, "every_hours": 0}
+    write_api_catalog(
+        harness,
+        api,
+        page_size=100,
+        pagination={"style": "cursor", "token_path": "paging.next"},
+        deletes={"mode": "hard", "key_listing": listing},
+    )
+    result = harness.materialize()
+    figures = _listing(result, harness)
+    assert figures is not None and (figures["listed"], figures["target_only"]) == (60, 40)
+    assert figures["deletions_applied"] == 0 and "'paging.next' is not in the body" in figures["refused"]
+    assert len(_target(harness)) == 100
+    check = [c for c in result.get_asset_check_evaluations() if c.check_name == "reconciliation"]
+    assert [c.passed for c in check] == [False]

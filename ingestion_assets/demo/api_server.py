@@ -50,6 +50,8 @@ class DemoConfig:
     error_rate: float = 0.0  # probability of a 503 per resource request
     reset_rate: float = 0.0  # probability of closing the connection without a response
     repeat_cursor: bool = False  # a broken server: hands back the cursor it was given
+    page_cap: int | None = None  # pages hold at most this many records, whatever size was asked (GitHub's 100)
+    page_past_end: str = "empty"  # a page number past the last: empty | 404 (Django REST framework's answer)
     seed: int = 7
     customers: int = 120
     orders: int = 400

@@ -185,6 +185,7 @@ class Resources:
         keys_only = resource.endswith("/ids")  # GET /v1/<resource>/ids: a key listing, larger pages
         resource = resource.removesuffix("/ids")
         size = _number(query, "per_page" if "page" in query else "limit", 50, 1, 5000 if keys_only else 500)
+        size = min(size, self._config.page_cap or size)
         since, after = _since(query.get("updated_since")), _cursor_key(query.get("cursor"))
         with self._lock:
             ordered = self._sorted(resource, since)
@@ -200,6 +201,8 @@ class Resources:
             rows = [{"id": r["id"]} | ({"deleted": True} if r.get("deleted") else {}) for r in rows]
         if "page" in query:
             page = _number(query, "page", 1, 1, 1_000_000)
+            if page > 1 and not rows and self._config.page_past_end == "404":
+                raise error_reply(404, "not_found", "Invalid page.")
             return Reply(200, {"data": rows[:size], "page": page, "per_page": size, "total": len(ordered)})
         if "offset" in query:
             return Reply(200, {"data": rows[:size], "offset": start, "limit": size, "total": len(ordered)})

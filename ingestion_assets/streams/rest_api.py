@@ -102,6 +102,7 @@ class RestApiStream:
                 token_param=page.token_param,
                 page_param=page.page_param,
                 offset_param=page.offset_param,
+                stream=self.qualified_name,
             ),
             page_size=self.spec.page_size,
             params=dict(self.spec.params),

@@ -107,7 +107,9 @@ def retire_unlisted(
         return None
     began = dt.datetime.now(dt.UTC)
     served: set[Key] = set()
+    doubt: str | None = None
     for page in read_pages(client, listing_endpoint(endpoint, listing), None):
+        doubt = page.doubt or doubt
         served |= {
             tuple(r[k] for k in endpoint.primary_key)
             for r in page.records
@@ -125,7 +127,13 @@ def retire_unlisted(
         "stale": 0,
         "target_only": len(gone),
     }
-    if live and len(gone) > listing.max_retire_share * len(live):
+    if gone and doubt is not None:
+        refused = (
+            f"the key listing of {stream} may have ended early ({doubt}): nothing retired. A key it did not reach is "
+            "no deleted key; check the stream's pagination"
+        )
+        result = KeyListingResult(**figures, deletions_applied=0, refused=refused, sample=sample)
+    elif live and len(gone) > listing.max_retire_share * len(live):
         refused = (
             f"the key listing of {stream} would retire {len(gone):,} of {len(live):,} live keys, over "
             f"max_retire_share {listing.max_retire_share}: nothing retired. Check the listing's path and "

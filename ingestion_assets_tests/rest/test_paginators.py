@@ -11,7 +11,9 @@ from ingestion_assets.demo.api_server import DemoApi
 from ingestion_assets.sources.rest import (
     PAGE_TOKEN,
     ApiError,
+    BadPayload,
     BucketRegistry,
+    NotFound,
     PaginationLoop,
     PaginationSpec,
     read_pages,
@@ -39,9 +41,46 @@ def test_each_paginator_reads_every_record_in_order(
     with client(api, oauth(api), buckets) as rest:
         pages = list(read_pages(rest, endpoint, None))
     assert [r for p in pages for r in p.records] == api.records("orders")
-    assert [len(p.records) for p in pages] == [9] * 15 + [2]  # 137 records, no empty trailing page
+    # 137 records; page and offset end on an empty page (a short page is no proof), the others when told
+    trailing = [0] if style in ("page", "offset") else []
+    assert [len(p.records) for p in pages] == [9] * 15 + [2] + trailing
     requests = resource_requests(api)
-    assert len(requests) == 16 and all(e["status"] == 200 for e in requests)
+    assert len(requests) == 16 + len(trailing) and all(e["status"] == 200 for e in requests)
+
+
+@pytest.mark.parametrize("style", ["page", "offset"])
+@pytest.mark.parametrize("incremental", [True, False])
+def test_an_api_capping_the_page_size_is_read_to_the_end(
+    start_api: StartApi, buckets: BucketRegistry, logs: CapturedLogs, style: str, incremental: bool
+) -> None:
+    # asked for 10 a page, the API serves 4: a short page is not the last (before: 4 of 137 records, no word)
+    api = start_api(page_cap=4)
+    endpoint = replace(ORDERS, pagination=STYLES[style], page_size=10)
+    if not incremental:
+        endpoint = replace(endpoint, cursor_field=None, cursor_param=None)
+    with client(api, oauth(api), buckets) as rest:
+        pages = list(read_pages(rest, endpoint, None))
+    assert [r for p in pages for r in p.records] == api.records("orders")
+    assert [len(p.records) for p in pages] == [4] * 34 + [1, 0]
+    assert pages[-1].position == ({} if not incremental else pages[-2].position)
+    said = [
+        r.getMessage() for r in logs.records if r.levelname == "WARNING" and "serves 4 records a page" in r.getMessage()
+    ]
+    assert len(said) == (1 if style == "page" else 0)  # page numbers count the pages served: said once
+
+
+def test_a_404_for_a_page_past_the_last_ends_the_read(start_api: StartApi, buckets: BucketRegistry) -> None:
+    # Django REST framework answers 404 for a page number past the last one: that is the end, not a failure
+    api = start_api(page_past_end="404")
+    endpoint = replace(ORDERS, pagination=STYLES["page"], page_size=10, cursor_field=None, cursor_param=None)
+    with client(api, oauth(api), buckets) as rest:
+        pages = list(read_pages(rest, endpoint, None))
+    assert [r for p in pages for r in p.records] == api.records("orders")
+    assert [len(p.records) for p in pages] == [10] * 13 + [7, 0]
+    assert pages[-1].position == {}  # a finished full read: the next one starts from the top
+    assert [e["status"] for e in resource_requests(api)] == [200] * 14 + [404]
+    with client(api, oauth(api), buckets) as rest, pytest.raises(NotFound):  # the first page's 404 is no end
+        list(read_pages(rest, replace(endpoint, path="/v1/nothing"), None))
 
 
 def test_offset_pagination_warns_that_changing_data_can_skip_rows(
@@ -96,3 +135,32 @@ def test_a_link_to_another_host_is_not_followed() -> None:
     paginator = LinkHeaderPaginator(10)
     paginator.advance(relative, {}, [{"id": 1}])
     assert paginator.token == "http://127.0.0.1:8000/v1/orders?page=2"
+
+
+def test_a_misspelt_token_path_fails_naming_the_key_the_body_has(api: DemoApi, buckets: BucketRegistry) -> None:
+    # the body holds `next_cursor`, the catalog says `nextCursor`: before, the read ended after its first page
+    endpoint = replace(ORDERS, pagination=PaginationSpec("cursor", token_path="nextCursor", stream="crm.orders"))
+    with client(api, oauth(api), buckets) as rest, pytest.raises(BadPayload) as raised:
+        list(read_pages(rest, endpoint, None))
+    message = str(raised.value)
+    assert "stream crm.orders" in message and "'nextCursor'" in message and "'next_cursor'" in message
+    assert "['data', 'next_cursor']" in message and not raised.value.transient
+    assert len(resource_requests(api)) == 1
+
+
+def test_a_token_path_missing_from_a_full_page_is_the_end_with_a_warning(
+    api: DemoApi, buckets: BucketRegistry, logs: CapturedLogs
+) -> None:
+    # no key like `token` in the body: an API that leaves the token out on its last page ends the read; on a full
+    # page that may be a wrong token_path, so it is said; a short page missing it says nothing
+    endpoint = replace(ORDERS, pagination=PaginationSpec("cursor", token_path="meta.token"), page_size=10)
+    with client(api, oauth(api), buckets) as rest:
+        pages = list(read_pages(rest, endpoint, None))
+        assert [len(p.records) for p in pages] == [10]
+        warnings = [r.getMessage() for r in logs.records if r.levelname == "WARNING"]
+        assert any("'meta.token' is not in the body" in w and "full page (10 records)" in w for w in warnings)
+        logs.records.clear()
+        short = replace(endpoint, path="/v1/orders", params={"updated_since": api.records("orders")[-3]["updated_at"]})
+        tail = [r for r in api.records("orders") if r["updated_at"] >= short.params["updated_since"]]
+        assert [len(p.records) for p in read_pages(rest, short, None)] == [len(tail)] and len(tail) < 10
+    assert not [r for r in logs.records if r.levelname == "WARNING"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -9,9 +10,10 @@ from typing import Any
 
 from ingestion_assets.sources.json_numbers import is_number, json_text
 from ingestion_assets.sources.rest.client import RestClient
-from ingestion_assets.sources.rest.errors import BadPayload
+from ingestion_assets.sources.rest.errors import ApiError, BadPayload
 from ingestion_assets.sources.rest.paginators import PaginationSpec, Paginator, json_path
 
+logger = logging.getLogger(__name__)
 Position = dict[str, str | None]  # field -> exact text of its value, as in the postgres source
 PAGE_TOKEN = "page_token"  # the position of a full read: the token of the next page
 # Where the next read must start (inclusive) when it is earlier than the cursor: the moment the read that
@@ -49,6 +51,7 @@ class Page:
     records: list[dict[str, Any]]
     position: Position  # the checkpoint once this page and every page before it is committed
     index: int  # 0-based within the read
+    doubt: str | None = None  # the last page, when its end is not certain (why): no basis for deletes
 
 
 def read_pages(
@@ -68,12 +71,20 @@ def read_pages(
     began: datetime | None = None  # the server's time at the first answer: a lower bound for late changes
     while paginator.has_more:
         url, query = paginator.request(endpoint.path, params)
-        response, body = client.request_json("GET", url, query)
+        try:
+            response, body = client.request_json("GET", url, query)
+        except ApiError as error:
+            if not paginator.ends_with(error):
+                raise
+            logger.info("GET %s: no page past the last (%s): the read ends here", endpoint.path, error.status)
+            paginator.end()  # as an empty page would: the position of a finished read
+            yield Page(records=[], position=next_position(endpoint, position, [], paginator, began), index=index)
+            return
         began = began or client.server_time(response)
         records = page_records(body, endpoint)
         paginator.advance(response, body, records)
         position = next_position(endpoint, position, records, paginator, began)
-        yield Page(records=records, position=position, index=index)
+        yield Page(records=records, position=position, index=index, doubt=paginator.doubt)
         index += 1
 
 

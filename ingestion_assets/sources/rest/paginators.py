@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from ingestion_assets.sources.rest.errors import ApiError, PaginationLoop
+from ingestion_assets.sources.rest.errors import ApiError, BadPayload, NotFound, PaginationLoop
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +23,23 @@ def json_path(body: Any, path: str) -> Any:
     return body
 
 
+def absent_key(body: Any, path: str) -> tuple[dict[str, Any], str] | None:
+    """Where a dotted path breaks off because an object lacks the key: (that object, the key). None when the
+    path is there (its value may be null) or runs into a null or a non-object (a value, not a missing key)."""
+    for part in filter(None, path.split(".")):
+        if not isinstance(body, dict):
+            return None
+        if part not in body:
+            return body, part
+        body = body[part]
+    return None
+
+
+def _folded(name: str) -> str:
+    """A key as a typo of it would spell it too: case, `_` and `-` ignored (`nextCursor`, `next_cursor`)."""
+    return name.lower().replace("_", "").replace("-", "")
+
+
 class Paginator(ABC):
     """One read's walk through pages: `request()` for the next one, `advance()` with its response and parsed body.
 
@@ -30,10 +47,13 @@ class Paginator(ABC):
     stored to `resume()` a read. A token, or a whole page, seen twice raises PaginationLoop.
     """
 
-    def __init__(self, page_size: int) -> None:
+    def __init__(self, page_size: int, stream: str = "") -> None:
         self.page_size = page_size
+        self.stream = stream  # for messages: the stream the pages feed ("" standalone)
         self.has_more = True
         self.token: str | None = None
+        self.largest = 0  # records on the largest page of this read before the current one: the server's cap
+        self.doubt: str | None = None  # why the end may not be the end (a key listing retires nothing on it)
         self._seen: set[str] = set()
         self._last_page: list[Any] = []
 
@@ -45,9 +65,12 @@ class Paginator(ABC):
         # The same records in the same order. Compared, not hashed: two different pages differ in their first
         # record, so this costs microseconds, where hashing the page's text cost ~0.5 ms on every request.
         if records and records == self._last_page:
-            raise PaginationLoop(f"{_where(response)}: the API returned the same page twice; stopping the read")
+            raise PaginationLoop(
+                f"{_where(response)}: the API returned the same page twice; stopping the read{self.loop_hint()}"
+            )
         self._last_page = list(records)
         token = self.next_token(response, body, records)
+        self.largest = max(self.largest, len(records))
         if token is not None and token in self._seen:
             raise PaginationLoop(
                 f"{_where(response)}: the API returned page token {token[:80]!r} again after "
@@ -60,6 +83,18 @@ class Paginator(ABC):
     def resume(self, token: str) -> None:
         self.token = token
         self._seen.add(token)
+
+    def ends_with(self, error: ApiError) -> bool:
+        """Whether the error answering the next page's request says there is no such page: the end, not a
+        failure (a page past the last that a server answers 404, as Django REST framework's do)."""
+        return False
+
+    def end(self) -> None:
+        """The pages ended without a page that says so (`ends_with`)."""
+        self.has_more, self.token = False, None
+
+    def loop_hint(self) -> str:
+        return ""
 
     def first_params(self) -> Params:
         return {}
@@ -76,12 +111,23 @@ def _where(response: httpx.Response) -> str:
 
 
 class CursorTokenPaginator(Paginator):
-    """An opaque token in the body (`next_cursor`), sent back as a parameter; null or absent ends the read."""
+    """An opaque token in the body (`next_cursor`), sent back as a parameter; null, empty or absent ends the read.
+
+    An absent key is the end only when nothing suggests `token_path` is misspelled: when the object lacks the
+    key but holds one spelled the same ignoring case, `_` and `-` (`nextCursor` for `next_cursor`), the read
+    fails, naming both; when it lacks the key on a full page (as many records as `page_size` or as the largest
+    page before it), the end is logged as a warning.
+    """
 
     def __init__(
-        self, page_size: int, size_param: str = "limit", token_path: str = "next_cursor", token_param: str = "cursor"
+        self,
+        page_size: int,
+        size_param: str = "limit",
+        token_path: str = "next_cursor",
+        token_param: str = "cursor",
+        stream: str = "",
     ) -> None:
-        super().__init__(page_size)
+        super().__init__(page_size, stream)
         self.size_param, self.token_path, self.token_param = size_param, token_path, token_param
 
     def first_params(self) -> Params:
@@ -89,7 +135,31 @@ class CursorTokenPaginator(Paginator):
 
     def next_token(self, response: httpx.Response, body: Any, records: list[Any]) -> str | None:
         token = json_path(body, self.token_path)
+        if token is None and (absent := absent_key(body, self.token_path)) is not None:
+            self._absent(response, records, *absent)
         return str(token) if token not in (None, "") else None
+
+    def _absent(self, response: httpx.Response, records: list[Any], holder: dict[str, Any], key: str) -> None:
+        where = f"stream {self.stream}: {_where(response)}" if self.stream else _where(response)
+        keys = sorted(str(k) for k in holder)
+        shown = f"{keys[:20]}{' ...' if len(keys) > 20 else ''}"
+        near = sorted(k for k in keys if k != key and _folded(k) == _folded(key))
+        if near:
+            raise BadPayload(
+                f"{where}: pagination.token_path {self.token_path!r}: the body has no key {key!r} but has "
+                f"{near[0]!r} (its keys: {shown}); a misspelt token_path would end every read after its first "
+                f"page: set token_path to the key that holds the next page's token"
+            )
+        if records and len(records) >= min(self.page_size, self.largest or self.page_size):
+            self.doubt = f"pagination.token_path {self.token_path!r} is not in the body of a full page (keys: {shown})"
+            logger.warning(
+                "%s: pagination.token_path %r is not in the body (its keys: %s) of a full page (%d records): taken "
+                "as the last page; if the API has more, token_path names the wrong key",
+                where,
+                self.token_path,
+                shown,
+                len(records),
+            )
 
     def next_request(self, path: str, params: Params) -> tuple[str, Params | None]:
         assert self.token is not None
@@ -99,8 +169,8 @@ class CursorTokenPaginator(Paginator):
 class LinkHeaderPaginator(Paginator):
     """RFC 8288 `Link: <url>; rel="next"`; the URL is followed as given, on the same origin only."""
 
-    def __init__(self, page_size: int, size_param: str = "limit", rel: str = "next") -> None:
-        super().__init__(page_size)
+    def __init__(self, page_size: int, size_param: str = "limit", rel: str = "next", stream: str = "") -> None:
+        super().__init__(page_size, stream)
         self.size_param, self.rel = size_param, rel
 
     def first_params(self) -> Params:
@@ -122,22 +192,54 @@ class LinkHeaderPaginator(Paginator):
         return self.token, None
 
 
-class PageNumberPaginator(Paginator):
-    """`page=1, 2, ...` with `per_page`; a short page is the last."""
+class _CountedPages(Paginator):
+    """Page and offset pagination: the body says nothing of the end, so the end is an empty page (or a 404
+    for a page after the first). A short page is no proof: APIs cap the page size below what was asked
+    (GitHub's per_page at 100) or filter a page after cutting it, so it costs one request more per read."""
+
+    def ends_with(self, error: ApiError) -> bool:
+        return isinstance(error, NotFound) and self.token is not None
+
+    def loop_hint(self) -> str:
+        return (
+            " (the API ignores the page parameter: check page_param or offset_param; use pagination style single "
+            "if it answers everything at once)"
+        )
+
+
+class PageNumberPaginator(_CountedPages):
+    """`page=1, 2, ...` with the page size in `size_param`; an empty page is the end."""
 
     def __init__(
-        self, page_size: int, size_param: str = "per_page", page_param: str = "page", first_page: int = 1
+        self,
+        page_size: int,
+        size_param: str = "per_page",
+        page_param: str = "page",
+        first_page: int = 1,
+        stream: str = "",
     ) -> None:
-        super().__init__(page_size)
+        super().__init__(page_size, stream)
         self.size_param, self.page_param, self.first_page = size_param, page_param, first_page
+        self._capped = False  # said that the API serves fewer records a page than asked
 
     def first_params(self) -> Params:
         return {self.page_param: self.first_page, self.size_param: self.page_size}
 
     def next_token(self, response: httpx.Response, body: Any, records: list[Any]) -> str | None:
-        if len(records) < self.page_size:
+        if not records:
             return None
         current = int(self.token) if self.token is not None else self.first_page
+        if 0 < self.largest < self.page_size and not self._capped:  # records after a short page: a capped size
+            self._capped = True
+            logger.warning(
+                "%s: the API serves %d records a page where page_size asks for %d: read on to an empty page. "
+                "An API numbering its pages by the size asked, not the size served, would skip records: set "
+                "page_size to %d",
+                f"stream {self.stream}: {_where(response)}" if self.stream else _where(response),
+                self.largest,
+                self.page_size,
+                self.largest,
+            )
         return str(current + 1)
 
     def next_request(self, path: str, params: Params) -> tuple[str, Params | None]:
@@ -145,11 +247,14 @@ class PageNumberPaginator(Paginator):
         return path, {**params, self.page_param: int(self.token), self.size_param: self.page_size}
 
 
-class OffsetPaginator(Paginator):
-    """`offset` and `limit`; a short page is the last. Rows that change during the read shift the offsets."""
+class OffsetPaginator(_CountedPages):
+    """`offset` and `limit`, the next offset past the records received; an empty page is the end. Rows that
+    change during the read shift the offsets."""
 
-    def __init__(self, page_size: int, size_param: str = "limit", offset_param: str = "offset") -> None:
-        super().__init__(page_size)
+    def __init__(
+        self, page_size: int, size_param: str = "limit", offset_param: str = "offset", stream: str = ""
+    ) -> None:
+        super().__init__(page_size, stream)
         self.size_param, self.offset_param = size_param, offset_param
         logger.warning(
             "offset pagination: rows inserted, updated or deleted during the read shift the offsets, so rows "
@@ -160,7 +265,7 @@ class OffsetPaginator(Paginator):
         return {self.offset_param: 0, self.size_param: self.page_size}
 
     def next_token(self, response: httpx.Response, body: Any, records: list[Any]) -> str | None:
-        if len(records) < self.page_size:
+        if not records:
             return None
         return str((int(self.token) if self.token is not None else 0) + len(records))
 
@@ -190,16 +295,17 @@ class PaginationSpec:
     page_param: str = "page"
     first_page: int = 1
     offset_param: str = "offset"
+    stream: str = ""  # for messages: the stream the pages feed
 
     def make(self, page_size: int) -> Paginator:
         if self.style == "cursor":
-            return CursorTokenPaginator(page_size, self.size_param, self.token_path, self.token_param)
+            return CursorTokenPaginator(page_size, self.size_param, self.token_path, self.token_param, self.stream)
         if self.style == "link":
-            return LinkHeaderPaginator(page_size, self.size_param)
+            return LinkHeaderPaginator(page_size, self.size_param, stream=self.stream)
         if self.style == "page":
-            return PageNumberPaginator(page_size, self.size_param, self.page_param, self.first_page)
+            return PageNumberPaginator(page_size, self.size_param, self.page_param, self.first_page, self.stream)
         if self.style == "offset":
-            return OffsetPaginator(page_size, self.size_param, self.offset_param)
+            return OffsetPaginator(page_size, self.size_param, self.offset_param, self.stream)
         if self.style == "single":
-            return SinglePage(page_size)
+            return SinglePage(page_size, self.stream)
         raise ValueError(f"pagination style {self.style!r} is not one of cursor, link, page, offset, single")
