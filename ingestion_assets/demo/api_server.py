@@ -50,6 +50,8 @@ class DemoConfig:
     error_rate: float = 0.0  # probability of a 503 per resource request
     reset_rate: float = 0.0  # probability of closing the connection without a response
     repeat_cursor: bool = False  # a broken server: hands back the cursor it was given
+    newest_first: bool = False  # list (updated_at, id) descending, as Stripe and GitHub do by default
+    exclusive_since: bool = False  # updated_since filters `>` (strictly after), not `>=`
     seed: int = 7
     customers: int = 120
     orders: int = 400
@@ -109,7 +111,10 @@ class DemoApi:
         self.resources.put(resource, records)
 
     def _listing(self, path: str, resource: str, query: dict[str, str]) -> Reply:
-        return self.resources.listing(path, resource, query, self.url, self.config.repeat_cursor)
+        config = self.config
+        return self.resources.listing(
+            path, resource, query, self.url, config.repeat_cursor, config.newest_first, config.exclusive_since
+        )
 
     def request_log(self) -> list[dict[str, Any]]:
         with self._lock:
