@@ -9,7 +9,7 @@ import pytest
 
 from ingestion_assets.demo.api_server import DemoApi
 from ingestion_assets.sources.rest import BucketRegistry, read_pages
-from ingestion_assets.sources.rest.incremental import REREAD_FROM
+from ingestion_assets.sources.rest.incremental import REREAD_FROM, EndpointSpec, ServedOrder
 from ingestion_assets_tests.rest.conftest import StartApi
 from ingestion_assets_tests.rest.helpers import ORDERS, Target, assert_equal_to_server, client, oauth
 
@@ -144,3 +144,15 @@ def test_an_exclusive_filter_stopped_inside_a_tie_group_loses_nothing(
         assert _exact(target.position) == {"updated_at": "2024-01-01T00:00:00.123456Z", "id": "13"}
         target.sync(rest, endpoint)  # asks for updated_at > the first group's: the whole second group comes
     assert_equal_to_server(target, api)
+
+
+def test_a_mid_read_claim_needs_ascending_order_over_two_pages() -> None:
+    endpoint = EndpointSpec("/v1/things", cursor_field="version", cursor_param="since")
+    order = ServedOrder(endpoint, {})
+    order.see([{"id": 1, "version": 9}, {"id": 2, "version": "10"}])  # numbers compare as numbers, text or not
+    assert order.claim(complete=False) is None  # one page proves no order
+    order.see([{"id": 3, "version": 10}, {"id": 4, "version": 11}, {"id": 5}])  # a record without a cursor is no claim
+    assert order.claim(complete=False) == {"id": 3, "version": 10}  # the last of the finished group (10)
+    order.see([{"id": 6, "version": 7}])  # out of order: nothing more may be claimed before the end
+    assert order.claim(complete=False) is None
+    assert order.claim(complete=True) == {"id": 4, "version": 11}  # a finished read: the greatest record
