@@ -80,6 +80,23 @@ def test_a_crash_mid_read_resumes_near_where_it_stopped(
     _assert_target_equals_server(harness, api)
 
 
+def test_a_crash_mid_read_of_a_newest_first_api_loses_nothing(
+    harness: StreamHarness, api: DemoApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api.configure(newest_first=True)  # Stripe's and GitHub's default order: the oldest records come last
+    _catalog(harness, api)
+    monkeypatch.setenv(FAULT_ENV, "after_checkpoint:2")  # the 180 newest of 230 committed, then death
+    assert not harness.materialize(raise_on_error=False).success
+    checkpoint = harness.checkpoint("orders")  # no position claimed: the 50 unread records are older
+    assert checkpoint is None or not checkpoint.position
+    monkeypatch.delenv(FAULT_ENV)
+    assert _rows_read(harness, harness.materialize()) == 230  # read again in full (merge keeps it exact)
+    _assert_target_equals_server(harness, api)
+    api.mutate("orders", inserts=15, updates=25)
+    assert _rows_read(harness, harness.materialize()) < 100  # a finished read claimed its newest record
+    _assert_target_equals_server(harness, api)
+
+
 def test_429_storms_5xx_bursts_and_resets_still_end_exact(harness: StreamHarness, api: DemoApi) -> None:
     _catalog(harness, api)
     api.fail_next("429", 4)

@@ -52,6 +52,8 @@ class DemoConfig:
     repeat_cursor: bool = False  # a broken server: hands back the cursor it was given
     page_cap: int | None = None  # pages hold at most this many records, whatever size was asked (GitHub's 100)
     page_past_end: str = "empty"  # a page number past the last: empty | 404 (Django REST framework's answer)
+    newest_first: bool = False  # list (updated_at, id) descending, as Stripe and GitHub do by default
+    exclusive_since: bool = False  # updated_since filters `>` (strictly after), not `>=`
     seed: int = 7
     customers: int = 120
     orders: int = 400
@@ -111,7 +113,10 @@ class DemoApi:
         self.resources.put(resource, records)
 
     def _listing(self, path: str, resource: str, query: dict[str, str]) -> Reply:
-        return self.resources.listing(path, resource, query, self.url, self.config.repeat_cursor)
+        config = self.config
+        return self.resources.listing(
+            path, resource, query, self.url, config.repeat_cursor, config.newest_first, config.exclusive_since
+        )
 
     def request_log(self) -> list[dict[str, Any]]:
         with self._lock:

@@ -180,8 +180,18 @@ class Resources:
             return rows
         return rows[bisect.bisect_left(rows, since, key=lambda r: r["updated_at"]) :]
 
-    def listing(self, path: str, resource: str, query: dict[str, str], url: str, repeat_cursor: bool) -> Reply:
-        """One page of GET /v1/<resource> (or /v1/<resource>/ids): cursor, link, page or offset pagination."""
+    def listing(
+        self,
+        path: str,
+        resource: str,
+        query: dict[str, str],
+        url: str,
+        repeat_cursor: bool,
+        newest_first: bool = False,
+        exclusive_since: bool = False,
+    ) -> Reply:
+        """One page of GET /v1/<resource> (or /v1/<resource>/ids): cursor, link, page or offset pagination;
+        `newest_first` lists in descending (updated_at, id) order, `exclusive_since` filters updated_since `>`."""
         keys_only = resource.endswith("/ids")  # GET /v1/<resource>/ids: a key listing, larger pages
         resource = resource.removesuffix("/ids")
         size = _number(query, "per_page" if "page" in query else "limit", 50, 1, 5000 if keys_only else 500)
@@ -189,10 +199,16 @@ class Resources:
         since, after = _since(query.get("updated_since")), _cursor_key(query.get("cursor"))
         with self._lock:
             ordered = self._sorted(resource, since)
+            if exclusive_since and since is not None:
+                ordered = [r for r in ordered if r["updated_at"] > since]
+            if newest_first:
+                ordered = ordered[::-1]
             if "page" in query:
                 start = (_number(query, "page", 1, 1, 1_000_000) - 1) * size
             elif "offset" in query:
                 start = _number(query, "offset", 0, 0, 1_000_000_000)
+            elif newest_first and after:
+                start = next((i for i, r in enumerate(ordered) if (r["updated_at"], r["id"]) < after), len(ordered))
             else:
                 start = bisect.bisect_right(ordered, after, key=lambda r: (r["updated_at"], r["id"])) if after else 0
             rows = copy.deepcopy(ordered[start : start + size + 1])

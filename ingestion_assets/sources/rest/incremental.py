@@ -6,6 +6,8 @@ import logging
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal, InvalidOperation
+from functools import lru_cache
 from typing import Any
 
 from ingestion_assets.sources.json_numbers import is_number, json_text
@@ -26,9 +28,10 @@ REREAD_FROM = "_reread_from"
 class EndpointSpec:
     """One readable endpoint. Define a custom stream the same way: path, where the records are, their key.
 
-    With a `cursor_field` (the catalog's `cursor`) the read is incremental: records must come sorted by
-    (cursor, primary key) ascending and the API must filter them with `cursor_param` >= a value (inclusive). Without one
-    every read is a full read, resumable from its page token.
+    With a `cursor_field` (the catalog's `cursor`) the read is incremental: the API must filter records with
+    `cursor_param` >= a value (inclusive). In any order: a read's checkpoints advance before it ends only while the
+    records have come in ascending (cursor, primary key) order (`ServedOrder`). Without a cursor every read is a
+    full read, resumable from its page token.
     """
 
     path: str
@@ -66,7 +69,7 @@ def read_pages(
     params = {**endpoint.params, **window_params(endpoint, start)}
     if endpoint.cursor_field is None and start and start.get(PAGE_TOKEN):
         paginator.resume(str(start[PAGE_TOKEN]))
-    position: Position = dict(start or {})
+    order = ServedOrder(endpoint, dict(start or {}))
     index = 0
     began: datetime | None = None  # the server's time at the first answer: a lower bound for late changes
     while paginator.has_more:
@@ -78,12 +81,13 @@ def read_pages(
                 raise
             logger.info("GET %s: no page past the last (%s): the read ends here", endpoint.path, error.status)
             paginator.end()  # as an empty page would: the position of a finished read
-            yield Page(records=[], position=next_position(endpoint, position, [], paginator, began), index=index)
+            yield Page(records=[], position=next_position(endpoint, order, paginator, began), index=index)
             return
         began = began or client.server_time(response)
         records = page_records(body, endpoint)
         paginator.advance(response, body, records)
-        position = next_position(endpoint, position, records, paginator, began)
+        order.see(records)
+        position = next_position(endpoint, order, paginator, began)
         yield Page(records=records, position=position, index=index, doubt=paginator.doubt)
         index += 1
 
@@ -172,29 +176,97 @@ def describe_body(body: Any, limit: int = 20) -> str:
     return f"the body's keys are {keys[:limit]}{' ...' if len(keys) > limit else ''}{found}: set records_path to one"
 
 
+class ServedOrder:
+    """What a read has seen of the order the API serves its records in, to know which position it may claim.
+
+    A checkpoint written in the middle of a read claims "every record at or below it is read". That holds only
+    if the records come in ascending (cursor, primary key) order: an API listing newest first (Stripe's and
+    GitHub's default) has not yet sent the oldest ones when a page boundary comes. So before the read ends a
+    position is claimed only once the order is proven ascending (every record so far in order, over two pages
+    at least), and then at the end of the last group of equal cursors the read has finished (the record before
+    the last record's cursor group): the next read, which asks from the claimed cursor, then finds the rest of a
+    group a stop cut in two even from an API whose filter is exclusive (`>`). Otherwise the read's start stays
+    claimed until the read ends, when every record is read and the greatest (cursor, key) stands for it.
+    """
+
+    def __init__(self, endpoint: EndpointSpec, start: Position) -> None:
+        self.endpoint, self.start = endpoint, start
+        self.fields = (endpoint.cursor_field, *endpoint.primary_key) if endpoint.cursor_field else ()
+        self.ascending, self.pages = True, 0
+        self.last: tuple[tuple[Any, ...], dict[str, Any]] | None = None  # the last positioned record (key, record)
+        self.finished: tuple[tuple[Any, ...], dict[str, Any]] | None = None  # the last of the group before last's
+        self.greatest: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+
+    def see(self, records: list[dict[str, Any]]) -> None:
+        self.pages += 1
+        if not self.fields:
+            return
+        for record in records:
+            values = [record.get(name) for name in self.fields]
+            if not all((type(v) is str and v) or type(v) is int or usable(v) for v in values):
+                continue  # parked by the stream (`positioned`): it stands for no position
+            key = tuple(map(order_key, values))
+            last = self.last
+            if last is not None:
+                if key < last[0]:
+                    self.ascending = False
+                elif key[0] != last[0][0]:
+                    self.finished = last
+            self.last = (key, record)
+            if self.greatest is None or key > self.greatest[0]:
+                self.greatest = self.last
+
+    def claim(self, complete: bool) -> dict[str, Any] | None:
+        """The record that stands for the position now, or None (the read's start stays)."""
+        if complete:
+            return None if self.greatest is None else self.greatest[1]
+        if self.ascending and self.pages >= 2 and self.finished is not None:
+            return self.finished[1]
+        return None
+
+
 def next_position(
     endpoint: EndpointSpec,
-    before: Position,
-    records: list[dict[str, Any]],
+    order: ServedOrder,
     paginator: Paginator,
     began: datetime | None = None,
 ) -> Position:
-    """The position after `records`: the last record's (cursor, primary key), never moving backwards, and
-    (for a timestamp cursor) where the next read starts if this read began after the cursor."""
+    """The position after the pages `order` has seen: the (cursor, primary key) of the record it claims, never
+    before the read's start, and (for a timestamp cursor) where the next read starts if this read began after
+    the cursor."""
     if endpoint.cursor_field is None:
         return {PAGE_TOKEN: paginator.token} if paginator.has_more else {}
-    last = next((r for r in reversed(records) if positioned(endpoint, r)), None)
-    if last is None:  # no record of the page can stand for a position (they are parked): it stays
-        return before
-    after: Position = {name: exact_text(last[name]) for name in (endpoint.cursor_field, *endpoint.primary_key)}
-    stamp, earlier = _moment(after[endpoint.cursor_field]), _moment(before.get(endpoint.cursor_field))
-    if stamp is None:
-        return after  # not a timestamp: the exact position is all there is
-    if earlier is not None and stamp < earlier:  # still re-reading what lies before the start
-        return before
-    if began is not None and began < stamp:
+    before = order.start
+    record = order.claim(complete=not paginator.has_more)
+    if record is None:  # nothing read that may stand for a position yet (or the order is not ascending)
+        return dict(before)
+    after: Position = {name: exact_text(record[name]) for name in (endpoint.cursor_field, *endpoint.primary_key)}
+    if before.get(endpoint.cursor_field) is not None:
+        start = tuple(order_key(before.get(name)) for name in order.fields)
+        if tuple(order_key(after[name]) for name in order.fields) < start:  # re-read what lies before the start
+            return dict(before)
+    stamp = _moment(after[endpoint.cursor_field])
+    if stamp is not None and began is not None and began < stamp:
         after[REREAD_FROM] = _format_like(str(after[endpoint.cursor_field]), began)
     return after
+
+
+@lru_cache(maxsize=4096, typed=True)
+def order_key(value: Any) -> tuple[int, Any]:
+    """A cursor or key value's place in order, from the value or its exact text (a position holds text): numbers
+    as numbers, timestamps as moments, other text as text (kinds apart: values of mixed kinds still compare)."""
+    if value is None:
+        return (0, "")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (1, value)
+    text = value if isinstance(value, str) else str(exact_text(value))
+    if ("-" in text[1:] or ":" in text) and (moment := _moment(text)) is not None:
+        return (2, moment)
+    try:
+        number = Decimal(text)
+    except InvalidOperation:
+        return (3, text)
+    return (1, number) if number.is_finite() else (3, text)
 
 
 def exact_text(value: Any) -> str | None:
