@@ -159,3 +159,14 @@ def test_collisions_are_the_values_dlt_loses(nesting: int, convention: str) -> N
         assert (problem is not None) == bool(lost), (record, problem, lost)
         found += problem is not None
     assert found > (50 if convention == "snake_case" else 5)
+
+
+def test_direct_naming_on_a_destination_without_case() -> None:
+    """DuckDB compares names without case whatever the naming: under `direct`, `Name` and `name` still meet (dlt
+    failed the whole load on them); on PostgreSQL they are two columns."""
+    record = {"id": 1, "Name": "Upper", "name": "lower", "obj": {"a": 1, "A": 2}}
+    duckdb = name_collision(record, TargetNames("direct", None, case_sensitive=False), 1, "orders")
+    assert duckdb is not None and "fields 'Name' and 'name' land as column 'name'" in duckdb
+    assert "does not tell names apart by case" in duckdb and "naming: direct" not in duckdb
+    assert name_collision(record, TargetNames("direct", 63, case_sensitive=True), 1, "orders") is None
+    assert name_collision({"id": 1, "a": {"b": 1}, "a▶b": 2}, TargetNames("direct", 63), 1, "orders") is not None
