@@ -32,11 +32,11 @@ def normalize(convention: str, identifier: str, max_length: int | None) -> str:
     if not stripped:
         raise ValueError(identifier)
     if convention == "direct":
-        return _shorten(stripped.translate(_DIRECT_CLEANUP), stripped, max_length)
+        return shorten(stripped.translate(_DIRECT_CLEANUP), stripped, max_length)
     if convention != "snake_case":
         raise ValueError(f"unknown naming convention {convention!r}")
     reduced = _NON_ALPHANUMERIC.sub("_", stripped.translate(_REDUCE_ALPHABET))
-    return _shorten(_snake_case(reduced), stripped, max_length)
+    return shorten(_snake_case(reduced), stripped, max_length)
 
 
 def _snake_case(identifier: str) -> str:
@@ -48,7 +48,7 @@ def _snake_case(identifier: str) -> str:
     return _UNDERSCORES.sub("_", stripped)
 
 
-def _shorten(normalized: str, identifier: str, max_length: int | None) -> str:
+def shorten(normalized: str, identifier: str, max_length: int | None) -> str:
     """Past `max_length`: the middle is cut and a tag hashed from the original identifier put in its place."""
     if not max_length or len(normalized) <= max_length:
         return normalized

@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from ingestion_assets.catalog import Destination, RestSource, RestStream
 from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA, dead_letter_limit, key_part
+from ingestion_assets.loading.destinations import target_names
 from ingestion_assets.loading.metadata_columns import (
     DELETED_AT,
     EXTRACTED_AT,
@@ -47,6 +48,7 @@ from ingestion_assets.sources.slices import Slice
 from ingestion_assets.streams.postgres_table import RunOptions, Target
 from ingestion_assets.streams.rest_credentials import build_auth
 from ingestion_assets.streams.rest_deletes import KeyListingResult, load_slice, retire_unlisted
+from ingestion_assets.streams.rest_fields import name_collision, non_finite_fields, raw_text
 from ingestion_assets.streams.rest_schema import ApiSchemaStep, api_schema_step
 from ingestion_assets.sync import CheckpointSink, Faults, SliceOutcome, SyncResult, run_slices
 
@@ -256,6 +258,14 @@ class RestApiStream:
             )
         if SURROGATE_ESCAPE.search(text) and (lone := lone_surrogate(record)) is not None:
             return surrogate_problem(lone)  # Arrow cannot encode it: the whole load failed
+        if ("NaN" in text or "Infinity" in text) and (fields := non_finite_fields(record)):
+            return (
+                f"field(s) {fields} hold NaN or Infinity (not JSON numbers), which the load would write as NULL; "
+                'the raw record shows them as the strings "NaN", "Infinity", "-Infinity"'
+            )
+        names = target_names(self.destination)
+        if (collision := name_collision(record, names, self.spec.max_table_nesting, self.name)) is not None:
+            return f"stream {self.qualified_name}: {collision}"
         return None
 
     def _unusable_key_or_cursor(self, record: dict[str, Any]) -> str | None:
@@ -292,7 +302,7 @@ class RestApiStream:
             "run_id": options.run_id,
             "position": json_text({self.spec.cursor: cursor} if self.spec.cursor else {}),
             "error": problem,
-            "raw_record": json_text(record),
+            "raw_record": raw_text(record),
             "dead_lettered_at": now,
         }
 
