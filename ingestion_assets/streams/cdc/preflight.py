@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ingestion_assets.sources.postgres.cdc import check_cdc, drop_unread_tables, ensure_publication, parse_lsn
 from ingestion_assets.sources.postgres.cdc.identity import unpublish_unidentified
+from ingestion_assets.sources.postgres.cdc.marks import publication_version
 from ingestion_assets.streams.cdc.outcome import CdcError
 from ingestion_assets.streams.cdc.paused import PAUSED, pause_message, unread_message
 
@@ -35,9 +36,12 @@ def preflight(sync: CdcSync, url: str) -> tuple[tuple[str, str], ...]:
                 sync.publication,
             )
     check(sync, url, expect_slot=False, new=_new_streams(sync))
+    version = publication_version(url, sync.publication)
     added = ensure_publication(
         url, sync.publication, sync.tables(), partition_root=True, owned=sync.source.cdc.publication is None
     )
+    if version is not None and publication_version(url, sync.publication) != version:
+        sync.own_versions.add(version)  # its own ALTER PUBLICATION ... SET (publish_via_partition_root): no news
     if added:
         published = ", ".join(".".join(t) for t in added)
         sync._say("%s: published %s in %s", sync.source_name, published, sync.publication)

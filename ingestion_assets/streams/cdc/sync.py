@@ -18,6 +18,7 @@ from ingestion_assets.partitions import LIVE
 from ingestion_assets.references import postgres_url
 from ingestion_assets.settings import Settings
 from ingestion_assets.sources.postgres.cdc import DeclaredKey
+from ingestion_assets.sources.postgres.cdc.marks import PUBLISHED
 from ingestion_assets.sources.postgres.cdc.slot_lock import reading_slot
 from ingestion_assets.streams.cdc.apply import LogLoads
 from ingestion_assets.streams.cdc.batches import apply_log
@@ -28,7 +29,13 @@ from ingestion_assets.streams.cdc.names import refuse_unlandable
 from ingestion_assets.streams.cdc.outcome import CdcError, CdcOutcome, LogBehind
 from ingestion_assets.streams.cdc.paused import PAUSED, RECOPY
 from ingestion_assets.streams.cdc.preflight import pause_unidentified, preflight
-from ingestion_assets.streams.cdc.recopy import recopy_rewritten, recopy_stale, resync_at_gap, settle_streams
+from ingestion_assets.streams.cdc.recopy import (
+    recopy_republished,
+    recopy_rewritten,
+    recopy_stale,
+    resync_at_gap,
+    settle_streams,
+)
 from ingestion_assets.streams.cdc.schema import FILES, PARTITIONS, SCHEMA, StreamParts
 from ingestion_assets.streams.cdc.state import COPY, CdcStore, SourceState
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
@@ -59,6 +66,10 @@ class CdcSync:
     _loads: LogLoads = field(default_factory=LogLoads, init=False)  # what the run's batch loads share
     _applied: array[int] | None = field(default=None, init=False)  # copying: xids applied since the last snapshot
     refused: dict[str, str] = field(default_factory=dict, init=False)  # new streams whose key fails its check: why
+    # The publication and enum marks of each table as a live run found them (`recopy_republished`), and the
+    # publication row versions the run's own ALTER PUBLICATION replaced
+    marks: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict, init=False)
+    own_versions: set[str] = field(default_factory=set, init=False)
 
     @property
     def slot(self) -> str:
@@ -127,6 +138,7 @@ class CdcSync:
         if live:
             settle_streams(self)
             recopy_stale(self, url, published)
+            recopy_republished(self, url)
         if not self._state.started:
             if not self.history or self._state.reasons:
                 # In history mode too when every stream lost its position for a reason (its publication dropped,
@@ -179,7 +191,10 @@ class CdcSync:
         """What the stream's checkpoint keeps beside its position. A history range run settles no schema or
         binding: it keeps those of the stream's last checkpoint."""
         stored = self._state.details(name)
-        extra: dict[str, Any] = {k: stored[k] for k in (SCHEMA, TARGET, PARTITIONS, FILES) if k in stored}
+        extra: dict[str, Any] = {k: stored[k] for k in (SCHEMA, TARGET, PARTITIONS, FILES, PUBLISHED) if k in stored}
+        table = next(((s.spec.schema_name, s.spec.table_name) for s in self.streams if s.name == name), None)
+        if table in self.marks:  # a live run compared them with the stored ones (a history range run keeps those)
+            extra[PUBLISHED] = self.marks[table]
         if self.history:
             extra[HISTORY] = self._space
         if name in self._state.copies:
