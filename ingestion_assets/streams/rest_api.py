@@ -24,6 +24,7 @@ from ingestion_assets.loading.metadata_columns import (
     POSITION,
     version_text,
 )
+from ingestion_assets.loading.naming import TargetNames
 from ingestion_assets.loading.pipeline import Loader, TargetTable, pipeline_name
 from ingestion_assets.loading.targets import make_loader
 from ingestion_assets.observe.commit_latency import CommitLatency
@@ -224,9 +225,10 @@ class RestApiStream:
     def _split(self, records: list[Any], options: RunOptions) -> tuple[list[dict[str, Any]], pa.Table | None]:
         """Records without their primary key, or not objects at all, are parked; the rest get metadata."""
         now = dt.datetime.now(dt.UTC)
+        names = target_names(self.destination)  # once per slice, not per record
         good, dead = [], []
         for record in records:
-            problem = self._problem(record)
+            problem = self._problem(record, names)
             if problem is not None:
                 dead.append(self._dead_letter(record, problem, options, now))
                 continue
@@ -243,7 +245,7 @@ class RestApiStream:
             )
         return good, pa.Table.from_pylist(dead, schema=DEAD_LETTER_SCHEMA) if dead else None
 
-    def _problem(self, record: Any) -> str | None:
+    def _problem(self, record: Any, names: TargetNames) -> str | None:
         if not isinstance(record, dict):
             return f"record is a JSON {type(record).__name__}, not an object"
         if (unusable := self._unusable_key_or_cursor(record)) is not None:
@@ -263,7 +265,6 @@ class RestApiStream:
                 f"field(s) {fields} hold NaN or Infinity (not JSON numbers), which the load would write as NULL; "
                 'the raw record shows them as the strings "NaN", "Infinity", "-Infinity"'
             )
-        names = target_names(self.destination)
         if (collision := name_collision(record, names, self.spec.max_table_nesting, self.name)) is not None:
             return f"stream {self.qualified_name}: {collision}"
         return None
