@@ -8,6 +8,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import dagster as dg
 import pytest
@@ -16,6 +17,9 @@ from hypothesis import settings as hypothesis_settings
 from ingestion_assets.settings import Settings
 from ingestion_assets.stack.instance import bring_up
 from ingestion_assets_tests.helpers import SourceDb, StreamHarness
+
+if TYPE_CHECKING:
+    from ingestion_assets.demo.api_server import DemoApi
 
 SOURCE_DATABASE = "source"
 
@@ -98,3 +102,15 @@ def harness_on_any(
     tmp_path: Path, session_settings: Settings, instance: dg.DagsterInstance, any_source_db: SourceDb
 ) -> StreamHarness:
     return StreamHarness(tmp_path=tmp_path, home=session_settings.home, instance=instance, source=any_source_db)
+
+
+@pytest.fixture
+def empty_api() -> Iterator[DemoApi]:
+    """The demo API on loopback holding no orders (one customer): a test puts the records it needs."""
+    from ingestion_assets.demo.api_server import start_demo_api
+
+    server = start_demo_api(orders=0, customers=1)
+    try:
+        yield server
+    finally:
+        server.stop()

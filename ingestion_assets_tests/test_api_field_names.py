@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ingestion_assets.demo.api_server import DemoApi, start_demo_api
+from ingestion_assets.demo.api_server import DemoApi
 from ingestion_assets.loading.naming import TargetNames
 from ingestion_assets.streams.rest_fields import name_collision
 from ingestion_assets_tests.helpers import StreamHarness
@@ -31,19 +31,10 @@ RECORDS = [
 ]
 
 
-@pytest.fixture
-def api() -> Iterator[DemoApi]:
-    server = start_demo_api(orders=0, customers=1)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.mark.parametrize("destination", ["duckdb", "postgres"])
-def test_fields_landing_in_one_column_park_the_record(harness: StreamHarness, api: DemoApi, destination: str) -> None:
-    api.put("orders", RECORDS)
-    write_api_catalog(harness, api, destination=destination)
+def test_fields_landing_in_one_column_park_the_record(harness: StreamHarness, empty_api: DemoApi, destination: str) -> None:
+    empty_api.put("orders", RECORDS)
+    write_api_catalog(harness, empty_api, destination=destination)
     harness.materialize()
     schema = harness.source_name
     rows = harness.query_target(f'SELECT id, name, user_id, x, obj__b, obj__y FROM "{schema}".orders ORDER BY id')
@@ -67,10 +58,10 @@ def test_fields_landing_in_one_column_park_the_record(harness: StreamHarness, ap
         assert {k: v for k, v in found[key][1].items() if k != "updated_at"} == RECORDS[key - 1]
 
 
-def test_direct_naming_on_postgres_keeps_both_fields(harness: StreamHarness, api: DemoApi) -> None:
+def test_direct_naming_on_postgres_keeps_both_fields(harness: StreamHarness, empty_api: DemoApi) -> None:
     """PostgreSQL tells `Name` from `name` apart: with `naming: direct` both load, each in its own column."""
-    api.put("orders", [{"id": 1, "name": "lower", "Name": "Upper", "Obj": {"a": 1, "A": 2}}])
-    write_api_catalog(harness, api, destination="postgres")
+    empty_api.put("orders", [{"id": 1, "name": "lower", "Name": "Upper", "Obj": {"a": 1, "A": 2}}])
+    write_api_catalog(harness, empty_api, destination="postgres")
     catalog = harness.catalog_path
     assert catalog is not None
     catalog.write_text(catalog.read_text().replace("type: postgres", "type: postgres\n  naming: direct"))

@@ -6,31 +6,21 @@ the rest load."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
-from ingestion_assets.demo.api_server import DemoApi, start_demo_api
+from ingestion_assets.demo.api_server import DemoApi
 from ingestion_assets_tests.helpers import StreamHarness
 from ingestion_assets_tests.rest.helpers import write_api_catalog
 
 NAN, INF = float("nan"), float("inf")
 
 
-@pytest.fixture
-def api() -> Iterator[DemoApi]:
-    server = start_demo_api(orders=0, customers=1)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.mark.parametrize("destination", ["duckdb", "postgres"])
 def test_nan_and_infinities_park_the_record_naming_the_fields(
-    harness: StreamHarness, api: DemoApi, destination: str
+    harness: StreamHarness, empty_api: DemoApi, destination: str
 ) -> None:
-    api.put(
+    empty_api.put(
         "orders",
         [
             {"id": 1, "ratio": NAN, "score": 1.5},
@@ -40,7 +30,7 @@ def test_nan_and_infinities_park_the_record_naming_the_fields(
             {"id": 5, "ratio": 0.5, "items": [{"p": 1.0}, {"p": -INF}]},
         ],
     )
-    write_api_catalog(harness, api, destination=destination)
+    write_api_catalog(harness, empty_api, destination=destination)
     harness.materialize()
     schema = harness.source_name
     rows = harness.query_target(f'SELECT id, ratio, score, obj__x FROM "{schema}".orders ORDER BY id')

@@ -6,13 +6,12 @@ tables) with every digit, and a field of integers meeting decimals in a later sl
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
 import pytest
 
-from ingestion_assets.demo.api_server import DemoApi, start_demo_api
+from ingestion_assets.demo.api_server import DemoApi
 from ingestion_assets_tests.helpers import StreamHarness
 from ingestion_assets_tests.rest.helpers import write_api_catalog
 
@@ -29,15 +28,6 @@ RECORDS = """[
 LATER = """[{"id": 4, "price": 12.345, "count": 2.5, "amount": 1.1, "ratio": 1, "big": 1, "huge": 9876543210987654321098765432109876543210, "sci": 1,
   "obj": {"x": 2, "n": 3, "i": 5, "big": 3}, "items": []}]"""
 COLUMNS = ["id", "amount", "price", "ratio", "big", "huge", "sci", "count", "obj__x", "obj__n", "obj__i", "obj__big"]
-
-
-@pytest.fixture
-def api() -> Iterator[DemoApi]:
-    server = start_demo_api(orders=0, customers=1)
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _written(text: str) -> list[dict[str, Any]]:
@@ -58,11 +48,11 @@ def _flat(record: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("destination", ["duckdb", "postgres"])
-def test_api_numbers_land_equal_to_their_json_text(harness: StreamHarness, api: DemoApi, destination: str) -> None:
-    write_api_catalog(harness, api, destination=destination)
-    api.put("orders", _written(RECORDS))
+def test_api_numbers_land_equal_to_their_json_text(harness: StreamHarness, empty_api: DemoApi, destination: str) -> None:
+    write_api_catalog(harness, empty_api, destination=destination)
+    empty_api.put("orders", _written(RECORDS))
     harness.materialize()
-    api.put("orders", _written(LATER))
+    empty_api.put("orders", _written(LATER))
     harness.materialize()
     schema = harness.source_name
     order = "ORDER BY CAST(id AS DECIMAL(38,0))"
@@ -87,15 +77,15 @@ def test_api_numbers_land_equal_to_their_json_text(harness: StreamHarness, api: 
         assert _same(expected[1], row[1]) and _same(expected[2], row[2]), (row, expected)
 
 
-def test_price_keeps_its_scale_and_widens(harness: StreamHarness, api: DemoApi) -> None:
+def test_price_keeps_its_scale_and_widens(harness: StreamHarness, empty_api: DemoApi) -> None:
     """`1.50` landed as the double 1.5; a later 12.345 widens numeric(4,2) to numeric(5,3), and an integer field
     meeting 2.5 becomes numeric(20,1) (it paused as incompatible: a double cannot hold every integer)."""
-    write_api_catalog(harness, api)
-    api.put("orders", _written(RECORDS))
+    write_api_catalog(harness, empty_api)
+    empty_api.put("orders", _written(RECORDS))
     harness.materialize()
     price = f'SELECT id, CAST(price AS VARCHAR) FROM "{harness.source_name}".orders ORDER BY id'
     assert [r[1] for r in harness.query_target(price)] == ["1.50", "-0.01", "10.05"]
-    api.put("orders", _written(LATER))
+    empty_api.put("orders", _written(LATER))
     result = harness.materialize()
     check = next(c for c in result.get_asset_check_evaluations() if c.check_name == "schema")
     changes = check.metadata["changes applied"].value
