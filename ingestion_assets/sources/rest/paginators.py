@@ -96,6 +96,10 @@ class Paginator(ABC):
     def loop_hint(self) -> str:
         return ""
 
+    def place(self, response: httpx.Response) -> str:
+        """Where a message about this page is from: the stream (when known) and the request."""
+        return f"stream {self.stream}: {_where(response)}" if self.stream else _where(response)
+
     def first_params(self) -> Params:
         return {}
 
@@ -140,7 +144,7 @@ class CursorTokenPaginator(Paginator):
         return str(token) if token not in (None, "") else None
 
     def _absent(self, response: httpx.Response, records: list[Any], holder: dict[str, Any], key: str) -> None:
-        where = f"stream {self.stream}: {_where(response)}" if self.stream else _where(response)
+        where = self.place(response)
         keys = sorted(str(k) for k in holder)
         shown = f"{keys[:20]}{' ...' if len(keys) > 20 else ''}"
         near = sorted(k for k in keys if k != key and _folded(k) == _folded(key))
@@ -235,7 +239,7 @@ class PageNumberPaginator(_CountedPages):
                 "%s: the API serves %d records a page where page_size asks for %d: read on to an empty page. "
                 "An API numbering its pages by the size asked, not the size served, would skip records: set "
                 "page_size to %d",
-                f"stream {self.stream}: {_where(response)}" if self.stream else _where(response),
+                self.place(response),
                 self.largest,
                 self.page_size,
                 self.largest,
