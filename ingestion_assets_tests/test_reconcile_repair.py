@@ -254,3 +254,53 @@ def test_a_gap_a_past_time_partition_owes_keeps_status_failed_after_other_partit
     assert main(["status"]) == 1
     err = capsys.readouterr().err
     assert "reconciliation owed by 1 partition(s): partition 2024-01-01" in err, err
+
+
+@pytest.mark.parametrize("destination", ["duckdb", "postgres"])
+def test_ingest_reconcile_source_wins_loads_the_source_over_a_newer_target_row(
+    harness: StreamHarness, destination: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A source restored from a backup (its cursors went backwards): the version guard keeps the target's newer rows
+    and every check fails. Only a person can say the source is right: `--source-wins` loads its version over them."""
+    harness.source.execute(ITEMS)
+    _catalog(harness, destination, "full")
+    harness.materialize()
+    harness.source.execute("UPDATE items SET name = 'restored', updated_at = updated_at - interval '1 hour' WHERE id = 7")
+    table = f'"{harness.source_name}".items'
+    harness.execute_target(  # and a hand edit of the target, as if from the future
+        f"UPDATE {table} SET name = 'ahead', _ingest_position = _ingest_position + INTERVAL '1 hour' WHERE id = 8"
+    )
+    check = _check(harness.materialize())
+    assert not check.passed and _figure(check, "newer in target than in source") == 2, check.metadata
+    assert "--source-wins" in _figure(check, "what to do")
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    stream = f"{harness.source_name}.items"
+
+    assert main(["reconcile", stream]) == 1  # without asking: the target's row stays
+    assert "2 newer in the target" in capsys.readouterr().out
+    assert main(["reconcile", stream, "--source-wins"]) == 0
+    out = capsys.readouterr().out
+    assert "0 newer in the target" in out and "2 read again by key (repaired)" in out, out
+    harness.assert_target_equals_source("items", "items", "id")
+    assert _check(harness.materialize()).passed and _owed(harness) is None  # the gap the runs owed is closed
+
+
+def test_a_time_partition_newer_in_the_target_is_fixed_by_source_wins(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ingest refresh` refuses partitioned streams; a partition whose target row is newer had no fix."""
+    load_daily_events(harness, {"full_every_seconds": 0})
+    harness.execute_target(
+        f'UPDATE "{harness.source_name}".events SET v = \'ahead\', '
+        "_ingest_position = _ingest_position + INTERVAL '1 minute' WHERE id = 20"
+    )
+    check = _check(harness.materialize(partition="2024-01-01"))
+    assert not check.passed and "--partition 2024-01-01 --source-wins" in _figure(check, "what to do")
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    stream = f"{harness.source_name}.events"
+    assert main(["reconcile", stream, "--partition", "2024-01-01", "--source-wins"]) == 0
+    assert "1 read again by key (repaired)" in capsys.readouterr().out
+    harness.assert_target_equals_source("events", "events", "id")
+    assert _check(harness.materialize(partition="2024-01-01")).passed

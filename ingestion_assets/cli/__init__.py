@@ -137,6 +137,12 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--no-repair", action="store_true", help="only compare: do not read missing or older rows again by key"
     )
+    compare.add_argument(
+        "--source-wins",
+        action="store_true",
+        help="also read again the rows newer in the target than in the source (its cursor went backwards: a restore, "
+        "a hand edit) and load the source's version over them",
+    )
     return parser
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from ingestion_assets.catalog import load_catalog
@@ -167,7 +168,11 @@ def reconcile(settings: Settings, args: argparse.Namespace) -> int:
     if stream.spec.partitions is not None and args.partition is None:
         raise SystemExit(f"error: {args.stream} is partitioned: name the partition to compare with --partition")
     latest = store.latest(args.partition)
+    if args.source_wins and args.no_repair:
+        raise SystemExit("error: --source-wins loads rows: it cannot go with --no-repair")
     loader, plan, how, no_repair = _repair_setup(stream, latest, args.partition, not args.no_repair)
+    if how is not None and args.source_wins:
+        how = dataclasses.replace(how, source_wins=True)
     mode = stream.spec.reconcile.deletes if stream.spec.reconcile.applies_deletes else "hard"
     scope = Scope("full", window_for(stream.spec, args.partition))
     position = latest.position if latest is not None else None
@@ -191,7 +196,7 @@ def reconcile(settings: Settings, args: argparse.Namespace) -> int:
         print(f"  {repeated} older row(s) of keys the source holds more than once (the target keeps the newest)")
     for kind, keys in found.samples.items():
         print(f"  {kind}: {', '.join(keys)}")
-    if no_repair is not None and (found.missing or found.stale):
+    if no_repair is not None and (found.missing or found.stale or (args.source_wins and found.newer_in_target)):
         print(f"  not repaired: {no_repair}")
     left = owed_reason(found, stream.qualified_name)
     if left is not None:

@@ -119,6 +119,14 @@ def _reconciliation(outcomes: list[PartitionOutcome]) -> dg.AssetCheckResult:
             f"{repaired} row(s) missing or older in the target were read again by key and merged; compared again, "
             "they agree with the source"
         )
+    newer = sorted({o.partition for o in outcomes if o.reconciliation and o.reconciliation.newer_in_target}, key=str)
+    if newer:  # the version guard keeps them: only a person can say the source's older-looking version is right
+        where = " ".join(f"--partition {p}" for p in newer if p is not None)
+        metadata[WHAT_TO_DO] = (
+            f"{total['newer_in_target']} row(s) are newer in the target than in the source (the source's cursor went "
+            f"backwards): `ingest reconcile STREAM{' ' + where if where else ''} --source-wins` loads the source's "
+            "version over them"
+        )
     if pending:
         metadata[WHAT_TO_DO] = (
             f"{pending} row(s) are gone from the source: set `reconcile: {{full_every_seconds: N, deletes: hard}}` "

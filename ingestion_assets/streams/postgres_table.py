@@ -106,9 +106,15 @@ class PostgresTableStream:
         return position
 
     def loader(
-        self, target: Target, partition: str | None, plan: ReadPlan | None = None, guard: bool = False
+        self,
+        target: Target,
+        partition: str | None,
+        plan: ReadPlan | None = None,
+        guard: bool = False,
+        source_wins: bool = False,
     ) -> Loader:
-        """`guard`: keep the newest version even if the stream has no partitions (another writer shares it)."""
+        """`guard`: keep the newest version even if the stream has no partitions (another writer shares it);
+        `source_wins`: never (a person asked for the source's version over a newer one the target holds)."""
         plan = plan or self.plan()
         return make_loader(
             settings=self.settings,
@@ -122,7 +128,7 @@ class PostgresTableStream:
                 source_columns=tuple(c.name for c in plan.shape.columns),
             ),
             pipeline_name=pipeline_name(self.source_name, target.table, partition),
-            guard_versions=guard or self.spec.partitions is not None,
+            guard_versions=not source_wins and (guard or self.spec.partitions is not None),
             stream_table=target.stream_table,
         )
 

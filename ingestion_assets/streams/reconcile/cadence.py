@@ -92,7 +92,7 @@ def reconcile_run(
         figures = dataclasses.replace(figures, owed=why)
     elif owed is not None:  # a full comparison found nothing left unrepaired: the gap is closed
         kept[OWED] = None
-    return RunCheck(dataclasses.replace(figures, found_keys=None), kept)
+    return RunCheck(dataclasses.replace(figures, found_keys=None, newer_keys=None), kept)
 
 
 def compared(request: Request, how: Repair | None) -> Reconciliation:

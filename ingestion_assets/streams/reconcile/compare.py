@@ -118,6 +118,7 @@ def _compare(request: Request, source: SourceSide, target: TargetSide) -> Reconc
         repeated_at_source=found.counts[DUPLICATE],
         samples={kind: keys for kind, keys in found.samples.items() if keys},
         found_keys=found.repairable,
+        newer_keys=found.newer,
     )
 
 

@@ -40,6 +40,8 @@ class Reconciliation:
     whole_because: str | None = None  # why a run compared its whole table or partition, not its window
     # the keys (k0.., typed as the source's) of the missing and older rows, for the repair; not shown
     found_keys: pa.Table | None = field(default=None, repr=False, compare=False)
+    # the keys (as found_keys) of the rows newer in the target: loaded over only when asked (`--source-wins`)
+    newer_keys: pa.Table | None = field(default=None, repr=False, compare=False)
 
     @property
     def passed(self) -> bool:
@@ -61,6 +63,7 @@ class Found:
     parked: int
     deleted_keys: pa.Table  # target-typed key columns k0.. of the rows only in the target
     repairable: pa.Table  # source-typed key columns k0.. of the missing and older rows (not parked)
+    newer: pa.Table  # source-typed key columns k0.. of the rows newer in the target
 
 
 def summarize(classified: pa.Table, keys: int, parked: set[str]) -> Found:
@@ -69,6 +72,7 @@ def summarize(classified: pa.Table, keys: int, parked: set[str]) -> Found:
     parked_count = 0
     deleted = pa.table({})
     repairable = []
+    newer = pa.table({})
     for kind in (MISSING, STALE, NEWER, DELETED, UNSYNCED, DUPLICATE):
         side = "t" if kind == DELETED else "s"
         rows = classified.filter(pc.equal(classified["kind"], kind))
@@ -85,6 +89,8 @@ def summarize(classified: pa.Table, keys: int, parked: set[str]) -> Found:
             repairable.append(rows)
         if kind == DELETED:
             deleted = rows
+        if kind == NEWER:
+            newer = rows
         counts[kind] = len(texts)
         samples[kind] = sorted(texts.slice(0, SAMPLE * 10).to_pylist())[:SAMPLE]
-    return Found(counts, samples, parked_count, deleted, pa.concat_tables(repairable))
+    return Found(counts, samples, parked_count, deleted, pa.concat_tables(repairable), newer)

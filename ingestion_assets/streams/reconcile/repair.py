@@ -14,7 +14,7 @@ from ingestion_assets.sources.postgres.query import ReadPlan, exact_text
 from ingestion_assets.sources.postgres.values import plain
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
 from ingestion_assets.streams.reconcile.compare import Request, recheck
-from ingestion_assets.streams.reconcile.diff import MISSING, STALE
+from ingestion_assets.streams.reconcile.diff import MISSING, NEWER, STALE
 from ingestion_assets.streams.reconcile.figures import SAMPLE, Reconciliation
 from ingestion_assets.streams.reconcile.relation import key_alias
 
@@ -28,13 +28,17 @@ OWED = "reconcile_owed"  # checkpoint detail: a gap found and not repaired ({"si
 
 @dataclasses.dataclass(frozen=True)
 class Repair:
-    """What a repair loads with: the run's read plan (fitted to the target) and the generation its rows carry."""
+    """What a repair loads with: the run's read plan (fitted to the target) and the generation its rows carry.
+    `source_wins` (asked for by a person, `ingest reconcile --source-wins`): the rows newer in the target than in
+    the source (its cursor went backwards: a restore, a hand edit) are read again too and loaded over the target's
+    without the version guard."""
 
     stream: PostgresTableStream
     plan: ReadPlan
     generation: int
     partition: str | None = None
     run_id: str = ""
+    source_wins: bool = False
 
 
 def repair(request: Request, found: Reconciliation, how: Repair) -> Reconciliation:
@@ -42,31 +46,49 @@ def repair(request: Request, found: Reconciliation, how: Repair) -> Reconciliati
     writer loaded meanwhile stays), then compare those keys again. A key gone from the source by now loads
     nothing: it is not missing any more, and a later comparison sees it as deleted at the source."""
     keys = found.found_keys
-    if keys is None or keys.num_rows == 0 or keys.num_rows > REPAIR_CAP:
+    if keys is None or keys.num_rows > REPAIR_CAP:
+        keys = None
+    newer = found.newer_keys if how.source_wins and found.newer_keys is not None else None
+    if newer is not None and (newer.num_rows == 0 or newer.num_rows > REPAIR_CAP):
+        newer = None
+    if (keys is None or keys.num_rows == 0) and newer is None:
         return found
-    stream, plan = how.stream, how.plan
-    loader = stream.loader(Target(stream.name, how.generation), how.partition, plan, guard=True)
-    loader.run_id = how.run_id
-    for chunk in _key_texts(keys):
-        pieces = table_slices(request.url, plan, None, stream.spec.slice_rows, stream.qualified_name, keys=chunk)
-        for piece in pieces:  # the row's current version, wherever its cursor or time window now is
-            stream.load_piece(piece, loader, plan, how.generation, how.partition, how.run_id)
-    after = recheck(request, keys)
+    if keys is not None and keys.num_rows:
+        _load_keys(request, keys, how, guard=True)
+    if newer is not None:  # after the repair: the source's version, whatever the target holds
+        _load_keys(request, newer, how, guard=False)
+    every = pa.concat_tables([t for t in (keys, newer) if t is not None and t.num_rows])
+    after = recheck(request, every)
     left = after.missing + after.stale + after.newer_in_target + after.parked + after.deleted_at_source
-    samples = {kind: k for kind, k in found.samples.items() if kind not in (MISSING, STALE)}
-    samples.update({kind: k for kind, k in after.samples.items() if kind in (MISSING, STALE)})
-    texts = record_keys(keys, [key_alias(i) for i in range(keys.num_columns)]).to_pylist()
+    samples = {kind: k for kind, k in found.samples.items() if kind not in (MISSING, STALE, NEWER)}
+    samples.update({kind: k for kind, k in after.samples.items() if kind in (MISSING, STALE, NEWER)})
+    if newer is None:
+        samples.update({kind: k for kind, k in found.samples.items() if kind == NEWER})
+    texts = record_keys(every, [key_alias(i) for i in range(every.num_columns)]).to_pylist()
     samples["repaired"] = sorted(texts)[:SAMPLE]
     return dataclasses.replace(
         found,
         missing=after.missing,
         stale=after.stale,
-        newer_in_target=found.newer_in_target + after.newer_in_target,
+        newer_in_target=after.newer_in_target + (found.newer_in_target if newer is None else 0),
         deleted_at_source=found.deleted_at_source + after.deleted_at_source,
         parked=found.parked + after.parked,
-        repaired=keys.num_rows - left,
+        repaired=every.num_rows - left,
         samples=samples,
     )
+
+
+def _load_keys(request: Request, keys: pa.Table, how: Repair, guard: bool) -> None:
+    """The source's current rows of `keys`, wherever their cursor or time window now is, merged into the target;
+    `guard`: a newer version the target holds stays (without it the source's version replaces it)."""
+    stream, plan = how.stream, how.plan
+    target = Target(stream.name, how.generation)
+    loader = stream.loader(target, how.partition, plan, guard=guard, source_wins=not guard)
+    loader.run_id = how.run_id
+    for chunk in _key_texts(keys):
+        pieces = table_slices(request.url, plan, None, stream.spec.slice_rows, stream.qualified_name, keys=chunk)
+        for piece in pieces:
+            stream.load_piece(piece, loader, plan, how.generation, how.partition, how.run_id)
 
 
 def owed_reason(figures: Reconciliation, stream: str) -> str | None:
@@ -86,7 +108,8 @@ def owed_reason(figures: Reconciliation, stream: str) -> str | None:
     if figures.newer_in_target:
         said.append(
             f"{figures.newer_in_target} row(s) newer in the target than in the source (the source's cursor went "
-            f"backwards; the version guard keeps the target's: `ingest refresh {stream}` reads them again)"
+            f"backwards: a restore, a hand edit; the version guard keeps the target's: `ingest reconcile {stream} "
+            "--source-wins` (with `--partition` for a partitioned stream) loads the source's version over them)"
         )
     return "; ".join(said) or None
 
