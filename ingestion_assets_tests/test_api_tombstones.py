@@ -113,3 +113,23 @@ def test_one_key_twice_in_a_slice_ends_as_its_greatest_cursor_then_the_copy_serv
     _catalog(harness, api, 1, mode)
     harness.materialize()
     assert _rows(harness) == {7: "second", 8: "newer"} and _parked(harness) == []
+
+
+@pytest.mark.parametrize("mode", ["hard", "soft"])
+def test_a_dated_tombstone_older_than_the_row_in_the_target_deletes_nothing(
+    harness: StreamHarness, scripted_api: Start, mode: str
+) -> None:
+    # a list not in cursor order (newest first): the newer live version in one slice, its older tombstone in the next
+    api = scripted_api(
+        feed=[[_live(8, 10, "newer"), _live(9, 3, "x")], [{**_gone(8), "seq": 9}, {**_gone(9), "seq": 3}]]
+    )
+    _catalog(harness, api, 1, mode)
+    harness.materialize()
+    assert _rows(harness) == {8: "newer"} and _parked(harness) == []  # 9: its tombstone as new as the row: applied
+    api.feed = [[{**_gone(8), "seq": 9}]]  # served again by a later run
+    harness.materialize()
+    assert _rows(harness) == {8: "newer"}
+    api.feed = [[{**_gone(8), "seq": 11}]]  # a newer one applies
+    harness.materialize()
+    assert _rows(harness) == {}
+    assert set(_rows(harness, deleted=True)) == (set() if mode == "hard" else {8, 9})

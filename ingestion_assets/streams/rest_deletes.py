@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from ingestion_assets.catalog.rest import DeletionMarker, KeyListing, RestDeletes
-from ingestion_assets.loading.metadata_columns import DELETED_AT
+from ingestion_assets.loading.metadata_columns import DELETED_AT, version_text
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.loading.target_keys import Key, TargetKeys, key_text, last_listing, record_listing
 from ingestion_assets.sources.rest import EndpointSpec, RestClient, read_pages
@@ -88,6 +88,7 @@ def load_slice(
     live = [r for r in newest.values() if not is_deletion(r, marker)]
     deleted = {key: r for key, r in newest.items() if is_deletion(r, marker)}
     keys = TargetKeys(loader)
+    deleted = _not_outdated(keys, deleted, cursor, stream)
     present = keys.existing(deleted) if deleted and deletes.mode == "soft" else set()
     if deletes.mode == "soft":  # a key deleted before we ever saw it: its tombstone is its last known state
         now = dt.datetime.now(dt.UTC)
@@ -98,6 +99,26 @@ def load_slice(
     else:
         keys.mark_deleted(present)
     return loaded
+
+
+def _not_outdated(
+    keys: TargetKeys, deleted: dict[Key, dict[str, Any]], cursor: str | None, stream: str
+) -> dict[Key, dict[str, Any]]:
+    """The tombstones to apply: one with a cursor deletes only a target row no newer than itself (a tombstone from
+    before its key's re-creation, met in a later slice of a list not in cursor order, deletes nothing); one with
+    only its key is placed by when it was read, after every row loaded before it, and always applies."""
+    dated = {key: r for key, r in deleted.items() if cursor and usable(r.get(cursor))}
+    if not dated:
+        return deleted
+    held = keys.positions(dated)
+    outdated = {
+        key
+        for key, record in dated.items()
+        if (stored := held.get(key)) is not None and order_key(version_text(record[cursor])) < order_key(stored)
+    }
+    if outdated:
+        logger.info("%s: %d tombstone(s) older than the row the target holds: not applied", stream, len(outdated))
+    return {key: r for key, r in deleted.items() if key not in outdated}
 
 
 @dataclass(frozen=True)
