@@ -107,8 +107,7 @@ def _not_outdated(
     """The tombstones to apply: one with a cursor deletes only a target row no newer than itself (a tombstone from
     before its key's re-creation, met in a later slice of a list not in cursor order, deletes nothing); one with
     only its key is placed by when it was read, after every row loaded before it, and always applies."""
-    dated = {key: r for key, r in deleted.items() if cursor and usable(r.get(cursor))}
-    if not dated:
+    if cursor is None or not (dated := {key: r for key, r in deleted.items() if usable(r.get(cursor))}):
         return deleted
     held = keys.positions(dated)
     outdated = {
