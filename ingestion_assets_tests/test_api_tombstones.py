@@ -133,3 +133,13 @@ def test_a_dated_tombstone_older_than_the_row_in_the_target_deletes_nothing(
     harness.materialize()
     assert _rows(harness) == {}
     assert set(_rows(harness, deleted=True)) == (set() if mode == "hard" else {8, 9})
+
+
+def test_a_deletion_settles_its_key_parked_before(harness: StreamHarness, scripted_api: Start) -> None:
+    api = scripted_api(feed=[[_live(1, 1, "a"), {**_live(2, 2, "b"), "score": float("nan")}]])  # 2: parked (NaN)
+    _catalog(harness, api, 1, "hard")
+    harness.materialize()
+    assert _rows(harness) == {1: "a"} and len(_parked(harness)) == 1
+    api.feed = [[_gone(2)]]
+    harness.materialize()
+    assert _rows(harness) == {1: "a"} and _parked(harness) == []

@@ -11,7 +11,9 @@ from typing import Any
 import pyarrow as pa
 
 from ingestion_assets.catalog.rest import DeletionMarker, KeyListing, RestDeletes
+from ingestion_assets.loading.dead_letters import key_part
 from ingestion_assets.loading.metadata_columns import DELETED_AT, version_text
+from ingestion_assets.loading.parked import release_parked
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.loading.target_keys import Key, TargetKeys, key_text, last_listing, record_listing
 from ingestion_assets.sources.rest import EndpointSpec, RestClient, read_pages
@@ -98,6 +100,8 @@ def load_slice(
         keys.delete(deleted)
     else:
         keys.mark_deleted(present)
+    if deleted:  # a key parked before (a record that could not load) is settled by its deletion
+        release_parked(loader, ["|".join(key_part(str(part)) for part in key) for key in deleted])
     return loaded
 
 
