@@ -179,7 +179,12 @@ def _check_rest(settings: Settings, catalog: Catalog, source_name: str, source: 
                 next(pages, None)
                 pages.close()
         except (ApiError, UnresolvedReference, TlsError) as exc:
-            problems.append(f"stream {stream.qualified_name}: {exc}")
+            said = str(exc)  # a request's error names its stream already
+            problems.append(
+                said
+                if said.startswith(f"stream {stream.qualified_name}: ")
+                else f"stream {stream.qualified_name}: {said}"
+            )
     return problems
 
 

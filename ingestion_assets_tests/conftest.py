@@ -6,9 +6,9 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 import pytest
@@ -20,6 +20,7 @@ from ingestion_assets_tests.helpers import SourceDb, StreamHarness
 
 if TYPE_CHECKING:
     from ingestion_assets.demo.api_server import DemoApi
+    from ingestion_assets_tests.rest.scripted import ScriptedApi
 
 SOURCE_DATABASE = "source"
 
@@ -114,3 +115,23 @@ def empty_api() -> Iterator[DemoApi]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def scripted_api() -> Iterator[Callable[..., ScriptedApi]]:
+    """Start scripted APIs on loopback (`scripted_api(feed=[...])`: pages laid out by the test); all stopped after."""
+    from ingestion_assets_tests.rest.scripted import start_scripted_api
+
+    servers = []
+
+    def start(**fields: Any) -> ScriptedApi:
+        api, server = start_scripted_api(**fields)
+        servers.append(server)
+        return api
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()

@@ -65,12 +65,17 @@ class HttpRetries(_Model):
 
 
 class Pagination(_Model):
-    style: Literal["cursor", "link", "page", "offset", "single"] = "cursor"
+    style: Literal["cursor", "link", "page", "offset", "after_id", "single"] = "cursor"
     token_path: str = Field("next_cursor", description="cursor: where the next token is in the JSON body")
     token_param: str = Field("cursor", description="cursor: the request parameter that carries it")
     size_param: str = "limit"
     page_param: str = "page"
     offset_param: str = "offset"
+    after_param: str = Field("starting_after", description="after_id: the parameter carrying the last record's id")
+    has_more_path: str = Field("has_more", description="after_id: where the body says whether more pages follow")
+    id_field: str | None = Field(
+        None, description="after_id: the record field sent in after_param; default: the stream's primary key"
+    )
 
 
 class DeletionMarker(_Model):
@@ -141,6 +146,15 @@ class RestStream(_Model):
     freshness: Freshness | None = Field(None, description="{max_lag, warn_lag}: how stale the stream may be")
 
     _listify = field_validator("primary_key", mode="before")(as_list)
+
+    @model_validator(mode="after")
+    def _after_id_has_an_id(self) -> RestStream:
+        if self.pagination.style == "after_id" and self.pagination.id_field is None and len(self.primary_key) != 1:
+            raise ValueError(
+                f"pagination style after_id sends one record field's value, and primary_key has "
+                f"{len(self.primary_key)} ({', '.join(self.primary_key)}): set pagination.id_field"
+            )
+        return self
 
     @property
     def slice_rows(self) -> int:

@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from ingestion_assets.loading.metadata_columns import DELETED_AT
+from ingestion_assets.loading.metadata_columns import DELETED_AT, POSITION
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.loading.relations import table_exists
 from ingestion_assets.loading.target_sql import undefined_relation
@@ -43,6 +43,17 @@ class TargetKeys:
         with self.loader.client() as client:
             for where in self._predicates(client, keys):
                 found |= set(self._select(client, f"WHERE {where}"))
+        return found
+
+    def positions(self, keys: Iterable[Key]) -> dict[Key, str | None]:
+        """The version (`_ingest_position`) the target holds for each of `keys` it has."""
+        found: dict[Key, str | None] = {}
+        with self.loader.client() as client:
+            columns = ", ".join(client.escape_column_name(k) for k in self.primary_key)
+            table = client.make_qualified_table_name(self.loader.target.table)
+            for where in self._predicates(client, keys):
+                for row in client.execute_sql(f"SELECT {columns}, {POSITION} FROM {table} WHERE {where}") or []:
+                    found[tuple(row[:-1])] = None if row[-1] is None else str(row[-1])
         return found
 
     def live(self) -> set[Key]:

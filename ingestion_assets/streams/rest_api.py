@@ -43,12 +43,12 @@ from ingestion_assets.sources.rest import (
     missing_everywhere,
     read_pages,
 )
-from ingestion_assets.sources.rest.incremental import unusable_field
+from ingestion_assets.sources.rest.incremental import unusable_field, usable
 from ingestion_assets.sources.rest.read_ahead import BackgroundLoads, ReadAhead, favour_the_reader
 from ingestion_assets.sources.slices import Slice
 from ingestion_assets.streams.postgres_table import RunOptions, Target
 from ingestion_assets.streams.rest_credentials import build_auth
-from ingestion_assets.streams.rest_deletes import KeyListingResult, load_slice, retire_unlisted
+from ingestion_assets.streams.rest_deletes import KeyListingResult, is_deletion, load_slice, retire_unlisted
 from ingestion_assets.streams.rest_fields import name_collision, non_finite_fields, raw_text
 from ingestion_assets.streams.rest_schema import ApiSchemaStep, api_schema_step
 from ingestion_assets.sync import CheckpointSink, Faults, SliceOutcome, SyncResult, run_slices
@@ -105,6 +105,9 @@ class RestApiStream:
                 token_param=page.token_param,
                 page_param=page.page_param,
                 offset_param=page.offset_param,
+                after_param=page.after_param,
+                has_more_path=page.has_more_path,
+                id_field=page.id_field or self.spec.primary_key[0],
                 stream=self.qualified_name,
             ),
             page_size=self.spec.page_size,
@@ -149,7 +152,9 @@ class RestApiStream:
                 self._refuse_missing_field(piece.table)  # nothing loaded or parked yet
             good, dead = self._split(piece.table, options)  # this source's slices hold records, not Arrow
             good = schema.settle(good, loader)  # a change the policy pauses on stops before this slice loads
-            loaded = load_slice(loader, good, dead, self.spec.deletes, schema.column_hints())
+            loaded = load_slice(
+                loader, good, dead, self.spec.deletes, schema.column_hints(), self.spec.cursor, self.qualified_name
+            )
             latency.observe(good, dt.datetime.now(dt.UTC))  # committed: the load returned
             return SliceOutcome(loaded=loaded, dead_letters=0 if dead is None else dead.num_rows)
 
@@ -232,7 +237,9 @@ class RestApiStream:
             if problem is not None:
                 dead.append(self._dead_letter(record, problem, options, now))
                 continue
-            version = record.get(self.spec.cursor) if self.spec.cursor else now.isoformat()
+            version = record.get(self.spec.cursor) if self.spec.cursor else None
+            if not usable(version):  # a full read, or a tombstone with only its key: its version is when it was read
+                version = now.isoformat()
             good.append(
                 {
                     **record,
@@ -269,9 +276,15 @@ class RestApiStream:
             return f"stream {self.qualified_name}: {collision}"
         return None
 
+    def _tombstone(self, record: dict[str, Any]) -> bool:
+        marker = self.spec.deletes.marker if self.spec.deletes is not None else None
+        return marker is not None and is_deletion(record, marker)
+
     def _unusable_key_or_cursor(self, record: dict[str, Any]) -> str | None:
-        """Why a record cannot be merged (its key) or ordered (its cursor), naming the stream, field and value."""
-        if (unusable := unusable_field(record, self.spec.primary_key, self.spec.cursor)) is None:
+        """Why a record cannot be merged (its key) or ordered (its cursor), naming the stream, field and value. A
+        tombstone needs only its key: many APIs' delete events carry no cursor (it is placed by when it was read)."""
+        cursor = None if self._tombstone(record) else self.spec.cursor
+        if (unusable := unusable_field(record, self.spec.primary_key, cursor)) is None:
             return None
         setting, why = unusable
         advice = f"if every record is like this, check the stream's {setting} in the catalog"
@@ -281,6 +294,7 @@ class RestApiStream:
         """Every record of the run's first slice lacks the same key or cursor field: the catalog names a field the
         API does not send. Parking them all (a small run under the dead-letter limit "succeeded" with nothing
         loaded) would hide a setting to fix; the run stops at once instead."""
+        records = [r for r in records if not (isinstance(r, dict) and self._tombstone(r))]  # key-only, rightly
         if (missing := missing_everywhere(records, self.spec.primary_key, self.spec.cursor)) is None:
             return
         setting, name = missing

@@ -11,11 +11,13 @@ from typing import Any
 import pyarrow as pa
 
 from ingestion_assets.catalog.rest import DeletionMarker, KeyListing, RestDeletes
-from ingestion_assets.loading.metadata_columns import DELETED_AT
+from ingestion_assets.loading.dead_letters import key_part
+from ingestion_assets.loading.metadata_columns import DELETED_AT, version_text
+from ingestion_assets.loading.parked import release_parked
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.loading.target_keys import Key, TargetKeys, key_text, last_listing, record_listing
 from ingestion_assets.sources.rest import EndpointSpec, RestClient, read_pages
-from ingestion_assets.sources.rest.incremental import usable
+from ingestion_assets.sources.rest.incremental import order_key, usable
 
 logger = logging.getLogger(__name__)
 SAMPLE = 10
@@ -27,20 +29,59 @@ def is_deletion(record: dict[str, Any], marker: DeletionMarker) -> bool:
     return any(type(value) is type(wanted) and value == wanted for wanted in marker.values)
 
 
+def newest_per_key(
+    records: list[dict[str, Any]], primary_key: tuple[str, ...], cursor: str | None, stream: str = ""
+) -> list[dict[str, Any]]:
+    """Each key's newest record of a slice, in the order the keys were first served.
+
+    Newest is the greater cursor; on equal cursors, the copy served later (what the server said last: a server
+    that lists one key twice with one cursor changed it in between). A tombstone carrying only its key has no
+    cursor: it is placed by when it was read, newer than every copy served before it and older than every copy
+    served after it, so a live version read after it wins. Without a cursor (full reads) the later copy wins.
+    """
+    newest: dict[Key, dict[str, Any]] = {}
+    differing = 0
+    for record in records:
+        key = tuple(record[k] for k in primary_key)
+        held = newest.get(key)
+        if held is None:
+            newest[key] = record
+            continue
+        new, old = (record.get(cursor), held.get(cursor)) if cursor else (None, None)
+        if cursor and usable(new) and usable(old):
+            if order_key(new) < order_key(old):
+                continue
+            differing += order_key(new) == order_key(old) and record != held
+        newest[key] = record
+    if differing:
+        logger.warning(
+            "%s: %d key(s) served twice in one slice with the same cursor and different values: the copy served "
+            "last is loaded",
+            stream or "an API stream",
+            differing,
+        )
+    return list(newest.values())
+
+
 def load_slice(
     loader: Loader,
     records: list[dict[str, Any]],
     dead_letters: pa.Table | None,
     deletes: RestDeletes | None,
     column_hints: dict[str, dict[str, Any]] | None = None,
+    cursor: str | None = None,
+    stream: str = "",
 ) -> int:
     """Load a slice's records and apply its deletions; returns the rows loaded.
 
-    Only each key's newest record in the slice counts (pages come in cursor order), so a record deleted
-    and created again within one slice ends live, and one updated then deleted ends deleted. Deletions
-    are applied after the load and before the checkpoint: a crash in between re-reads the slice and
-    applies them again, which changes nothing the second time.
+    Under merge only each key's newest record in the slice counts (`newest_per_key`), so a record deleted
+    and created again within one slice ends live, one updated then deleted ends deleted, and a tombstone older
+    than a live version of its key in the slice deletes nothing. Deletions are applied after the load and
+    before the checkpoint: a crash in between re-reads the slice and applies them again, which changes nothing
+    the second time.
     """
+    if loader.target.write_disposition == "merge":
+        records = newest_per_key(records, loader.target.primary_key, cursor, stream)
     marker = deletes.marker if deletes is not None else None
     if marker is None:
         return loader.load_records(records, dead_letters=dead_letters, column_hints=column_hints)
@@ -49,6 +90,7 @@ def load_slice(
     live = [r for r in newest.values() if not is_deletion(r, marker)]
     deleted = {key: r for key, r in newest.items() if is_deletion(r, marker)}
     keys = TargetKeys(loader)
+    deleted = _not_outdated(keys, deleted, cursor, stream)
     present = keys.existing(deleted) if deleted and deletes.mode == "soft" else set()
     if deletes.mode == "soft":  # a key deleted before we ever saw it: its tombstone is its last known state
         now = dt.datetime.now(dt.UTC)
@@ -58,7 +100,28 @@ def load_slice(
         keys.delete(deleted)
     else:
         keys.mark_deleted(present)
+    if deleted:  # a key parked before (a record that could not load) is settled by its deletion
+        release_parked(loader, ["|".join(key_part(str(part)) for part in key) for key in deleted])
     return loaded
+
+
+def _not_outdated(
+    keys: TargetKeys, deleted: dict[Key, dict[str, Any]], cursor: str | None, stream: str
+) -> dict[Key, dict[str, Any]]:
+    """The tombstones to apply: one with a cursor deletes only a target row no newer than itself (a tombstone from
+    before its key's re-creation, met in a later slice of a list not in cursor order, deletes nothing); one with
+    only its key is placed by when it was read, after every row loaded before it, and always applies."""
+    if cursor is None or not (dated := {key: r for key, r in deleted.items() if usable(r.get(cursor))}):
+        return deleted
+    held = keys.positions(dated)
+    outdated = {
+        key
+        for key, record in dated.items()
+        if (stored := held.get(key)) is not None and order_key(version_text(record[cursor])) < order_key(stored)
+    }
+    if outdated:
+        logger.info("%s: %d tombstone(s) older than the row the target holds: not applied", stream, len(outdated))
+    return {key: r for key, r in deleted.items() if key not in outdated}
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ def test_a_complete_body_that_is_not_json_names_what_came() -> None:
     html = httpx.Response(200, text="<html><body>Sign in</body></html>", headers={"Content-Type": "text/html"})
     with pytest.raises(BadPayload) as raised:
         parse_json(html, "GET /v1/orders")
-    assert "not JSON (text/html" in str(raised.value) and "<html><body>Sign in" in str(raised.value)
+    assert "(HTTP 200, text/html) is not JSON" in str(raised.value) and "<html><body>Sign in" in str(raised.value)
     complete = httpx.Response(200, text='{"data": [] } trailing', headers={"Content-Type": "application/json"})
     with pytest.raises(BadPayload):  # declared JSON, but complete and wrong: not a cut-off, not retried
         parse_json(complete, "GET /v1/orders")

@@ -23,8 +23,10 @@ from ingestion_assets.sources.rest.errors import (
     BadPayload,
     FieldMissing,
     NotFound,
+    NotJson,
     PaginationLoop,
     RateLimited,
+    Redirected,
     RetriesExhausted,
 )
 from ingestion_assets.sources.rest.governor import SHARED_BUCKETS, BucketRegistry, Clock, RetryPolicy, TokenBucket
@@ -56,6 +58,7 @@ __all__ = [
     "FileSecretStore",
     "NoAuth",
     "NotFound",
+    "NotJson",
     "OAuth2ClientCredentials",
     "OAuth2RefreshToken",
     "Page",
@@ -64,6 +67,7 @@ __all__ = [
     "Paginator",
     "Position",
     "RateLimited",
+    "Redirected",
     "RestClient",
     "RetriesExhausted",
     "RetryPolicy",

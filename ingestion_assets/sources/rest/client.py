@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from ingestion_assets.sources.rest.auth import Auth, NoAuth
-from ingestion_assets.sources.rest.errors import RateLimited, RetriesExhausted, error_for
+from ingestion_assets.sources.rest.errors import NotJson, RateLimited, Redirected, RetriesExhausted, error_for
 from ingestion_assets.sources.rest.governor import (
     SHARED_BUCKETS,
     BucketRegistry,
@@ -31,6 +31,8 @@ from ingestion_assets.sources.tls_http import VerifiedTransport
 logger = logging.getLogger(__name__)
 
 TRANSIENT_STATUSES = frozenset({408, 500, 502, 503, 504})
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+MAX_REDIRECTS = 5  # one request follows at most this many (same-origin) redirects
 
 
 @dataclass
@@ -122,6 +124,7 @@ class RestClient:
         self._rng = random.Random(seed)
         self._bucket = (buckets or SHARED_BUCKETS).bucket(self.auth.key, rate, burst, self._clock)
         self._targets: dict[str, tuple[httpx.URL, str]] = {}  # path -> its absolute URL, and the text for messages
+        self._redirects_said: set[tuple[str, str]] = set()  # (from, to) redirects already logged
         self.figures = HttpFigures()
         if tls is not None and transport is None:  # verification stays on; handshake failures are permanent
             where = f"API {httpx.URL(base_url).host}"  # the host only: a base URL may carry a key in its query
@@ -138,23 +141,26 @@ class RestClient:
         """A successful response, after as many pauses and retries as the policy allows.
 
         Raises AuthError (401 after one renewal, 403), NotFound, ApiError (other 4xx) at once;
-        RateLimited or RetriesExhausted when the budget is spent.
+        RateLimited or RetriesExhausted when the budget is spent. Redirects are followed on the same scheme, host
+        and port only (Redirected otherwise: the credentials stay home).
         """
         return self._request(method, url, params, parse=False)[0]
 
     def request_json(
-        self, method: str, url: str, params: Mapping[str, str | int] | None = None
+        self, method: str, url: str, params: Mapping[str, str | int] | None = None, stream: str = ""
     ) -> tuple[httpx.Response, Any]:
         """Like `request`, and the parsed JSON body. A body cut off in transit (declared JSON, ending
-        mid-document) is retried like a 5xx; a complete body that is not JSON raises BadPayload at once."""
-        return self._request(method, url, params, parse=True)
+        mid-document) and a complete 2xx body that is not JSON (an HTML maintenance page) are retried like a
+        5xx; once the retries are spent the error names the status, the content type and the body's start.
+        `stream` (for messages) names the stream the request reads for."""
+        return self._request(method, url, params, parse=True, stream=stream)
 
     def _request(
-        self, method: str, url: str, params: Mapping[str, str | int] | None, parse: bool
+        self, method: str, url: str, params: Mapping[str, str | int] | None, parse: bool, stream: str = ""
     ) -> tuple[httpx.Response, Any]:
         target, where = self._target(url)
-        where = f"{method} {where}"
-        attempts, renewed = _Attempts(self.retry, self._clock, self._rng, where), False
+        where = f"{'stream ' + stream + ': ' if stream else ''}{method} {where}"
+        attempts, renewed, hops = _Attempts(self.retry, self._clock, self._rng, where), False, 0
         while True:
             headers = self.auth.headers()  # a token renewal happens here, not between the slot and the send
             waited = self._bucket.acquire()
@@ -173,6 +179,11 @@ class RestClient:
                 continue
             self.figures.bytes += response.num_bytes_downloaded
             status = response.status_code
+            if status in REDIRECTS:  # followed here, on the same origin only: never to where credentials must not go
+                hops += 1
+                target, params = self._redirect(response, where, hops), None  # the Location carries its query
+                method = "GET" if status == 303 else method
+                continue
             if status < 400:
                 if not parse:
                     return response, None
@@ -180,6 +191,9 @@ class RestClient:
                     return response, parse_json(response, where)
                 except CutOff as cut:
                     self._failed(attempts, str(cut), None)
+                    continue
+                except NotJson as page:  # a maintenance page in the middle of a read: an outage, not a bad spec
+                    self._failed(attempts, str(page).removeprefix(f"{where}: "), None)
                     continue
             if status == 401 and not renewed and self.auth.refresh():
                 renewed = True
@@ -194,6 +208,40 @@ class RestClient:
                 self._failed(attempts, f"HTTP {status}", asked)
             else:
                 raise error_for(response, where, self.auth.describe())
+
+    def _redirect(self, response: httpx.Response, where: str, hops: int) -> httpx.URL:
+        """Where a redirect leads, if it may be followed: the same scheme, host and port (the request's credentials
+        go with it), at most MAX_REDIRECTS in a row. Elsewhere, the API has moved: the error says where to."""
+        status, here = response.status_code, response.request.url
+        location = response.headers.get("Location")
+        if not location:
+            raise Redirected(
+                f"{where}: HTTP {status} redirect without a Location header; check base_url and path", status
+            )
+        to = here.join(location)
+        shown = str(to.copy_with(query=None, fragment=None, userinfo=b""))  # a query may carry a key
+        if (to.scheme, to.host, to.port) != (here.scheme, here.host, here.port):
+            raise Redirected(
+                f"{where}: HTTP {status} redirect to {shown}, on another scheme, host or port: not followed, since "
+                "the request's credentials would go there. If the API has moved, set the source's base_url (or the "
+                "stream's path) to its new address",
+                status,
+            )
+        if hops > MAX_REDIRECTS:
+            raise Redirected(
+                f"{where}: more than {MAX_REDIRECTS} redirects in a row (the last to {shown}); check base_url and path",
+                status,
+            )
+        said = (str(here.copy_with(query=None, fragment=None, userinfo=b"")), shown)
+        if said not in self._redirects_said:
+            self._redirects_said.add(said)
+            logger.warning(
+                "%s: HTTP %d redirect to %s (same host), followed; point base_url or the path there to save a request",
+                where,
+                status,
+                shown,
+            )
+        return to
 
     def _failed(self, attempts: _Attempts, what: str, retry_after: float | None) -> None:
         attempts.failed(what, retry_after)  # raises once the budget is spent: that one is no retry

@@ -58,6 +58,16 @@ class BadPayload(ApiError):
     spec looks for them): permanent until the spec or the server changes."""
 
 
+class NotJson(BadPayload):
+    """A complete 2xx body that is not JSON: a maintenance or login page, a proxy's error page. Retried like a 5xx
+    by the client (an outage page goes away); raised on its own only where nothing retries (`parse_json`)."""
+
+
+class Redirected(ApiError):
+    """The API answered with a redirect the client will not follow: to another host, scheme or port (the request's
+    credentials would go there), without a Location, or in a chain too long. Permanent until the URL changes."""
+
+
 class FieldMissing(BadPayload):
     """No record of a run's first pages has the stream's primary key (or cursor) field: the catalog names a field
     the API does not send. A setting to fix, not bad records to park: permanent until the catalog changes."""

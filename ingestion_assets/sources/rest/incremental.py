@@ -75,7 +75,7 @@ def read_pages(
     while paginator.has_more:
         url, query = paginator.request(endpoint.path, params)
         try:
-            response, body = client.request_json("GET", url, query)
+            response, body = client.request_json("GET", url, query, stream=endpoint.pagination.stream)
         except ApiError as error:
             if not paginator.ends_with(error):
                 raise

@@ -278,6 +278,58 @@ class OffsetPaginator(_CountedPages):
         return path, {**params, self.offset_param: int(self.token), self.size_param: self.page_size}
 
 
+class AfterIdPaginator(Paginator):
+    """Stripe's lists: `starting_after=<id of the page's last record>`, while the body's `has_more` is true.
+
+    The body must say `has_more` (true or false): a missing flag would end every read after its first page
+    unseen, so it fails naming the body's keys; so does `has_more: true` on an empty page or a last record
+    without a usable id (there is no page after it to ask for). Stripe lists newest first: a read's checkpoints
+    before its end then stay at its start (`ServedOrder`), and a stopped read is read again, never skipped.
+    """
+
+    def __init__(
+        self,
+        page_size: int,
+        size_param: str = "limit",
+        after_param: str = "starting_after",
+        has_more_path: str = "has_more",
+        id_field: str = "id",
+        stream: str = "",
+    ) -> None:
+        super().__init__(page_size, stream)
+        self.size_param, self.after_param = size_param, after_param
+        self.has_more_path, self.id_field = has_more_path, id_field
+
+    def first_params(self) -> Params:
+        return {self.size_param: self.page_size}
+
+    def next_token(self, response: httpx.Response, body: Any, records: list[Any]) -> str | None:
+        flag = json_path(body, self.has_more_path)
+        setting = f"pagination.has_more_path {self.has_more_path!r}"
+        if not isinstance(flag, bool):
+            keys = sorted(str(k) for k in body) if isinstance(body, dict) else []
+            found = "is not in the body" if flag is None else f"is {flag!r}, not true or false"
+            raise BadPayload(
+                f"{self.place(response)}: {setting} {found} (its keys: {keys[:20]}): without it the end of the list "
+                "is unknown; set has_more_path to the key that says whether more pages follow"
+            )
+        if not flag:
+            return None
+        last = records[-1] if records else None
+        value = last.get(self.id_field) if isinstance(last, dict) else None
+        if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
+            what = "the page is empty" if last is None else f"its last record's {self.id_field!r} is {value!r}"
+            raise BadPayload(
+                f"{self.place(response)}: {setting} is true but {what}: no page after it can be asked for with "
+                f"{self.after_param}; check pagination.id_field"
+            )
+        return str(value)
+
+    def next_request(self, path: str, params: Params) -> tuple[str, Params | None]:
+        assert self.token is not None
+        return path, {**params, **self.first_params(), self.after_param: self.token}
+
+
 class SinglePage(Paginator):
     """The endpoint answers with everything at once."""
 
@@ -292,13 +344,16 @@ class SinglePage(Paginator):
 class PaginationSpec:
     """Which paginator an endpoint uses and its parameter names; `make()` builds a fresh one per read."""
 
-    style: str = "cursor"  # cursor | link | page | offset | single
+    style: str = "cursor"  # cursor | link | page | offset | after_id | single
     size_param: str = "limit"
     token_path: str = "next_cursor"  # cursor: where the body holds the next token
     token_param: str = "cursor"  # cursor: the query parameter that sends it back
     page_param: str = "page"
     first_page: int = 1
     offset_param: str = "offset"
+    after_param: str = "starting_after"  # after_id: the parameter carrying the last record's id
+    has_more_path: str = "has_more"  # after_id: where the body says whether more pages follow
+    id_field: str = "id"  # after_id: the record field whose value `after_param` sends
     stream: str = ""  # for messages: the stream the pages feed
 
     def make(self, page_size: int) -> Paginator:
@@ -310,6 +365,10 @@ class PaginationSpec:
             return PageNumberPaginator(page_size, self.size_param, self.page_param, self.first_page, self.stream)
         if self.style == "offset":
             return OffsetPaginator(page_size, self.size_param, self.offset_param, self.stream)
+        if self.style == "after_id":
+            return AfterIdPaginator(
+                page_size, self.size_param, self.after_param, self.has_more_path, self.id_field, self.stream
+            )
         if self.style == "single":
             return SinglePage(page_size, self.stream)
-        raise ValueError(f"pagination style {self.style!r} is not one of cursor, link, page, offset, single")
+        raise ValueError(f"pagination style {self.style!r} is not one of cursor, link, page, offset, after_id, single")

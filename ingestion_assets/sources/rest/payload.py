@@ -10,7 +10,8 @@ import httpx
 import orjson
 
 from ingestion_assets.sources.json_numbers import loads
-from ingestion_assets.sources.rest.errors import BadPayload
+from ingestion_assets.sources.redact import redact
+from ingestion_assets.sources.rest.errors import NotJson
 
 # A number with a fraction or an exponent where JSON puts values (after a key's `":`, a `[` or a `,`); text like
 # that inside a string also matches (only costing the exact parse), a time such as "10:00:00.5" does not.
@@ -22,8 +23,8 @@ class CutOff(Exception):
 
 
 def parse_json(response: httpx.Response, where: str) -> Any:
-    """The parsed body, its numbers exact; CutOff if it was cut short, BadPayload if it is complete and still not
-    JSON.
+    """The parsed body, its numbers exact; CutOff if it was cut short, NotJson (a BadPayload) if it is complete and
+    still not JSON (the client retries both: an HTML maintenance page in the middle of a run is an outage).
 
     orjson reads the UTF-8 bytes as they came, at about a fifth of `json.loads`'s time, on the page reader's
     thread between one answer and the next request, but it reads every number with a point as a double (1.50 is
@@ -45,10 +46,11 @@ def parse_json(response: httpx.Response, where: str) -> Any:
             raise CutOff(
                 f"the body ({kind}) was cut off: it ends mid-document after {len(response.content):,} bytes"
             ) from exc
-        start = " ".join(text[:60].split())
-        raise BadPayload(
-            f"{where}: the answer is not JSON ({kind}; {exc.msg} at character {exc.pos}; it starts {start!r}); "
-            "check the path and base URL (a login or error page?)",
+        start = redact(" ".join(text[:80].split()))  # a page may echo a token sent to it
+        raise NotJson(
+            f"{where}: the answer (HTTP {response.status_code}, {kind}) is not JSON ({exc.msg} at character "
+            f"{exc.pos}; it starts {start!r}); a maintenance or login page? If it persists, check the path and "
+            "base URL",
             response.status_code,
         ) from exc
 

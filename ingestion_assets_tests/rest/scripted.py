@@ -1,0 +1,101 @@
+"""A scripted API on loopback for tests: a change feed served exactly as a test lays out its pages, a Stripe-style
+list (newest first, `starting_after` and `has_more`), and the answers real SaaS servers give besides JSON (an HTML
+maintenance page, a redirect)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+
+@dataclass
+class Answer:
+    """One answer served instead of the data (a fault a test injects)."""
+
+    status: int
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ScriptedApi:
+    """`feed`: the pages of GET /feed (cursor pagination: `next_cursor`, the page's index, in the body).
+    `charges`: the records of GET /v1/charges, listed as Stripe does (newest `created` first, `starting_after`,
+    `has_more`, `created[gte]`). `answers`: served, in turn, to the next requests instead of their data.
+    `redirects`: path -> Location answered with a 301."""
+
+    feed: list[list[dict[str, Any]]] = field(default_factory=list)
+    charges: list[dict[str, Any]] = field(default_factory=list)
+    answers: list[Answer] = field(default_factory=list)
+    redirects: dict[str, str] = field(default_factory=dict)
+    requests: list[str] = field(default_factory=list)  # path and query of every request, in order
+    url: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def answer(self, path: str, query: dict[str, str], raw_query: str = "") -> Answer:
+        with self.lock:
+            if self.answers:
+                return self.answers.pop(0)
+        if path in self.redirects:
+            location = self.redirects[path] + (
+                ("&" if "?" in self.redirects[path] else "?") + raw_query if raw_query else ""
+            )
+            return Answer(301, b"<html>Moved</html>", {"Location": location, "Content-Type": "text/html"})
+        if path.endswith("/feed"):
+            index = int(query.get("cursor", "0"))
+            more = index + 1 < len(self.feed)
+            return _json(
+                {"data": self.feed[index] if self.feed else [], "next_cursor": str(index + 1) if more else None}
+            )
+        if path.endswith("/v1/charges"):
+            return _json(self._charges(query))
+        return _json({"error": "not_found"}, 404)
+
+    def _charges(self, query: dict[str, str]) -> dict[str, Any]:
+        listed = sorted(self.charges, key=lambda r: (r["created"], r["id"]), reverse=True)
+        if "created[gte]" in query:
+            listed = [r for r in listed if r["created"] >= int(query["created[gte]"])]
+        if "starting_after" in query:
+            ids = [r["id"] for r in listed]
+            if query["starting_after"] not in ids:
+                return {"error": {"message": f"No such object: {query['starting_after']}"}}
+            listed = listed[ids.index(query["starting_after"]) + 1 :]
+        limit = int(query.get("limit", "10"))
+        return {"object": "list", "url": "/v1/charges", "data": listed[:limit], "has_more": len(listed) > limit}
+
+
+def _json(body: Any, status: int = 200) -> Answer:
+    return Answer(status, json.dumps(body).encode(), {"Content-Type": "application/json"})
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        api: ScriptedApi = self.server.api  # type: ignore[attr-defined]
+        url = urlsplit(self.path)
+        with api.lock:
+            api.requests.append(self.path)
+        answer = api.answer(url.path, {k: v[-1] for k, v in parse_qs(url.query).items()}, url.query)
+        self.send_response(answer.status)
+        for name, value in {**answer.headers, "Content-Length": str(len(answer.body))}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(answer.body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+def start_scripted_api(**fields: Any) -> tuple[ScriptedApi, ThreadingHTTPServer]:
+    """Serve a ScriptedApi on a free loopback port in a daemon thread; stop it with the server's shutdown()."""
+    api = ScriptedApi(**fields)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server.api = api  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    api.url = f"http://127.0.0.1:{server.server_address[1]}"
+    return api, server
