@@ -28,6 +28,7 @@ FAULT_POINTS = (
     "after_swap",
     "after_snapshot_slice",  # cdc: a slice of the first copy is loaded, the copy is not complete
     "after_partition_load",  # a polled table: a slice of a partition attached since the last run is loaded
+    "before_check",  # a polled table: the run's final checkpoint is stored, its reconciliation not yet run
 )
 UNSAFE_ORDER_ENV = "INGEST_UNSAFE_CHECKPOINT_FIRST"  # test-only: the broken protocol the simulation must catch
 

@@ -13,7 +13,8 @@ import psycopg2
 import pytest
 
 from ingestion_assets.cli import main
-from ingestion_assets.streams.reconcile import OWED
+from ingestion_assets.streams.reconcile import OWED, UNCHECKED
+from ingestion_assets.sync import FAULT_ENV
 from ingestion_assets_tests.helpers import StreamHarness, load_daily_events
 
 ITEMS = """
@@ -304,3 +305,30 @@ def test_a_time_partition_newer_in_the_target_is_fixed_by_source_wins(
     assert "1 read again by key (repaired)" in capsys.readouterr().out
     harness.assert_target_equals_source("events", "events", "id")
     assert _check(harness.materialize(partition="2024-01-01")).passed
+
+
+@pytest.mark.parametrize("fault", ["before_check:0:kill", "after_checkpoint:0:kill"])
+def test_a_run_killed_before_its_check_leaves_its_window_to_the_next_check(
+    harness: StreamHarness, fault: str
+) -> None:
+    """A run killed after its loads, before (or during) its window check: the next run compared only its own window,
+    so a row committed behind the killed run's position (an application clock) was never read again, status ok
+    (README-only attack). The checkpoint keeps where the unchecked loads begin until a check has run."""
+    harness.source.execute(ITEMS)
+    _catalog(harness)
+    harness.materialize()
+    harness.source.execute(
+        "UPDATE items SET name = 'moved', updated_at = timestamptz '2024-01-02 00:00:01+00' WHERE id = 10;"
+        "UPDATE items SET name = 'moved', updated_at = timestamptz '2024-01-02 00:00:03+00' WHERE id = 11"
+    )
+    killed = harness.materialize_cli("items", **{FAULT_ENV: fault})
+    assert killed.wait(timeout=180) != 0
+    # committed after that read, behind its checkpoint: only the killed run's own window check could find it
+    harness.source.execute("INSERT INTO items VALUES (999, 'late', timestamptz '2024-01-02 00:00:02+00')")
+    harness.source.execute("UPDATE items SET name = 'next', updated_at = timestamptz '2024-01-03 00:00:00+00' WHERE id = 1")
+
+    check = _check(harness.materialize())
+    assert check.passed and "999" in _figure(check, "sample of repaired keys"), check.metadata
+    harness.assert_target_equals_source("items", "items", "id")
+    checkpoint = harness.checkpoint("items")
+    assert checkpoint is not None and UNCHECKED not in checkpoint.details  # checked: the next run starts afresh

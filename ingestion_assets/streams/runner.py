@@ -24,7 +24,14 @@ from ingestion_assets.partitions import LIVE
 from ingestion_assets.state.model import DATA_COMMITTED_AT, Checkpoint
 from ingestion_assets.streams.late_commits import PROBES, READERS
 from ingestion_assets.streams.postgres_table import PostgresTableStream, RunOptions, Target
-from ingestion_assets.streams.reconcile import OWED, RECONCILED_AT, Reconciliation, carried_details, reconcile_run
+from ingestion_assets.streams.reconcile import (
+    OWED,
+    RECONCILED_AT,
+    UNCHECKED,
+    Reconciliation,
+    carried_details,
+    reconcile_run,
+)
 from ingestion_assets.streams.schema_step import (
     COLUMN_IDS,
     SchemaStep,
@@ -64,6 +71,7 @@ CARRIED = (*CARRIED, GONE)  # and those gone whose rows a full comparison has no
 CARRIED = (*CARRIED, LEAF_IDS)  # and what each of them was when it was read
 CARRIED = (*CARRIED, READERS)  # transactions taken for readers: when one ends, the whole table is compared
 CARRIED = (*CARRIED, OWED)  # a gap a comparison found and did not repair: runs compare in full until it is closed
+CARRIED = (*CARRIED, UNCHECKED)  # where the rows loaded since the last check that ran begin
 
 
 class StateStore(Protocol):
@@ -165,7 +173,10 @@ class PartitionJob:
             if refresh is not None
             else self.stream.resume_position(position, bool(details.get("complete", True)))
         )
-        sink.details = {"generation": new_generation}  # the new schema only once the target has it (below)
+        # the new schema only once the target has it (below); what the checks owe rides along with every checkpoint
+        sink.details = {"generation": new_generation, **self._carried}
+        if isinstance(self.stream, PostgresTableStream) and UNCHECKED not in self._carried:
+            sink.details[UNCHECKED] = {"from": after}  # until this run's check has run
         if refresh is not None:
             sink.details["refresh"] = {"mode": "retain", "generation": new_generation}
         target = Target(self.stream.name, new_generation)
@@ -270,6 +281,7 @@ class PartitionJob:
         shadow = f"{self.stream.name}_refresh_g{new_generation}"
         target = Target(shadow, new_generation, stream_table=self.stream.name)
         sink.details = {
+            **self._carried,
             "generation": live_generation,
             "refresh": {"mode": "remove", "generation": new_generation},
             "schema": schema.stored,
@@ -352,13 +364,18 @@ class PartitionJob:
             **result.details,
             **self._carried,
         }
+        checks = isinstance(self.stream, PostgresTableStream) and schema.plan is not None
+        if checks and result.slices and UNCHECKED not in outcome.checkpoint:  # this run's loads, until its check
+            outcome.checkpoint[UNCHECKED] = {"from": result.started_from}
         self.store.commit(self.partition, result.position, **outcome.checkpoint)
         if isinstance(self.stream.spec, RestStream):  # behind the checkpoint: every key in the target was read
             from ingestion_assets.streams.rest_api import RestApiStream
 
             assert isinstance(self.stream, RestApiStream)
             outcome.key_listing = self.stream.retire_unlisted(loader)
-        if isinstance(self.stream, PostgresTableStream) and schema.plan is not None:
+        if checks:
+            assert isinstance(self.stream, PostgresTableStream) and schema.plan is not None
+            (self.faults or Faults.from_env()).hit("before_check", 0)
             check = reconcile_run(
                 self.stream,
                 schema.plan,
@@ -380,7 +397,8 @@ class PartitionJob:
                     outcome.checkpoint.pop(name, None)
                 else:
                     outcome.checkpoint[name] = value
-            if check.carried or settled:
+            checked = outcome.checkpoint.pop(UNCHECKED, None) is not None  # what it found is owed, if anything
+            if check.carried or settled or checked:
                 self.store.commit(self.partition, result.position, **outcome.checkpoint)
         return outcome
 

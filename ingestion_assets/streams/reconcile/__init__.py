@@ -2,7 +2,13 @@
 sides, the key diff only where they differ, the rows missing or older there read again by key, and (when asked)
 the hard deletes polling cannot see, applied."""
 
-from ingestion_assets.streams.reconcile.cadence import RECONCILED_AT, RunCheck, carried_details, reconcile_run
+from ingestion_assets.streams.reconcile.cadence import (
+    RECONCILED_AT,
+    UNCHECKED,
+    RunCheck,
+    carried_details,
+    reconcile_run,
+)
 from ingestion_assets.streams.reconcile.canonical import NotComparable
 from ingestion_assets.streams.reconcile.compare import Request, reconcile
 from ingestion_assets.streams.reconcile.figures import Reconciliation
@@ -13,6 +19,7 @@ __all__ = [
     "OWED",
     "RECONCILED_AT",
     "REPAIR_CAP",
+    "UNCHECKED",
     "NotComparable",
     "Reconciliation",
     "Repair",

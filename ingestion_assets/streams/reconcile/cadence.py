@@ -26,6 +26,10 @@ from ingestion_assets.streams.reconcile.repair import OWED, Repair, owed_reason,
 from ingestion_assets.sync import SyncResult
 
 RECONCILED_AT = "reconciled_full_at"  # checkpoint detail: when the last full comparison completed (UTC)
+# checkpoint detail: {"from": position} where the rows loaded since the last finished check begin (None: the start).
+# Written with a run's first slice, cleared once its check has run: a run killed before its check (or during it)
+# leaves its window to the next run's check, which would otherwise compare only its own.
+UNCHECKED = "unchecked_from"
 ERROR_CHARS = 400
 
 
@@ -37,7 +41,7 @@ class RunCheck:
 
 def carried_details(details: Mapping[str, Any]) -> dict[str, Any]:
     """What a run keeps from the checkpoint it started from."""
-    return {name: details[name] for name in (RECONCILED_AT, OWED) if name in details}
+    return {name: details[name] for name in (RECONCILED_AT, OWED, UNCHECKED) if name in details}
 
 
 def reconcile_run(
@@ -67,11 +71,13 @@ def reconcile_run(
     full = bool(because) or settings.scope == "full"
     if not full and settings.scope == "off":
         return RunCheck(None)
+    unchecked = carried.get(UNCHECKED)
     scope = Scope(
         "full" if full else "window",
         window=window_for(stream.spec, partition),
         cursor=tuple(plan.cursor),
-        lowest=result.started_from,
+        # from where an earlier run's loads went unchecked (killed before its check), else where this run began
+        lowest=unchecked.get("from") if isinstance(unchecked, Mapping) else result.started_from,
         highest=result.position,
     )
     request = Request(stream.source_url(), plan, loader, scope, result.position, settings.deletes)
