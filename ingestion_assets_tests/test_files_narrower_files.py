@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from ingestion_assets.streams.schema_step import SchemaPaused
 from ingestion_assets_tests.files_helpers import Target, target, target_catalog
 
 __all__ = ["target"]  # the fixture: each test once on DuckDB, once on PostgreSQL
@@ -51,3 +52,20 @@ def test_dates_in_a_timestamp_column_load_as_midnight(target: Target) -> None:
     naive = [dt.datetime(2024, 1, 2, 3, 4, 5), dt.datetime(2024, 2, 3), dt.datetime(2024, 3, 4, 5, 6, 7)]  # noqa: DTZ001
     assert rows == list(enumerate(naive, 1))
 
+
+def test_an_accepted_change_that_would_lose_values_changes_nothing(target: Target) -> None:
+    """Doubles (1.25e-7) meeting an integer past 2**53 pause; accepted, a bigint would round 1.25e-7 to 0: the run
+    refuses, naming stream, column and value, and the target keeps every value."""
+    target_catalog(target, "*.csv")
+    target.drops.write("1.csv", "id,rate\n1,1.25e-7\n2,1e3\n", BASE + 1)
+    target.drops.run()
+    target.drops.write("2.csv", f"id,rate\n3,{2**60 + 1}\n", BASE + 2)
+    with pytest.raises(SchemaPaused, match="changed type double precision -> bigint"):
+        target.drops.run()
+    latest = target.drops.store.latest(None)
+    assert latest is not None
+    target.drops.store.commit(None, latest.position, **{**latest.details, "schema_accepted": True})
+    with pytest.raises(SchemaPaused, match=r"stream drops.orders is paused: its column 'rate'.*e-07.*ingest refresh"):
+        target.drops.run()
+    assert target.query("SELECT id, rate FROM drops.orders ORDER BY id") == [(1, 1.25e-7), (2, 1000.0)]
+    assert target.column_type("rate") in ("double", "double precision")

@@ -109,7 +109,7 @@ class ApiSchemaStep(InferredSchemaStep):
         retyped = [c for c in decision.apply if c.old is not None and c.new is not None and _columns(c)]
         if retyped:
             kind = loader.destination.type
-            loader.migrate([(c, sql_type_of_arrow(_arrow(c), kind), _arrow(c)) for c in retyped])
+            self.retype(loader, [(c, sql_type_of_arrow(_arrow(c), kind), _arrow(c)) for c in retyped])
         for change in decision.apply:
             assert change.new is not None
             self.stored[change.column] = [change.new.type_name, change.new.sql_type]
@@ -179,7 +179,8 @@ class ApiSchemaStep(InferredSchemaStep):
             f"stream {self.name} is paused by a schema change in the API's records (policy {self.policy}): "
             f"{listed}. Its checkpoint is kept (the slice with the change was not loaded); to apply it run "
             f"`ingest schema accept {self.name}` (an incompatible field keeps its old values in "
-            "`<field>__<old type>`), or change the policy"
+            "`<field>__<old type>`, when each of them survives the new type: else nothing changes), or change "
+            "the policy"
         )
 
 
