@@ -69,3 +69,10 @@ def test_an_accepted_change_that_would_lose_values_changes_nothing(target: Targe
         target.drops.run()
     assert target.query("SELECT id, rate FROM drops.orders ORDER BY id") == [(1, 1.25e-7), (2, 1000.0)]
     assert target.column_type("rate") in ("double", "double precision")
+    target_catalog(target, "*.csv", csv={"column_types": {"rate": "string"}})  # what the refusal suggests
+    latest = target.drops.store.latest(None)
+    assert latest is not None
+    target.drops.store.commit(None, latest.position, **{**latest.details, "refresh_requested": "remove"})
+    target.drops.run()  # ingest refresh: every file again, into a new table
+    written = [(1, "1.25e-7"), (2, "1e3"), (3, str(2**60 + 1))]
+    assert target.query("SELECT id, rate FROM drops.orders ORDER BY id") == written

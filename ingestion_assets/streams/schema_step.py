@@ -94,7 +94,8 @@ class InferredSchemaStep(SchemaStep):
                 f"({change.kind}, policy {self.policy}{', accepted' if self.accepted else ''}) without losing "
                 f"{lost} the target holds there, and this stream does not read those rows again. Nothing was "
                 "changed and the checkpoint is kept. To load the new values, read the stream again in full into a "
-                f"table typed by what the source serves now (`ingest refresh {self.name}`), or fix the source",
+                f"new table (`ingest refresh {self.name}`; a file stream can first fix the column's type, e.g. "
+                "`csv.column_types: {COLUMN: string}`), or fix the source",
                 [change],
             ) from exc
 
