@@ -4,6 +4,7 @@ incompatible type pauses the stream until `ingest schema accept`; the target is 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from decimal import Decimal
 
 import dagster as dg
 import pytest
@@ -63,17 +64,21 @@ def test_a_new_field_and_a_widened_type_are_applied(
 def test_an_incompatible_type_pauses_until_accepted(
     harness: StreamHarness, api: DemoApi, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Doubles (1E+3, whole) meeting an integer no double holds: bigint, which a double column cannot take without
+    rounding. Accepted, the column becomes bigint, every double already there converted exactly."""
     write_api_catalog(harness, api)
+    api.patch("orders", 10, {"rate": Decimal("1E+3")})
+    api.put("orders", [{"id": 1000, "number": "00001000"}])  # the newest: the next read, from it, has no double
     harness.materialize()
     before = harness.checkpoint("orders")
-    changed = api.patch("orders", 5, {"number": 42})  # text becomes an integer
+    changed = api.patch("orders", 5, {"rate": 2**60 + 1})
     result = harness.materialize(raise_on_error=False)
     assert not result.success and _failed_checks(harness, result) == ["schema"]
     failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
     message = str(failure.step_failure_data.error)
     assert (
-        "'number'" in message
-        and "text -> bigint (incompatible)" in message
+        "'rate'" in message
+        and "double precision -> bigint (incompatible)" in message
         and f"ingest schema accept {harness.source_name}.orders" in message
     )
     after = harness.checkpoint("orders")
@@ -85,10 +90,10 @@ def test_an_incompatible_type_pauses_until_accepted(
     _cli(harness, monkeypatch, "schema", "accept", f"{harness.source_name}.orders")
     harness.materialize()
     columns = _columns(harness)
-    assert columns["number"] == "BIGINT" and "number__text" in columns  # the old text is kept beside it
-    target = dict(harness.query_target(f'SELECT id, number FROM "{harness.source_name}".orders'))
-    assert {k: target[k] for k in changed} == dict.fromkeys(changed, 42)
-    assert target == {r["id"]: int(r["number"]) for r in api.records("orders")}
+    assert columns["rate"] == "BIGINT" and "rate__float8" in columns  # the old values are kept beside it
+    target = dict(harness.query_target(f'SELECT id, rate FROM "{harness.source_name}".orders'))
+    assert {k: target[k] for k in changed} == dict.fromkeys(changed, 2**60 + 1)
+    assert target == {r["id"]: None if r.get("rate") is None else int(r["rate"]) for r in api.records("orders")}
 
 
 def test_a_first_run_under_pause_adopts_the_records_fields(harness: StreamHarness, api: DemoApi) -> None:

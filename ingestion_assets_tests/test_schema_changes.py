@@ -130,6 +130,9 @@ def test_each_change_under_each_policy(
         (("smallcount", "smallcount", "int4"), ("int4", "integer"), "widened"),
         (("int8", "bigint"), ("smallcount", "smallcount", "int4"), "incompatible"),
         (("posnum", "posnum", "numeric"), ("int4", "integer"), "incompatible"),
+        (("date", "date"), ("timestamp", "timestamp without time zone"), "widened"),
+        (("timestamp", "timestamp without time zone"), ("date", "date"), "incompatible"),
+        (("date", "date"), ("timestamptz", "timestamp with time zone"), "incompatible"),
     ],
 )
 def test_type_changes_are_classified(old: tuple[str, str], new: tuple[str, str], kind: str) -> None:

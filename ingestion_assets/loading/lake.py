@@ -125,13 +125,13 @@ class LakeLoader(Loader):
         with self._lock():
             return self.tables.has_rows(self.target.table) is not None
 
-    def migrate(self, changes: list[tuple[SchemaChange, str, pa.DataType]]) -> list[str]:
+    def migrate(self, changes: list[tuple[SchemaChange, str, pa.DataType]], exact: bool = False) -> list[str]:
         """A refresh's shadow table holds only what this refresh read: a type change rebuilds it in the new types
         (one commit), so a refresh can start from types the live table cannot take in place. The live table's
         types are not changed in place (the Loader refuses, naming `ingest refresh`)."""
         shadow = self.target.table
         if self.stream_table in (None, shadow):
-            return super().migrate(changes)
+            return super().migrate(changes, exact)
         changes = [(replace(change, column=self.names.column(change.column)), t, a) for change, t, a in changes]
         self._retype_in_dlt_schema([(change.column, arrow) for change, _, arrow in changes])
         with self._lock():

@@ -17,13 +17,14 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from dlt.destinations.exceptions import DatabaseException
 
 from ingestion_assets.catalog import Destination
 from ingestion_assets.loading.bindings import Marker, read_marker, set_generation, write_marker
 from ingestion_assets.loading.dead_letters import key_part, record_keys
 from ingestion_assets.loading.destinations import describe_destination, make_destination, target_names, writer_lock
 from ingestion_assets.loading.metadata_columns import DLT_HINTS, GENERATION
-from ingestion_assets.loading.migrate import migration_statements
+from ingestion_assets.loading.migrate import ValuesWouldBeLost, lost_values, migration_statements
 from ingestion_assets.loading.naming import TargetNames
 from ingestion_assets.loading.native_types import for_postgres
 from ingestion_assets.loading.parked import dead_letter_resource, delete_parked, parked_keys
@@ -490,15 +491,19 @@ class Loader:
         with self._lock():
             return parked_keys(self, self.stream_name)
 
-    def migrate(self, changes: list[tuple[SchemaChange, str, pa.DataType]]) -> list[str]:
+    def migrate(self, changes: list[tuple[SchemaChange, str, pa.DataType]], exact: bool = False) -> list[str]:
         """Apply (change, new SQL type, new Arrow type) to the target and to dlt's staging copy of it.
 
         dlt never alters a column type, and it merges through a staging table it creates from its own
-        schema: the tables change here, and dlt's schema learns the new type for the tables it creates."""
+        schema: the tables change here, and dlt's schema learns the new type for the tables it creates.
+        A conversion that would not keep every value the target holds raises ValuesWouldBeLost, changing
+        nothing, when `exact` (a stream that does not read those rows again); else it is logged: the old
+        values stay in the history column and the stream's rows are read again."""
         from ingestion_assets.loading.sql_targets import refuse_retype
 
         refuse_retype(self.destination, f"{self.target.dataset}.{self.stream_name}", [c for c, _, _ in changes])
         changes = [(replace(change, column=self.names.column(change.column)), t, a) for change, t, a in changes]
+        self._count_lost_values(changes, exact)
         self._retype_in_dlt_schema([(change.column, arrow) for change, _, arrow in changes])
         done: list[str] = []
         with self._lock(), self.sql_client() as client:
@@ -521,6 +526,29 @@ class Loader:
                             scoped.execute_sql(statement)
                     done += statements
         return done
+
+    def _count_lost_values(self, changes: list[tuple[SchemaChange, str, pa.DataType]], exact: bool) -> None:
+        with self._lock(), self.sql_client() as client:
+            table = client.make_qualified_table_name(self.target.table)
+            if not table_exists(client, table):
+                return
+            for change, new_type, _ in changes:
+                try:
+                    count, sample = lost_values(client, self.destination.type, self.target.table, change, new_type)
+                except DatabaseException as exc:  # a type the count cannot cast back to: nothing is known
+                    count, sample = -1, f"not counted: {type(exc).__name__}"
+                if count and exact:
+                    raise ValuesWouldBeLost(table, change, new_type, count, sample)
+                if count:
+                    log.warning(
+                        "target %s: %d value(s) (-1: unknown) of column %r may not convert to %s (e.g. %r): they "
+                        "are kept in its history column until the stream's rows are read again",
+                        table,
+                        count,
+                        change.column,
+                        new_type,
+                        sample,
+                    )
 
     def _retype_in_dlt_schema(self, columns: list[tuple[str, pa.DataType]]) -> None:
         from dlt.common.libs.pyarrow import get_column_type_from_py_arrow

@@ -107,6 +107,8 @@ def classify(old: ColumnType, new: ColumnType) -> ChangeKind | None:
             return "widened"
     if old.kind == "float4" and new.kind == "float8":
         return "widened"
+    if old.kind == "date" and new.kind == "timestamp":
+        return "widened"  # every date is a timestamp, at midnight (a time zone's would depend on the session's)
     return "incompatible"
 
 

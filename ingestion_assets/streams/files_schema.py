@@ -86,7 +86,7 @@ class FilesSchemaStep(InferredSchemaStep):
         retyped = [c for c in decision.apply if c.old is not None and c.new is not None]
         if retyped and loader.targettable_exists():  # else nothing to retype: the first load creates it so
             kind = loader.destination.type
-            loader.migrate([(c, sql_type_of_arrow(_arrow(c), kind), _arrow(c)) for c in retyped])
+            self.retype(loader, [(c, sql_type_of_arrow(_arrow(c), kind), _arrow(c)) for c in retyped])
             self._warn_texts(retyped)
         for change in decision.apply:
             assert change.new is not None
@@ -140,7 +140,8 @@ class FilesSchemaStep(InferredSchemaStep):
             f"stream {self.name} is paused by a schema change in {where} (policy {self.policy}): {listed}. Its "
             f"checkpoint is kept (that file was not loaded); to apply it run `ingest schema accept {self.name}`"
             + "".join(
-                f" (the old values of {c.column!r} are kept in `{c.column}__{c.old.type_name}`)"
+                f" (the old values of {c.column!r} are kept in `{c.column}__{c.old.type_name}` when each survives the "
+                "new type; else nothing changes)"
                 for c in changes
                 if c.kind == "incompatible" and c.old is not None
             )

@@ -109,7 +109,7 @@ class ApiSchemaStep(InferredSchemaStep):
         retyped = [c for c in decision.apply if c.old is not None and c.new is not None and _columns(c)]
         if retyped:
             kind = loader.destination.type
-            loader.migrate([(c, sql_type_of_arrow(_arrow(c), kind), _arrow(c)) for c in retyped])
+            self.retype(loader, [(c, sql_type_of_arrow(_arrow(c), kind), _arrow(c)) for c in retyped])
         for change in decision.apply:
             assert change.new is not None
             self.stored[change.column] = [change.new.type_name, change.new.sql_type]
@@ -131,8 +131,12 @@ class ApiSchemaStep(InferredSchemaStep):
             for field, value in record.items():
                 if isinstance(value, dict | list):
                     row[field] = _nested(value)
-                elif is_number(value) and not field.startswith("_ingest_"):
+                elif field.startswith("_ingest_"):
+                    continue
+                elif is_number(value):
                     row[field] = _as_stored(value, known.get(field))
+                elif isinstance(value, bool) and _is_text(known.get(field)):
+                    row[field] = json_text(value)  # `true`, as the column's rows made text by the database read
             exact.append(row)
         return exact
 
@@ -159,10 +163,8 @@ class ApiSchemaStep(InferredSchemaStep):
                     continue
                 new, values = numbers[field] if kind == "number" else (column_type(kind), None)
                 old = known.get(field)
-                if old == new or (
-                    old is not None and old.type_name in _NUMBERS and values is not None and fits(values, new, old)
-                ):
-                    continue  # numbers fitting the stored number type: cast in `exact_values` (text to a number pauses)
+                if old == new or (old is not None and _fits(old, new, values)):
+                    continue  # values the stored type holds: cast in `exact_values` (text to a number pauses)
                 wanted = new if old is None or values is None else wider(old, new, values)
                 change = _change(field, old, wanted, field in self.key_fields)
                 if change is None:
@@ -177,7 +179,8 @@ class ApiSchemaStep(InferredSchemaStep):
             f"stream {self.name} is paused by a schema change in the API's records (policy {self.policy}): "
             f"{listed}. Its checkpoint is kept (the slice with the change was not loaded); to apply it run "
             f"`ingest schema accept {self.name}` (an incompatible field keeps its old values in "
-            "`<field>__<old type>`), or change the policy"
+            "`<field>__<old type>`, when each of them survives the new type: else nothing changes), or change "
+            "the policy"
         )
 
 
@@ -191,6 +194,18 @@ def _change(field: str, old: ColumnType | None, new: ColumnType, key: bool) -> S
         return None
     note = "it is a primary key or cursor field" if key and kind == "incompatible" else ""
     return SchemaChange(kind, field, old, new, note)
+
+
+def _fits(old: ColumnType, new: ColumnType, values: pa.Array | None) -> bool:
+    """Whether a slice's values of type `new` load into the stored type `old` as they are: a slice is typed on its
+    own, so integers after the field became text (or a double) are not a change back to bigint, only values the
+    stored type cannot hold are. Numbers by their values (`fits`), booleans and timestamps where the stored type
+    holds every one of them (text); an object or a list never fits a column (dlt flattens it)."""
+    if old.type_name in _NESTED or new.type_name in _NESTED:
+        return False
+    if values is not None:
+        return fits(values, new, old)
+    return classify(new, old) == "widened"
 
 
 def _columns(change: SchemaChange) -> bool:
@@ -214,6 +229,10 @@ def _as_stored(value: Any, column: ColumnType | None) -> Any:
     if column.type_name == "float8":
         return float(value)
     return json_text(value)  # text (or a type a number never lands in, which the load then reports)
+
+
+def _is_text(column: ColumnType | None) -> bool:
+    return column is not None and column.type_name == "text"
 
 
 def _nested(value: Any) -> Any:

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from ingestion_assets.loading.migrate import sql_type
+from ingestion_assets.loading.migrate import ValuesWouldBeLost, sql_type
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.schema.changes import (
     ColumnType,
@@ -77,6 +77,27 @@ class InferredSchemaStep(SchemaStep):
         if not self.stored:
             return Decision(apply=list(changes))
         return decide(self.policy, changes, accepted=self.accepted)
+
+    def retype(self, loader: Loader, typed: list[tuple[SchemaChange, str, Any]]) -> None:
+        """Change the target's column types (change, SQL type, Arrow type). An inferred source does not read its
+        rows again, so a conversion that would not keep a value the target holds (text `A-3` or `0150` into a
+        bigint) changes nothing and pauses the stream, whatever accepted or applied it."""
+        try:
+            loader.migrate(typed, exact=True)
+        except ValuesWouldBeLost as exc:
+            change = exc.change
+            lost = f"{exc.count} value(s) (e.g. {exc.sample!r})" if exc.count > 0 else f"values ({exc.sample})"
+            old = change.old.sql_type if change.old is not None else "-"
+            new = change.new.sql_type if change.new is not None else "-"
+            raise SchemaPaused(
+                f"stream {self.name} is paused: its column {change.column!r} cannot change type {old} -> {new} "
+                f"({change.kind}, policy {self.policy}{', accepted' if self.accepted else ''}) without losing "
+                f"{lost} the target holds there, and this stream does not read those rows again. Nothing was "
+                "changed and the checkpoint is kept. To load the new values, read the stream again in full into a "
+                f"new table (`ingest refresh {self.name}`; a file stream can first fix the column's type, e.g. "
+                "`csv.column_types: {COLUMN: string}`), or fix the source",
+                [change],
+            ) from exc
 
 
 def settle_schema(stream: PostgresTableStream, details: dict[str, Any]) -> SchemaStep:
