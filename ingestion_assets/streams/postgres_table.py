@@ -120,6 +120,7 @@ class PostgresTableStream:
                 write_disposition="merge" if target.stream_table else self.spec.write_disposition,
                 type_hints=type_hints(plan.shape),
                 source_columns=tuple(c.name for c in plan.shape.columns),
+                numeric_position=len(self.spec.cursor) == 1 and plan.shape.column(self.spec.cursor[0]).is_numeric_text,
             ),
             pipeline_name=pipeline_name(self.source_name, target.table, partition),
             guard_versions=guard or self.spec.partitions is not None,
