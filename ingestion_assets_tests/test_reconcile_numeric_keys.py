@@ -161,3 +161,23 @@ def test_a_late_update_to_a_numeric_cursor_is_repaired_under_the_version_guard(
     again = _figures(harness.materialize())
     assert again["passed"] and again["buckets differing"] == 0 and "owed" not in again, again
 
+
+@pytest.mark.parametrize("destination", ["duckdb", "postgres"])
+def test_a_numeric_cursor_bounds_the_window_by_value_on_the_target(harness: StreamHarness, destination: str) -> None:
+    """The window a run read (9.5 up to 12) holds the same rows on both sides: the target's versions are bounded
+    by value (as text, '9.5' <= v <= '12' held none of them, and every check fell back to a key-by-key diff)."""
+    harness.source.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text NOT NULL, version numeric NOT NULL);"
+        "INSERT INTO t VALUES (1, 'a', 8), (2, 'b', 9.5)"
+    )
+    _catalog(harness, destination, cursor="version")
+    first = _figures(harness.materialize())
+    assert first["passed"] and first["buckets differing"] == 0, first
+    harness.source.execute("INSERT INTO t VALUES (3, 'c', 9.7), (4, 'd', 10), (5, 'e', 12), (6, 'f', -1)")
+    second = _figures(harness.materialize())  # -1 is behind the checkpoint, outside the window: not compared
+    assert second["passed"] and second["buckets differing"] == 0, str(second)
+    assert second["source rows compared"] == second["target rows compared"] == 4, str(second)
+    harness.source.execute("INSERT INTO t VALUES (7, 'g', 95), (8, 'h', 100.5)")
+    third = _figures(harness.materialize())
+    assert third["passed"] and third["buckets differing"] == 0, str(third)
+    assert third["source rows compared"] == third["target rows compared"] == 3, str(third)
