@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from ingestion_assets.loading.lake_sql import keep_newest_in_duckdb
-from ingestion_assets.loading.metadata_columns import POSITION
+from ingestion_assets.loading.metadata_columns import POSITION, sortable_text
 from ingestion_assets.loading.number_order import number_order, number_order_sql
 from ingestion_assets.loading.versions import newest_per_key
 from ingestion_assets_tests.helpers import SourceDb
@@ -87,3 +87,15 @@ def test_the_guard_on_a_lake_or_mariadb_compares_numeric_versions_by_value() -> 
     kept = keep_newest_in_duckdb(target, rows, ("id",), numeric=True)
     assert kept.rows["id"].to_pylist() == [1, 2, 4, 5] and kept.existing == 4  # 98 is older than 99
 
+
+def test_a_numeric_among_several_cursor_columns_orders_by_value() -> None:
+    """1.5 before 1.51 whatever follows it: the part ends below its digits, NULL below every number."""
+    texts = [*_texts(), None]
+    seconds = [(9, 0)[i % 2] for i in range(len(texts))]
+    versions = sortable_text([pa.array(texts, pa.string()), pa.array(seconds, pa.int64())], [True, False])
+
+    def value(text: str | None, second: int) -> tuple[tuple[int, Decimal], int]:
+        return ((-2, Decimal(0)) if text is None else _value(text)), second
+
+    in_byte_order = [value(t, n) for _, t, n in sorted(zip(versions.to_pylist(), texts, seconds, strict=True))]
+    assert in_byte_order == sorted(value(t, n) for t, n in zip(texts, seconds, strict=True))

@@ -139,7 +139,7 @@ LATE = (
 )
 
 
-@pytest.mark.parametrize("cursor", [["version"]], ids=["one-column"])
+@pytest.mark.parametrize("cursor", [["version"], ["version", "id"]], ids=["one-column", "two-columns"])
 @pytest.mark.parametrize("destination", ["duckdb", "postgres"])
 def test_a_late_update_to_a_numeric_cursor_is_repaired_under_the_version_guard(
     harness: StreamHarness, destination: str, cursor: list[str]
