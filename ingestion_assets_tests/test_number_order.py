@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from ingestion_assets.loading.lake_sql import keep_newest_in_duckdb
-from ingestion_assets.loading.metadata_columns import POSITION, sortable_text
+from ingestion_assets.loading.metadata_columns import POSITION, sortable_text, version_text
 from ingestion_assets.loading.number_order import number_order, number_order_sql
 from ingestion_assets.loading.versions import newest_per_key
 from ingestion_assets_tests.helpers import SourceDb
@@ -99,3 +99,15 @@ def test_a_numeric_among_several_cursor_columns_orders_by_value() -> None:
 
     in_byte_order = [value(t, n) for _, t, n in sorted(zip(versions.to_pylist(), texts, seconds, strict=True))]
     assert in_byte_order == sorted(value(t, n) for t, n in zip(texts, seconds, strict=True))
+
+
+def test_an_api_version_with_a_point_orders_by_value_among_integers() -> None:
+    """An API's numbers with a point arrive as exact Decimals (rest/payload.py): 9.5 below 10, between 9 and 10
+    (the highest of a key's versions in a slice is kept: the text '9.5' sorted above '10')."""
+    values = [-(2**63), Decimal("-1.5"), -1, Decimal("-0.25"), 0, Decimal("0.5"), 9, Decimal("9.5"), Decimal("9.55")]
+    values += [10, Decimal("10.25"), Decimal("10.3"), 2**63 - 1]
+    texts = [version_text(v) for v in values]
+    assert texts == sorted(texts)  # type: ignore[type-var]
+    assert version_text(Decimal("10.0")) == version_text(Decimal("10.000")) == version_text(10)
+    two = _versions([1, 1], [version_text(Decimal("10")), version_text(Decimal("9.5"))])
+    assert newest_per_key(two, ("id",))[POSITION].to_pylist() == [version_text(10)]  # the slice keeps 10

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import struct
 from collections.abc import Collection, Sequence
+from decimal import ROUND_FLOOR, Decimal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -106,13 +107,20 @@ def _number_part(column: pa.ChunkedArray | pa.Array) -> pa.Array:
 
 def version_text(value: object) -> str | None:
     """An API record's version as text that orders as the value (dlt keeps the highest of one key's versions
-    in a slice): numbers print fixed-width as in sortable_text, so version 10 is above 9; texts as they are."""
+    in a slice): numbers print fixed-width as in sortable_text, so version 10 is above 9; an exact decimal (a
+    number with a point) as its floor so, then `.` and its fraction's digits, so 9.5 lies between 9 and 10;
+    texts as they are."""
     if isinstance(value, bool) or value is None:
         return None if value is None else str(value)
     if isinstance(value, float):
         value = _float_bits(value)
-    if isinstance(value, int) and -(2**63) <= value < 2**63:
-        return str(value + 2**63).zfill(20)
+    whole, fraction = value, ""
+    if isinstance(value, Decimal) and value.is_finite():
+        whole = int(value.to_integral_value(rounding=ROUND_FLOOR))
+        digits = format(value - whole, "f").partition(".")[2].rstrip("0")
+        fraction = "." + digits if digits else ""
+    if isinstance(whole, int) and -(2**63) <= whole < 2**63:
+        return str(whole + 2**63).zfill(20) + fraction
     return str(value)
 
 
