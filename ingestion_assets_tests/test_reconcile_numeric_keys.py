@@ -21,7 +21,9 @@ INSERT INTO t VALUES (1.0, 'a', '2024-01-01 00:00:01+00'), (1.5, 'b', '2024-01-0
 NEW_SCALE = "UPDATE t SET id = 1.00, v = 'a2', updated_at = statement_timestamp() WHERE id = 1"
 
 
-def _catalog(harness: StreamHarness, destination: str, reconcile: Any = "window", cursor: str = "updated_at") -> None:
+def _catalog(
+    harness: StreamHarness, destination: str, reconcile: Any = "window", cursor: str | list[str] = "updated_at"
+) -> None:
     stream = {"table": "t", "primary_key": "id", "cursor": cursor, "retries": {"max_attempts": 1}}
     harness.write_catalog({"t": {**stream, "reconcile": reconcile}}, destination=destination)
 
@@ -122,3 +124,60 @@ def test_a_parked_row_with_a_numeric_key_is_not_missing(harness: StreamHarness) 
     figures = _figures(harness.materialize())
     assert figures["passed"] and figures["parked as dead letters"] == 1, figures
     assert figures["missing in target"] == 0 and "owed" not in figures, figures
+
+
+LATE_UPDATES = """
+CREATE TABLE t (id int PRIMARY KEY, v text NOT NULL, version numeric NOT NULL);
+INSERT INTO t VALUES (1, 'a', 9.5), (2, 'b', -9.5), (3, 'c', 0.5), (4, 'd', 'NaN'), (5, 'e', 99), (6, 'f', '-Infinity');
+"""
+# Each a newer value behind the checkpoint (NaN, the highest numeric) whose text sorts at or below the old one's
+# ('10' < '9.5', '-1' < '-9.5', '100' < '99', '-5' < '-Infinity'); 0.5 -> 0.55 sorts alike either way.
+LATE = (
+    "UPDATE t SET version = 10, v = 'A' WHERE id = 1; UPDATE t SET version = -1, v = 'B' WHERE id = 2;"
+    "UPDATE t SET version = 0.55, v = 'C' WHERE id = 3; UPDATE t SET version = 100, v = 'E' WHERE id = 5;"
+    "UPDATE t SET version = -5, v = 'F' WHERE id = 6"
+)
+
+
+@pytest.mark.parametrize("cursor", [["version"], ["version", "id"]], ids=["one-column", "two-columns"])
+@pytest.mark.parametrize("destination", ["duckdb", "postgres"])
+def test_a_late_update_to_a_numeric_cursor_is_repaired_under_the_version_guard(
+    harness: StreamHarness, destination: str, cursor: list[str]
+) -> None:
+    """The repair's version guard compares a numeric cursor's values, not its texts (one cursor column: the
+    target's raw text, compared by value; several: their sortable text): the rows are replaced and nothing stays
+    owed (it was refused as "older than the target" on every run)."""
+    harness.source.execute(LATE_UPDATES)
+    _catalog(harness, destination, {"full_every_seconds": 0}, cursor=cursor)
+    first = _figures(harness.materialize())
+    assert first["passed"] and first["buckets differing"] == 0, first
+    harness.source.execute(LATE)
+    figures = _figures(harness.materialize())
+    assert figures["passed"] and "owed" not in figures, str(figures)
+    assert sorted(figures["sample of repaired keys"]) == ["1", "2", "3", "5", "6"], figures
+    rows = harness.query_target(f'SELECT id, v, CAST(version AS VARCHAR) FROM "{harness.source_name}".t ORDER BY id')
+    expected = [(1, "A", "10"), (2, "B", "-1"), (3, "C", "0.55"), (4, "d", "NaN"), (5, "E", "100"), (6, "F", "-5")]
+    assert rows == expected
+    again = _figures(harness.materialize())
+    assert again["passed"] and again["buckets differing"] == 0 and "owed" not in again, again
+
+
+@pytest.mark.parametrize("destination", ["duckdb", "postgres"])
+def test_a_numeric_cursor_bounds_the_window_by_value_on_the_target(harness: StreamHarness, destination: str) -> None:
+    """The window a run read (9.5 up to 12) holds the same rows on both sides: the target's versions are bounded
+    by value (as text, '9.5' <= v <= '12' held none of them, and every check fell back to a key-by-key diff)."""
+    harness.source.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text NOT NULL, version numeric NOT NULL);"
+        "INSERT INTO t VALUES (1, 'a', 8), (2, 'b', 9.5)"
+    )
+    _catalog(harness, destination, cursor="version")
+    first = _figures(harness.materialize())
+    assert first["passed"] and first["buckets differing"] == 0, first
+    harness.source.execute("INSERT INTO t VALUES (3, 'c', 9.7), (4, 'd', 10), (5, 'e', 12), (6, 'f', -1)")
+    second = _figures(harness.materialize())  # -1 is behind the checkpoint, outside the window: not compared
+    assert second["passed"] and second["buckets differing"] == 0, str(second)
+    assert second["source rows compared"] == second["target rows compared"] == 4, str(second)
+    harness.source.execute("INSERT INTO t VALUES (7, 'g', 95), (8, 'h', 100.5)")
+    third = _figures(harness.materialize())
+    assert third["passed"] and third["buckets differing"] == 0, str(third)
+    assert third["source rows compared"] == third["target rows compared"] == 3, str(third)

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from ingestion_assets.loading.bindings import write_marker
 from ingestion_assets.loading.dead_letters import record_keys
 from ingestion_assets.loading.metadata_columns import DELETED_AT, POSITION
+from ingestion_assets.loading.number_order import ordered_position
 from ingestion_assets.loading.parked import dead_letter_resource, delete_parked_in
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.loading.versions import check_keys, newest_per_key, quote_name
@@ -158,7 +159,7 @@ def _write(client: Any, part: TableSlice) -> tuple[SliceLoaded, list[str]]:
         elif part.checked:
             newest, fresh = _checked(client, loader, part.rows)
         else:
-            newest = _newest(con, table, loader.key, part.rows)
+            newest = _newest(con, table, loader.key, part.rows, loader.target.numeric_position)
         if not fresh:
             _delete_keys(con, table, loader.key, newest)
         _insert(con, table, newest)
@@ -173,18 +174,20 @@ def _write(client: Any, part: TableSlice) -> tuple[SliceLoaded, list[str]]:
     return SliceLoaded(merged, has_rows), released
 
 
-def _newest(con: Any, table: str, key: tuple[str, ...], rows: pa.Table) -> pa.Table:
-    """The newest version per key, without those the target holds at a newer version. Only the keys and
-    positions go through SQL: DuckDB's window turns a -0.0 it carries into 0.0, so the rows are taken in Arrow."""
+def _newest(con: Any, table: str, key: tuple[str, ...], rows: pa.Table, numeric: bool = False) -> pa.Table:
+    """The newest version per key, without those the target holds at a newer version (`numeric`: versions are
+    a numeric's text, compared by value). Only the keys and positions go through SQL: DuckDB's window turns a
+    -0.0 it carries into 0.0, so the rows are taken in Arrow."""
     keys = ", ".join(quote_name(k) for k in key)
     match = " AND ".join(f"t.{quote_name(k)} = n.{quote_name(k)}" for k in key)
+    mine, ours, theirs = (ordered_position(column, numeric) for column in (POSITION, f"n.{POSITION}", f"t.{POSITION}"))
     numbered = rows.select([*key, POSITION]).append_column(ROW, pa.array(range(rows.num_rows), pa.int64()))
     con.register(INCOMING, numbered)
     try:
         kept = con.sql(
             f"SELECT n.{ROW} FROM (SELECT * FROM {INCOMING} QUALIFY row_number() OVER "
-            f"(PARTITION BY {keys} ORDER BY {POSITION} DESC NULLS LAST) = 1) AS n "
-            f"LEFT JOIN {table} AS t ON {match} WHERE NOT coalesce(t.{POSITION} > n.{POSITION}, false)"
+            f"(PARTITION BY {keys} ORDER BY {mine} DESC NULLS LAST) = 1) AS n "
+            f"LEFT JOIN {table} AS t ON {match} WHERE NOT coalesce({theirs} > {ours}, false)"
         ).to_arrow_table()
     finally:
         con.unregister(INCOMING)
@@ -196,12 +199,13 @@ def _checked(client: Any, loader: Loader, rows: pa.Table) -> tuple[pa.Table, boo
     """What dlt's merge with the loader's version check made of a slice: the keys the target holds at a newer
     version left out (with `version_source`, a row read again from its own file replaces it whatever the versions),
     then the newest version per key (`_ingest_position`, then the later row). Also whether no target row matched."""
+    numeric = loader.target.numeric_position
     if not loader.guard_versions:
-        return newest_per_key(rows, loader.key), False
+        return newest_per_key(rows, loader.key, numeric), False
     check = check_keys(
-        client, "duckdb", loader.target.table, loader.key, rows, loader.source_column, loader.released_sources
+        client, "duckdb", loader.target.table, loader.key, rows, loader.source_column, loader.released_sources, numeric
     )
-    return newest_per_key(check.rows, loader.key), check.existing == 0
+    return newest_per_key(check.rows, loader.key, numeric), check.existing == 0
 
 
 def _delete_keys(con: Any, table: str, key: tuple[str, ...], newest: pa.Table) -> None:

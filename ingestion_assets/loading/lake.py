@@ -61,7 +61,7 @@ class LakeLoader(Loader):
         first: a Delta MERGE and pyiceberg's upsert refuse a target row matched by two source rows. Rows with a
         date or time the format's readers cannot hold are parked (loading/unfit.py)."""
         if table is not None and self.target.write_disposition == "merge" and POSITION in table.column_names:
-            table = newest_per_key(table, self.target.primary_key)
+            table = newest_per_key(table, self.target.primary_key, self.target.numeric_position)
         if table is not None and table.num_rows:
             partition = self._bound_partition or ""
             table, parked = split_unfit(
@@ -166,7 +166,12 @@ class LakeLoader(Loader):
     def _check_versions(self, table: pa.Table) -> KeyCheck:
         """The version guard against the table's newest version, joined in an in-memory DuckDB."""
         return keep_newest_in_duckdb(
-            self.tables.dataset(self.target.table), table, self.key, self.source_column, self.released_sources
+            self.tables.dataset(self.target.table),
+            table,
+            self.key,
+            self.source_column,
+            self.released_sources,
+            self.target.numeric_position,
         )
 
     def swap_in(self, shadow: str, table: str, generation: int | None = None) -> None:

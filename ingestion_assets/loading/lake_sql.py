@@ -99,6 +99,7 @@ def keep_newest_in_duckdb(
     key: tuple[str, ...],
     source: str | None = None,
     released: Collection[str] = (),
+    numeric: bool = False,
 ) -> KeyCheck:
     """The version guard where the target's SQL cannot run versions.py's join: `target` (an Arrow dataset or
     table with the key and `_ingest_position`; None: no table yet) is joined with the slice in an in-memory
@@ -108,5 +109,5 @@ def keep_newest_in_duckdb(
     with contextlib.closing(duckdb.connect()) as con:
         con.register("_ingest_target", target)
         con.register(INCOMING, rows.select([*key, POSITION, *([source] if source else [])]))
-        found = con.sql(existing_sql("_ingest_target", key, "", source, released)).to_arrow_table()
+        found = con.sql(existing_sql("_ingest_target", key, "", source, released, numeric)).to_arrow_table()
     return keep_newest(rows, found, key)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import struct
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from decimal import ROUND_FLOOR, Decimal
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingestion_assets.loading.number_order import number_order
 from ingestion_assets.sources.postgres import temporal
 
 EXTRACTED_AT = "_ingest_extracted_at"
@@ -34,16 +36,19 @@ def with_metadata(
     extracted_at: dt.datetime,
     generation: int,
     meta: pa.Array | None = None,
+    numbers: Collection[str] = (),
 ) -> pa.Table:
     """Append the metadata columns. The row's version is its cursor value: one cursor column is
-    copied as it is (typed, zero-copy), several become sortable text; without a cursor the newest
-    read is the newest version."""
+    copied as it is (typed, zero-copy; a numeric's text is compared by value where versions are compared,
+    see TargetTable.numeric_position), several become sortable text (`numbers`: the cursor columns holding a
+    numeric's text); without a cursor the newest read is the newest version."""
     rows = table.num_rows
     extracted = pa.repeat(pa.scalar(extracted_at, TIMESTAMP_UTC), rows)
     if len(version_columns) == 1:
         position: pa.ChunkedArray | pa.Array = table.column(version_columns[0])
     elif version_columns:
-        position = sortable_text([table.column(name) for name in version_columns])
+        columns = [table.column(name) for name in version_columns]
+        position = sortable_text(columns, [name in numbers for name in version_columns])
     else:
         position = extracted
     return (
@@ -55,18 +60,22 @@ def with_metadata(
     )
 
 
-def sortable_text(columns: Sequence[pa.ChunkedArray | pa.Array]) -> pa.ChunkedArray | pa.Array:
+def sortable_text(
+    columns: Sequence[pa.ChunkedArray | pa.Array], numeric: Sequence[bool] = ()
+) -> pa.ChunkedArray | pa.Array:
     """Text whose byte order equals the value order, so the newest version compares highest.
 
     Timestamps and dates print fixed-width ISO (UTC); integers, floats and decimals as digits of fixed width
-    (offset to non-negative); a NULL prints as a space, below every value of these. Dates strftime cannot
+    (offset to non-negative); a numeric's text (`numeric`: per column) as number_order's, ended by `!`, below
+    its digits; a NULL prints as a space, below every value of these. Dates strftime cannot
     print keep their order around the four-digit years: BC after `!` (below digits), years past 9999 and
     infinity after `~` (above). Other values print as text that ends in \\x01\\x02 (a \\x01 inside is
     escaped), NULL as \\x01\\x01: no text is then a prefix of another, so a short text cannot sort above a
     longer one by what follows it. Parts join with `|`. DuckDB compares these bytes as they are; PostgreSQL
     compares them with COLLATE "C" (see versions.py).
     """
-    parts = [_sortable(column) for column in columns]
+    numeric = list(numeric) or [False] * len(columns)
+    parts = [_number_part(c) if n else _sortable(c) for c, n in zip(columns, numeric, strict=True)]
     if len(parts) == 1:
         return parts[0]
     return pc.binary_join_element_wise(*parts, "|")
@@ -91,15 +100,27 @@ def _sortable(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
     return pc.fill_null(text, " ")
 
 
+def _number_part(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    texts = [None if t is None else number_order(t) + "!" for t in column.to_pylist()]
+    return pc.fill_null(pa.array(texts, pa.string()), " ")
+
+
 def version_text(value: object) -> str | None:
     """An API record's version as text that orders as the value (dlt keeps the highest of one key's versions
-    in a slice): numbers print fixed-width as in sortable_text, so version 10 is above 9; texts as they are."""
+    in a slice): numbers print fixed-width as in sortable_text, so version 10 is above 9; an exact decimal (a
+    number with a point) as its floor so, then `.` and its fraction's digits, so 9.5 lies between 9 and 10;
+    texts as they are."""
     if isinstance(value, bool) or value is None:
         return None if value is None else str(value)
     if isinstance(value, float):
         value = _float_bits(value)
-    if isinstance(value, int) and -(2**63) <= value < 2**63:
-        return str(value + 2**63).zfill(20)
+    whole, fraction = value, ""
+    if isinstance(value, Decimal) and value.is_finite():
+        whole = int(value.to_integral_value(rounding=ROUND_FLOOR))
+        digits = format(value - whole, "f").partition(".")[2].rstrip("0")
+        fraction = "." + digits if digits else ""
+    if isinstance(whole, int) and -(2**63) <= whole < 2**63:
+        return str(whole + 2**63).zfill(20) + fraction
     return str(value)
 
 

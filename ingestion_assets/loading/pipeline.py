@@ -62,6 +62,9 @@ class TargetTable:
     write_disposition: str  # merge | append | replace
     type_hints: tuple[tuple[str, dict[str, Any]], ...] = ()  # (column, dlt hint) the Arrow type cannot carry
     source_columns: tuple[str, ...] = ()  # every column the source sends (checked for name collisions)
+    # `_ingest_position` is a numeric's text (one cursor column, a numeric without limits): versions compare by
+    # value (loading/number_order.py), 9.5 below 10
+    numeric_position: bool = False
 
     def column_hints(self, names: TargetNames, disposition: str = "merge") -> dict[str, dict[str, Any]]:
         """dlt's column hints for a load with `disposition`: `dedup_sort` only where dlt merges (elsewhere dlt
@@ -310,6 +313,7 @@ class Loader:
                 table,
                 self.source_column,
                 self.released_sources,
+                self.target.numeric_position,
             )
 
     def _run(self, resources: list[Any], file_format: str | None) -> None:

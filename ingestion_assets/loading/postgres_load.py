@@ -46,6 +46,7 @@ def load_slice(loader: Loader, table: pa.Table | None, dead_letters: pa.Table | 
         bytewise=rows is not None
         and POSITION in rows.column_names
         and pa.types.is_string(rows.schema.field(POSITION).type),
+        numeric=loader.target.numeric_position,
     )
     marker = _next_marker(loader)
     loaded, parked_loaded = 0, None
@@ -121,8 +122,16 @@ def _parked_that_load(loader: Loader, client: Any, rows: pa.Table) -> pa.Table |
     candidates = rows.filter(pc.is_in(keys, pa.array(sorted(loader._parked_keys))))
     if not candidates.num_rows or not loader.guard_versions:
         return candidates
+    target = loader.target
     return check_keys(
-        client, "postgres", loader.target.table, loader.key, candidates, loader.source_column, loader.released_sources
+        client,
+        "postgres",
+        target.table,
+        loader.key,
+        candidates,
+        loader.source_column,
+        loader.released_sources,
+        target.numeric_position,
     ).rows
 
 

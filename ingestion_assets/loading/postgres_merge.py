@@ -23,6 +23,7 @@ import pyarrow.csv as pacsv
 
 from ingestion_assets.loading.metadata_columns import POSITION
 from ingestion_assets.loading.native_types import for_postgres
+from ingestion_assets.loading.number_order import ordered_position
 from ingestion_assets.loading.postgres_binary import BinaryStream, binary_plan, column_types
 from ingestion_assets.loading.versions import newest_per_key, released_sql
 
@@ -39,6 +40,7 @@ class SliceWrite:
     mode: str  # append | replace | merge
     guard: bool = False  # keep the target's row where its version is newer (several writers)
     bytewise: bool = False  # the version is text: compare it with COLLATE "C"
+    numeric: bool = False  # the version is a numeric's text: compare it by value (loading/number_order.py)
     source: str | None = None  # files: a row read again from the same file replaces its own (versions.check_keys)
     released: frozenset[str] = frozenset()  # files gone from the source: their rows are never newer
     keyed: bool = False  # the target has its unique index on the key (a merge may then try COPY straight in)
@@ -88,7 +90,7 @@ def write_slice(cursor: Any, write: SliceWrite, table: pa.Table, target_columns:
         return int(table.num_rows)
     if write.keyed and _new_keys_only(cursor, write, table) and _copied_straight_in(cursor, write, table, types):
         return int(table.num_rows)
-    unique = newest_per_key(table, write.key)
+    unique = newest_per_key(table, write.key, write.numeric)
     cursor.execute("SET LOCAL work_mem = '256MB'")  # the stage's hash join and sort stay in memory
     cursor.execute(f"CREATE TEMP TABLE {STAGE} (LIKE {write.table}) ON COMMIT DROP")
     copy_slice(cursor, STAGE, unique, types)
@@ -155,7 +157,8 @@ def upsert_sql(write: SliceWrite, slice_columns: list[str], target_columns: list
     if write.guard and assignments and POSITION in target_columns:
         # text versions (several cursor columns) order bytewise; see metadata_columns.sortable_text
         collate = ' COLLATE "C"' if write.bytewise else ""
-        newer = f"t.{POSITION}{collate} > EXCLUDED.{POSITION}{collate}"
+        target, incoming = (ordered_position(f"{side}.{POSITION}", write.numeric) for side in ("t", "EXCLUDED"))
+        newer = f"{target}{collate} > {incoming}{collate}"
         if write.source is not None and write.source in target_columns:
             newer += f" AND t.{quote(write.source)} IS DISTINCT FROM EXCLUDED.{quote(write.source)}"
             newer += released_sql("t", write.source, write.released)

@@ -49,7 +49,9 @@ class MariaDbLoader(Loader):
         """The version guard: the target's versions of the slice's keys, compared in DuckDB."""
         with self._pipeline.sql_client() as client:
             found = target_versions(client, self.target.table, self.key, table, self.source_column)
-        return keep_newest_in_duckdb(found, table, self.key, self.source_column, self.released_sources)
+        return keep_newest_in_duckdb(
+            found, table, self.key, self.source_column, self.released_sources, self.target.numeric_position
+        )
 
     def swap_in(self, shadow: str, table: str, generation: int | None = None) -> None:
         """MySQL's DDL commits on its own: the swap is one RENAME TABLE of both names, which MySQL does

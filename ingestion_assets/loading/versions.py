@@ -17,10 +17,12 @@ import pyarrow.csv as pacsv
 
 from ingestion_assets.loading.metadata_columns import POSITION
 from ingestion_assets.loading.native_types import for_postgres
+from ingestion_assets.loading.number_order import number_order, ordered_position
 from ingestion_assets.loading.relations import table_exists
 
 INCOMING = "_ingest_incoming"
 _ROW = "_ingest_row"
+_ORDER = "_ingest_order"
 STALE = "_ingest_stale"
 
 
@@ -38,12 +40,14 @@ def check_keys(
     rows: pa.Table,
     source: str | None = None,
     released: Collection[str] = (),
+    numeric: bool = False,
 ) -> KeyCheck:
     """`source`: the column naming where a row was read (a file): a row read again from the same source replaces
     the target's whatever their versions (a file rewritten with an older modified time, or its rows reordered).
-    `released`: sources gone from the source system, whose rows in the target are never newer (see `released_sql`)."""
+    `released`: sources gone from the source system, whose rows in the target are never newer (see `released_sql`).
+    `numeric`: the versions are a numeric's text, compared by value (TargetTable.numeric_position)."""
     keys = rows.select([*primary_key, POSITION, *([source] if source else [])])
-    found = existing_keys(client, destination_type, table, primary_key, keys, source, released)
+    found = existing_keys(client, destination_type, table, primary_key, keys, source, released, numeric)
     return keep_newest(rows, found, primary_key)
 
 
@@ -81,6 +85,7 @@ def existing_keys(
     keys: pa.Table,
     source: str | None = None,
     released: Collection[str] = (),
+    numeric: bool = False,
 ) -> pa.Table | None:
     """The keys of `keys` (primary key + `_ingest_position`, + `source` if given) the target holds, each with
     `STALE`: whether the target's version is newer (and, with `source`, read elsewhere). None when the target
@@ -93,9 +98,10 @@ def existing_keys(
     if not table_exists(client, client.make_qualified_table_name(table)):
         return None
     qualified = client.make_qualified_table_name(table)
-    # Several cursor columns make a text version (metadata_columns.sortable_text) whose byte order is its order.
+    # Several cursor columns make a text version (metadata_columns.sortable_text) whose byte order is its order;
+    # a numeric's text is compared as number_order's, bytewise too.
     bytewise = destination_type == "postgres" and pa.types.is_string(keys.schema.field(POSITION).type)
-    statement = existing_sql(qualified, primary_key, ' COLLATE "C"' if bytewise else "", source, released)
+    statement = existing_sql(qualified, primary_key, ' COLLATE "C"' if bytewise else "", source, released, numeric)
     if destination_type == "duckdb":
         return _query_duckdb(client.native_connection, statement, keys)
     return _query_postgres(client.native_connection, statement, qualified, primary_key, keys)
@@ -107,10 +113,12 @@ def existing_sql(
     collate: str,
     source: str | None = None,
     released: Collection[str] = (),
+    numeric: bool = False,
 ) -> str:
     using = ", ".join(quote_name(k) for k in primary_key)
     columns = ", ".join(f"i.{quote_name(k)}" for k in primary_key)
-    newer = f"t.{POSITION}{collate} > i.{POSITION}{collate}"
+    target, incoming = (ordered_position(f"{side}.{POSITION}", numeric) for side in ("t", "i"))
+    newer = f"{target}{collate} > {incoming}{collate}"
     if source is not None:  # the same file read again replaces its own rows: its older bytes are gone
         newer = f"({newer} AND t.{quote_name(source)} IS DISTINCT FROM i.{quote_name(source)}"
         newer += released_sql("t", source, released) + ")"
@@ -147,19 +155,21 @@ def _query_postgres(
     return pa.table(arrays, names=names).cast(schema)
 
 
-def newest_per_key(table: pa.Table, key: tuple[str, ...]) -> pa.Table:
-    """One row per key, in key order: the highest `_ingest_position` (none: the oldest), the later row of the
-    slice on a tie (a log batch holds an insert and its update at one commit position). A set-based merge may
-    touch a target row once per statement (ON CONFLICT, Delta's MERGE, Iceberg's upsert), and rows in key
-    order touch the target's index and heap in order: a 100k-row upsert into a 1M-row PostgreSQL table took
-    0.5 s so against 0.8-0.95 s in the cursor's order."""
+def newest_per_key(table: pa.Table, key: tuple[str, ...], numeric: bool = False) -> pa.Table:
+    """One row per key, in key order: the highest `_ingest_position` (none: the oldest; `numeric`: a numeric's
+    text, by value), the later row of the slice on a tie (a log batch holds an insert and its update at one
+    commit position). A set-based merge may touch a target row once per statement (ON CONFLICT, Delta's MERGE,
+    Iceberg's upsert), and rows in key order touch the target's index and heap in order: a 100k-row upsert into
+    a 1M-row PostgreSQL table took 0.5 s so against 0.8-0.95 s in the cursor's order."""
     if table.num_rows < 2:
         return table
+    numeric = numeric and POSITION in table.column_names
     numbered = table.append_column(_ROW, pa.array(range(table.num_rows), pa.int64()))
     sort: list[tuple[str, ...]] = [(k, "ascending") for k in key]
     if POSITION in table.column_names:
-        sort.append((POSITION, "ascending", "at_start"))
-    ordered = numbered.take(pc.sort_indices(numbered, sort_keys=[*sort, (_ROW, "ascending")]))
+        sort.append((_ORDER if numeric else POSITION, "ascending", "at_start"))
+    ordering = numbered.append_column(_ORDER, _number_orders(table[POSITION])) if numeric else numbered
+    ordered = numbered.take(pc.sort_indices(ordering, sort_keys=[*sort, (_ROW, "ascending")]))
     last = None
     for name in key:  # a row is its key's newest when the next row has another key
         column = ordered.column(name)
@@ -170,6 +180,10 @@ def newest_per_key(table: pa.Table, key: tuple[str, ...]) -> pa.Table:
     if pc.all(last).as_py():
         return ordered
     return ordered.filter(pa.chunked_array([*pa.chunked_array(last).chunks, pa.array([True])], pa.bool_()))
+
+
+def _number_orders(positions: pa.ChunkedArray) -> pa.Array:
+    return pa.array([None if p is None else number_order(p) for p in positions.to_pylist()], pa.string())
 
 
 def released_sql(alias: str, source: str, released: Collection[str]) -> str:

@@ -126,11 +126,16 @@ class PostgresTableStream:
                 write_disposition="merge" if target.stream_table else self.spec.write_disposition,
                 type_hints=type_hints(plan.shape),
                 source_columns=tuple(c.name for c in plan.shape.columns),
+                numeric_position=len(self.spec.cursor) == 1 and bool(self.numeric_cursor(plan)),
             ),
             pipeline_name=pipeline_name(self.source_name, target.table, partition),
             guard_versions=not source_wins and (guard or self.spec.partitions is not None),
             stream_table=target.stream_table,
         )
+
+    def numeric_cursor(self, plan: ReadPlan) -> tuple[str, ...]:
+        """The cursor columns holding a numeric's text (a numeric without limits): versions compare their values."""
+        return tuple(name for name in self.spec.cursor if plan.shape.column(name).is_numeric_text)
 
     def source_url(self) -> str:
         return postgres_url(
@@ -269,7 +274,8 @@ class PostgresTableStream:
             self.spec.dead_letters.on_bad_value,
         )
         now = dt.datetime.now(dt.UTC)
-        rows = with_metadata(split.rows, self.spec.cursor, now, generation, meta=split.meta)
+        numbers = self.numeric_cursor(plan)
+        rows = with_metadata(split.rows, self.spec.cursor, now, generation, meta=split.meta, numbers=numbers)
         loaded = loader.load(rows, dead_letters=split.dead)
         parked = split.dead_count + loader.take_parked()
         return split.rows, SliceOutcome(loaded=loaded, dead_letters=parked, nulled=split.nulled)
@@ -353,7 +359,8 @@ class PostgresTableStream:
 
     def _empty(self, plan: ReadPlan) -> pa.Table:
         """The target's shape without rows: what a slice of the table becomes, its metadata columns added."""
-        return with_metadata(plan.shape.arrow_schema.empty_table(), self.spec.cursor, dt.datetime.now(dt.UTC), 0)
+        empty = plan.shape.arrow_schema.empty_table()
+        return with_metadata(empty, self.spec.cursor, dt.datetime.now(dt.UTC), 0, numbers=self.numeric_cursor(plan))
 
 
 def _looked_back(position: dict[str, Any], cursor: str, seconds: float) -> dict[str, Any]:

@@ -43,7 +43,7 @@ def replay_dead_letters(stream: PostgresTableStream, generation: int, run_id: st
                 piece.table, stream.name, None, run_id, stream.spec.primary_key, ordering, "dead_letter"
             )
             now = dt.datetime.now(dt.UTC)
-            rows = with_metadata(split.rows, stream.spec.cursor, now, generation)
+            rows = with_metadata(split.rows, stream.spec.cursor, now, generation, numbers=stream.numeric_cursor(plan))
             loaded += loader.load(rows, dead_letters=split.dead)
             still_bad += split.dead_count
     released = len(set(parked) & seen) - still_bad

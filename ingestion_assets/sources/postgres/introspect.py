@@ -70,6 +70,12 @@ class Column:
         return self.kind in JSON_TYPES
 
     @property
+    def is_numeric_text(self) -> bool:
+        """A `numeric` without limits (or past 38 digits): it travels as PostgreSQL's text, ordered by its value
+        (loading/number_order.py)."""
+        return self.kind == "numeric" and pa.types.is_string(self.arrow_type)
+
+    @property
     def wire_type(self) -> pa.DataType:
         """What Arrow's CSV reader parses COPY's text into."""
         return pa.string() if self.decode else self.arrow_type

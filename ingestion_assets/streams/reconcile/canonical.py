@@ -110,14 +110,9 @@ def kind_of(column: Column) -> Kind:
 def key_kind(column: Column, target: Dialect) -> Kind:
     """A key column's kind on a comparison with `target`: a `numeric` without limits the target holds as
     `numeric` (a PostgreSQL destination, unless the table predates native types) is keyed by its value."""
-    if numeric_text(column) and target == "postgres" and column.postgres_type:
+    if column.is_numeric_text and target == "postgres" and column.postgres_type:
         return Kind("number")
     return kind_of(column)
-
-
-def numeric_text(column: Column) -> bool:
-    """A `numeric` without limits (or past 38 digits): it travels as PostgreSQL's text, ordered by its value."""
-    return column.kind == "numeric" and pa.types.is_string(column.arrow_type)
 
 
 def number_text(text: str) -> str:

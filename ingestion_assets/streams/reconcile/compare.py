@@ -21,7 +21,6 @@ import pyarrow as pa
 
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.sources.postgres.query import Position, ReadPlan
-from ingestion_assets.streams.reconcile.canonical import numeric_text
 from ingestion_assets.streams.reconcile.diff import DELETED, DUPLICATE, MISSING, NEWER, STALE, UNSYNCED, Diff
 from ingestion_assets.streams.reconcile.figures import Reconciliation, summarize
 from ingestion_assets.streams.reconcile.relation import Buckets, Scope, key_alias, version_alias
@@ -165,7 +164,7 @@ def _diff_of(request: Request, ours: pa.Table, theirs: pa.Table) -> Diff:
     plan = request.plan
     aliases = {key_alias(i): name for i, name in enumerate(plan.primary_key)}
     aliases.update({version_alias(i): name for i, name in enumerate(plan.cursor)})
-    numbers = [alias for alias, name in aliases.items() if numeric_text(plan.shape.column(name))]
+    numbers = [alias for alias, name in aliases.items() if plan.shape.column(name).is_numeric_text]
     return Diff(ours, theirs, len(plan.primary_key), len(plan.cursor), numbers)
 
 

@@ -12,11 +12,11 @@ before 10), while equality stays the exact text (a version 1.0 updated to 1.00 d
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from decimal import Decimal
 
 import duckdb
 import pyarrow as pa
 
+from ingestion_assets.loading.number_order import number_order
 from ingestion_assets.sources.postgres.query import Position
 from ingestion_assets.streams.reconcile.predicates import columns_equal, columns_less, compare
 from ingestion_assets.streams.reconcile.relation import key_alias, version_alias
@@ -24,7 +24,6 @@ from ingestion_assets.streams.reconcile.relation import key_alias, version_alias
 MISSING, STALE, NEWER, DELETED, UNSYNCED = "missing", "stale", "newer", "deleted", "unsynced"
 # a source row another row of the same key outranks (a key the source does not enforce: the target keeps the newest)
 DUPLICATE = "duplicate"
-EXPONENT_OFFSET = 500_000  # above any numeric's decimal exponent (131072 digits before the point, 16383 after)
 
 
 class Diff:
@@ -128,20 +127,3 @@ class Diff:
 
 ORDER = "_order"
 
-
-def number_order(text: str) -> str:
-    """A numeric's text as text whose byte order is PostgreSQL's order of the values: -Infinity, negatives,
-    zero, positives, Infinity, NaN; within a sign by decimal exponent, then digits (the same value in any
-    scale gets one text: 1.0 and 1.00 order alike)."""
-    special = {"-Infinity": "0", "Infinity": "4", "NaN": "5"}
-    if text in special:
-        return special[text]
-    value = Decimal(text)
-    if value.is_zero():
-        return "2"
-    digits = "".join(str(d) for d in value.as_tuple().digits).rstrip("0")
-    exponent = value.adjusted()
-    if value > 0:
-        return f"3{exponent + EXPONENT_OFFSET:07d}{digits}"
-    flipped = "".join(str(9 - int(d)) for d in digits)
-    return f"1{EXPONENT_OFFSET - exponent:07d}{flipped}:"  # ':' sorts above digits: -1.51 before -1.5

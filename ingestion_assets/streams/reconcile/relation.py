@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ingestion_assets.loading.number_order import number_order, number_order_sql
 from ingestion_assets.sources.postgres.query import Position, Window
 from ingestion_assets.streams.reconcile.canonical import Dialect, Expr, mysql_datetime, row_hash
 from ingestion_assets.streams.reconcile.predicates import compare
@@ -48,6 +49,9 @@ class Relation:
     window_column: Expr | None  # the partition column, when the stream is partitioned
     quote: Callable[[str], str]  # a string literal, quoted the way this side's server reads it
     live: str | None = None  # the condition for rows that count (target: not soft-deleted)
+    # versions (by index) holding a numeric's text, bounded by value (number_order), compared with `collate`
+    numbers: frozenset[int] = frozenset()
+    collate: str = ""
 
     def literal(self, expr: Expr, text: str | None) -> str | None:
         if text is not None and self.dialect == "mysql" and expr.cast.startswith("DATETIME"):
@@ -63,12 +67,12 @@ class Relation:
             if window.upper is not None:
                 conditions.append(f"{column.sql} < {self.literal(column, window.upper)}")
         if not scope.full and self.versions:
-            columns = [(v.sql, v.nullable) for v in self.versions]
+            columns = [(self._ordered(i, v.sql), v.nullable) for i, v in enumerate(self.versions)]
             ranged = []
             for bound, op in ((scope.lowest, ">="), (scope.highest, "<=")):
                 if bound is not None:
-                    pairs = zip(self.versions, scope.cursor, strict=True)
-                    values = [self.literal(version, bound.get(name)) for version, name in pairs]
+                    pairs = enumerate(zip(self.versions, scope.cursor, strict=True))
+                    values = [self._bound(i, version, bound.get(name)) for i, (version, name) in pairs]
                     ranged.append(compare(columns, values, op))
             first = self.versions[0]
             if ranged and first.nullable:
@@ -79,6 +83,15 @@ class Relation:
             else:
                 conditions += ranged
         return " AND ".join(conditions) if conditions else "TRUE"
+
+    def _ordered(self, index: int, sql: str) -> str:
+        return number_order_sql(sql) + self.collate if index in self.numbers else sql
+
+    def _bound(self, index: int, version: Expr, text: str | None) -> str | None:
+        """A checkpoint's cursor value as a literal the version compares with (numeric text: by its value)."""
+        if index in self.numbers and text is not None:
+            return self.quote(number_order(text)) + self.collate
+        return self.literal(version, text)
 
     @property
     def estimate_sql(self) -> str:

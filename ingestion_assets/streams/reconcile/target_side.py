@@ -105,6 +105,8 @@ class TargetSide:
         # compares the same column); several: the target's cursor columns, since the position is then a text.
         versions = (expr(cursor[0], POSITION),) if len(cursor) == 1 else tuple(expr(c) for c in cursor)
         window = self.scope.window
+        # a numeric's text (DuckDB, a PostgreSQL position) is bounded by its value; MySQL's SQL has no split_part
+        numbers = () if mysql else (i for i, name in enumerate(cursor) if self.plan.shape.column(name).is_numeric_text)
         return Relation(
             dialect=dialect,  # a lake: DuckDB's view of it
             table=client.make_qualified_table_name(self.loader.target.table),
@@ -113,6 +115,8 @@ class TargetSide:
             window_column=expr(window.column) if window is not None else None,
             quote=target_mysql.quote if mysql else client.capabilities.escape_literal,
             live=f"t.{client.escape_column_name(DELETED_AT)} IS NULL",
+            numbers=frozenset(numbers),
+            collate=' COLLATE "C"' if dialect == "postgres" else "",
         )
 
     @functools.cached_property
