@@ -164,7 +164,9 @@ def _next_range(
         copied = RangeCopied(0, progress.after, True)  # emptied since the snapshot: the log holds all it has
     else:
         after, index = progress.after, progress.ranges
+        sync.loading = [stream.qualified_name]
         copied = copy_range(url, stream, snapshot, version, rules(sync), after, fences, loader, index)
+        sync.loading = []
     progress.after, progress.ranges, progress.rows = copied.last, progress.ranges + 1, progress.rows + copied.rows
     outcome.rows[stream.name] = outcome.rows.get(stream.name, 0) + copied.rows
     if copied.done:
