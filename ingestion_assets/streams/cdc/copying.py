@@ -141,6 +141,7 @@ def _copy_range(
                 _next_range(sync, url, stream, snap.name, version, fences, outcome)
             except ColumnsUnlandable as exc:  # nothing of its range was loaded
                 unlandable[stream.name] = exc.problem
+                sync.loading = []
     if unlandable:
         pause_copied(sync, url, unlandable)
     copying = [s for s in copying if s.name not in unlandable]
