@@ -234,8 +234,9 @@ def held_otherwise(
     with another type, a rename onto such a kept name, a schema lost with a checkpoint that kept none (a stream
     copied again or paused). The schema step sees an added column there, or none at all, and left it as it was,
     so every value the new type holds beyond the old one failed the load on every attempt. Judged as a type
-    change from what the target holds (a target type this cannot read as a PostgreSQL type is left alone, and a
-    text column keeps taking every value's text)."""
+    change from what the target holds. A target column that holds every value of the new type stays as it is (a
+    target keeps the types it was created with, target_types.py), as does one whose type this cannot read as a
+    PostgreSQL type; a text column stays unless the source's column is one every version landed natively."""
     assert step.plan is not None
     judged = {c.column for c in step.applied if c.old is not None and c.new is not None}
     found = []
@@ -251,6 +252,8 @@ def held_otherwise(
             continue  # the same type landed as the destination spells it or chooses (unlimited numeric: DECIMAL(38,9))
         if old.kind == "text" and (new.base or new.kind not in _NATIVE):
             continue  # landed as text by versions before native types (target_types.py): it holds every value's text
+        if old.kind != "text" and classify(new, old) in (None, "widened"):
+            continue  # it holds every value of the new type (real landed as DOUBLE by older versions): it stays
         kind = classify(old, new)
         if kind is not None:
             note = f"the target held it as {existing} (a column of that name dropped or renamed before?)"
