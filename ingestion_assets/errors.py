@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ingestion_assets.sources.redact import redact
@@ -186,6 +186,7 @@ _UNFIT_TARGET = (
 class Verdict:
     transient: bool
     advice: str  # what the user can do, for a permanent failure
+    words: str = ""  # the first line of the error in the chain that decided, when it is not the outermost one
 
 
 def describe_permanent(where: str, exc: BaseException, verdict: Verdict) -> str:
@@ -195,6 +196,9 @@ def describe_permanent(where: str, exc: BaseException, verdict: Verdict) -> str:
         text = f"{text} {_innermost_words(exc)}"
     text = redact(text) or type(exc).__name__
     text = text.removeprefix(f"{where}: ")  # our own errors often name the stream already
+    cause = redact(verdict.words)
+    if cause and cause not in text:  # a wrapper's words ("Current transaction is aborted") say nothing of its cause
+        text = f"{text} ({cause})"
     if verdict.advice and verdict.advice in text:  # said already (a connection's refusal names what to fix)
         return f"{where}: {text} — a permanent error, not retried"
     return f"{where}: {text} — a permanent error, not retried; {verdict.advice}"
@@ -218,7 +222,8 @@ def classify(exc: BaseException) -> Verdict:
     for error in errors:
         verdict = _judge(error)
         if verdict is not None:
-            return verdict
+            words = str(error).strip().split("\n", 1)[0].strip() if error is not exc else ""
+            return replace(verdict, words=words)
     if any(_labelled_transient(error) for error in errors):
         return Verdict(True, "")
     return Verdict(False, "retrying will not change this error: fix its cause, then run again")
@@ -241,10 +246,12 @@ def _judge(error: BaseException) -> Verdict | None:
         return Verdict(True, "")
     if (httpx := _imported("httpx")) is not None and isinstance(error, httpx.TransportError):
         return Verdict(True, "")
-    if (duckdb := _imported("duckdb")) is not None and isinstance(
-        error, duckdb.IOException | duckdb.TransactionException
-    ):
-        return Verdict(True, "")  # a file lock or a write conflict: another writer goes away
+    if (duckdb := _imported("duckdb")) is not None and isinstance(error, duckdb.TransactionException):
+        # "Current transaction is aborted": what a failed statement left, whose own error (its context) decides;
+        # judged transient, a value the target column cannot hold was retried on every attempt, for good
+        return None if _ABORTED.search(str(error)) else Verdict(True, "")  # a write conflict: the other goes away
+    if (duckdb := _imported("duckdb")) is not None and isinstance(error, duckdb.IOException):
+        return Verdict(True, "")  # a file lock: another writer goes away
     if (duckdb := _imported("duckdb")) is not None and isinstance(error, duckdb.ConversionException):
         return Verdict(False, _UNFIT_TARGET)
     if (duckdb := _imported("duckdb")) is not None and isinstance(error, _duckdb_refusals(duckdb)):
@@ -252,6 +259,9 @@ def _judge(error: BaseException) -> Verdict | None:
     if isinstance(error, MemoryError):
         return Verdict(False, "the slice does not fit in memory: lower `slice_rows` (or `pages_per_slice`)")
     return None
+
+
+_ABORTED = re.compile(r"transaction is aborted", re.I)
 
 
 def _duckdb_refusals(duckdb: Any) -> tuple[type[BaseException], ...]:

@@ -145,3 +145,32 @@ def test_a_load_failure_wrapped_by_dlt_keeps_the_servers_message(source_db: Sour
     message = describe_permanent("stream pg_shop.weird", failed, verdict)
     assert not verdict.transient
     assert 'with exception: unacceptable schema name "pg_shop" — a permanent error' in message, message
+
+
+def test_a_value_the_target_column_cannot_hold_in_an_aborted_transaction_is_permanent() -> None:
+    """Found by the README-only attack: DuckDB's conversion error aborts the load's transaction, and the next
+    statement's "Current transaction is aborted", wrapped by dlt as transient, decided: every attempt failed the
+    same way, retried for good. The aborted transaction's cause decides, and the failure says it."""
+    from dlt.destinations.exceptions import DatabaseTransientException
+
+    from ingestion_assets.errors import describe_permanent
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (a INTEGER); BEGIN")
+    aborted: duckdb.TransactionException | None = None
+    try:
+        con.execute("INSERT INTO t SELECT 5000000000::BIGINT")
+    except duckdb.ConversionException:
+        try:
+            con.execute("INSERT INTO t VALUES (1)")
+        except duckdb.TransactionException as exc:  # its context: the conversion error
+            aborted = exc
+    assert aborted is not None
+    wrapped = DatabaseTransientException(aborted)
+    wrapped.__cause__ = aborted
+    verdict = classify(wrapped)
+    assert not verdict.transient
+    message = describe_permanent("source s (cdc)", wrapped, verdict)
+    assert "value 5000000000 can't be cast" in message and "INT32" in message and "ingest refresh" in message
+    conflict = duckdb.TransactionException("TransactionContext Error: Catalog write-write conflict on alter")
+    assert classify(DatabaseTransientException(conflict)).transient  # another writer: it goes away

@@ -199,6 +199,8 @@ def _cdc_asset(
                 raise dg.Failure(description=str(exc), allow_retries=exc.transient) from exc
             except Exception as exc:
                 where = f"source {source_name} (cdc)" + (f" partition {partition}" if partition else "")
+                if sync.loading:  # a load failed: a value its target's column cannot hold names the column only
+                    where += f", loading stream(s) {', '.join(sync.loading)}"
                 failure = permanent_failure(where, exc)
                 if failure is None:
                     raise

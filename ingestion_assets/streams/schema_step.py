@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -12,6 +12,7 @@ from ingestion_assets.schema.changes import (
     ColumnType,
     SchemaChange,
     StoredSchema,
+    classify,
     diff,
     keeps_values,
     parse_stored,
@@ -227,6 +228,8 @@ def apply_to_target(step: SchemaStep, loader: Loader) -> list[str]:
     kind = loader.destination.type
     held = target_column_types(loader)
     typed = []
+    if held:  # before the step's own changes are judged: what it finds joins them (and their reports)
+        step.applied += held_otherwise(step, held, kind, lambda name: loader.names.column(name))
     for change in step.applied:
         if change.old is None or change.new is None:
             continue
@@ -242,6 +245,81 @@ def apply_to_target(step: SchemaStep, loader: Loader) -> list[str]:
     done = loader.migrate(typed) if typed else []
     step.plan = fit_plan(plan, loader)
     return done
+
+
+def held_otherwise(
+    step: SchemaStep, held: dict[str, str], destination: str, target_name: Callable[[str], str]
+) -> list[SchemaChange]:
+    """Columns the target holds under another type than the source's column of that name has now, which the
+    stored schema does not show as a type change: a column dropped (the target keeps it) and later added again
+    with another type, a rename onto such a kept name, a schema lost with a checkpoint that kept none (a stream
+    copied again or paused). The schema step sees an added column there, or none at all, and left it as it was,
+    so every value the new type holds beyond the old one failed the load on every attempt. Judged as a type
+    change from what the target holds. A target column that holds every value of the new type stays as it is (a
+    target keeps the types it was created with, target_types.py), as does one whose type this cannot read as a
+    PostgreSQL type; a text column stays unless the source's column is one every version landed natively."""
+    assert step.plan is not None
+    judged = {c.column for c in step.applied if c.old is not None and c.new is not None}
+    found = []
+    for column in step.plan.shape.columns:
+        existing = held.get(target_name(column.name))
+        stored = step.stored.get(column.name)
+        if column.name in judged or existing is None or stored is None:
+            continue
+        if same_sql_type(existing, sql_type(destination, column)):
+            continue
+        old, new = held_column_type(existing), ColumnType(*(str(part) for part in stored[:3]))
+        if old is None or (old.kind == new.kind and (old.kind != "numeric" or _typmod_of(new.sql_type) is None)):
+            continue  # the same type landed as the destination spells it or chooses (unlimited numeric: DECIMAL(38,9))
+        if old.kind == "text" and (new.base or new.kind not in _NATIVE):
+            continue  # landed as text by versions before native types (target_types.py): it holds every value's text
+        if old.kind != "text" and classify(new, old) in (None, "widened"):
+            continue  # it holds every value of the new type (real landed as DOUBLE by older versions): it stays
+        kind = classify(old, new)
+        if kind is not None:
+            note = f"the target held it as {existing} (a column of that name dropped or renamed before?)"
+            found.append(SchemaChange(kind, column.name, old, new, note))
+    return found
+
+
+_HELD = {  # a target's spelling of a type -> PostgreSQL's typname (loading/migrate names history columns by it)
+    "varchar": "text",
+    "text": "text",
+    "character varying": "text",
+    "boolean": "bool",
+    "smallint": "int2",
+    "integer": "int4",
+    "bigint": "int8",
+    "real": "float4",
+    "float": "float4",
+    "double": "float8",
+    "double precision": "float8",
+    "decimal": "numeric",
+    "numeric": "numeric",
+    "date": "date",
+    "timestamp": "timestamp",
+    "timestamp without time zone": "timestamp",
+    "timestamp with time zone": "timestamptz",
+    "timestamptz": "timestamptz",
+}
+
+
+_NATIVE = set(_HELD.values()) - {"text"}  # what every version landed natively
+
+
+def held_column_type(held: str) -> ColumnType | None:
+    """A target column's type (DuckDB's or PostgreSQL's spelling) as the PostgreSQL type it holds, or None."""
+    name, paren, rest = held.strip().lower().partition("(")
+    type_name = _HELD.get(name.strip())
+    if type_name is None or (paren and not rest.strip().endswith(")")):  # timestamp(3) with time zone: not read
+        return None
+    sql = "numeric" if type_name == "numeric" else "text" if type_name == "text" else name.strip()
+    paren = "" if type_name == "text" else paren  # a limited varchar holds as much text as the column had
+    return ColumnType(type_name, f"{sql}{paren}{rest.replace(' ', '')}" if paren else sql)
+
+
+def _typmod_of(sql: str) -> str | None:
+    return sql.partition("(")[2] or None
 
 
 def _stored_column(name: str, column: ColumnType, destination: str) -> Column:

@@ -44,6 +44,7 @@ class LogLoads:
 def load_changes(sync: CdcSync, pending: dict[str, TableChanges], outcome: CdcOutcome) -> None:
     """Load the batch's changes (`pending`: per stream) and count them; returns after every commit."""
     ordered = [(stream, pending[stream.name]) for stream in sync.streams if stream.name in pending]
+    sync.loading = [stream.qualified_name for stream, _ in ordered]
     for stream, changes in ordered:
         changes.shape = sync._loads.fit(stream.name, changes.shape, sync._parts(stream).loader)
     together = [(s, c) for s, c in ordered if batch_loadable(sync._parts(s).loader)]
@@ -63,6 +64,7 @@ def load_changes(sync: CdcSync, pending: dict[str, TableChanges], outcome: CdcOu
             _load_one(sync, stream, changes)
             _count(outcome, stream, changes, dt.datetime.now(dt.UTC))
             outcome.dead_letters += sync._parts(stream).loader.take_parked()  # values the target cannot hold
+    sync.loading = []
 
 
 def _slice(sync: CdcSync, stream: PostgresTableStream, changes: TableChanges) -> TableSlice:

@@ -21,7 +21,9 @@ from ingestion_assets.streams.cdc.outcome import CdcError, CdcOutcome, LogBehind
 from ingestion_assets.streams.cdc.paused import RECOPY
 from ingestion_assets.streams.cdc.preflight import slot_ready
 from ingestion_assets.streams.cdc.rows import SourceRows, TableChanges
+from ingestion_assets.streams.cdc.schema import SCHEMA
 from ingestion_assets.streams.postgres_table import PostgresTableStream
+from ingestion_assets.streams.schema_step import COLUMN_IDS
 from ingestion_assets.sync import Faults, checkpoint_first
 
 if TYPE_CHECKING:
@@ -173,8 +175,9 @@ def _logged_without_columns(sync: CdcSync, stream: PostgresTableStream, parts: S
         "and renamed back, or dropped and added again, while the log was written): its rows cannot say those "
         "values"
     )
-    if position is not None:
-        sync.store.commit(position, {stream.name: {"snapshot_done": False, RECOPY: reason}})
+    if position is not None:  # the schema the target holds stays: the next run compares the columns with it
+        kept = {k: v for k, v in sync._details(stream.name).items() if k in (SCHEMA, COLUMN_IDS)}
+        sync.store.commit(position, {stream.name: {**kept, "snapshot_done": False, RECOPY: reason}})
     sync._state.recopy(stream.name, reason)
     sync._say("%s: copying its table again from the next run: %s", stream.qualified_name, reason)
     return True

@@ -141,6 +141,7 @@ def _copy_range(
                 _next_range(sync, url, stream, snap.name, version, fences, outcome)
             except ColumnsUnlandable as exc:  # nothing of its range was loaded
                 unlandable[stream.name] = exc.problem
+                sync.loading = []
     if unlandable:
         pause_copied(sync, url, unlandable)
     copying = [s for s in copying if s.name not in unlandable]
@@ -164,7 +165,9 @@ def _next_range(
         copied = RangeCopied(0, progress.after, True)  # emptied since the snapshot: the log holds all it has
     else:
         after, index = progress.after, progress.ranges
+        sync.loading = [stream.qualified_name]
         copied = copy_range(url, stream, snapshot, version, rules(sync), after, fences, loader, index)
+        sync.loading = []
     progress.after, progress.ranges, progress.rows = copied.last, progress.ranges + 1, progress.rows + copied.rows
     outcome.rows[stream.name] = outcome.rows.get(stream.name, 0) + copied.rows
     if copied.done:

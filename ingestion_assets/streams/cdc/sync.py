@@ -66,6 +66,8 @@ class CdcSync:
     _loads: LogLoads = field(default_factory=LogLoads, init=False)  # what the run's batch loads share
     _applied: array[int] | None = field(default=None, init=False)  # copying: xids applied since the last snapshot
     refused: dict[str, str] = field(default_factory=dict, init=False)  # new streams whose key fails its check: why
+    # The streams whose rows are being loaded (left set when the load fails: the failure names them)
+    loading: list[str] = field(default_factory=list, init=False)
     # The publication and enum marks of each table as a live run found them (`recopy_republished`), and the
     # publication row versions the run's own ALTER PUBLICATION replaced
     marks: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict, init=False)
