@@ -12,11 +12,18 @@ import pyarrow as pa
 
 from ingestion_assets.loading.duckdb_batch import TableSlice, batch_loadable, load_tables
 from ingestion_assets.loading.metadata_columns import DELETED_AT, POSITION, TIMESTAMP_UTC
+from ingestion_assets.loading.parked import release_parked
 from ingestion_assets.observe.commit_latency import record_counts
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.sources.postgres.cdc import CdcError
 from ingestion_assets.sources.postgres.introspect import TableShape
-from ingestion_assets.streams.cdc.rows import VERSION_TYPE, TableChanges, dead_letter_table, mark_deleted
+from ingestion_assets.streams.cdc.rows import (
+    VERSION_TYPE,
+    TableChanges,
+    dead_letter_table,
+    log_key_text,
+    mark_deleted,
+)
 from ingestion_assets.streams.target_types import fit_shape
 
 if TYPE_CHECKING:
@@ -63,6 +70,20 @@ def load_changes(sync: CdcSync, pending: dict[str, TableChanges], outcome: CdcOu
             _load_one(sync, stream, changes)
             _count(outcome, stream, changes, dt.datetime.now(dt.UTC))
             outcome.dead_letters += sync._parts(stream).loader.take_parked()  # values the target cannot hold
+    for stream, changes in ordered:
+        release_logged_keys(sync._parts(stream).loader, changes)
+
+
+def release_logged_keys(loader: Loader, changes: TableChanges) -> None:
+    """Dead letters a CDC stream parked before keys had one text (under the log's text of the key, e.g.
+    `2024-01-01 00:00:00+00`, which the load's `record_keys` never spells) leave when a change of their key
+    loads, as the others do. Asked only of the keys the loader already knows to be parked."""
+    parked = loader._parked_keys
+    if not parked or not changes.rows:
+        return
+    logged = {log_key_text(row, changes.primary_key) for row in changes.rows} & parked
+    if logged:
+        release_parked(loader, sorted(logged))
 
 
 def _slice(sync: CdcSync, stream: PostgresTableStream, changes: TableChanges) -> TableSlice:

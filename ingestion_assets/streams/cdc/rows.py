@@ -12,15 +12,15 @@ import csv
 import datetime as dt
 import io
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA, key_part
+from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA, key_part, record_keys
 from ingestion_assets.loading.metadata_columns import (
     DELETED_AT,
     EXTRACTED_AT,
@@ -191,10 +191,42 @@ class TableChanges:
 
     def dead_letter_rows(self) -> list[tuple[str, str, str]]:
         """(record key, error, raw JSON) of the changes whose values cannot load."""
+        keys = self.key_texts([row for row, _ in self.bad])
         return [
-            ("|".join(key_part(str(row.get(k))) for k in self.primary_key), problem, json.dumps(row, default=str))
-            for row, problem in self.bad
+            (key, problem, json.dumps(row, default=str)) for key, (row, problem) in zip(keys, self.bad, strict=True)
         ]
+
+    def key_texts(self, rows: list[dict[str, Any]]) -> list[str]:
+        """The rows' keys as `record_keys` spells them when the rows load (the key values parsed as the table's
+        types): a parked change is released by the load of its key. The log's own text (`2024-01-01
+        00:00:00+00` where the load spells `2024-01-01 00:00:00.000000Z`) left it parked for good. A key value
+        the types cannot read (it can never load either) keeps the log's text."""
+        if not rows:
+            return []
+        try:
+            return self._parsed_keys(rows)
+        except (pa.ArrowInvalid, ValueError, KeyError):
+            pass
+        texts = []
+        for row in rows:  # one of them does not parse: each alone
+            try:
+                texts += self._parsed_keys([row])
+            except (pa.ArrowInvalid, ValueError, KeyError):
+                texts.append(log_key_text(row, self.primary_key))
+        return texts
+
+    def _parsed_keys(self, rows: list[dict[str, Any]]) -> list[str]:
+        shape = replace(self.shape, columns=tuple(self.shape.column(k) for k in self.primary_key))
+        keys = TableChanges(shape, self.primary_key, rows=[{k: row.get(k) for k in self.primary_key} for row in rows])
+        data = keys._parsed()
+        if len(keys.rows) != len(rows):
+            raise ValueError("a key value does not fit its column")
+        return [str(text) for text in record_keys(data, self.primary_key).to_pylist()]
+
+
+def log_key_text(row: dict[str, Any], primary_key: Sequence[str]) -> str:
+    """A change's key as the log's text of its values (what CDC parked rows under before `key_texts`)."""
+    return "|".join(key_part(str(row.get(k))) for k in primary_key)
 
 
 class _Null:
