@@ -108,7 +108,7 @@ def copy_streams(sync: CdcSync, url: str, outcome: CdcOutcome) -> None:
                 under_way.ranges,
                 under_way.rows,
             )
-        elif under_way is not None:  # begun by an earlier run that failed before its first range
+        elif under_way is not None and name not in sync._state.begun:  # an earlier run failed before its first range
             sync._say("%s.%s: going on with the copy an earlier run began", sync.source_name, name)
         elif name not in sync._state.reasons:
             sync._say("%s.%s: copying its table (new to the source, first run, or reset)", sync.source_name, name)
