@@ -234,3 +234,26 @@ def test_cdc_status_with_an_unset_connection_variable_or_no_server_says_which(cd
     assert done.returncode != 0, output
     assert "Traceback" not in output and "s3cret-pass" not in output
     assert f"sources.{harness.source_name}.connection (env:INGEST_TEST_SOURCE_URL): cannot connect" in output
+
+
+@pytest.mark.parametrize("destination", ["duckdb", "postgres"])
+def test_soft_deletes_flag_target_rows_whose_keys_the_target_spells_otherwise(
+    cdc: StreamHarness, destination: str
+) -> None:
+    """A soft delete of a row whose values only the target holds (the default replica identity sends the key
+    only) flags the target's row by its key. Matched as the log's text, a key of a bool (`t`, the target's
+    `true`), a float or bytea matched no row: the rows stayed live in the target and the run said nothing."""
+    harness = cdc
+    harness.source.execute(
+        "CREATE TABLE k (flag bool, at timestamptz, r float8, blob bytea, v int, PRIMARY KEY (flag, at, r, blob));"
+        "INSERT INTO k VALUES (true, '2024-01-02 03:04:05.5+00', 0.1, '\\x00ff', 1), (false, '2024-01-01', 1e20, "
+        "'\\x', 2), (true, '2024-01-03', 2, '\\x01', 3)"
+    )
+    key = ["flag", "at", "r", "blob"]
+    streams = {"k": {"table": "k", "primary_key": key, "deletes": "soft"}}
+    harness.write_catalog(streams, destination=destination, mode="cdc", cdc=FAST)
+    harness.materialize()
+    harness.source.execute("DELETE FROM k WHERE v < 3")
+    harness.materialize()
+    rows = harness.query_target(f'SELECT v, _ingest_deleted_at IS NOT NULL FROM "{harness.source_name}".k ORDER BY v')
+    assert rows == [(1, True), (2, True), (3, False)]
