@@ -350,11 +350,21 @@ class SourceRows:
         with self._conn.cursor() as cur:
             cur.execute(
                 sql.SQL("SELECT {cols} FROM {table} WHERE {where}").format(
-                    cols=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c.name)) for c in shape.columns),
+                    cols=sql.SQL(", ").join(_as_logged(sql, c.name) for c in shape.columns),
                     table=sql.Identifier(stream.spec.schema_name, stream.spec.table_name),
-                    where=sql.SQL(" AND ").join(sql.SQL("{}::text = %s").format(sql.Identifier(k)) for k in key),
+                    # The log's text read as the column's type (an untyped literal): compared as text, a bool
+                    # key's `t` met `true` and no row was found (the large value landed as NULL).
+                    where=sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(k)) for k in key),
                 ),
                 [str(v) for v in key.values()],
             )
             row = cur.fetchone()
         return dict(zip([c.name for c in shape.columns], row, strict=True)) if row else {}
+
+
+def _as_logged(sql: Any, column: str) -> Any:
+    """A column's value as the log sends it: its type's output text (`format('%s', ...)`). A cast to text is
+    not always that: a bool reads `true` (the log: `t`), a char(n) loses its padding, an inet gains its mask."""
+    name = sql.Identifier(column)
+    text = "CASE WHEN {} IS NULL THEN NULL ELSE format('%%s', {}) END"  # %%: the statement takes parameters
+    return sql.SQL(text).format(name, name)
