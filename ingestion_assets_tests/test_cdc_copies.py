@@ -176,3 +176,42 @@ def test_a_history_range_copied_on_an_idle_source_keeps_its_rows(
     harness.materialize(partition=LIVE)  # checkpointed at the end of that commit: the server's last WAL
     harness.materialize(partition="0-999")
     _assert_exact(harness, "customers")
+
+
+def test_the_first_copy_says_which_open_transaction_it_waits_for(cdc: StreamHarness) -> None:
+    """Creating the slot waits for every transaction open at the source: a session left idle in a transaction
+    that wrote holds the first run, which says so (pid, state, age) instead of looking hung; and a first run says
+    it copies a new stream, not that it goes on with a copy an earlier run began."""
+    harness = cdc
+    harness.source.execute(CUSTOMERS + "CREATE TABLE notes (id int);")
+    _catalog(harness, {"customers": {}})
+    holder = psycopg2.connect(harness.source.url)
+    with holder.cursor() as cur:
+        cur.execute(f'INSERT INTO "{harness.source.schema}".notes VALUES (1)')
+        cur.execute("SELECT pg_backend_pid()")
+        pid = cur.fetchone()[0]
+    told = (
+        "SELECT 1 FROM pg_stat_activity WHERE application_name = 'ingest-cdc-wait' AND state = 'idle' "
+        "AND query LIKE '%backend_xid%'"
+    )
+
+    def end_once_told() -> None:  # the run read pg_stat_activity: its message follows
+        deadline = time.monotonic() + 60
+        while not harness.query_source(told) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1)
+        holder.rollback()
+
+    ender = threading.Thread(target=end_once_told)
+    ender.start()
+    try:
+        result = harness.materialize()
+    finally:
+        ender.join()
+        holder.close()
+    logs = " ".join(e.user_message for e in harness.instance.all_logs(result.run_id))
+    assert f"creating replication slot ingest_{harness.source_name} for the first copy: waiting for" in logs
+    assert f"pid {pid} (xid " in logs and "idle in transaction, transaction open" in logs
+    assert "an earlier run began" not in logs
+    assert f"{harness.source_name}.customers: copying its table (new to the source" in logs
+    _assert_exact(harness, "customers")

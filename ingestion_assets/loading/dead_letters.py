@@ -143,10 +143,29 @@ def record_keys(table: pa.Table, primary_key: Sequence[str]) -> pa.Array:
     """A row's primary key as text, the values joined by '|' (what `ingest dlq list` shows; a NULL, which only a
     parked row's key holds, as `\\N`). A backslash or '|' inside a value is escaped with a backslash, so the
     text reads back as the values it was made of (`key_values`): a text key `a|b` or `\\N` is no two values or
-    no NULL."""
-    parts = [pc.fill_null(_escaped(pc.cast(table.column(k), pa.string())), NULL_KEY) for k in primary_key]
+    no NULL.
+
+    The one text of a key, whichever path parks a row or releases it: every path (a table's slices, a CDC
+    change, a copy, `ingest dlq replay`) spells its rows' keys here, from the typed Arrow values; a path that
+    spelled the source's own text instead (a CDC change's `2024-01-01 00:00:00+00` beside the load's
+    `2024-01-01 00:00:00.000000Z`) parked rows no load ever released."""
+    parts = [pc.fill_null(_escaped(_key_text(table.column(k))), NULL_KEY) for k in primary_key]
     joined = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, "|")
     return joined.combine_chunks() if isinstance(joined, pa.ChunkedArray) else joined
+
+
+def _key_text(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """A key column's values as text: Arrow's own cast where it has one; bytes as PostgreSQL's hex text
+    (`\\x00ff`: Arrow's cast fails on bytes that are not UTF-8); lists and the like as JSON."""
+    kind = column.type
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind):
+        return pa.array([None if v is None else "\\x" + v.hex() for v in column.to_pylist()], pa.string())
+    try:
+        return pc.cast(column, pa.string())
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+        items = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        texts = [None if not s.is_valid else json.dumps(values.plain(s), default=str) for s in items]
+        return pa.array(texts, pa.string())
 
 
 def _escaped(values: Any) -> Any:

@@ -230,7 +230,7 @@ def _insert(con: Any, table: str, rows: pa.Table) -> None:
 
 def _mark(con: Any, table: str, key: tuple[str, ...], marks: pa.Table) -> None:
     """Flag the rows, keep every value; a row already deleted or at a newer version is left alone."""
-    match = " AND ".join(f"CAST(t.{quote_name(k)} AS VARCHAR) = m.{quote_name(k)}" for k in key)
+    match = " AND ".join(f"t.{quote_name(k)} = m.{quote_name(k)}" for k in key)  # typed as the rows landed
     con.register(MARKS, marks)
     try:
         con.execute(

@@ -105,12 +105,12 @@ class IcebergTables:
         return self._rewrite(iceberg, table, f"SELECT * FROM {_CURRENT} t WHERE NOT ({matched})", None, keys)
 
     def flag_deleted(self, table: str, key: tuple[str, ...], marks: pa.Table) -> int:
-        """CDC's soft deletes (`marks`: the key as text _k0.., `_version`, `_at`): flag each row at the delete's
-        version, keeping its values, unless it is flagged already or newer; one snapshot."""
+        """CDC's soft deletes (`marks`: the key typed as the rows landed _k0.., `_version`, `_at`): flag each row at
+        the delete's version, keeping its values, unless it is flagged already or newer; one snapshot."""
         iceberg = self.open(table)
         if iceberg is None or marks.num_rows == 0:
             return 0
-        on = " AND ".join(f"CAST(t.{quoted(k)} AS VARCHAR) = m._k{i}" for i, k in enumerate(key))
+        on = " AND ".join(f"t.{quoted(k)} = m._k{i}" for i, k in enumerate(key))
         hit = f"m._k0 IS NOT NULL AND t.{DELETED_AT} IS NULL AND (t.{POSITION} IS NULL OR t.{POSITION} < m._version)"
         flagged = ", ".join(
             f"CASE WHEN {hit} THEN m.{new} ELSE t.{column} END AS {column}"

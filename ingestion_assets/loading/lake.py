@@ -9,7 +9,6 @@ the next run re-reads that slice from the checkpoint and the merge on the key ab
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
@@ -212,19 +211,17 @@ class LakeLoader(Loader):
                 where = f"{quote_name(column)} = {_literal(old)} AND {DELETED_AT} IS NULL"
                 self.tables.update(self.target.table, {column: _literal(new)}, where)
 
-    def mark_deleted(self, marks: dict[tuple[Any, ...], tuple[Decimal, dt.datetime]]) -> int:
-        """CDC's soft deletes of rows whose values only the target holds (streams/cdc/rows.py): each key (as the
-        log's text) flagged at its delete's version and time, in one commit of the table format."""
+    def mark_deleted(self, marks: pa.Table) -> int:
+        """CDC's soft deletes of rows whose values only the target holds (streams/cdc/rows.py `marks_table`:
+        the key columns typed as the rows landed, `_ingest_position`, `_ingest_deleted_at`): each key flagged at
+        its delete's version and time, in one commit of the table format."""
         with self._lock():
             dataset = self.tables.dataset(self.target.table)
-            if dataset is None or not marks:
+            if dataset is None or not marks.num_rows:
                 return 0
-            columns: dict[str, pa.Array] = {
-                f"_k{i}": pa.array([str(key[i]) for key in marks], pa.string()) for i in range(len(self.key))
-            }
-            versions = pa.array([version for version, _ in marks.values()])
-            columns["_version"] = versions.cast(dataset.schema.field(POSITION).type)
-            columns["_at"] = pa.array([when for _, when in marks.values()], pa.timestamp("us", "UTC"))
+            columns: dict[str, Any] = {f"_k{i}": marks.column(k) for i, k in enumerate(self.key)}
+            columns["_version"] = marks.column(POSITION).cast(dataset.schema.field(POSITION).type)
+            columns["_at"] = marks.column(DELETED_AT).cast(pa.timestamp("us", "UTC"))
             return int(self.tables.flag_deleted(self.target.table, self.key, pa.table(columns)))
 
     def parked(self) -> set[str]:

@@ -183,12 +183,12 @@ class LakeTables:
         return int(metrics.get("num_target_rows_updated" if soft else "num_target_rows_deleted", 0))
 
     def flag_deleted(self, table: str, key: tuple[str, ...], marks: pa.Table) -> int:
-        """CDC's soft deletes (`marks`: the key as text _k0.., `_version`, `_at`): flag each row at the delete's
-        version, keeping its values, unless it is flagged already or newer; one Delta MERGE."""
+        """CDC's soft deletes (`marks`: the key typed as the rows landed _k0.., `_version`, `_at`): flag each row at
+        the delete's version, keeping its values, unless it is flagged already or newer; one Delta MERGE."""
         delta = self.open(table)
         if delta is None or marks.num_rows == 0:
             return 0
-        on = " AND ".join(f"CAST(t.{quoted(k)} AS STRING) = s._k{i}" for i, k in enumerate(key))
+        on = " AND ".join(f"t.{quoted(k)} = s._k{i}" for i, k in enumerate(key))
         newer = f"t.{DELETED_AT} IS NULL AND (t.{POSITION} IS NULL OR t.{POSITION} < s._version)"
         merge = delta.merge(marks, on, source_alias="s", target_alias="t")
         metrics = merge.when_matched_update({DELETED_AT: "s._at", POSITION: "s._version"}, predicate=newer).execute()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import psycopg2
 import pytest
 
 from ingestion_assets.sources.postgres.cdc import (
@@ -19,6 +20,8 @@ from ingestion_assets.sources.postgres.cdc import (
     read_changes,
     slot_health,
 )
+from ingestion_assets.sources.postgres.cdc.marks import publication_marks
+from ingestion_assets.sources.postgres.cdc.publication import Ensured
 from ingestion_assets_tests.cdc.sandbox import Sandbox, confirmed_flush, prepare, wal_level
 
 
@@ -47,7 +50,7 @@ def test_a_ready_setup_has_no_problems_and_each_fault_is_named(sandbox: Sandbox)
     assert f"does not include table {keyless}; ALTER PUBLICATION" in text
     assert f"table {keyless}: has no primary key" in text and f"ALTER TABLE {keyless} REPLICA IDENTITY FULL" in text
     sandbox.execute(f"ALTER TABLE {keyless} REPLICA IDENTITY FULL")
-    assert ensure_publication(sandbox.url, sandbox.publication, [table, sandbox.table("keyless")]) == (
+    assert ensure_publication(sandbox.url, sandbox.publication, [table, sandbox.table("keyless")]).added == (
         sandbox.table("keyless"),
     )
     assert check_cdc(sandbox.url, sandbox.slot, sandbox.publication, [table, sandbox.table("keyless")]) == []
@@ -86,9 +89,33 @@ def test_publication_is_created_then_extended_only_by_what_it_lacks(sandbox: San
     for name in ("a", "b"):
         sandbox.execute(f"CREATE TABLE {sandbox.qualified(name)} (id int PRIMARY KEY)")
     a, b = sandbox.table("a"), sandbox.table("b")
-    assert ensure_publication(sandbox.url, sandbox.publication, [a]) == (a,)
-    assert ensure_publication(sandbox.url, sandbox.publication, [a, b]) == (b,)
-    assert ensure_publication(sandbox.url, sandbox.publication, [a, b]) == ()
+    assert ensure_publication(sandbox.url, sandbox.publication, [a]).added == (a,)
+    assert ensure_publication(sandbox.url, sandbox.publication, [a, b]).added == (b,)
+    assert ensure_publication(sandbox.url, sandbox.publication, [a, b]).added == ()
+
+
+def test_publication_says_which_row_version_its_own_alter_replaced(sandbox: Sandbox) -> None:
+    """The run tells its own ALTER PUBLICATION from an operator's by the row version it replaced: reported by
+    the one call that altered, read on the connection it is given (which stays open for the marks)."""
+    sandbox.execute(f"CREATE TABLE {sandbox.qualified('plain')} (id int PRIMARY KEY)")
+    sandbox.execute(f"CREATE TABLE {sandbox.qualified('parted')} (id int PRIMARY KEY) PARTITION BY RANGE (id)")
+    plain, parted = sandbox.table("plain"), sandbox.table("parted")
+    sandbox.execute(f"CREATE PUBLICATION {sandbox.publication} FOR TABLE {sandbox.qualified('plain')}")
+    version = "SELECT oid::text || '/' || xmin::text FROM pg_publication WHERE pubname = %s"
+    before = sandbox.query(version, (sandbox.publication,))[0][0]
+    assert ensure_publication(sandbox.url, sandbox.publication, [plain]) == Ensured((), None)
+    conn = psycopg2.connect(sandbox.url)
+    try:
+        conn.autocommit = True
+        ensured = ensure_publication(sandbox.url, sandbox.publication, [plain, parted], conn=conn)
+        assert ensured == Ensured((parted,), before)  # publish_via_partition_root turned on, the table added
+        marks = publication_marks(sandbox.url, sandbox.publication, [plain, parted], conn=conn)
+        assert not conn.closed
+    finally:
+        conn.close()
+    after = sandbox.query(version, (sandbox.publication,))[0][0]
+    assert after != before and marks[parted]["publication"] == marks[plain]["publication"] == after
+    assert ensure_publication(sandbox.url, sandbox.publication, [plain, parted]) == Ensured((), None)
 
 
 def test_slot_health_follows_retained_wal_and_gaps_are_found(sandbox: Sandbox) -> None:

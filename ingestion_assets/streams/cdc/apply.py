@@ -11,12 +11,17 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from ingestion_assets.loading.duckdb_batch import TableSlice, batch_loadable, load_tables
-from ingestion_assets.loading.metadata_columns import DELETED_AT, POSITION, TIMESTAMP_UTC
+from ingestion_assets.loading.parked import release_parked
 from ingestion_assets.observe.commit_latency import record_counts
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.sources.postgres.cdc import CdcError
 from ingestion_assets.sources.postgres.introspect import TableShape
-from ingestion_assets.streams.cdc.rows import VERSION_TYPE, TableChanges, dead_letter_table, mark_deleted
+from ingestion_assets.streams.cdc.rows import (
+    TableChanges,
+    dead_letter_table,
+    log_key_text,
+    mark_deleted,
+)
 from ingestion_assets.streams.target_types import fit_shape
 
 if TYPE_CHECKING:
@@ -64,7 +69,21 @@ def load_changes(sync: CdcSync, pending: dict[str, TableChanges], outcome: CdcOu
             _load_one(sync, stream, changes)
             _count(outcome, stream, changes, dt.datetime.now(dt.UTC))
             outcome.dead_letters += sync._parts(stream).loader.take_parked()  # values the target cannot hold
+    for stream, changes in ordered:
+        release_logged_keys(sync._parts(stream).loader, changes)
     sync.loading = []
+
+
+def release_logged_keys(loader: Loader, changes: TableChanges) -> None:
+    """Dead letters a CDC stream parked before keys had one text (under the log's text of the key, e.g.
+    `2024-01-01 00:00:00+00`, which the load's `record_keys` never spells) leave when a change of their key
+    loads, as the others do. Asked only of the keys the loader already knows to be parked."""
+    parked = loader._parked_keys
+    if not parked or not changes.rows:
+        return
+    logged = {log_key_text(row, changes.primary_key) for row in changes.rows} & parked
+    if logged:
+        release_parked(loader, sorted(logged))
 
 
 def _slice(sync: CdcSync, stream: PostgresTableStream, changes: TableChanges) -> TableSlice:
@@ -96,14 +115,11 @@ def _rows(stream: PostgresTableStream, changes: TableChanges) -> pa.Table | None
 
 
 def marks_table(changes: TableChanges, key: tuple[str, ...]) -> pa.Table | None:
-    """The soft-delete marks as rows: each key column as the log's text (named as the target names it)."""
-    if not changes.marks:
+    """The soft-delete marks as rows: each key column typed as the rows land, named as the target names it."""
+    marks = changes.marks_table()
+    if marks is None:
         return None
-    keys = list(changes.marks)
-    columns = {name: pa.array([str(k[i]) for k in keys], pa.string()) for i, name in enumerate(key)}
-    columns[POSITION] = pa.array([changes.marks[k][0] for k in keys], VERSION_TYPE)
-    columns[DELETED_AT] = pa.array([changes.marks[k][1] for k in keys], TIMESTAMP_UTC)
-    return pa.table(columns)
+    return marks.rename_columns([*key, *marks.column_names[len(key) :]])
 
 
 def _load_one(sync: CdcSync, stream: PostgresTableStream, changes: TableChanges) -> None:
@@ -116,7 +132,7 @@ def _load_one(sync: CdcSync, stream: PostgresTableStream, changes: TableChanges)
     dead = dead_letter_table(stream, changes, sync.run_id)
     if rows is not None or dead is not None:
         loader.load(rows, dead_letters=dead)
-    mark_deleted(loader, changes.marks)
+    mark_deleted(loader, marks_table(changes, loader.key))
     if stream.spec.deletes == "hard":
         loader.purge_deleted()
     if changes.truncated_at is not None or (stream.spec.deletes == "hard" and changes.marks):  # emptied?

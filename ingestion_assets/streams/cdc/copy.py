@@ -131,7 +131,7 @@ def _load_slice(
     fences: Fences,
 ) -> int:
     """One slice less its fenced keys, bad rows parked, every row at `version`; returns the rows read."""
-    source_rows = fences.drop_fenced((stream.spec.schema_name, stream.spec.table_name), piece.table)
+    source_rows = fences.drop_fenced((stream.spec.schema_name, stream.spec.table_name), piece.table, plan.shape)
     split = split_bad_rows(
         source_rows,
         stream.name,

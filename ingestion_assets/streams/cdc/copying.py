@@ -14,6 +14,8 @@ from ingestion_assets.partitions import LIVE, key_range
 from ingestion_assets.sources.postgres.cdc import create_slot_with_snapshot, drop_slot, slot_health
 from ingestion_assets.sources.postgres.cdc.chunks import ChunkSnapshot, chunk_snapshot
 from ingestion_assets.sources.postgres.cdc.publication import await_older_writers
+from ingestion_assets.sources.postgres.cdc.snapshot import SlotSnapshot
+from ingestion_assets.sources.postgres.cdc.waits import told_while_waiting
 from ingestion_assets.streams.cdc.batches import REACH_SECONDS, apply_log, catch_up
 from ingestion_assets.streams.cdc.copy import CopyRules, RangeCopied, copy_as_of, copy_range, create_target
 from ingestion_assets.streams.cdc.history import Fences, fences_for, plan_history
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
 def snapshot(sync: CdcSync, url: str) -> CdcOutcome:
     """A new slot: every stream starts its copy at the slot's first position, then copies its table in
     key ranges beside the log (`copy_streams`), so a crash costs at most one range."""
-    with _existing_slot_dropped(url, sync.slot), create_slot_with_snapshot(url, sync.slot) as snap:
+    with _slot_created(sync, url) as snap:
         lsn = snap.consistent_lsn
     # Only once the block is left: a failure inside it drops the new slot, which a stored checkpoint
     # would then point at (found by simulation seed 2013, cdc).
@@ -43,9 +45,22 @@ def snapshot(sync: CdcSync, url: str) -> CdcOutcome:
     return outcome
 
 
+@contextlib.contextmanager
+def _slot_created(sync: CdcSync, url: str) -> Iterator[SlotSnapshot]:
+    """A new slot and its snapshot; creating it waits for the transactions open at the source, said while it
+    does (a session left idle in a transaction holds the first copy for as long as it stays open)."""
+    waiting = f"source {sync.source_name}: creating replication slot {sync.slot} for the first copy"
+    with (
+        told_while_waiting(url, waiting, sync._say),
+        _existing_slot_dropped(url, sync.slot),
+        create_slot_with_snapshot(url, sync.slot) as snap,
+    ):
+        yield snap
+
+
 def start_log(sync: CdcSync, url: str) -> None:
     """History mode, first run: a new slot; the key space of the rows that exist now is the history."""
-    with _existing_slot_dropped(url, sync.slot), create_slot_with_snapshot(url, sync.slot) as snap:
+    with _slot_created(sync, url) as snap:
         lsn = snap.consistent_lsn
     chunk = sync.source.cdc.history_chunk
     assert chunk is not None
@@ -108,7 +123,7 @@ def copy_streams(sync: CdcSync, url: str, outcome: CdcOutcome) -> None:
                 under_way.ranges,
                 under_way.rows,
             )
-        elif under_way is not None:  # begun by an earlier run that failed before its first range
+        elif under_way is not None and name not in sync._state.begun:  # an earlier run failed before its first range
             sync._say("%s.%s: going on with the copy an earlier run began", sync.source_name, name)
         elif name not in sync._state.reasons:
             sync._say("%s.%s: copying its table (new to the source, first run, or reset)", sync.source_name, name)
@@ -116,7 +131,9 @@ def copy_streams(sync: CdcSync, url: str, outcome: CdcOutcome) -> None:
     # Stored as begun: a run that fails before the first range goes on with the copy, even when what made it
     # needed (a table put back in the publication, a slot acknowledged past it) no longer shows.
     sync._commit(outcome.lsn, starting)
-    await_older_writers(url, sync.source.cdc.lock_wait_seconds)
+    waiting = f"source {sync.source_name}: the copy of {', '.join(names)} waits for the writers older than it"
+    with told_while_waiting(url, waiting, sync._say):
+        await_older_writers(url, sync.source.cdc.lock_wait_seconds)
     copying = [s for s in sync.streams if s.name in names]
     for stream in copying:
         create_target(sync._parts(stream).loader, sync._parts(stream).shape)

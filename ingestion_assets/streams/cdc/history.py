@@ -21,10 +21,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingestion_assets.loading.dead_letters import record_keys
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.sources.postgres import occupied_buckets, plan_table_read
 from ingestion_assets.sources.postgres.cdc import ChangeBatch, Op, RowChange
 from ingestion_assets.sources.postgres.cdc.chunks import ChunkSnapshot
+from ingestion_assets.sources.postgres.introspect import TableShape
+from ingestion_assets.streams.cdc.rows import TableChanges
 from ingestion_assets.streams.postgres_table import PostgresTableStream
 
 HISTORY = "history"  # checkpoint detail: {"chunk", "buckets"}: key // chunk of every range holding rows
@@ -57,14 +60,16 @@ def history_keys(state: dict[str, Any]) -> list[str]:
 @dataclass
 class Fences:
     """Keys touched by log transactions a copy's snapshot does not see: the log, not the copy, has them.
-    A key is the text of its columns joined (the log's text; integers and text compare exactly with the
-    Arrow values of the copy)."""
+    A key is kept as the log's text of its values and compared with the copy's rows as `record_keys` spells
+    both, the log's parsed as the copy's types: compared as the log's text against Arrow's, a timestamptz, bool,
+    float or bytea key was never fenced (its old row copied over the log's newer one) or stopped the copy."""
 
     snapshot: ChunkSnapshot
-    keys: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (schema, table) -> key texts
+    keys: dict[tuple[str, str], set[tuple[str, ...]]] = field(default_factory=dict)  # (schema, table) -> keys
     truncated: set[tuple[str, str]] = field(default_factory=set)  # tables emptied after the snapshot
     columns: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)  # (schema, table) -> key columns
     read: set[int] = field(default_factory=set)  # xids (32 bits, as the log names them) of the batches seen
+    _texts: dict[tuple[str, str], pa.Array] = field(default_factory=dict)  # table -> fenced keys as record_keys
 
     def see(self, batch: ChangeBatch) -> None:
         for tx in batch.transactions:
@@ -96,19 +101,24 @@ class Fences:
             values = dict(zip(change.table.columns, row, strict=False))
             key = [values.get(name) for name in column]
             if all(isinstance(value, str) for value in key):
-                self.keys.setdefault(table, set()).add(_SEPARATOR.join(str(v) for v in key))
+                self.keys.setdefault(table, set()).add(tuple(str(v) for v in key))
+                self._texts.pop(table, None)
 
-    def drop_fenced(self, table: tuple[str, str], rows: pa.Table) -> pa.Table:
+    def drop_fenced(self, table: tuple[str, str], rows: pa.Table, shape: TableShape) -> pa.Table:
+        """`rows` less the fenced keys; `shape`: the types the copy read `rows` as."""
         fenced = self.keys.get(table)
         if not fenced:
             return rows
-        texts = [pc.cast(rows[name], pa.string()) for name in self.columns[table]]
-        joined = texts[0] if len(texts) == 1 else pc.binary_join_element_wise(*texts, _SEPARATOR)
-        keep = pc.invert(pc.is_in(joined, value_set=pa.array(sorted(fenced), type=pa.string())))
+        columns = self.columns[table]
+        texts = self._texts.get(table)
+        if texts is None:
+            changes = TableChanges(shape, columns)
+            keys = changes.key_texts([dict(zip(columns, key, strict=True)) for key in sorted(fenced)])
+            texts = self._texts[table] = pa.array(sorted(set(keys)), pa.string())
+        keep = pc.invert(pc.is_in(record_keys(rows, columns), value_set=texts))
         return rows.filter(pc.fill_null(keep, True))
 
 
-_SEPARATOR = "\x1f"
 _XID_SPACE = 1 << 32
 
 

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from ingestion_assets.sources.postgres.cdc import check_cdc, drop_unread_tables, ensure_publication, parse_lsn
 from ingestion_assets.sources.postgres.cdc.identity import unpublish_unidentified
-from ingestion_assets.sources.postgres.cdc.marks import publication_version
+from ingestion_assets.sources.postgres.cdc.marks import publication_marks
+from ingestion_assets.sources.postgres.reader import connect
 from ingestion_assets.streams.cdc.outcome import CdcError
 from ingestion_assets.streams.cdc.paused import PAUSED, pause_message, unread_message
 
@@ -18,9 +19,10 @@ if TYPE_CHECKING:
 SLOT_RELEASE_SECONDS = 10.0
 
 
-def preflight(sync: CdcSync, url: str) -> tuple[tuple[str, str], ...]:
+def preflight(sync: CdcSync, url: str, marks: bool = True) -> tuple[tuple[str, str], ...]:
     """Every check first, read-only; only a source that passes them all gets its publication made or
-    extended (returns the tables it added). A table that fails (no key, no replica identity) is never
+    extended (returns the tables it added); with `marks` (a live run) the tables' publication marks are read
+    after it, on the same connection, into `sync.marks`. A table that fails (no key, no replica identity) is never
     published: publishing it would make the source application's own UPDATEs and DELETEs on it fail."""
     # First (it only takes tables out of the product's own publication, which never harms the source): a table
     # no stream of the catalog reads leaves it, also when a check below refuses the run.
@@ -36,12 +38,17 @@ def preflight(sync: CdcSync, url: str) -> tuple[tuple[str, str], ...]:
                 sync.publication,
             )
     check(sync, url, expect_slot=False, new=_new_streams(sync))
-    version = publication_version(url, sync.publication)
-    added = ensure_publication(
-        url, sync.publication, sync.tables(), partition_root=True, owned=sync.source.cdc.publication is None
-    )
-    if version is not None and publication_version(url, sync.publication) != version:
-        sync.own_versions.add(version)  # its own ALTER PUBLICATION ... SET (publish_via_partition_root): no news
+    conn = connect(url, "ingest-cdc-admin")  # one connection for the publication and its marks
+    try:
+        owned = sync.source.cdc.publication is None
+        ensured = ensure_publication(url, sync.publication, sync.tables(), partition_root=True, owned=owned, conn=conn)
+        if ensured.replaced is not None:
+            sync.own_versions.add(ensured.replaced)  # its own ALTER PUBLICATION (publish_via_partition_root): no news
+        if marks:  # as they are now, the run's own ALTER included (compared by `recopy_republished`)
+            sync.marks = publication_marks(url, sync.publication, sync.tables(), conn=conn)
+    finally:
+        conn.close()
+    added = ensured.added
     if added:
         published = ", ".join(".".join(t) for t in added)
         sync._say("%s: published %s in %s", sync.source_name, published, sync.publication)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.sources.postgres.cdc import WalGap, drop_slot, find_gap, format_lsn
-from ingestion_assets.sources.postgres.cdc.marks import PUBLISHED, marks_changed, publication_marks
+from ingestion_assets.sources.postgres.cdc.marks import PUBLISHED, marks_changed
 from ingestion_assets.streams.cdc.batches import catch_up
 from ingestion_assets.streams.cdc.outcome import CdcError, CdcOutcome
 from ingestion_assets.streams.cdc.schema import settle_stream
@@ -57,12 +57,12 @@ def recopy_stale(sync: CdcSync, url: str, published: tuple[tuple[str, str], ...]
             )
 
 
-def recopy_republished(sync: CdcSync, url: str) -> None:
+def recopy_republished(sync: CdcSync) -> None:
     """Streams whose publication or enum labels changed since their checkpoint in a way the log cannot show (an
     operator's ALTER PUBLICATION: publish options narrowed, the table dropped and added back, a row filter set,
     even if restored since; a refused run stores nothing, so the restore is seen too; ALTER TYPE ... RENAME VALUE)
-    get a fresh copy. A checkpoint without marks (stored before they were kept) only takes the current ones."""
-    sync.marks = publication_marks(url, sync.publication, sync.tables())
+    get a fresh copy. A checkpoint without marks (stored before they were kept) only takes the current ones. The
+    marks now are those the run's preflight read after its own ALTER PUBLICATION, on the same connection."""
     for stream in sync.streams:
         stored = sync._state.details(stream.name).get(PUBLISHED)
         now = sync.marks[(stream.spec.schema_name, stream.spec.table_name)]

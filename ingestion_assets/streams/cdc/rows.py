@@ -12,15 +12,15 @@ import csv
 import datetime as dt
 import io
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA, key_part
+from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA, key_part, record_keys
 from ingestion_assets.loading.metadata_columns import (
     DELETED_AT,
     EXTRACTED_AT,
@@ -36,7 +36,7 @@ from ingestion_assets.sources.postgres.introspect import TableShape
 from ingestion_assets.sources.postgres.reader import connect, csv_options, decode_binary
 from ingestion_assets.sources.postgres.temporal import TEMPORAL
 from ingestion_assets.sources.postgres.temporal import needs_parse as temporal_needs_parse
-from ingestion_assets.sources.postgres.values import decode_texts
+from ingestion_assets.sources.postgres.values import decode_texts, plain
 
 if TYPE_CHECKING:
     from ingestion_assets.loading.pipeline import Loader
@@ -191,10 +191,72 @@ class TableChanges:
 
     def dead_letter_rows(self) -> list[tuple[str, str, str]]:
         """(record key, error, raw JSON) of the changes whose values cannot load."""
+        keys = self.key_texts([row for row, _ in self.bad])
         return [
-            ("|".join(key_part(str(row.get(k))) for k in self.primary_key), problem, json.dumps(row, default=str))
-            for row, problem in self.bad
+            (key, problem, json.dumps(row, default=str)) for key, (row, problem) in zip(keys, self.bad, strict=True)
         ]
+
+    def key_texts(self, rows: list[dict[str, Any]]) -> list[str]:
+        """The rows' keys as `record_keys` spells them when the rows load (the key values parsed as the table's
+        types): a parked change is released by the load of its key. The log's own text (`2024-01-01
+        00:00:00+00` where the load spells `2024-01-01 00:00:00.000000Z`) left it parked for good. A key value
+        the types cannot read (it can never load either) keeps the log's text."""
+        if not rows:
+            return []
+        try:
+            return self._parsed_keys(rows)
+        except (pa.ArrowInvalid, ValueError, KeyError):
+            pass
+        texts = []
+        for row in rows:  # one of them does not parse: each alone
+            try:
+                texts += self._parsed_keys([row])
+            except (pa.ArrowInvalid, ValueError, KeyError):
+                texts.append(log_key_text(row, self.primary_key))
+        return texts
+
+    def _parsed_keys(self, rows: list[dict[str, Any]]) -> list[str]:
+        return [str(text) for text in record_keys(self._typed_keys(rows), self.primary_key).to_pylist()]
+
+    def _typed_keys(self, rows: list[dict[str, Any]]) -> pa.Table:
+        """The rows' key columns parsed as a change's rows are (raises when a value does not fit its column)."""
+        shape = replace(self.shape, columns=tuple(self.shape.column(k) for k in self.primary_key))
+        keys = TableChanges(shape, self.primary_key, rows=[{k: row.get(k) for k in self.primary_key} for row in rows])
+        data = keys._parsed()
+        if len(keys.rows) != len(rows):
+            raise ValueError("a key value does not fit its column")
+        return data
+
+    def marks_table(self) -> pa.Table | None:
+        """The soft-delete marks as rows: each key column typed as the table's rows load (source names), the
+        delete's version and time. Matched against the target's typed key columns: as the log's text they
+        matched no row whose key's text the target spells otherwise (a bool `t` against `true`, a float, bytea),
+        and the run flagged nothing. A key value the types cannot read is in no target row: left out."""
+        if not self.marks:
+            return None
+        keys = list(self.marks)
+        rows = [dict(zip(self.primary_key, key, strict=True)) for key in keys]
+        try:
+            data, kept = self._typed_keys(rows), keys
+        except (pa.ArrowInvalid, ValueError, KeyError):
+            pieces, kept = [], []
+            for key, row in zip(keys, rows, strict=True):
+                try:
+                    pieces.append(self._typed_keys([row]))
+                except (pa.ArrowInvalid, ValueError, KeyError):
+                    continue
+                kept.append(key)
+            if not pieces:
+                return None
+            data = pa.concat_tables(pieces)
+        return data.append_column(POSITION, pa.array([self.marks[k][0] for k in kept], VERSION_TYPE)).append_column(
+            DELETED_AT, pa.array([self.marks[k][1] for k in kept], TIMESTAMP_UTC)
+        )
+
+
+def log_key_text(row: dict[str, Any], primary_key: Sequence[str]) -> str:
+    """A change's key as the log's text of its values (what CDC parked rows under before `key_texts`)."""
+    return "|".join(key_part(str(row.get(k))) for k in primary_key)
 
 
 class _Null:
@@ -214,27 +276,29 @@ def _csv_cell(value: Any) -> Any:
     return _NULL_CELL if value is None else str(value)
 
 
-def mark_deleted(loader: Loader, marks: dict[Key, tuple[Decimal, dt.datetime]]) -> int:
+def mark_deleted(loader: Loader, marks: pa.Table | None) -> int:
     """Soft deletes of rows whose values only the target holds: flag them, keep every value. A row already
-    at a newer version (a copy, a later change) is left alone. Keys compare as text, as the log sends them."""
-    if not marks:
+    at a newer version (a copy, a later change) is left alone. `marks` (`marks_table`, key columns named as the
+    target names them): keys compare as typed values, as the rows landed."""
+    if marks is None or not marks.num_rows:
         return 0
     if loader.destination.is_lake:  # no UPDATE statement there: the table format's own MERGE (loading/lake.py)
         return int(loader.mark_deleted(marks))  # type: ignore[attr-defined]
-    text = "CHAR" if loader.destination.type == "sqlalchemy" else "VARCHAR"  # MySQL casts to CHAR, not VARCHAR
     flagged = 0
     with loader.client() as client:
         table = client.make_qualified_table_name(loader.target.table)
         if not table_exists(client, table):
             return 0
-        where = " AND ".join(f"CAST({client.escape_column_name(k)} AS {text}) = %s" for k in loader.key)
+        where = " AND ".join(f"{client.escape_column_name(k)} = %s" for k in loader.key)
         deleted, position = client.escape_column_name(DELETED_AT), client.escape_column_name(POSITION)
-        for key, (version, when) in marks.items():
+        keys = [marks.column(k) for k in loader.key]
+        versions, times = marks.column(POSITION).to_pylist(), marks.column(DELETED_AT).to_pylist()
+        for index, (version, when) in enumerate(zip(versions, times, strict=True)):
             client.execute_sql(
                 f"UPDATE {table} SET {deleted} = %s, {position} = {int(version)} WHERE {where} "
                 f"AND {deleted} IS NULL AND ({position} IS NULL OR {position} < {int(version)})",
                 when,
-                *[str(v) for v in key],
+                *[plain(column[index]) for column in keys],
             )
             flagged += 1
     return flagged
@@ -286,11 +350,21 @@ class SourceRows:
         with self._conn.cursor() as cur:
             cur.execute(
                 sql.SQL("SELECT {cols} FROM {table} WHERE {where}").format(
-                    cols=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c.name)) for c in shape.columns),
+                    cols=sql.SQL(", ").join(_as_logged(sql, c.name) for c in shape.columns),
                     table=sql.Identifier(stream.spec.schema_name, stream.spec.table_name),
-                    where=sql.SQL(" AND ").join(sql.SQL("{}::text = %s").format(sql.Identifier(k)) for k in key),
+                    # The log's text read as the column's type (an untyped literal): compared as text, a bool
+                    # key's `t` met `true` and no row was found (the large value landed as NULL).
+                    where=sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(k)) for k in key),
                 ),
                 [str(v) for v in key.values()],
             )
             row = cur.fetchone()
         return dict(zip([c.name for c in shape.columns], row, strict=True)) if row else {}
+
+
+def _as_logged(sql: Any, column: str) -> Any:
+    """A column's value as the log sends it: its type's output text (`format('%s', ...)`). A cast to text is
+    not always that: a bool reads `true` (the log: `t`), a char(n) loses its padding, an inet gains its mask."""
+    name = sql.Identifier(column)
+    text = "CASE WHEN {} IS NULL THEN NULL ELSE format('%%s', {}) END"  # %%: the statement takes parameters
+    return sql.SQL(text).format(name, name)

@@ -54,6 +54,7 @@ class SourceState:
     positions: dict[str, int | None] = field(default_factory=dict)  # stream -> log position (None: needs a copy)
     reasons: dict[str, str] = field(default_factory=dict)  # stream -> why it is copied again
     copies: dict[str, CopyProgress] = field(default_factory=dict)  # stream -> its copy under way
+    begun: set[str] = field(default_factory=set)  # streams whose copy this run began (not an earlier one)
 
     def __post_init__(self) -> None:
         for name, checkpoint in self.checkpoints.items():
@@ -90,6 +91,7 @@ class SourceState:
         if self.positions.get(name) is None:
             self.positions[name] = lsn
             self.copies[name] = CopyProgress(floor=floor)
+            self.begun.add(name)
         return self.copies.setdefault(name, CopyProgress(floor=floor))
 
     def applied(self, name: str, end_lsn: int) -> bool:

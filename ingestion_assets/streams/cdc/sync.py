@@ -135,12 +135,12 @@ class CdcSync:
                 self._say("%s.%s: copying its table again: %s", self.source_name, name, checkpoint[RECOPY])
         # A missing slot is no check's failure: `resync_at_gap` makes it again (on_wal_gap: resync) or says
         # which streams to re-copy (fail).
-        published = preflight(self, url)  # read-only checks, then the publication
         live = partition is None or partition == LIVE
+        published = preflight(self, url, marks=live)  # read-only checks, then the publication (and its marks)
         if live:
             settle_streams(self)
             recopy_stale(self, url, published)
-            recopy_republished(self, url)
+            recopy_republished(self)
         if not self._state.started:
             if not self.history or self._state.reasons:
                 # In history mode too when every stream lost its position for a reason (its publication dropped,

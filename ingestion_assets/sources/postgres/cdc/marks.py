@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psycopg2 import sql
+from psycopg2.extensions import connection as PgConnection
 
 from ingestion_assets.sources.postgres.cdc.publication import TableName
 from ingestion_assets.sources.postgres.reader import connect
@@ -42,21 +43,13 @@ SELECT e.oid::text, e.enumlabel::text FROM pg_enum e WHERE e.enumtypid IN (SELEC
 PUBLISHED = "published"  # the checkpoint detail holding a stream's marks
 
 
-def publication_version(url: str, publication: str) -> str | None:
-    """The publication's row version ("oid/xmin"), None if there is none."""
-    conn = connect(url, "ingest-cdc-marks")
-    try:
-        with conn.cursor() as cur:
-            cur.execute(_PUBLICATION_SQL, (publication,))
-            row = cur.fetchone()
-            return str(row[0]) if row else None
-    finally:
-        conn.close()
-
-
-def publication_marks(url: str, publication: str, tables: Sequence[TableName]) -> dict[TableName, dict[str, Any]]:
-    """Each table's marks now: {"publication": "oid/xmin", "membership": "...", "enums": {oid: label}}."""
-    conn = connect(url, "ingest-cdc-marks")
+def publication_marks(
+    url: str, publication: str, tables: Sequence[TableName], conn: PgConnection | None = None
+) -> dict[TableName, dict[str, Any]]:
+    """Each table's marks now: {"publication": "oid/xmin", "membership": "...", "enums": {oid: label}}.
+    `conn`: an open connection to read them on (kept open), else its own."""
+    own = conn is None
+    conn = connect(url, "ingest-cdc-marks") if conn is None else conn
     try:
         with conn.cursor() as cur:
             cur.execute(_PUBLICATION_SQL, (publication,))
@@ -74,7 +67,8 @@ def publication_marks(url: str, publication: str, tables: Sequence[TableName]) -
                 marks[(schema, table)] = {"publication": pub, "membership": membership, "enums": enums}
             return marks
     finally:
-        conn.close()
+        if own:
+            conn.close()
 
 
 def marks_changed(publication: str, stored: Mapping[str, Any], now: Mapping[str, Any], own: set[str]) -> str | None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from psycopg2 import sql
+from psycopg2.extensions import connection as PgConnection
 from psycopg2.extensions import cursor as PgCursor
 
 from ingestion_assets.sources.postgres.cdc.errors import OpenTransactions, Problem
@@ -187,34 +189,65 @@ def _column_list_problems(cur: PgCursor, subject: str, schema: str, table: str, 
     ]
 
 
+class Ensured(NamedTuple):
+    """What `ensure_publication` did: the tables it added, and the publication row's version ("oid/xmin") its
+    own ALTER PUBLICATION replaced (None: the row is as it was, or new), which is no operator's change."""
+
+    added: tuple[TableName, ...]
+    replaced: str | None = None
+
+
 def ensure_publication(
-    url: str, publication: str, tables: Sequence[TableName], partition_root: bool = True, owned: bool = True
-) -> tuple[TableName, ...]:
+    url: str,
+    publication: str,
+    tables: Sequence[TableName],
+    partition_root: bool = True,
+    owned: bool = True,
+    conn: PgConnection | None = None,
+) -> Ensured:
     """Create the publication for `tables` (publish_via_partition_root, so a partitioned table's changes come
-    under its own name), or add the ones it lacks; returns the tables added. Call it only after check_cdc
-    found nothing: a table without a key must never be published. `owned`: the product made the publication
-    (its default name), so it may also turn on publish_via_partition_root."""
-    conn = connect(url, "ingest-cdc-admin")
+    under its own name), or add the ones it lacks. Call it only after check_cdc found nothing: a table without a
+    key must never be published. `owned`: the product made the publication (its default name), so it may also
+    turn on publish_via_partition_root. `conn`: an open autocommit connection to use (kept open), else its own."""
+    own = conn is None
+    conn = connect(url, "ingest-cdc-admin") if conn is None else conn
     try:
         with conn.cursor() as cur:
-            pub = sql.Identifier(publication)
-            cur.execute("SELECT puballtables, pubviaroot FROM pg_publication WHERE pubname = %s", (publication,))
-            row = cur.fetchone()
-            options = sql.SQL(" WITH (publish_via_partition_root = true)") if partition_root else sql.SQL("")
-            if row is None:
-                cur.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}{}").format(pub, _table_sql(tables), options))
-                return tuple(tables)
-            if owned and partition_root and not row[1] and any(relkind(cur, *t) == "p" for t in tables):
-                cur.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(pub))
-            if row[0]:
-                return ()
-            present = published_tables(cur, publication)
-            missing = tuple(t for t in tables if t not in present)
-            if missing:
-                cur.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(pub, _table_sql(missing)))
-            return missing
+            return _ensure(cur, publication, tables, partition_root, owned)
     finally:
-        conn.close()
+        if own:
+            conn.close()
+
+
+def _ensure(
+    cur: PgCursor, publication: str, tables: Sequence[TableName], partition_root: bool, owned: bool
+) -> Ensured:
+    pub = sql.Identifier(publication)
+    cur.execute(
+        "SELECT puballtables, pubviaroot, oid::text || '/' || xmin::text FROM pg_publication WHERE pubname = %s",
+        (publication,),
+    )
+    row = cur.fetchone()
+    options = sql.SQL(" WITH (publish_via_partition_root = true)") if partition_root else sql.SQL("")
+    if row is None:
+        cur.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}{}").format(pub, _table_sql(tables), options))
+        return Ensured(tuple(tables))
+    altered = False
+    if owned and partition_root and not row[1] and any(relkind(cur, *t) == "p" for t in tables):
+        cur.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(pub))
+        altered = True
+    missing: tuple[TableName, ...] = ()
+    if not row[0]:
+        present = published_tables(cur, publication)
+        missing = tuple(t for t in tables if t not in present)
+        if missing:
+            cur.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(pub, _table_sql(missing)))
+            altered = True
+    if not altered:
+        return Ensured(missing)
+    cur.execute("SELECT oid::text || '/' || xmin::text FROM pg_publication WHERE pubname = %s", (publication,))
+    after = cur.fetchone()
+    return Ensured(missing, str(row[2]) if after is None or after[0] != row[2] else None)
 
 
 def drop_unread_tables(url: str, publication: str, read: Sequence[TableName]) -> tuple[TableName, ...]:
