@@ -191,6 +191,12 @@ def reconcile(settings: Settings, args: argparse.Namespace) -> int:
         f"{found.deleted_at_source} in the target only (deleted at the source), {found.deletions_applied} deleted, "
         f"{found.not_yet_synced} not yet synced, {found.parked} parked, {found.repaired} read again by key (repaired)"
     )
+    if found.null_keys or found.null_keys_in_target:
+        print(
+            f"  {found.null_keys} source row(s) with a NULL key not compared (a key column is NULL: the load parks "
+            f"them as dead letters, see `ingest dlq list {stream.qualified_name}`)"
+            + (f"; {found.null_keys_in_target} such row(s) in the target" if found.null_keys_in_target else "")
+        )
     if found.repeated_at_source:
         repeated = found.repeated_at_source
         print(f"  {repeated} older row(s) of keys the source holds more than once (the target keeps the newest)")
