@@ -286,3 +286,34 @@ def test_status_counts_every_destination_kind_and_calls_a_removed_table_short(
     (line,) = json.loads(capsys.readouterr().out)
     assert (line["status"], line["rows_in_target"], line["rows_after_last_run"]) == ("target short", None, 30), line
     assert f"the target table {stream} does not exist, but the last run left 30 in it" in line["detail"]
+
+
+def test_rows_ingest_reconcile_deleted_are_not_taken_for_rows_removed_outside_ingest(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the README-only attack: right after `ingest reconcile --apply-deletes` removed the rows the source had
+    deleted, status said `target short ... rows removed outside ingest ...: ingest refresh`, for our own deletions."""
+    harness.source.execute(
+        "CREATE TABLE items (id int PRIMARY KEY, ts timestamptz NOT NULL);"
+        "INSERT INTO items SELECT g, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 s' FROM generate_series(1, 30) g"
+    )
+    harness.write_catalog({"items": {"table": "items", "primary_key": "id", "cursor": "ts"}})
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    harness.materialize()
+    harness.source.execute("DELETE FROM items WHERE id > 26")
+    stream = f"{harness.source_name}.items"
+    assert main(["reconcile", stream, "--apply-deletes"]) == 0
+    assert "4 deleted" in capsys.readouterr().out
+    assert main(["status", "--json"]) == 0
+    (line,) = json.loads(capsys.readouterr().out)
+    assert (line["status"], line["rows_in_target"], line["rows_after_last_run"]) == ("ok", 26, 26), line
+    result = harness.materialize()  # nor does the next run compare the whole table for them
+    check = next(e for e in result.get_asset_check_evaluations() if e.check_name == "reconciliation")
+    assert check.passed and "why the whole table" not in check.metadata, check.metadata
+
+    harness.execute_target(f'DELETE FROM "{harness.source_name}".items WHERE id > 20')  # by hand: still told
+    assert main(["status", "--json"]) == 1
+    (line,) = json.loads(capsys.readouterr().out)
+    assert (line["status"], line["rows_in_target"], line["rows_after_last_run"]) == ("target short", 20, 26), line
+    assert f"the target table {stream} holds 20 rows, but the last run left 26 in it" in line["detail"]

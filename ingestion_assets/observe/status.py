@@ -17,6 +17,7 @@ from ingestion_assets.defs.cdc import SLOT_HEALTH
 from ingestion_assets.defs.checks import DEAD_LETTERS, RECONCILIATION, SCHEMA, WHAT_TO_DO
 from ingestion_assets.defs.freshness import FRESHNESS, stored_evaluation
 from ingestion_assets.defs.run_tags import REFUSED
+from ingestion_assets.defs.target_shrank import rows_expected
 from ingestion_assets.observe.freshness import HISTOGRAM, merged, percentiles
 from ingestion_assets.observe.partition_status import PartitionSummary, partition_summary, stream_partitions
 from ingestion_assets.observe.target_counts import TargetCounts, count_target_rows
@@ -59,7 +60,8 @@ class StreamStatus:
     partitions: list[PartitionLine]  # partitioned streams: every partition that has a checkpoint
     detail: str = ""  # why it needs attention
     partition_summary: PartitionSummary | None = None  # partitioned streams: materialized, failed, running, never run
-    rows_after_last_run: int | None = None  # what the last run's metadata says the table held after it
+    # what the last run's metadata says the table held after it, less what ingest removed since (reconcile's deletes)
+    rows_after_last_run: int | None = None
     target_problem: str | None = None  # why the target's rows were not counted (unreachable, busy)
     # no materialization yet, but a run was: its outcome and when it started (a first run killed or failed)
     last_attempt: str | None = None  # e.g. "failed"
@@ -182,7 +184,6 @@ def _status(
         accept = f"`ingest schema show {name}`, then `ingest schema accept {name}`"
         detail = f"{detail}: paused by a schema change ({accept})"
     dead = metadata.get("dead letters")
-    rows = metadata.get("dagster/row_count")
     attempt, attempt_age = _unmaterialized_attempt(instance, run, now) if last is None else (None, None)
     return StreamStatus(
         stream=name,
@@ -197,7 +198,7 @@ def _status(
         failed_checks=failed,
         partitions=[],
         detail=detail,
-        rows_after_last_run=int(rows) if isinstance(rows, int) else None,
+        rows_after_last_run=rows_expected(instance, key) if event is not None else None,
         last_attempt=attempt,
         attempt_age_seconds=attempt_age,
         refused_run=f"run {refused.run_id[:8]} refused: {refused.tags[REFUSED]}" if refused is not None else None,
