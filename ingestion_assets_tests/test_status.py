@@ -317,3 +317,40 @@ def test_rows_ingest_reconcile_deleted_are_not_taken_for_rows_removed_outside_in
     (line,) = json.loads(capsys.readouterr().out)
     assert (line["status"], line["rows_in_target"], line["rows_after_last_run"]) == ("target short", 20, 26), line
     assert f"the target table {stream} holds 20 rows, but the last run left 26 in it" in line["detail"]
+
+
+def test_a_stopped_refresh_leaves_the_live_tables_position_shown_and_says_how_far_it_read(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the README-only attack: after a killed `ingest refresh`, the position column showed the refresh's
+    partial position (its shadow table's), not that of the table readers query."""
+    harness.source.execute(
+        "CREATE TABLE items (id int PRIMARY KEY, ts timestamptz NOT NULL);"
+        "INSERT INTO items SELECT g, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 s' FROM generate_series(1, 300) g"
+    )
+    spec = {"table": "items", "primary_key": "id", "cursor": "ts", "slice_rows": 100, "retries": {"max_attempts": 1}}
+    harness.write_catalog({"items": spec})
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    harness.materialize()
+    live = {"ts": "2024-01-01T00:05:00+00:00", "id": "300"}
+    assert main(["refresh", f"{harness.source_name}.items", "--later"]) == 0
+    monkeypatch.setenv(FAULT_ENV, "after_checkpoint:0")  # the refresh stops after its first slice
+    assert not harness.materialize(raise_on_error=False).success
+    monkeypatch.delenv(FAULT_ENV)
+    capsys.readouterr()
+    main(["status", "--json"])
+    (line,) = json.loads(capsys.readouterr().out)
+    assert line["position"] == live, line
+    assert line["refresh"] == (
+        "refresh to generation 2 (remove) stopped (the next run goes on with it), read up to "
+        '{"id": "100", "ts": "2024-01-01T00:01:40+00:00"}'
+    ), line
+    main(["status"])
+    out = capsys.readouterr().out
+    assert json.dumps(line["position"]) in out and "refresh to generation 2 (remove) stopped" in out, out
+
+    harness.materialize()  # the refresh completes: its position is the live one
+    main(["status", "--json"])
+    (line,) = json.loads(capsys.readouterr().out)
+    assert line["position"] == live and line["refresh"] is None, line

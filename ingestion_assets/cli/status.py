@@ -66,6 +66,8 @@ def _print_table(found: list[StreamStatus], colour: bool) -> None:
         dead = str(each.dead_letters) if each.dead_letters is not None else "-"
         fresh = f"{_ms(each.freshness['p50'])}/{_ms(each.freshness['p99'])}" if each.freshness else "-"
         print(f"{each.stream:<{width}}{state}{rows:>15}  {age:<16}{each.lag:<32}{fresh:<14}{dead:>5}  {position}")
+        if each.refresh is not None:  # the position is the live table's; the refresh's own progress beneath
+            print(f"  {each.refresh}")
         _print_partitions(each)
 
 

@@ -5,6 +5,7 @@ is changed."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -23,7 +24,7 @@ from ingestion_assets.observe.partition_status import PartitionSummary, partitio
 from ingestion_assets.observe.target_counts import TargetCounts, count_target_rows
 from ingestion_assets.references import postgres_url
 from ingestion_assets.settings import Settings
-from ingestion_assets.state.checkpoints import latest_checkpoint
+from ingestion_assets.state.checkpoints import latest_checkpoint, live_checkpoint
 from ingestion_assets.state.model import Checkpoint
 from ingestion_assets.state.summary import partitions_with_state
 from ingestion_assets.streams.reconcile.repair import OWED
@@ -69,6 +70,8 @@ class StreamStatus:
     # its newest run refused to start and did nothing (another live run holds the source, a partition range it
     # cannot take): "run <id> refused: <why>"; the status is that of the run before it
     refused_run: str | None = None
+    # a refresh under way or stopped: its generation and how far it read (`position` stays the live table's)
+    refresh: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -185,13 +188,14 @@ def _status(
         detail = f"{detail}: paused by a schema change ({accept})"
     dead = metadata.get("dead letters")
     attempt, attempt_age = _unmaterialized_attempt(instance, run, now) if last is None else (None, None)
+    position, refresh = _live_position(instance, key, checkpoint, status == RUNNING, partitioned)
     return StreamStatus(
         stream=name,
         status=status,
         rows_in_target=None,
         last_run=last.isoformat(timespec="seconds") if last else None,
         age_seconds=round((now - last).total_seconds(), 1) if last else None,
-        position=checkpoint.position if checkpoint else None,
+        position=position,
         lag=_lag(slot, checkpoint.data_committed_at if checkpoint else None, now),
         freshness=_freshness(instance, key),
         dead_letters=int(dead) if isinstance(dead, int) else None,
@@ -202,7 +206,23 @@ def _status(
         last_attempt=attempt,
         attempt_age_seconds=attempt_age,
         refused_run=f"run {refused.run_id[:8]} refused: {refused.tags[REFUSED]}" if refused is not None else None,
+        refresh=refresh,
     )
+
+
+def _live_position(
+    instance: dg.DagsterInstance, key: dg.AssetKey, checkpoint: Checkpoint | None, running: bool, partitioned: bool
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The live table's position, and what a refresh under way (or stopped) has read: its checkpoints describe its
+    new generation (a shadow table until the swap), not the table readers query (found by a README-only attack)."""
+    refresh = checkpoint.details.get("refresh") if checkpoint is not None and not partitioned else None
+    if checkpoint is None or not isinstance(refresh, dict):
+        return (checkpoint.position if checkpoint else None), None
+    live = live_checkpoint(instance, key)
+    how = "under way" if running else "stopped (the next run goes on with it)"
+    read = json.dumps(checkpoint.position, default=str) if checkpoint.position else "(start)"
+    said = f"refresh to generation {refresh.get('generation')} ({refresh.get('mode')}) {how}, read up to {read}"
+    return (live.position if live else None), said
 
 
 def _last_run(
