@@ -354,3 +354,28 @@ def test_a_stopped_refresh_leaves_the_live_tables_position_shown_and_says_how_fa
     main(["status", "--json"])
     (line,) = json.loads(capsys.readouterr().out)
     assert line["position"] == live and line["refresh"] is None, line
+
+
+@pytest.mark.parametrize("destination", ["duckdb", "postgres"])
+def test_rows_in_target_are_the_live_rows_and_soft_deleted_ones_are_told_apart(
+    harness: StreamHarness, destination: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the README-only attack: the rows in target counted soft-deleted rows (10,501 shown, 9,998 live)."""
+    harness.source.execute(
+        "CREATE TABLE items (id int PRIMARY KEY, ts timestamptz NOT NULL);"
+        "INSERT INTO items SELECT g, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 s' FROM generate_series(1, 30) g"
+    )
+    spec = {"table": "items", "primary_key": "id", "cursor": "ts"}
+    harness.write_catalog({"items": {**spec, "reconcile": {"full_every_seconds": 0, "deletes": "soft"}}}, destination)
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    harness.materialize()
+    harness.source.execute("DELETE FROM items WHERE id IN (3, 4, 5)")
+    harness.materialize()  # the full comparison marks the three rows deleted
+    assert harness.target_count("items") == 30
+    assert main(["status", "--json"]) == 0
+    (line,) = json.loads(capsys.readouterr().out)
+    assert (line["status"], line["rows_in_target"], line["soft_deleted_in_target"]) == ("ok", 27, 3), line
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert " 27  " in out and "(run:" not in out and "and 3 soft-deleted row(s) kept in the target" in out, out

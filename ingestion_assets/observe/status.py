@@ -50,7 +50,8 @@ class PartitionLine:
 class StreamStatus:
     stream: str
     status: str
-    rows_in_target: int | None  # counted in the target now (None: no table, or not counted: `target_problem`)
+    # live rows counted in the target now, soft-deleted ones left out (None: no table, or not counted: `target_problem`)
+    rows_in_target: int | None
     last_run: str | None  # when the newest materialization was written (ISO, UTC)
     age_seconds: float | None
     position: dict[str, Any] | None
@@ -72,6 +73,7 @@ class StreamStatus:
     refused_run: str | None = None
     # a refresh under way or stopped: its generation and how far it read (`position` stays the live table's)
     refresh: str | None = None
+    soft_deleted_in_target: int = 0  # rows kept with `_ingest_deleted_at` set (deletes: soft), not in rows_in_target
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,8 +127,13 @@ def _with_target_rows(status: StreamStatus, counts: TargetCounts, table: tuple[s
     us, or the catalog points at another destination, and an operator must not be told they are there."""
     if not counts.counted(table):
         return replace(status, target_problem=counts.problem or "not counted")
-    rows, after_run = counts.rows[table], status.rows_after_last_run
-    status = replace(status, rows_in_target=rows, dead_letters=counts.parked.get(table, status.dead_letters))
+    rows, after_run = counts.rows[table], status.rows_after_last_run  # every row: as the run's count
+    status = replace(
+        status,
+        rows_in_target=counts.live(table),
+        soft_deleted_in_target=counts.soft_deleted.get(table, 0),
+        dead_letters=counts.parked.get(table, status.dead_letters),
+    )
     if after_run is None or status.status == RUNNING or (rows is not None and rows >= after_run):
         return status
     dataset, name = table
