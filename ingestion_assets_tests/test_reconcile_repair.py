@@ -332,3 +332,20 @@ def test_a_run_killed_before_its_check_leaves_its_window_to_the_next_check(
     harness.assert_target_equals_source("items", "items", "id")
     checkpoint = harness.checkpoint("items")
     assert checkpoint is not None and UNCHECKED not in checkpoint.details  # checked: the next run starts afresh
+
+
+def test_a_run_whose_only_work_was_a_repair_counts_the_rows_it_wrote(harness: StreamHarness) -> None:
+    """Found by a README-only attack: a run that read nothing new but repaired rows said `no changes: nothing new
+    in the source` and `rows written 0`, although it had written the rows it read again by key."""
+    harness.source.execute(ITEMS)
+    _catalog(harness, reconcile="full")
+    harness.materialize()
+    harness.source.execute("INSERT INTO items VALUES (999, 'late', timestamptz '2024-01-01 00:00:05.5+00')")
+    result = harness.materialize()
+    metadata = result.asset_materializations_for_node(f"{harness.source_name}__items")[0].metadata
+    assert metadata["rows read"].value == 0 and metadata["rows written"].value == 1, metadata
+    assert metadata["rows repaired"].value == 1
+    assert metadata["summary"].value == "incremental of items: 0 rows read, 1 written (1 repaired: read again by key)"
+    assert harness.assert_target_equals_source("items", "items", "id") == 301
+    metadata = harness.materialize().asset_materializations_for_node(f"{harness.source_name}__items")[0].metadata
+    assert metadata["summary"].value.startswith("no changes: nothing new in the source"), metadata

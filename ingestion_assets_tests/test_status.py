@@ -286,3 +286,96 @@ def test_status_counts_every_destination_kind_and_calls_a_removed_table_short(
     (line,) = json.loads(capsys.readouterr().out)
     assert (line["status"], line["rows_in_target"], line["rows_after_last_run"]) == ("target short", None, 30), line
     assert f"the target table {stream} does not exist, but the last run left 30 in it" in line["detail"]
+
+
+def test_rows_ingest_reconcile_deleted_are_not_taken_for_rows_removed_outside_ingest(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the README-only attack: right after `ingest reconcile --apply-deletes` removed the rows the source had
+    deleted, status said `target short ... rows removed outside ingest ...: ingest refresh`, for our own deletions."""
+    harness.source.execute(
+        "CREATE TABLE items (id int PRIMARY KEY, ts timestamptz NOT NULL);"
+        "INSERT INTO items SELECT g, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 s' FROM generate_series(1, 30) g"
+    )
+    harness.write_catalog({"items": {"table": "items", "primary_key": "id", "cursor": "ts"}})
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    harness.materialize()
+    harness.source.execute("DELETE FROM items WHERE id > 26")
+    stream = f"{harness.source_name}.items"
+    assert main(["reconcile", stream, "--apply-deletes"]) == 0
+    assert "4 deleted" in capsys.readouterr().out
+    assert main(["status", "--json"]) == 0
+    (line,) = json.loads(capsys.readouterr().out)
+    assert (line["status"], line["rows_in_target"], line["rows_after_last_run"]) == ("ok", 26, 26), line
+    result = harness.materialize()  # nor does the next run compare the whole table for them
+    check = next(e for e in result.get_asset_check_evaluations() if e.check_name == "reconciliation")
+    assert check.passed and "why the whole table" not in check.metadata, check.metadata
+
+    harness.execute_target(f'DELETE FROM "{harness.source_name}".items WHERE id > 20')  # by hand: still told
+    assert main(["status", "--json"]) == 1
+    (line,) = json.loads(capsys.readouterr().out)
+    assert (line["status"], line["rows_in_target"], line["rows_after_last_run"]) == ("target short", 20, 26), line
+    assert f"the target table {stream} holds 20 rows, but the last run left 26 in it" in line["detail"]
+
+
+def test_a_stopped_refresh_leaves_the_live_tables_position_shown_and_says_how_far_it_read(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the README-only attack: after a killed `ingest refresh`, the position column showed the refresh's
+    partial position (its shadow table's), not that of the table readers query."""
+    harness.source.execute(
+        "CREATE TABLE items (id int PRIMARY KEY, ts timestamptz NOT NULL);"
+        "INSERT INTO items SELECT g, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 s' FROM generate_series(1, 300) g"
+    )
+    spec = {"table": "items", "primary_key": "id", "cursor": "ts", "slice_rows": 100, "retries": {"max_attempts": 1}}
+    harness.write_catalog({"items": spec})
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    harness.materialize()
+    live = {"ts": "2024-01-01T00:05:00+00:00", "id": "300"}
+    assert main(["refresh", f"{harness.source_name}.items", "--later"]) == 0
+    monkeypatch.setenv(FAULT_ENV, "after_checkpoint:0")  # the refresh stops after its first slice
+    assert not harness.materialize(raise_on_error=False).success
+    monkeypatch.delenv(FAULT_ENV)
+    capsys.readouterr()
+    main(["status", "--json"])
+    (line,) = json.loads(capsys.readouterr().out)
+    assert line["position"] == live, line
+    assert line["refresh"] == (
+        "refresh to generation 2 (remove) stopped (the next run goes on with it), read up to "
+        '{"id": "100", "ts": "2024-01-01T00:01:40+00:00"}'
+    ), line
+    main(["status"])
+    out = capsys.readouterr().out
+    assert json.dumps(line["position"]) in out and "refresh to generation 2 (remove) stopped" in out, out
+
+    harness.materialize()  # the refresh completes: its position is the live one
+    main(["status", "--json"])
+    (line,) = json.loads(capsys.readouterr().out)
+    assert line["position"] == live and line["refresh"] is None, line
+
+
+@pytest.mark.parametrize("destination", ["duckdb", "postgres"])
+def test_rows_in_target_are_the_live_rows_and_soft_deleted_ones_are_told_apart(
+    harness: StreamHarness, destination: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the README-only attack: the rows in target counted soft-deleted rows (10,501 shown, 9,998 live)."""
+    harness.source.execute(
+        "CREATE TABLE items (id int PRIMARY KEY, ts timestamptz NOT NULL);"
+        "INSERT INTO items SELECT g, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 s' FROM generate_series(1, 30) g"
+    )
+    spec = {"table": "items", "primary_key": "id", "cursor": "ts"}
+    harness.write_catalog({"items": {**spec, "reconcile": {"full_every_seconds": 0, "deletes": "soft"}}}, destination)
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    harness.materialize()
+    harness.source.execute("DELETE FROM items WHERE id IN (3, 4, 5)")
+    harness.materialize()  # the full comparison marks the three rows deleted
+    assert harness.target_count("items") == 30
+    assert main(["status", "--json"]) == 0
+    (line,) = json.loads(capsys.readouterr().out)
+    assert (line["status"], line["rows_in_target"], line["soft_deleted_in_target"]) == ("ok", 27, 3), line
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert " 27  " in out and "(run:" not in out and "and 3 soft-deleted row(s) kept in the target" in out, out

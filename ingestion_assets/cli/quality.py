@@ -157,6 +157,7 @@ def replay_failures() -> tuple[type[BaseException], ...]:
 def reconcile(settings: Settings, args: argparse.Namespace) -> int:
     """A full comparison now, with the stream's last checkpoint; the missing and older rows it finds are read again
     by key (as a run's comparison does; not with --no-repair); deletions only with --apply-deletes."""
+    from ingestion_assets.defs.target_shrank import REMOVED_BY_INGEST
     from ingestion_assets.partitions import window_for
     from ingestion_assets.streams.postgres_table import PostgresTableStream
     from ingestion_assets.streams.reconcile import Request, Scope, owed_reason
@@ -179,6 +180,8 @@ def reconcile(settings: Settings, args: argparse.Namespace) -> int:
     deletes = mode if args.apply_deletes else "report"
     request = Request(stream.source_url(), plan, loader, scope, position, deletes, every_key=args.every_key)
     found = compared(request, how if repairs(stream) else None)
+    if found.deletions_applied and found.deletes == "hard":  # our own deletions: `ingest status` counts them out
+        store.observe({REMOVED_BY_INGEST: found.deletions_applied})
     if found.error is not None:
         raise SystemExit(f"error: {stream.qualified_name}: {found.error}")
     print(
@@ -191,6 +194,12 @@ def reconcile(settings: Settings, args: argparse.Namespace) -> int:
         f"{found.deleted_at_source} in the target only (deleted at the source), {found.deletions_applied} deleted, "
         f"{found.not_yet_synced} not yet synced, {found.parked} parked, {found.repaired} read again by key (repaired)"
     )
+    if found.null_keys or found.null_keys_in_target:
+        print(
+            f"  {found.null_keys} source row(s) with a NULL key not compared (a key column is NULL: the load parks "
+            f"them as dead letters, see `ingest dlq list {stream.qualified_name}`)"
+            + (f"; {found.null_keys_in_target} such row(s) in the target" if found.null_keys_in_target else "")
+        )
     if found.repeated_at_source:
         repeated = found.repeated_at_source
         print(f"  {repeated} older row(s) of keys the source holds more than once (the target keeps the newest)")

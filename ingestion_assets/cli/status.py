@@ -66,6 +66,11 @@ def _print_table(found: list[StreamStatus], colour: bool) -> None:
         dead = str(each.dead_letters) if each.dead_letters is not None else "-"
         fresh = f"{_ms(each.freshness['p50'])}/{_ms(each.freshness['p99'])}" if each.freshness else "-"
         print(f"{each.stream:<{width}}{state}{rows:>15}  {age:<16}{each.lag:<32}{fresh:<14}{dead:>5}  {position}")
+        if each.refresh is not None:  # the position is the live table's; the refresh's own progress beneath
+            print(f"  {each.refresh}")
+        if each.soft_deleted_in_target:
+            deleted = each.soft_deleted_in_target
+            print(f"  and {deleted:,} soft-deleted row(s) kept in the target (`_ingest_deleted_at` set), not counted")
         _print_partitions(each)
 
 
@@ -79,12 +84,14 @@ def _last_run(each: StreamStatus) -> str:
 
 
 def _rows(each: StreamStatus) -> str:
-    """The target's count; `?` when it could not be counted; the last run's figure beside it when they differ."""
+    """The target's live rows; `?` when they could not be counted; the last run's figure (every row, soft-deleted
+    ones too) beside them when the table's rows differ from it."""
     if each.target_problem is not None:
         return "?"
     rows = f"{each.rows_in_target:,}" if each.rows_in_target is not None else "no table"
     after = each.rows_after_last_run
-    return rows if after is None or after == each.rows_in_target else f"{rows} (run: {after:,})"
+    every = each.rows_in_target + each.soft_deleted_in_target if each.rows_in_target is not None else None
+    return rows if after is None or after == every else f"{rows} (run: {after:,})"
 
 
 def _print_partitions(each: StreamStatus) -> None:

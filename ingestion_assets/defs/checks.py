@@ -153,6 +153,8 @@ _FIGURES = {
     "deletions_applied": "deletions applied",
     "not_yet_synced": "not yet synced (past the checkpoint)",
     "parked": "parked as dead letters",
+    "null_keys": "source rows with a NULL key (not compared; parked as dead letters)",
+    "null_keys_in_target": "target rows with a NULL key (not compared)",
     "repeated_at_source": "older rows of keys repeated at the source (the target keeps the newest)",
     "repaired": "read again by key (repaired)",
     "seconds": "seconds",

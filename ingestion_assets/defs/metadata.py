@@ -35,7 +35,8 @@ COLUMN_SCHEMA = "dagster/column_schema"
 TABLE_NAME = "dagster/table_name"
 POSITION = "position"
 ROWS_READ = "rows read"
-ROWS_WRITTEN = "rows written"
+ROWS_WRITTEN = "rows written"  # with the rows a repair wrote (ROWS_REPAIRED)
+ROWS_REPAIRED = "rows repaired"  # missing or older rows the run's comparison found and read again by key
 SUMMARY = "summary"
 SECONDS = "seconds"
 NO_CHANGES = "no changes"
@@ -146,12 +147,14 @@ def step_seconds() -> float | None:
 
 def run_metadata(stream: Stream, outcomes: list[PartitionOutcome]) -> dict[str, Any]:
     read = sum(o.result.rows for o in outcomes)
-    written = sum(o.result.loaded for o in outcomes)
+    repaired = sum(_repaired(o) for o in outcomes)
+    written = sum(_written(o) for o in outcomes)
     seconds = sum(o.result.seconds for o in outcomes)
     metadata: dict[str, Any] = {
-        SUMMARY: _summary(stream, outcomes, read, written),
+        SUMMARY: _summary(stream, outcomes, read, written, repaired),
         ROWS_READ: read,
         ROWS_WRITTEN: written,
+        ROWS_REPAIRED: repaired,
         "dead letters": sum(o.result.dead_letters for o in outcomes),
         "slices": sum(o.result.slices for o in outcomes),
         SECONDS: round(seconds, 3),
@@ -182,21 +185,31 @@ def run_metadata(stream: Stream, outcomes: list[PartitionOutcome]) -> dict[str, 
     else:
         metadata["partitions"] = dg.MetadataValue.json(
             {
-                str(o.partition): {ROWS_READ: o.result.rows, ROWS_WRITTEN: o.result.loaded, POSITION: o.result.position}
+                str(o.partition): {ROWS_READ: o.result.rows, ROWS_WRITTEN: _written(o), POSITION: o.result.position}
                 for o in outcomes
             }
         )
     return metadata
 
 
-def _summary(stream: Stream, outcomes: list[PartitionOutcome], read: int, written: int) -> str:
-    """One line on top of the asset page; a run that found nothing new says so."""
-    if read == 0 and not any(o.mode.startswith("refresh") for o in outcomes):
+def _repaired(outcome: PartitionOutcome) -> int:
+    return outcome.reconciliation.repaired if outcome.reconciliation is not None else 0
+
+
+def _written(outcome: PartitionOutcome) -> int:
+    """The rows the run loaded, and those its repair wrote (read again by key: missing or older in the target)."""
+    return outcome.result.loaded + _repaired(outcome)
+
+
+def _summary(stream: Stream, outcomes: list[PartitionOutcome], read: int, written: int, repaired: int) -> str:
+    """One line on top of the asset page; a run that found nothing new (and repaired nothing) says so."""
+    if read == 0 and repaired == 0 and not any(o.mode.startswith("refresh") for o in outcomes):
         if all(o.result.started_from is None for o in outcomes):  # a first read: there is no checkpoint yet
             return f"{NO_CHANGES}: the source holds no rows to read yet"
         return f"{NO_CHANGES}: nothing new in the source since the last checkpoint"
     where = ", ".join(str(o.partition) for o in outcomes if o.partition) or stream.name
-    return f"{', '.join(sorted({o.mode for o in outcomes}))} of {where}: {read:,} rows read, {written:,} written"
+    fixed = f" ({repaired:,} repaired: read again by key)" if repaired else ""
+    return f"{', '.join(sorted({o.mode for o in outcomes}))} of {where}: {read:,} rows read, {written:,} written{fixed}"
 
 
 def run_histogram(outcomes: list[PartitionOutcome]) -> HdrHistogram:

@@ -1,5 +1,6 @@
 """A polled table stream's target holding fewer rows than the last run left in it: rows were deleted from it
-behind the stream's runs (by hand, an older copy of the table restored, `ingest reconcile --apply-deletes`). Their
+behind the stream's runs (by hand, an older copy of the table restored; not `ingest reconcile --apply-deletes`,
+which records what it removed and whose rows the source no longer holds). Their
 cursors lie behind the checkpoint, where no window comparison looks: the run that finds it, counting before it
 loads anything (rows it adds would hide the loss), compares the whole table and reads again by key what is missing."""
 
@@ -18,25 +19,44 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def rows_left_by_last_run(context: dg.AssetExecutionContext) -> int | None:
-    """The target's row count the stream's newest materialization recorded (None: none, or it could not count)."""
+REMOVED_BY_INGEST = "rows removed by ingest"  # an observation's figure: `ingest reconcile --apply-deletes` deleted them
+
+
+def rows_expected(instance: dg.DagsterInstance, key: dg.AssetKey) -> int | None:
+    """The target's row count the stream's newest materialization recorded, less the rows ingest itself removed
+    since (REMOVED_BY_INGEST): our own deletions are no loss (None: no materialization, or it could not count)."""
     try:
-        found = context.instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=context.asset_key), limit=1, ascending=False
-        )
-    except dg.DagsterError:
-        return None
-    for record in found.records:
-        event = record.asset_materialization
+        found = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key), limit=1, ascending=False)
+        record = next(iter(found.records), None)
+        event = record.asset_materialization if record is not None else None
         value = (event.metadata or {}).get(ROW_COUNT) if event is not None else None
         rows = getattr(value, "value", value)
-        return int(rows) if isinstance(rows, int) else None
-    return None
+        if record is None or not isinstance(rows, int):
+            return None
+        return int(rows) - _removed_since(instance, key, record.storage_id)
+    except dg.DagsterError:
+        return None
+
+
+def _removed_since(instance: dg.DagsterInstance, key: dg.AssetKey, storage_id: int) -> int:
+    """The rows ingest recorded removing after the event `storage_id` (observations: checkpoints, operators' acts)."""
+    removed, cursor = 0, None
+    records_filter = dg.AssetRecordsFilter(asset_key=key, after_storage_id=storage_id)
+    while True:
+        result = instance.fetch_observations(records_filter, limit=1000, cursor=cursor, ascending=False)
+        for record in result.records:
+            observation = record.asset_observation
+            value = (observation.metadata or {}).get(REMOVED_BY_INGEST) if observation is not None else None
+            value = getattr(value, "value", value)
+            removed += value if isinstance(value, int) else 0
+        if not result.has_more:
+            return removed
+        cursor = result.cursor
 
 
 def target_shrank(context: dg.AssetExecutionContext, stream: Stream) -> str | None:
     """Why this run compares the whole table: the target lost rows since the last run (None: it did not)."""
-    before = rows_left_by_last_run(context)
+    before = rows_expected(context.instance, context.asset_key)
     if before is None:
         return None
     from ingestion_assets.observe.target import read_target
@@ -50,7 +70,6 @@ def target_shrank(context: dg.AssetExecutionContext, stream: Stream) -> str | No
         return None  # a table gone is the binding check's: the run reads everything again
     return (
         f"the target holds {now.rows:,} row(s), {before - now.rows:,} fewer than the last run left in it: rows were "
-        "deleted from it outside the stream's runs (by hand, an older copy restored, or `ingest reconcile "
-        "--apply-deletes`); this run compares the whole table (a time or key partition: its own) and reads the "
-        "missing rows again by key"
+        "deleted from it outside the stream's runs (by hand, or an older copy restored); this run compares the whole "
+        "table (a time or key partition: its own) and reads the missing rows again by key"
     )

@@ -5,6 +5,7 @@ is changed."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -17,12 +18,13 @@ from ingestion_assets.defs.cdc import SLOT_HEALTH
 from ingestion_assets.defs.checks import DEAD_LETTERS, RECONCILIATION, SCHEMA, WHAT_TO_DO
 from ingestion_assets.defs.freshness import FRESHNESS, stored_evaluation
 from ingestion_assets.defs.run_tags import REFUSED
+from ingestion_assets.defs.target_shrank import rows_expected
 from ingestion_assets.observe.freshness import HISTOGRAM, merged, percentiles
 from ingestion_assets.observe.partition_status import PartitionSummary, partition_summary, stream_partitions
 from ingestion_assets.observe.target_counts import TargetCounts, count_target_rows
 from ingestion_assets.references import postgres_url
 from ingestion_assets.settings import Settings
-from ingestion_assets.state.checkpoints import latest_checkpoint
+from ingestion_assets.state.checkpoints import latest_checkpoint, live_checkpoint
 from ingestion_assets.state.model import Checkpoint
 from ingestion_assets.state.summary import partitions_with_state
 from ingestion_assets.streams.reconcile.repair import OWED
@@ -48,7 +50,8 @@ class PartitionLine:
 class StreamStatus:
     stream: str
     status: str
-    rows_in_target: int | None  # counted in the target now (None: no table, or not counted: `target_problem`)
+    # live rows counted in the target now, soft-deleted ones left out (None: no table, or not counted: `target_problem`)
+    rows_in_target: int | None
     last_run: str | None  # when the newest materialization was written (ISO, UTC)
     age_seconds: float | None
     position: dict[str, Any] | None
@@ -59,7 +62,8 @@ class StreamStatus:
     partitions: list[PartitionLine]  # partitioned streams: every partition that has a checkpoint
     detail: str = ""  # why it needs attention
     partition_summary: PartitionSummary | None = None  # partitioned streams: materialized, failed, running, never run
-    rows_after_last_run: int | None = None  # what the last run's metadata says the table held after it
+    # what the last run's metadata says the table held after it, less what ingest removed since (reconcile's deletes)
+    rows_after_last_run: int | None = None
     target_problem: str | None = None  # why the target's rows were not counted (unreachable, busy)
     # no materialization yet, but a run was: its outcome and when it started (a first run killed or failed)
     last_attempt: str | None = None  # e.g. "failed"
@@ -67,6 +71,9 @@ class StreamStatus:
     # its newest run refused to start and did nothing (another live run holds the source, a partition range it
     # cannot take): "run <id> refused: <why>"; the status is that of the run before it
     refused_run: str | None = None
+    # a refresh under way or stopped: its generation and how far it read (`position` stays the live table's)
+    refresh: str | None = None
+    soft_deleted_in_target: int = 0  # rows kept with `_ingest_deleted_at` set (deletes: soft), not in rows_in_target
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,8 +127,13 @@ def _with_target_rows(status: StreamStatus, counts: TargetCounts, table: tuple[s
     us, or the catalog points at another destination, and an operator must not be told they are there."""
     if not counts.counted(table):
         return replace(status, target_problem=counts.problem or "not counted")
-    rows, after_run = counts.rows[table], status.rows_after_last_run
-    status = replace(status, rows_in_target=rows, dead_letters=counts.parked.get(table, status.dead_letters))
+    rows, after_run = counts.rows[table], status.rows_after_last_run  # every row: as the run's count
+    status = replace(
+        status,
+        rows_in_target=counts.live(table),
+        soft_deleted_in_target=counts.soft_deleted.get(table, 0),
+        dead_letters=counts.parked.get(table, status.dead_letters),
+    )
     if after_run is None or status.status == RUNNING or (rows is not None and rows >= after_run):
         return status
     dataset, name = table
@@ -182,26 +194,42 @@ def _status(
         accept = f"`ingest schema show {name}`, then `ingest schema accept {name}`"
         detail = f"{detail}: paused by a schema change ({accept})"
     dead = metadata.get("dead letters")
-    rows = metadata.get("dagster/row_count")
     attempt, attempt_age = _unmaterialized_attempt(instance, run, now) if last is None else (None, None)
+    position, refresh = _live_position(instance, key, checkpoint, status == RUNNING, partitioned)
     return StreamStatus(
         stream=name,
         status=status,
         rows_in_target=None,
         last_run=last.isoformat(timespec="seconds") if last else None,
         age_seconds=round((now - last).total_seconds(), 1) if last else None,
-        position=checkpoint.position if checkpoint else None,
+        position=position,
         lag=_lag(slot, checkpoint.data_committed_at if checkpoint else None, now),
         freshness=_freshness(instance, key),
         dead_letters=int(dead) if isinstance(dead, int) else None,
         failed_checks=failed,
         partitions=[],
         detail=detail,
-        rows_after_last_run=int(rows) if isinstance(rows, int) else None,
+        rows_after_last_run=rows_expected(instance, key) if event is not None else None,
         last_attempt=attempt,
         attempt_age_seconds=attempt_age,
         refused_run=f"run {refused.run_id[:8]} refused: {refused.tags[REFUSED]}" if refused is not None else None,
+        refresh=refresh,
     )
+
+
+def _live_position(
+    instance: dg.DagsterInstance, key: dg.AssetKey, checkpoint: Checkpoint | None, running: bool, partitioned: bool
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The live table's position, and what a refresh under way (or stopped) has read: its checkpoints describe its
+    new generation (a shadow table until the swap), not the table readers query (found by a README-only attack)."""
+    refresh = checkpoint.details.get("refresh") if checkpoint is not None and not partitioned else None
+    if checkpoint is None or not isinstance(refresh, dict):
+        return (checkpoint.position if checkpoint else None), None
+    live = live_checkpoint(instance, key)
+    how = "under way" if running else "stopped (the next run goes on with it)"
+    read = json.dumps(checkpoint.position, default=str) if checkpoint.position else "(start)"
+    said = f"refresh to generation {refresh.get('generation')} ({refresh.get('mode')}) {how}, read up to {read}"
+    return (live.position if live else None), said
 
 
 def _last_run(

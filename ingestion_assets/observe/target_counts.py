@@ -8,7 +8,7 @@ One connection per destination and one count per table, each bounded by a timeou
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,21 +26,29 @@ from ingestion_assets.loading.destinations import (
     duckdb_path,
     target_names,
 )
+from ingestion_assets.loading.metadata_columns import DELETED_AT
 from ingestion_assets.loading.sql_targets import is_mysql
 from ingestion_assets.observe.target import read_target
 from ingestion_assets.settings import Settings
 
 COUNT_TIMEOUT_SECONDS = 10
 Table = tuple[str, str]  # (dataset, table) as the catalog names them: the source and the stream
+Counted = tuple[int, int] | None  # a table's rows, and how many of them are soft-deleted; None: no table
 
 
 @dataclass(frozen=True)
 class TargetCounts:
     """Rows per table (None: the table does not exist); `problem` says why nothing could be counted."""
 
-    rows: dict[Table, int | None] = field(default_factory=dict)
+    rows: dict[Table, int | None] = field(default_factory=dict)  # every row, soft-deleted ones too
     problem: str | None = None
     parked: dict[Table, int] = field(default_factory=dict)  # rows parked per stream now (lakes: not counted)
+    soft_deleted: dict[Table, int] = field(default_factory=dict)  # rows with `_ingest_deleted_at` set (not lakes)
+
+    def live(self, table: Table) -> int | None:
+        """The rows a reader of live data sees: soft-deleted ones left out."""
+        rows = self.rows.get(table)
+        return None if rows is None else rows - self.soft_deleted.get(table, 0)
 
     def counted(self, table: Table) -> bool:
         return self.problem is None and table in self.rows
@@ -58,13 +66,15 @@ def count_target_rows(
     try:
         if destination.type == "filesystem":  # a lake: the row counts of its Parquet footers
             return _count_lake(settings, destination, tables, where)
-        found, parked = _count(settings, destination, list(named), timeout)
+        found, parked = _count(settings, destination, list(named), timeout, names.column(DELETED_AT))
     except (duckdb.Error, psycopg2.Error, sa.exc.SQLAlchemyError, ServerUnavailable, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         named_already = isinstance(exc, ServerUnavailable)  # its message names the destination and what to fix
         return TargetCounts(problem=f"rows in target not counted{'' if named_already else f' ({where})'}: {first}")
-    counted = {named[table]: rows for table, rows in found.items()}
-    return TargetCounts(counted, parked={(d, t): parked.get((names.column(d), t), 0) for d, t in tables})
+    counted = {named[table]: rows[0] if rows is not None else None for table, rows in found.items()}
+    deleted = {named[table]: rows[1] for table, rows in found.items() if rows is not None}
+    parked_now = {(d, t): parked.get((names.column(d), t), 0) for d, t in tables}
+    return TargetCounts(counted, parked=parked_now, soft_deleted=deleted)
 
 
 def _count_lake(settings: Settings, destination: Destination, tables: Sequence[Table], where: str) -> TargetCounts:
@@ -76,21 +86,37 @@ def _count_lake(settings: Settings, destination: Destination, tables: Sequence[T
 
 
 def _count(
-    settings: Settings, destination: Destination, tables: list[Table], timeout: float
-) -> tuple[dict[Table, int | None], dict[Table, int]]:
-    """The rows of each table, and the dead letters per (dataset, stream) of each dataset that has parked any."""
+    settings: Settings, destination: Destination, tables: list[Table], timeout: float, deleted_at: str
+) -> tuple[dict[Table, Counted], dict[Table, int]]:
+    """The rows of each table (and its soft-deleted ones: `deleted_at` set), and the dead letters per (dataset,
+    stream) of each dataset that has parked any."""
     parked_table = target_names(destination).column(DEAD_LETTER_TABLE)
     datasets = sorted({dataset for dataset, _ in tables})
     if destination.type == "duckdb":
-        return _count_duckdb(settings, destination, tables, datasets, parked_table)
+        return _count_duckdb(settings, destination, tables, datasets, parked_table, deleted_at)
     if destination.type == "postgres":
-        return _count_postgres(settings, destination, tables, datasets, parked_table, timeout)
-    return _count_sqlalchemy(destination_url(settings, destination), tables, datasets, parked_table, timeout)
+        return _count_postgres(settings, destination, tables, datasets, parked_table, timeout, deleted_at)
+    url = destination_url(settings, destination)
+    return _count_sqlalchemy(url, tables, datasets, parked_table, timeout, deleted_at)
+
+
+def _count_sql(table: str, deleted_at: str | None, quote: Callable[[str], str]) -> str:
+    """All rows and the soft-deleted ones, in one scan (a table without the column has none)."""
+    return f"SELECT count(*), {f'count({quote(deleted_at)})' if deleted_at else '0'} FROM {table}"
+
+
+def _pair(row: Any) -> tuple[int, int]:
+    return int(row[0]), int(row[1])
 
 
 def _count_duckdb(
-    settings: Settings, destination: Destination, tables: list[Table], datasets: list[str], parked_table: str
-) -> tuple[dict[Table, int | None], dict[Table, int]]:
+    settings: Settings,
+    destination: Destination,
+    tables: list[Table],
+    datasets: list[str],
+    parked_table: str,
+    deleted_at: str,
+) -> tuple[dict[Table, Counted], dict[Table, int]]:
     """Read-only, without the writer lock: a load in progress makes the count fail at once (said so), not wait."""
     path = duckdb_path(settings, destination)
     if not path.exists():
@@ -98,8 +124,16 @@ def _count_duckdb(
     with contextlib.closing(duckdb.connect(str(path), read_only=True)) as con:
         listed = con.execute("SELECT table_schema, table_name FROM information_schema.tables").fetchall()
         present = {(schema, name) for schema, name in listed}
-        rows = {
-            (s, t): _scalar(con.execute(f"SELECT count(*) FROM {_quoted(s)}.{_quoted(t)}").fetchone())
+        marked = con.execute(
+            "SELECT table_schema, table_name FROM information_schema.columns WHERE column_name = ?", [deleted_at]
+        ).fetchall()
+        flagged = {(schema, name) for schema, name in marked}
+        rows: dict[Table, Counted] = {
+            (s, t): _pair(
+                con.execute(
+                    _count_sql(f"{_quoted(s)}.{_quoted(t)}", deleted_at if (s, t) in flagged else None, _quoted)
+                ).fetchone()
+            )
             if (s, t) in present
             else None
             for s, t in tables
@@ -117,9 +151,10 @@ def _count_postgres(
     datasets: list[str],
     parked_table: str,
     timeout: float,
-) -> tuple[dict[Table, int | None], dict[Table, int]]:
+    deleted_at: str,
+) -> tuple[dict[Table, Counted], dict[Table, int]]:
     options = f"-c statement_timeout={int(timeout * 1000)}"
-    counts: dict[Table, int | None] = {}
+    counts: dict[Table, Counted] = {}
     parked: dict[Table, int] = {}
     conn = connect_postgres(settings, destination, connect_timeout=int(timeout), options=options)
     with contextlib.closing(conn):
@@ -131,8 +166,14 @@ def _count_postgres(
                 if cur.fetchone()[0] is None:
                     counts[(schema, name)] = None
                     continue
-                cur.execute(f"SELECT count(*) FROM {qualified}")
-                counts[(schema, name)] = _scalar(cur.fetchone())
+                cur.execute(
+                    "SELECT 1 FROM information_schema.columns WHERE table_schema = %s AND table_name = %s "
+                    "AND column_name = %s",
+                    (schema, name, deleted_at),
+                )
+                flagged = cur.fetchone() is not None
+                cur.execute(_count_sql(qualified, deleted_at if flagged else None, _quoted))
+                counts[(schema, name)] = _pair(cur.fetchone())
             for dataset in datasets:
                 cur.execute("SELECT to_regclass(%s)", (f"{_quoted(dataset)}.{_quoted(parked_table)}",))
                 if cur.fetchone()[0] is not None:
@@ -142,19 +183,22 @@ def _count_postgres(
 
 
 def _count_sqlalchemy(
-    url: str, tables: list[Table], datasets: list[str], parked_table: str, timeout: float
-) -> tuple[dict[Table, int | None], dict[Table, int]]:
+    url: str, tables: list[Table], datasets: list[str], parked_table: str, timeout: float, deleted_at: str
+) -> tuple[dict[Table, Counted], dict[Table, int]]:
     connect_args = {"connect_timeout": int(timeout), "read_timeout": int(timeout)} if is_mysql(url) else {}
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool, connect_args=connect_args)
     try:
         with engine.connect() as conn:
             inspector = sa.inspect(conn)
             quote = engine.dialect.identifier_preparer.quote
-            counts: dict[Table, int | None] = {}
+            counts: dict[Table, Counted] = {}
             for schema, name in tables:
-                counted = f"SELECT count(*) FROM {quote(schema)}.{quote(name)}"
-                exists = inspector.has_table(name, schema=schema)
-                counts[(schema, name)] = _scalar(conn.execute(sa.text(counted)).one()) if exists else None
+                if not inspector.has_table(name, schema=schema):
+                    counts[(schema, name)] = None
+                    continue
+                flagged = deleted_at in {c["name"] for c in inspector.get_columns(name, schema=schema)}
+                counted = _count_sql(f"{quote(schema)}.{quote(name)}", deleted_at if flagged else None, quote)
+                counts[(schema, name)] = _pair(conn.execute(sa.text(counted)).one())
             parked: dict[Table, int] = {}
             for dataset in (d for d in datasets if inspector.has_table(parked_table, schema=d)):
                 stream = quote("stream")
@@ -175,7 +219,3 @@ def _per_stream(dataset: str, grouped: Sequence[Any]) -> dict[Table, int]:
 
 def _quoted(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
-
-
-def _scalar(row: Any) -> int:
-    return int(row[0])

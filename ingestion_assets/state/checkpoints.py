@@ -39,6 +39,22 @@ def latest_checkpoint(
     return max(candidates, key=lambda c: c.storage_id) if candidates else None
 
 
+def live_checkpoint(
+    instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition: str | None = None
+) -> Checkpoint | None:
+    """The newest checkpoint of the table readers query: those of a refresh under way or stopped (details
+    `refresh`: its shadow table's, or a retained re-read's) are passed over, to the one before it began."""
+    records_filter = dg.AssetRecordsFilter(
+        asset_key=asset_key, asset_partitions=[partition] if partition is not None else None
+    )
+    found = [
+        _newest_with_checkpoint(fetch, records_filter, keep=lambda details: "refresh" not in details)
+        for fetch in (instance.fetch_observations, instance.fetch_materializations)
+    ]
+    candidates = [c for c in found if c is not None]
+    return max(candidates, key=lambda c: c.storage_id) if candidates else None
+
+
 def reset_checkpoint(instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition: str | None, reason: str) -> None:
     """Record that the stream starts over; the history of positions stays in the event log. The
     generation stays: a reset re-reads, it does not start a new generation."""
@@ -47,14 +63,18 @@ def reset_checkpoint(instance: dg.DagsterInstance, asset_key: dg.AssetKey, parti
     InstanceStateStore(instance, asset_key).commit(partition, None, reset=True, reason=reason, generation=generation)
 
 
-def _newest_with_checkpoint(fetch: Callable[..., Any], records_filter: dg.AssetRecordsFilter) -> Checkpoint | None:
+def _newest_with_checkpoint(
+    fetch: Callable[..., Any],
+    records_filter: dg.AssetRecordsFilter,
+    keep: Callable[[dict[str, Any]], bool] = lambda details: True,
+) -> Checkpoint | None:
     cursor = None
     while True:
         result = fetch(records_filter, limit=_PAGE, cursor=cursor, ascending=False)
         for record in result.records:
             event = record.asset_observation or record.asset_materialization
             entry = (event.metadata or {}).get(CHECKPOINT_KEY) if event is not None else None
-            if entry is not None:
+            if entry is not None and keep(entry.value):
                 stored = dict(entry.value)
                 return Checkpoint(
                     position=stored.pop("position", None),

@@ -23,7 +23,7 @@ from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.sources.postgres.query import Position, ReadPlan
 from ingestion_assets.streams.reconcile.diff import DELETED, DUPLICATE, MISSING, NEWER, STALE, UNSYNCED, Diff
 from ingestion_assets.streams.reconcile.figures import Reconciliation, summarize
-from ingestion_assets.streams.reconcile.relation import Buckets, Scope, key_alias, version_alias
+from ingestion_assets.streams.reconcile.relation import NULL_KEY_BUCKET, Buckets, Scope, key_alias, version_alias
 from ingestion_assets.streams.reconcile.source_side import SourceSide
 from ingestion_assets.streams.reconcile.target_side import TargetSide, comparable_target
 
@@ -87,6 +87,8 @@ def bucket_count(rows: int) -> int:
 def _compare(request: Request, source: SourceSide, target: TargetSide) -> Reconciliation:
     buckets = bucket_count(max(source.estimate(), target.estimate()))
     ours, theirs = _both(lambda: source.aggregate(buckets), lambda: target.aggregate(buckets))
+    # rows with a NULL key: not comparable by key (the load parks them), counted apart on each side
+    keyless, keyless_in_target = ours.pop(NULL_KEY_BUCKET, (0, 0))[0], theirs.pop(NULL_KEY_BUCKET, (0, 0))[0]
     occupied = ours.keys() | theirs.keys()
     differing = sorted(b for b in occupied if ours.get(b) != theirs.get(b))
     chosen = sorted(occupied) if request.every_key else differing
@@ -97,6 +99,8 @@ def _compare(request: Request, source: SourceSide, target: TargetSide) -> Reconc
         target_rows=_rows(theirs),
         buckets=len(occupied),
         buckets_differing=len(differing),
+        null_keys=keyless,
+        null_keys_in_target=keyless_in_target,
     )
     if not chosen:
         return figures

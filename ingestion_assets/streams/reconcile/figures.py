@@ -18,8 +18,10 @@ SAMPLE = 10
 class Reconciliation:
     scope: str  # window | full
     deletes: str = "report"  # what was done with rows only in the target: report | hard | soft
-    source_rows: int = 0
-    target_rows: int = 0  # live rows
+    source_rows: int = 0  # rows compared: with a key (no NULL in a key column)
+    target_rows: int = 0  # live rows with a key
+    null_keys: int = 0  # source rows with a NULL in a key column: not comparable, the load parks them as dead letters
+    null_keys_in_target: int = 0  # live target rows with a NULL key (loaded before such rows were parked): not compared
     buckets: int = 0  # buckets holding rows on either side
     buckets_differing: int = 0
     keys_diffed: int = 0  # rows fetched key by key, both sides

@@ -15,6 +15,9 @@ from ingestion_assets.streams.reconcile.canonical import Dialect, Expr, mysql_da
 from ingestion_assets.streams.reconcile.predicates import compare
 
 Buckets = dict[int, tuple[int, int]]  # bucket -> (rows, checksum: the XOR of the rows' hashes)
+# The aggregate's bucket for rows with a NULL in a key column (a table whose key no constraint guards): such a row
+# cannot be merged, so the load parks it as a dead letter; it is counted apart, never compared or diffed.
+NULL_KEY_BUCKET = -1
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,17 @@ class Relation:
         )
 
     @property
+    def keyless(self) -> str | None:
+        """The condition for a row with a NULL in any key column; None when no key column can hold a NULL."""
+        nullable = [f"{e.sql} IS NULL" for e in self.keys if e.nullable]
+        return f"({' OR '.join(nullable)})" if nullable else None
+
+    def keyed(self, scope: Scope) -> str:
+        """`where`, for rows whose key has no NULL: the only rows that can be compared key by key."""
+        where, keyless = self.where(scope), self.keyless
+        return where if keyless is None else f"{where} AND NOT {keyless}"
+
+    @property
     def hash(self) -> str:
         return row_hash(self.dialect, self.keys, self.versions)
 
@@ -122,16 +136,20 @@ class Relation:
 
     def aggregate_sql(self, scope: Scope, buckets: int) -> str:
         """Rows and the XOR of their hashes per bucket (a bigint state: the hash table stays small, where sum's
-        numeric state spilled to disk); OFFSET 0 keeps PostgreSQL from computing the hash twice."""
+        numeric state spilled to disk); OFFSET 0 keeps PostgreSQL from computing the hash twice. Rows with a NULL
+        key go to NULL_KEY_BUCKET, counted in the same scan."""
         key_bucket = f", {self.bucket(buckets, '')} AS b" if self.integer_key else ""
+        keyless = f", {self.keyless} AS z" if self.keyless else ""
         fence = "" if self.dialect == "mysql" else " OFFSET 0"  # MySQL takes no OFFSET without LIMIT
-        inner = f"SELECT {self.hash} AS h{key_bucket} FROM {self.table} t WHERE {self.where(scope)}{fence}"
+        inner = f"SELECT {self.hash} AS h{key_bucket}{keyless} FROM {self.table} t WHERE {self.where(scope)}{fence}"
         bucket = "b" if self.integer_key else self.bucket(buckets, "h")
+        if keyless:
+            bucket = f"CASE WHEN z THEN {NULL_KEY_BUCKET} ELSE {bucket} END"
         return f"SELECT {bucket} AS b, count(*) AS n, bit_xor(h) AS s FROM ({inner}) q GROUP BY 1"
 
     def rows_sql(self, scope: Scope, buckets: int, only: Sequence[int] | None) -> str:
         """Key and version of every row in scope, or of the rows in the buckets `only` names."""
-        where = self.where(scope)
+        where = self.keyed(scope)
         if only is not None:
             where += f" AND {self.bucket(buckets, self.hash)} IN ({', '.join(str(b) for b in only)})"
         return f"SELECT {self.select_list} FROM {self.table} t WHERE {where}"
