@@ -69,14 +69,16 @@ class Span:
 def retire_stale_rows(loader: Loader, spans: dict[str, Span], soft: bool) -> int:
     """Delete (or flag) the target's rows of the spans' files under numbers the slice covered and did not give;
     returns how many. Only rows that are there are touched: nothing is written when none is stale."""
-    predicates = [p for p in _predicates(loader, spans) if p]
-    if not predicates:
+    if not any(span.gaps() for span in spans.values()):
         return 0
     retired = 0
     file, row = loader.names.column(FILE), loader.names.column(ROW)
     with loader.client() as client:
         table = client.make_qualified_table_name(loader.target.table)
-        columns = f"{client.escape_column_name(file)}, {client.escape_column_name(row)}"
+        quoted = client.escape_column_name(file), client.escape_column_name(row)
+        columns = ", ".join(quoted)
+        compared = f"CAST({quoted[0]} AS VARCHAR)" if _is_lake(loader) else quoted[0]
+        predicates = _predicates(spans, compared, quoted[1])
         if not _is_lake(loader) and not table_exists(client, table):
             return 0
         for predicate in predicates:
@@ -104,16 +106,14 @@ def retire_stale_rows(loader: Loader, spans: dict[str, Span], soft: bool) -> int
     return retired
 
 
-def _predicates(loader: Loader, spans: dict[str, Span]) -> list[str]:
-    """One predicate per chunk of files: `(file = 'a' AND (row BETWEEN 3 AND 3 OR row >= 5)) OR ...`. The file's
-    name is compared as text cast to text: a lake's SQL view reads it as a string view."""
-    with loader.client() as client:
-        file = client.escape_column_name(loader.names.column(FILE))
-        row = client.escape_column_name(loader.names.column(ROW))
+def _predicates(spans: dict[str, Span], file: str, row: str) -> list[str]:
+    """One predicate per chunk of files: `(file = 'a' AND (row BETWEEN 3 AND 3 OR row >= 5)) OR ...`. A lake's SQL
+    view compares the name cast to text (it reads a string view); a SQL target compares the column as it is, so
+    the key's index serves."""
     parts: list[str] = []
     for name, span in sorted(spans.items()):
         ranges = [f"{row} >= {a}" if b is None else f"{row} BETWEEN {a} AND {b}" for a, b in span.gaps()]
         if ranges:
             literal = "'" + name.replace("'", "''") + "'"
-            parts.append(f"(CAST({file} AS VARCHAR) = {literal} AND ({' OR '.join(ranges)}))")
+            parts.append(f"({file} = {literal} AND ({' OR '.join(ranges)}))")
     return [" OR ".join(parts[i : i + _CHUNK]) for i in range(0, len(parts), _CHUNK)]
