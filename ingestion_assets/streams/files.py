@@ -115,8 +115,10 @@ class FileSourceStream:
 
     def retire_stale(self, loader: Loader, spans: dict[str, Span], scope: PartitionScope) -> None:
         """Keyless: the rows of a file read again under numbers this read did not give go (files_stale.py). A
-        partition by a column reads only some rows of each file: the rows of the others are no gaps."""
-        if not self.spec.primary_key and scope.rows() is None and spans:
+        partition by a column reads only some rows of each file: the rows of the others are no gaps. Appending
+        keeps every version by design: nothing goes."""
+        merged = loader.target.write_disposition == "merge"
+        if not self.spec.primary_key and merged and scope.rows() is None and spans:
             retire_stale_rows(loader, spans, soft=self.spec.deletes == "soft")
 
     def filesystem(self) -> tuple[Any, str]:
