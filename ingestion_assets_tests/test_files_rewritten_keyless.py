@@ -76,3 +76,14 @@ def test_a_rewritten_keyless_file_in_a_delta_lake(tmp_path: Any, deletes: str) -
     live = sorted((x, y) for x, y, at in rows if at is None)
     assert live == [(10, "r1"), (12, "r3"), (13, "r4"), (14, "r5")]
     assert len(rows) == (5 if deletes == "soft" else 4)  # soft: the stale row stays, flagged
+
+
+def test_a_bad_csv_line_keeps_its_number_and_the_rows_after_it_keep_theirs(tmp_path: Any) -> None:
+    """Rows are numbered by record, rows of the wrong width counted: r3..r5 keep 3..5 when line 3 goes bad."""
+    drops = Drops(tmp_path)
+    drops.catalog(path="*.csv")
+    drops.write("shift.csv", GOOD, BASE)
+    drops.run()
+    drops.write("shift.csv", BAD_MIDDLE, BASE + 10)
+    drops.run()
+    assert drops.rows("_ingest_file_row, y", "orders") == [(1, "r1"), (3, "r3"), (4, "r4"), (5, "r5")]
