@@ -3,6 +3,7 @@ values that do not parse as their column's type become bad rows with their file,
 
 from __future__ import annotations
 
+import bisect
 import csv as pycsv
 import io
 import json
@@ -246,13 +247,13 @@ def _pieces(
         bad, invalid = _invalid(invalid_rows, invalid, done, lines, skipped, before)
         numbers = _numbers(last, batch.num_rows, skipped)
         last = numbers[-1] if numbers else last
-        given = [i for i, n in enumerate(numbers) if n > done.rows]
-        if not given:
+        first = bisect.bisect_right(numbers, done.rows)  # the rows an earlier read gave are skipped
+        if first == len(numbers):
             if bad:
                 yield Piece(None, bad, max(last, done.rows), max(invalid, done.bad))
             continue
-        table = pa.Table.from_batches([batch]).slice(given[0])
-        table = table.append_column(ROW, pa.array(numbers[given[0] :], pa.int64()))
+        table = pa.Table.from_batches([batch]).slice(first)
+        table = table.append_column(ROW, pa.array(numbers[first:], pa.int64()))
         if raw:
             table, failed = _coerce(table, wanted, raw)
             bad += failed
