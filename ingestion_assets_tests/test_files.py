@@ -250,7 +250,8 @@ def test_bad_lines_and_broken_files_are_parked_and_the_rest_loads(drops: Drops) 
     assert {1, 3, 5, 8, 300, 301, 302} <= ids and not ids & {2, 4, 6, 7, *range(100, 150)}
     parked = dict(drops.dead_letters())
     assert parked["a.csv:line3"].startswith("file a.csv line 3: 2 fields where the header has 3")
-    assert "'oops' is not a valid double" in parked["a.csv:row3"]
+    # rows are numbered by record, the short row 2 counted: `4,d,oops` is row 4 (on line 5)
+    assert "'oops' is not a valid double" in parked["a.csv:row4"] and "row 4 (line 5)" in parked["a.csv:row4"]
     assert "not JSON" in parked["b.jsonl:line2"] and "not an object" in parked["b.jsonl:line3"]
     assert "invalid UTF-8" in parked["c.csv:row1"]
     assert "parked as a whole" in parked["d.parquet:file"]

@@ -104,15 +104,16 @@ def test_a_renamed_file_parks_its_bad_lines_once_under_its_new_name(tmp_path: Pa
 
 def test_a_csv_row_parked_by_its_number_says_its_line(tmp_path: Path) -> None:
     drops = Drops(tmp_path)
-    text = 'id,name,amount\n1,"two\nlines",1\n\n2,short\n3,x,oops\n,nokey,4\n'  # row 3 on line 6, row 4 on line 7
+    # records: 1 (two lines), the blank line none, 2 (short: its number kept), 3 on line 6, 4 on line 7
+    text = 'id,name,amount\n1,"two\nlines",1\n\n2,short\n3,x,oops\n,nokey,4\n'
     drops.write("a.csv", text, 1_700_000_000)
     drops.catalog(path="*.csv", primary_key="id", csv={"column_types": {"amount": "int64"}})
     drops.run()
     with duckdb.connect(str(drops.warehouse), read_only=True) as con:
         parked = con.sql("SELECT record_key, position, error FROM drops._ingest_dead_letter ORDER BY 1").fetchall()
     found = {key: (json.loads(position)["line"], error) for key, position, error in parked}
-    assert {key: line for key, (line, _) in found.items()} == {"a.csv:line5": 5, "a.csv:row2": 6, "a.csv:row3": 7}
-    assert found["a.csv:row2"][1].startswith("file a.csv row 2 (line 6): column 'amount'")
+    assert {key: line for key, (line, _) in found.items()} == {"a.csv:line5": 5, "a.csv:row3": 6, "a.csv:row4": 7}
+    assert found["a.csv:row3"][1].startswith("file a.csv row 3 (line 6): column 'amount'")
     assert drops.rows() == [(1, "two\nlines", 1)]
 
 

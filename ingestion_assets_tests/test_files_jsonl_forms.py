@@ -116,3 +116,18 @@ def test_line_ends_split_across_reads_count_once(tmp_path: Path) -> None:
     ]
     assert outcome.result.dead_letters == 1
     assert [key for key, _ in drops.dead_letters()] == ["a.jsonl:line4"]
+
+
+def test_a_field_without_a_name_parks_its_line_and_the_stream_goes_on(tmp_path: Path) -> None:
+    """Found by an attacker: a line `{"id":1,"":5}` failed the whole stream with a bare `ValueError` (no file, line
+    or field), and every later file was stuck behind it. Now that line is parked naming file, line and field, its
+    neighbours and the later file load; a nameless field holding null is dropped, as a CSV's unnamed column is."""
+    drops = Drops(tmp_path)
+    drops.catalog(path="*.jsonl", primary_key="id")
+    drops.write("a.jsonl", '{"id":1,"v":"a"}\n{"id":2,"":5,"x y":1}\n{"id":3," ":null,"v":"c"}\n', BASE)
+    drops.write("b.jsonl", '{"id":4,"v":"d"}\n', BASE + 1)
+    outcome = drops.run()
+    assert drops.rows("id, v") == [(1, "a"), (3, "c"), (4, "d")]
+    ((key, error),) = drops.dead_letters()
+    assert key == "a.jsonl:line2" and outcome.result.dead_letters == 1
+    assert error.startswith("file a.jsonl line 2: the field '' has no name") and "holds 5" in error

@@ -192,6 +192,29 @@ class IcebergTables:
             walk = known.get(walk.parent_snapshot_id) if walk.parent_snapshot_id is not None else None
         return f"its current snapshot {current.snapshot_id} does not descend from the checkpoint's {snapshot_id}"
 
+    def prepare_columns(self, table: str, schema: pa.Schema) -> None:
+        """Before a merge of a slice of `schema` (the target's names): pyiceberg's upsert reads the target's matched
+        rows in the schema of the table's current snapshot, not in the table's current schema, so a slice bringing
+        a new column and updating a key already there failed every run ("Target schema's field names are not
+        matching the table's field names"), dlt having just added the column without a snapshot. The new columns
+        are added here, and an empty snapshot (no file) makes the schema holding them the one the upsert reads
+        in; also a table left with its schema ahead of its snapshot by such a failed run."""
+        iceberg = self.open(table)
+        snapshot = None if iceberg is None else iceberg.current_snapshot()
+        if iceberg is None or snapshot is None:
+            return
+        wanted = ensure_iceberg_compatible_arrow_schema(schema)
+        new = [name for name in wanted.names if name not in iceberg.schema().column_names]
+        if not new and snapshot.schema_id == iceberg.metadata.current_schema_id:
+            return
+        with iceberg.transaction() as transaction:
+            if new:
+                with transaction.update_schema() as update:
+                    update.union_by_name(pa.schema([wanted.field(name) for name in new]))
+            with transaction.update_snapshot().fast_append():
+                pass  # no file: a snapshot in the schema as it is now
+        self.sync(table)
+
     def sync(self, table: str) -> None:
         """On a local disk, force the newest metadata file (the commit) and its folder to the device before the
         checkpoint counts on it; an object store's PUT is durable when it returns."""

@@ -68,6 +68,9 @@ class LakeLoader(Loader):
             )
             dead_letters = with_parked(dead_letters, parked)
             self._parked_here += 0 if parked is None else parked.num_rows
+        if table is not None and table.num_rows and self.target.write_disposition == "merge":
+            with self._lock():  # Iceberg: its upsert reads in the snapshot's schema (iceberg.py)
+                self.tables.prepare_columns(self.target.table, self._with_target_names(table).schema)
         return super().load(table, dead_letters)
 
     def _run(self, resources: list[Any], file_format: str | None) -> None:

@@ -83,6 +83,9 @@ class ParquetFiles:
     def replace(self, table: str, rows: pa.Table) -> None:
         self._refuse(table, "change a column's type")
 
+    def prepare_columns(self, table: str, schema: pa.Schema) -> None:
+        """Nothing before a load: plain files take new columns in the files that bring them."""
+
     def sync(self, table: str) -> None:
         """dlt's files are complete when its load returns; there is no commit record to make durable."""
 

@@ -30,7 +30,7 @@ def normalize(convention: str, identifier: str, max_length: int | None) -> str:
     """The name `convention` gives `identifier` (a column, table or dataset) in a target of `max_length`."""
     stripped = identifier.strip()
     if not stripped:
-        raise ValueError(identifier)
+        raise ValueError(f"the name {identifier!r} is empty or blank: no column or table can be named after it")
     if convention == "direct":
         return shorten(stripped.translate(_DIRECT_CLEANUP), stripped, max_length)
     if convention != "snake_case":

@@ -23,6 +23,7 @@ from ingestion_assets.sources.files import (
     FileInfo,
     MissingLocation,
     Piece,
+    Resume,
     at_most,
     filesystem,
     list_files,
@@ -35,6 +36,7 @@ from ingestion_assets.streams.files_names import FileColumnNames
 from ingestion_assets.streams.files_partitions import PartitionScope
 from ingestion_assets.streams.files_progress import Progress
 from ingestion_assets.streams.files_schema import FilesSchemaStep, files_schema_step
+from ingestion_assets.streams.files_stale import Span, retire_stale_rows
 from ingestion_assets.streams.files_ties import SameMomentKeys
 from ingestion_assets.streams.postgres_table import RunOptions, Target
 from ingestion_assets.sync import CheckpointSink, Faults, SliceOutcome, SyncResult, run_slices
@@ -60,6 +62,7 @@ class FileSlice(Slice):
     dead: list[dict[str, Any]] = field(default_factory=list)
     row_count: int = 0
     whole: dict[str, set[str]] = field(default_factory=dict)  # files read in full here: the keys they parked
+    spans: dict[str, Span] = field(default_factory=dict)  # each file's numbers covered here (files_stale)
 
     @property
     def rows(self) -> int:
@@ -110,6 +113,14 @@ class FileSourceStream:
             stream_table=target.stream_table,
         )
 
+    def retire_stale(self, loader: Loader, spans: dict[str, Span], scope: PartitionScope) -> None:
+        """Keyless: the rows of a file read again under numbers this read did not give go (files_stale.py). A
+        partition by a column reads only some rows of each file: the rows of the others are no gaps. Appending
+        keeps every version by design: nothing goes."""
+        merged = loader.target.write_disposition == "merge"
+        if not self.spec.primary_key and merged and scope.rows() is None and spans:
+            retire_stale_rows(loader, spans, soft=self.spec.deletes == "soft")
+
     def filesystem(self) -> tuple[Any, str]:
         options = {
             key: resolve(value, self.settings, f"sources.{self.source_name}.storage_options.{key}")
@@ -141,6 +152,7 @@ class FileSourceStream:
             assert isinstance(piece, FileSlice)
             where = (self.name, options.partition or "", options.run_id)
             loaded = load_files(loader, schema, piece.table, piece.dead, options.target.generation, where, piece.whole)
+            self.retire_stale(loader, piece.spans, scope)
             return SliceOutcome(loaded=loaded, dead_letters=len(piece.dead) + loader.take_parked())
 
         fs, root, files = self.listing()
@@ -259,9 +271,11 @@ class FileSourceStream:
                         batch.add(piece.table, relative, info, piece.bad, version)
                         ties.add(piece.table, relative, version[0])
                         progress.inside(relative, info, piece.rows_done, piece.bad_done)
+                        batch.reach(relative, piece.rows_done)
                         if batch.rows >= self.spec.slice_rows:
                             yield _slice(batch, progress.position(), index)
                             batch, index = FileBatch(), index + 1
+                            batch.begin(relative, Resume(piece.rows_done, piece.bad_done))
             except CorruptFile as exc:
                 batch.park(relative, info, str(exc))
                 if options.log is not None:
@@ -295,7 +309,9 @@ def _copies(progress: Progress, files: list[FileInfo], root: str) -> dict[str, s
 
 
 def _slice(batch: FileBatch, position: dict[str, Any], index: int) -> FileSlice:
-    return FileSlice(batch.tables, position, index, dead=batch.dead, row_count=batch.rows, whole=batch.whole)
+    return FileSlice(
+        batch.tables, position, index, dead=batch.dead, row_count=batch.rows, whole=batch.whole, spans=batch.spans
+    )
 
 
 def relative_path(path: str, root: str) -> str:

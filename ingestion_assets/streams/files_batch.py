@@ -17,6 +17,7 @@ from ingestion_assets.loading.parked import release_file_keys
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.sources.files import FILE, ROW, BadRow, FileInfo, Resume, without_texts
 from ingestion_assets.streams.files_schema import FilesSchemaStep
+from ingestion_assets.streams.files_stale import Span
 
 VERSION = "_ingest_file_version"
 
@@ -90,13 +91,21 @@ class FileBatch:
     files: int = 0
     whole: dict[str, set[str]] = field(default_factory=dict)  # files read from their start to their end here
     _fresh: dict[str, set[str]] = field(default_factory=dict)  # files being read from their start: keys parked
+    spans: dict[str, Span] = field(default_factory=dict)  # each file's numbers this batch covered (files_stale)
 
     def begin(self, relative: str, resume: Resume) -> None:
+        """The file's read (or its rest, in a batch after a slice cut inside it) starts after `resume`."""
         if resume.rows == 0 and resume.bad == 0:
             self._fresh[relative] = set()
+        self.spans[relative] = Span.starting(resume.rows)
+
+    def reach(self, relative: str, rows_done: int) -> None:
+        """The file's read got to its number `rows_done` (the bad rows up to it included)."""
+        self.spans.setdefault(relative, Span.starting(0)).reach(rows_done)
 
     def finish(self, relative: str) -> None:
         self.files += 1
+        self.spans.setdefault(relative, Span.starting(0)).upto = None  # read to its end: nothing after it stays
         if relative in self._fresh:
             self.whole[relative] = self._fresh.pop(relative)
 
@@ -127,6 +136,7 @@ class FileBatch:
                     "raw": {"file": relative, "row": row.row, "line": line, "text": row.raw},
                 }
             )
+        self.spans.setdefault(relative, Span.starting(0)).give(table)
         if table is not None and table.num_rows:
             self.tables.append(
                 (_labelled(table, relative, version or (info.modified_at, relative)), f"file {relative}")

@@ -104,10 +104,13 @@ class Progress:
         partial = self.partial
         if partial is None or partial["path"] != relative or partial["fingerprint"] != info.fingerprint:
             return Resume()
+        if int(partial.get("bad", 0)) and partial.get("numbers") != "records":
+            return Resume()  # counted before a bad CSV line kept its number: the file is read again from its start
         return Resume(int(partial["rows"]), int(partial.get("bad", 0)))
 
     def inside(self, relative: str, info: FileInfo, rows: int, bad: int) -> None:
         self.partial = {"path": relative, "fingerprint": info.fingerprint, "rows": rows, "bad": bad}
+        self.partial["numbers"] = "records"  # rows: the number of the last record read, bad ones counted
         if relative in self.origin:
             self.partial["origin"] = list(self.origin[relative])
 

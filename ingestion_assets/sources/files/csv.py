@@ -3,6 +3,7 @@ values that do not parse as their column's type become bad rows with their file,
 
 from __future__ import annotations
 
+import bisect
 import csv as pycsv
 import io
 import json
@@ -74,7 +75,8 @@ def read_csv(open_file: Callable[[], pa.NativeFile], options: CsvOptions, resume
         wanted = {f.name: declared.get(f.name, pa.string()) for f in reader.schema}
         lines = _LineFinder(open_file, options.encoding)  # each pass meets the bad lines from the file's start
         try:
-            pieces = _pieces(reader, invalid_rows, done, wanted, raw_columns, lines, texts)
+            before = 0 if options.column_names and not options.header else 1
+            pieces = _pieces(reader, invalid_rows, done, wanted, raw_columns, lines, texts, before)
             quoting = (options.quote_char, options.escape_char, options.delimiter)
             for checked in closed_at_end(pieces, reader.schema.names[-1], open_file, options.encoding, quoting):
                 # typed once the end is checked: an unclosed last value (`"11<EOF>`) must not make its column text
@@ -233,38 +235,65 @@ def _pieces(
     raw: set[str],
     lines: _LineFinder,
     texts: set[str],
+    before: int = 1,
 ) -> Iterator[Piece]:
-    """`done` counts the rows (and bad rows) an earlier pass or run already gave: they are skipped."""
-    good, invalid = 0, 0
+    """A row's number is its record's among the file's records, rows of the wrong width counted (a bad line keeps
+    its number: the rows after it are not renumbered when a line goes bad). `done` says the last number an
+    earlier pass or run gave (and how many rows of the wrong width it parked): those are skipped. `before`: the
+    records before the first row (the header)."""
+    last, invalid = 0, 0
+    skipped: list[int] = []  # the numbers of rows of the wrong width not passed yet, in order
     for batch in reader:
-        bad, invalid = _invalid(invalid_rows, invalid, done, lines)
-        first = good + 1
-        good += batch.num_rows
-        if good <= done.rows:
+        bad, invalid = _invalid(invalid_rows, invalid, done, lines, skipped, before)
+        numbers = _numbers(last, batch.num_rows, skipped)
+        last = numbers[-1] if numbers else last
+        first = bisect.bisect_right(numbers, done.rows)  # the rows an earlier read gave are skipped
+        if first == len(numbers):
             if bad:
-                yield Piece(None, bad, done.rows, max(invalid, done.bad))
+                yield Piece(None, bad, max(last, done.rows), max(invalid, done.bad))
             continue
-        table = pa.Table.from_batches([batch])
-        if first <= done.rows:
-            table = table.slice(done.rows - first + 1)
-            first = done.rows + 1
-        table = table.append_column(ROW, pa.array(range(first, good + 1), pa.int64()))
+        table = pa.Table.from_batches([batch]).slice(first)
+        table = table.append_column(ROW, pa.array(numbers[first:], pa.int64()))
         if raw:
             table, failed = _coerce(table, wanted, raw)
             bad += failed
-        yield Piece(without_unnamed(table), bad, good, max(invalid, done.bad))
+        yield Piece(without_unnamed(table), bad, last, max(invalid, done.bad))
     # rows pyarrow turned down after its last batch (or in a file it gave no batch of: a quote opened in the first
     # row and never closed takes every line after it into one row of the wrong width) are parked, never dropped
-    bad, invalid = _invalid(invalid_rows, invalid, done, lines)
+    bad, invalid = _invalid(invalid_rows, invalid, done, lines, skipped, before)
+    if bad or skipped:
+        last = max([last, *skipped])
     if bad:
-        yield Piece(None, bad, max(good, done.rows), max(invalid, done.bad))
+        yield Piece(None, bad, max(last, done.rows), max(invalid, done.bad))
 
 
-def _invalid(invalid_rows: list[Any], invalid: int, done: Resume, lines: _LineFinder) -> tuple[list[BadRow], int]:
-    """The rows of the wrong width pyarrow turned down so far, parked (those an earlier read parked are counted)."""
+def _numbers(last: int, count: int, skipped: list[int]) -> list[int]:
+    """The numbers of `count` rows after number `last`, passing over those of the rows of the wrong width."""
+    found: list[int] = []
+    start = last + 1
+    while count > 0:
+        while skipped and skipped[0] < start:
+            skipped.pop(0)
+        stop = skipped[0] if skipped else start + count
+        take = min(count, stop - start)
+        found.extend(range(start, start + take))
+        count -= take
+        start += take
+        if count > 0:
+            start = skipped.pop(0) + 1
+    return found
+
+
+def _invalid(
+    invalid_rows: list[Any], invalid: int, done: Resume, lines: _LineFinder, skipped: list[int], before: int
+) -> tuple[list[BadRow], int]:
+    """The rows of the wrong width pyarrow turned down so far, parked (those an earlier read parked are counted);
+    their numbers (pyarrow's, the header counted) join `skipped`."""
     bad: list[BadRow] = []
     for row in invalid_rows:
         invalid += 1
+        if row.number is not None and row.number > before:
+            skipped.append(int(row.number) - before)
         line = lines.find(row.text)  # also for those given before: the finder passes their lines in order
         if invalid > done.bad:
             bad.append(BadRow(None, line, _width_problem(row), row.text, ordinal=invalid))

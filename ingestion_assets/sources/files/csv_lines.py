@@ -48,8 +48,8 @@ class RowLines:
                 skip -= 1
                 width = width if width is not None else len(record)
                 continue
-            if not record or (width is not None and len(record) != width):
-                continue  # a blank line, or a row with the wrong number of fields (parked by its line)
+            if not record:
+                continue  # a blank line (a row of the wrong width has its number: csv.py)
             row += 1
             yield row, start
 

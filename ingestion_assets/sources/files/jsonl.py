@@ -57,9 +57,26 @@ def _parse(line: bytes) -> tuple[dict[str, Any], str | None]:
         )
     if not isinstance(value, dict):
         return {}, f"a JSON {type(value).__name__}, not an object"
+    if blank := [key for key in value if not key.strip()]:
+        if problem := _unnamed(value, blank):
+            return {}, problem
+        value = {key: v for key, v in value.items() if key not in blank}
     if SURROGATE_ESCAPE.search(text) and (lone := lone_surrogate(value)) is not None:
         return {}, surrogate_problem(lone)
     return value, None
+
+
+def _unnamed(value: dict[str, Any], blank: list[str]) -> str | None:
+    """Why a field without a name (`""`, `" "`) parks its line: no column can be named after it (the whole stream
+    failed with a bare ValueError). Such a field holding null is dropped, as a CSV header's unnamed column is."""
+    held = next((key for key in blank if value[key] is not None), None)
+    if held is None:
+        return None
+    shown = json.dumps(value[held])[:80]
+    return (
+        f"the field {held!r} has no name (empty or blank) but holds {shown}: no column can be named after it, so "
+        "the row is parked; give the field a name in the file"
+    )
 
 
 class _DuplicateKey(ValueError):
