@@ -134,8 +134,10 @@ class PostgresTableStream:
         )
 
     def numeric_cursor(self, plan: ReadPlan) -> tuple[str, ...]:
-        """The cursor columns holding a numeric's text (a numeric without limits): versions compare their values."""
-        return tuple(name for name in self.spec.cursor if plan.shape.column(name).is_numeric_text)
+        """The cursor columns holding a numeric's text (a numeric without limits): versions compare their values.
+        A plan without the source's columns (`ingest dlq list`/`discard` need no source) compares no version."""
+        columns = {column.name: column for column in plan.shape.columns}
+        return tuple(name for name in self.spec.cursor if name in columns and columns[name].is_numeric_text)
 
     def source_url(self) -> str:
         return postgres_url(
