@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from dlt.destinations.exceptions import DatabaseException
 
 from ingestion_assets.catalog import Destination
 from ingestion_assets.loading.bindings import Marker, read_marker, set_generation, write_marker
@@ -532,6 +531,8 @@ class Loader:
         return done
 
     def _count_lost_values(self, changes: list[tuple[SchemaChange, str, pa.DataType]], exact: bool) -> None:
+        from dlt.destinations.exceptions import DatabaseException  # here: a run without a change never needs dlt
+
         with self._lock(), self.sql_client() as client:
             table = client.make_qualified_table_name(self.target.table)
             if not table_exists(client, table):
