@@ -69,8 +69,9 @@ def test_a_killed_step_is_retried_from_its_checkpoint_within_the_run(harness: St
     assert marker.exists()
     events = harness.instance.fetch_observations(harness.key("events"), limit=100).records
     slices = [e.asset_observation.metadata["ingest/checkpoint"].value.get("slice") for e in reversed(events)]
-    # first attempt: slices 0..4 then killed; the retry resumes after slice 4: 7 more slices, then complete
-    assert slices == [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, None]
+    # first attempt: slices 0..4 then killed; the retry resumes after slice 4: 7 more slices, then complete, then
+    # the same once its check has run (no longer `unchecked_from`)
+    assert slices == [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, None, None]
     harness.assert_target_equals_source("events", "events", "id")
 
 
