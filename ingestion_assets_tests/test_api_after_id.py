@@ -20,7 +20,7 @@ from ingestion_assets.sources.rest import (
     read_pages,
 )
 from ingestion_assets_tests.helpers import StreamHarness
-from ingestion_assets_tests.rest.scripted import ScriptedApi
+from ingestion_assets_tests.rest.scripted import ScriptedApi, write_scripted_catalog
 
 Start = Callable[..., ScriptedApi]
 CHARGES = EndpointSpec(
@@ -39,8 +39,6 @@ def _charges(first: int, count: int) -> list[dict[str, Any]]:
 
 
 def _catalog(harness: StreamHarness, api: ScriptedApi, **pagination: Any) -> None:
-    from ingestion_assets.state.summary import size_pools
-
     stream = {
         "path": "/v1/charges",
         "primary_key": "id",
@@ -51,20 +49,7 @@ def _catalog(harness: StreamHarness, api: ScriptedApi, **pagination: Any) -> Non
         "pages_per_slice": 2,
         "retries": {"max_attempts": 1},
     }
-    catalog = {
-        "destination": {"type": "duckdb", "path": str(harness.warehouse)},
-        "sources": {
-            harness.source_name: {
-                "type": "rest",
-                "base_url": api.url,
-                "rate_limit": {"requests_per_second": 200, "burst": 20},
-                "streams": {"charges": stream},
-            }
-        },
-    }
-    harness.catalog_path = harness.tmp_path / "catalog.yaml"
-    harness.catalog_path.write_text(yaml.safe_dump(catalog))
-    size_pools(harness.settings, load_catalog(harness.catalog_path))
+    write_scripted_catalog(harness, api, "charges", stream)
 
 
 def _target(harness: StreamHarness) -> list[tuple[Any, ...]]:

@@ -10,18 +10,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import yaml
 
-from ingestion_assets.catalog import load_catalog
 from ingestion_assets_tests.helpers import StreamHarness
-from ingestion_assets_tests.rest.scripted import ScriptedApi
+from ingestion_assets_tests.rest.scripted import ScriptedApi, write_scripted_catalog
 
 Start = Callable[..., ScriptedApi]
 
 
 def _catalog(harness: StreamHarness, api: ScriptedApi, pages_per_slice: int, mode: str | None) -> None:
-    from ingestion_assets.state.summary import size_pools
-
     stream: dict[str, Any] = {
         "path": "/feed",
         "primary_key": "id",
@@ -33,20 +29,7 @@ def _catalog(harness: StreamHarness, api: ScriptedApi, pages_per_slice: int, mod
     }
     if mode is not None:
         stream["deletes"] = {"mode": mode, "marker": {"field": "deleted", "values": [True]}}
-    catalog = {
-        "destination": {"type": "duckdb", "path": str(harness.warehouse)},
-        "sources": {
-            harness.source_name: {
-                "type": "rest",
-                "base_url": api.url,
-                "rate_limit": {"requests_per_second": 200, "burst": 20},
-                "streams": {"feed": stream},
-            }
-        },
-    }
-    harness.catalog_path = harness.tmp_path / "catalog.yaml"
-    harness.catalog_path.write_text(yaml.safe_dump(catalog))
-    size_pools(harness.settings, load_catalog(harness.catalog_path))
+    write_scripted_catalog(harness, api, "feed", stream)
 
 
 def _rows(harness: StreamHarness, deleted: bool = False) -> dict[int, str | None]:

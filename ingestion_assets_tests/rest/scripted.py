@@ -8,8 +8,11 @@ import json
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
+
+if TYPE_CHECKING:
+    from ingestion_assets_tests.helpers import StreamHarness
 
 
 @dataclass
@@ -99,3 +102,26 @@ def start_scripted_api(**fields: Any) -> tuple[ScriptedApi, ThreadingHTTPServer]
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     api.url = f"http://127.0.0.1:{server.server_address[1]}"
     return api, server
+
+
+def write_scripted_catalog(harness: StreamHarness, api: ScriptedApi, name: str, stream: dict[str, Any]) -> None:
+    """A catalog with one stream `name` (its settings `stream`) on the scripted API, without auth, into DuckDB."""
+    import yaml
+
+    from ingestion_assets.catalog import load_catalog
+    from ingestion_assets.state.summary import size_pools
+
+    catalog = {
+        "destination": {"type": "duckdb", "path": str(harness.warehouse)},
+        "sources": {
+            harness.source_name: {
+                "type": "rest",
+                "base_url": api.url,
+                "rate_limit": {"requests_per_second": 200, "burst": 20},
+                "streams": {name: stream},
+            }
+        },
+    }
+    harness.catalog_path = harness.tmp_path / "catalog.yaml"
+    harness.catalog_path.write_text(yaml.safe_dump(catalog))
+    size_pools(harness.settings, load_catalog(harness.catalog_path))
