@@ -45,19 +45,15 @@ def repair(request: Request, found: Reconciliation, how: Repair) -> Reconciliati
     """Read the missing and older rows again by key, merge them under the version guard (a newer version another
     writer loaded meanwhile stays), then compare those keys again. A key gone from the source by now loads
     nothing: it is not missing any more, and a later comparison sees it as deleted at the source."""
-    keys = found.found_keys
-    if keys is None or keys.num_rows > REPAIR_CAP:
-        keys = None
-    newer = found.newer_keys if how.source_wins and found.newer_keys is not None else None
-    if newer is not None and (newer.num_rows == 0 or newer.num_rows > REPAIR_CAP):
-        newer = None
-    if (keys is None or keys.num_rows == 0) and newer is None:
+    keys = _within_cap(found.found_keys)
+    newer = _within_cap(found.newer_keys) if how.source_wins else None
+    if keys is None and newer is None:
         return found
-    if keys is not None and keys.num_rows:
+    if keys is not None:
         _load_keys(request, keys, how, guard=True)
     if newer is not None:  # after the repair: the source's version, whatever the target holds
         _load_keys(request, newer, how, guard=False)
-    every = pa.concat_tables([t for t in (keys, newer) if t is not None and t.num_rows])
+    every = pa.concat_tables([t for t in (keys, newer) if t is not None])
     after = recheck(request, every)
     left = after.missing + after.stale + after.newer_in_target + after.parked + after.deleted_at_source
     samples = {kind: k for kind, k in found.samples.items() if kind not in (MISSING, STALE, NEWER)}
@@ -76,6 +72,11 @@ def repair(request: Request, found: Reconciliation, how: Repair) -> Reconciliati
         repaired=every.num_rows - left,
         samples=samples,
     )
+
+
+def _within_cap(keys: pa.Table | None) -> pa.Table | None:
+    """`keys` if there are any to read again and no more than REPAIR_CAP (above it the gap is owed instead)."""
+    return keys if keys is not None and 0 < keys.num_rows <= REPAIR_CAP else None
 
 
 def _load_keys(request: Request, keys: pa.Table, how: Repair, guard: bool) -> None:
