@@ -164,10 +164,14 @@ def _logged_without_columns(sync: CdcSync, stream: PostgresTableStream, parts: S
     again, since): its row cannot say that column's value, and applying it would load NULL there. The stream is
     copied again instead, from the next run on (stored now: a crash before the run's checkpoint keeps it), and
     takes nothing more of the log in this run."""
+    known = parts.complete_relations.get(id(change.table))
+    if known is not None and known[0] is change.table and known[1] is parts.shape:
+        return False  # this relation message was checked against this shape already (asked for every change)
     generated = parts.generated_columns(stream)
     logged = set(change.table.columns)
     missing = [c for c in parts.shape.column_names if c not in logged and c not in generated]
     if not missing:
+        parts.complete_relations[id(change.table)] = (change.table, parts.shape)
         return False
     position = sync._state.positions.get(stream.name)
     reason = (

@@ -8,7 +8,6 @@ A row's version is its change's log position: commit LSN * 10^9 + order within t
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import io
 import json
@@ -80,6 +79,7 @@ class TableChanges:
     generated: frozenset[str] = frozenset()  # columns the log carries no value of: read from the source
     marks: dict[Key, tuple[Decimal, dt.datetime]] = field(default_factory=dict)  # soft deletes of target rows
     _last: dict[Key, dict[str, Any]] = field(default_factory=dict)  # key -> its newest values in this batch
+    _decimals: tuple[TableShape, tuple[str, ...]] | None = None  # (shape, its decimal columns)
 
     def add(self, change: RowChange, lookup_toast: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
         self.commit_times.append(change.commit_time)
@@ -144,11 +144,19 @@ class TableChanges:
 
     def _unfit(self, row: dict[str, Any]) -> str | None:
         """NaN and infinity have no decimal value (and would stop the CSV parse); the rest is found in to_arrow."""
-        for column in self.shape.columns:
-            value = row.get(column.name)
-            if isinstance(value, str) and pa.types.is_decimal(column.arrow_type) and value in _UNFIT_DECIMAL:
-                return f"{column.name}: {value} {NO_DECIMAL_VALUE}"
+        for name in self._decimal_columns():
+            value = row.get(name)
+            if isinstance(value, str) and value in _UNFIT_DECIMAL:
+                return f"{name}: {value} {NO_DECIMAL_VALUE}"
         return None
+
+    def _decimal_columns(self) -> tuple[str, ...]:
+        """The shape's decimal columns, found once per shape (asked for every change of a batch)."""
+        known = self._decimals
+        if known is None or known[0] is not self.shape:
+            known = (self.shape, tuple(c.name for c in self.shape.columns if pa.types.is_decimal(c.arrow_type)))
+            self._decimals = known
+        return known[1]
 
     def to_arrow(self, generation: int) -> pa.Table | None:
         """The rows as typed Arrow with the metadata columns; the parse is the snapshot's CSV parse and decoding.
@@ -170,18 +178,20 @@ class TableChanges:
 
     def _parsed(self) -> pa.Table:
         rare: dict[str, dict[int, str]] = {}  # temporal texts Arrow's CSV reader cannot parse (±infinity, BC ...)
-        text = io.StringIO()
-        writer = csv.writer(text, quoting=csv.QUOTE_NONNUMERIC, lineterminator="\n")
-        for index, row in enumerate(self.rows):
-            cells = []
-            for column in self.shape.columns:
-                value = row.get(column.name)
-                if isinstance(value, str) and column.kind in TEMPORAL and temporal_needs_parse(value, column.kind):
-                    rare.setdefault(column.name, {})[index] = value
-                    value = None
-                cells.append(_csv_cell(value))
-            writer.writerow(cells)
-        data = pacsv.read_csv(io.BytesIO(text.getvalue().encode()), **csv_options(self.shape))
+        texts = []
+        for column in self.shape.columns:
+            values = [row.get(column.name) for row in self.rows]
+            if column.kind in TEMPORAL:
+                for index, value in enumerate(values):
+                    if isinstance(value, str) and temporal_needs_parse(value, column.kind):
+                        rare.setdefault(column.name, {})[index] = value
+                        values[index] = None
+            texts.append(_text_array(values))
+        # Written by Arrow as COPY writes its CSV: every text quoted ('""' is an empty text), NULL as nothing.
+        written = io.BytesIO()
+        columns = pa.Table.from_arrays(texts, names=[f"c{i}" for i in range(len(texts))])
+        pacsv.write_csv(columns, written, pacsv.WriteOptions(include_header=False, quoting_style="all_valid"))
+        data = pacsv.read_csv(io.BytesIO(written.getvalue()), **csv_options(self.shape))
         data, unfitting = decode_texts(decode_binary(data, self.shape), self.shape, rare)
         if unfitting:
             self.bad += [(self.rows[i], "; ".join(str(item) for item in items)) for i, items in unfitting.items()]
@@ -259,21 +269,12 @@ def log_key_text(row: dict[str, Any], primary_key: Sequence[str]) -> str:
     return "|".join(key_part(str(row.get(k))) for k in primary_key)
 
 
-class _Null:
-    """Written unquoted by QUOTE_NONNUMERIC: the CSV reader's NULL (an empty string is quoted)."""
-
-    def __str__(self) -> str:
-        return ""
-
-    def __float__(self) -> float:  # QUOTE_NONNUMERIC leaves numbers unquoted; this is how it knows
-        return 0.0
-
-
-_NULL_CELL = _Null()
-
-
-def _csv_cell(value: Any) -> Any:
-    return _NULL_CELL if value is None else str(value)
+def _text_array(values: list[Any]) -> pa.Array:
+    """One column's values as Arrow text: the log's texts as they are, anything else by its `str`."""
+    try:
+        return pa.array(values, pa.string())
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        return pa.array([None if value is None else str(value) for value in values], pa.string())
 
 
 def mark_deleted(loader: Loader, marks: pa.Table | None) -> int:

@@ -9,7 +9,7 @@ emptied table) is copied again as well, and the run says why.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from psycopg2 import sql
@@ -70,6 +70,8 @@ class StreamParts:
     type_oids: dict[str, int] | None = None  # column -> its type's oid now (`outdated`), read once a run
     generated: frozenset[str] | None = None  # generated columns: the log carries no value of them, read once a run
     ids: dict[str, Any] | None = None  # the table's oid and column numbers now (schema_step.column_ids)
+    # relation messages (by identity) found to carry every column of `shape`: see batches._logged_without_columns
+    complete_relations: dict[int, tuple[TableInfo, TableShape]] = field(default_factory=dict)
 
     def generated_columns(self, stream: PostgresTableStream) -> frozenset[str]:
         """The table's generated columns (stored or virtual): pgoutput leaves them out of every change (unless
