@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ingestion_assets.state.summary import request_refresh
-from ingestion_assets_tests.destination_targets import use_destination
+from ingestion_assets_tests.destination_targets import MariaDb, lake_rows, mariadb, use_destination
 from ingestion_assets_tests.helpers import StreamHarness
 from ingestion_assets_tests.rest.scripted import ScriptedApi, write_scripted_catalog
 
@@ -163,3 +164,37 @@ def test_a_stream_without_a_cursor_loads_every_read(harness: StreamHarness, scri
     api.feed = [[{"id": 1, "v": "c"}]]
     assert harness.materialize().success
     assert _rows(harness) == {1: "c"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("destination", ["mariadb", "delta", "iceberg"])
+def test_the_guard_holds_on_mariadb_and_lakes(
+    harness: StreamHarness, scripted_api: Start, tmp_path: Path, request: pytest.FixtureRequest, destination: str
+) -> None:
+    old, middle, new = CURSORS["timestamp"]
+    api = scripted_api(feed=[[_live(1, middle, "1 middle")], [_live(1, old, "1 old"), _live(2, old, "2 old")]])
+    _catalog(harness, api, "duckdb")
+    lake = tmp_path / "lake"
+    if destination == "mariadb":
+        server: MariaDb = request.getfixturevalue(mariadb.__name__)
+        server.datasets.append(harness.source_name)
+        use_destination(harness, server.destination())
+
+        def rows() -> dict[int, str]:
+            found = server.query(f"SELECT id, v FROM `{harness.source_name}`.`feed` WHERE _ingest_deleted_at IS NULL")
+            return {int(i): str(v) for i, v in found}
+    else:
+        use_destination(harness, {"type": "filesystem", "bucket_url": str(lake), "table_format": destination})
+
+        def rows() -> dict[int, str]:
+            found = lake_rows(destination, str(lake / harness.source_name / "feed"), ["id", "v"], "id")
+            return {int(i): str(v) for i, v in found}
+
+    assert harness.materialize().success
+    assert rows() == {1: "1 middle", 2: "2 old"}
+    api.feed = [[_live(1, old, "1 old again"), _live(2, new, "2 new")]]
+    assert harness.materialize().success
+    assert rows() == {1: "1 middle", 2: "2 new"}
+    api.feed = [[_live(1, middle, "1 middle, changed")]]  # an equal cursor: the later load wins
+    assert harness.materialize().success
+    assert rows() == {1: "1 middle, changed", 2: "2 new"}
