@@ -189,6 +189,11 @@ class Loader:
             self._append_only = True
         return self._append_only
 
+    @property
+    def append_only(self) -> bool:
+        """The initial-load path was taken (`use_initial_load_path`): no row of this run is in the target yet."""
+        return self._append_only
+
     def target_is_empty(self) -> bool:
         with self._lock(), self.sql_client() as client:
             try:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ingestion_assets.loading.metadata_columns import DELETED_AT, POSITION
+from ingestion_assets.loading.metadata_columns import DELETED_AT, EXTRACTED_AT, POSITION
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.loading.relations import table_exists
 from ingestion_assets.loading.target_sql import undefined_relation
@@ -46,14 +46,19 @@ class TargetKeys:
         return found
 
     def positions(self, keys: Iterable[Key]) -> dict[Key, str | None]:
-        """The version (`_ingest_position`) the target holds for each of `keys` it has."""
+        """The version (`_ingest_position`) the target holds for each of `keys` it has. None: the row has no version
+        to order by, a key first seen as a tombstone carrying only its key (NULL; before, its read time, which is
+        our clock and no server cursor: a soft-deleted row whose version is its own `_ingest_extracted_at`)."""
         found: dict[Key, str | None] = {}
         with self.loader.client() as client:
             columns = ", ".join(client.escape_column_name(k) for k in self.primary_key)
             table = client.make_qualified_table_name(self.loader.target.table)
             for where in self._predicates(client, keys):
-                for row in client.execute_sql(f"SELECT {columns}, {POSITION} FROM {table} WHERE {where}") or []:
-                    found[tuple(row[:-1])] = None if row[-1] is None else str(row[-1])
+                statement = f"SELECT {columns}, {POSITION}, {EXTRACTED_AT}, {DELETED_AT} FROM {table} WHERE {where}"
+                for row in client.execute_sql(statement) or []:
+                    position, extracted, deleted = row[-3:]
+                    read_time = deleted is not None and _same_moment(position, extracted)
+                    found[tuple(row[:-3])] = None if position is None or read_time else str(position)
         return found
 
     def live(self) -> set[Key]:
@@ -78,8 +83,10 @@ class TargetKeys:
                     client.execute_sql(f"DELETE FROM {root} WHERE {where}")
         return removed
 
-    def mark_deleted(self, keys: Iterable[Key]) -> int:
-        """Soft deletes: the rows keep their last values and get `_ingest_deleted_at` (if not set already)."""
+    def mark_deleted(self, keys: Iterable[Key], versions: Mapping[Key, str] | None = None) -> int:
+        """Soft deletes: the rows keep their last values and get `_ingest_deleted_at` (if not set already), and
+        the version in `versions` (a tombstone's cursor), so an older copy served later does not bring them back."""
+        keys = list(keys)
         marked = 0
         with self.loader.client() as client:
             root = client.make_qualified_table_name(self.loader.target.table)
@@ -87,6 +94,13 @@ class TargetKeys:
                 live = f"WHERE ({where}) AND {DELETED_AT} IS NULL"
                 marked += self._count(client, f"SELECT count(*) FROM {root} {live}")
                 client.execute_sql(f"UPDATE {root} SET {DELETED_AT} = CURRENT_TIMESTAMP {live}")
+            by_version: dict[str, list[Key]] = {}
+            for key in keys:
+                if versions and (version := versions.get(key)) is not None:
+                    by_version.setdefault(version, []).append(key)
+            for version, same in sorted(by_version.items()):
+                for where in self._predicates(client, same):
+                    client.execute_sql(f"UPDATE {root} SET {POSITION} = {_literal(version)} WHERE {where}")
         return marked
 
     def _select(self, client: Any, where: str) -> Iterator[Key]:
@@ -159,6 +173,18 @@ def record_listing(loader: Loader, stream: str, listed_at: dt.datetime, figures:
             f"INSERT INTO {table} VALUES ({_literal(stream)}, CAST({_literal(stamp)} AS timestamptz), "
             f"{_literal(json.dumps(figures, sort_keys=True))})"
         )
+
+
+def _same_moment(position: Any, extracted: Any) -> bool:
+    """Whether a version (text) is the moment `extracted` (a timestamp; naive: UTC, as MariaDB returns it)."""
+    if not isinstance(position, str) or not isinstance(extracted, dt.datetime):
+        return False
+    try:
+        moment = dt.datetime.fromisoformat(position)
+    except ValueError:
+        return False
+    with_zone = [m if m.tzinfo else m.replace(tzinfo=dt.UTC) for m in (moment, extracted)]
+    return with_zone[0] == with_zone[1]
 
 
 def key_text(key: Sequence[Any]) -> str:

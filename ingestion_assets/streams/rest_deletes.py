@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from ingestion_assets.catalog.rest import DeletionMarker, KeyListing, RestDeletes
 from ingestion_assets.loading.dead_letters import key_part
-from ingestion_assets.loading.metadata_columns import DELETED_AT, version_text
+from ingestion_assets.loading.metadata_columns import DELETED_AT, POSITION, version_text
 from ingestion_assets.loading.parked import release_parked
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.loading.target_keys import Key, TargetKeys, key_text, last_listing, record_listing
@@ -76,33 +76,70 @@ def load_slice(
 
     Under merge only each key's newest record in the slice counts (`newest_per_key`), so a record deleted
     and created again within one slice ends live, one updated then deleted ends deleted, and a tombstone older
-    than a live version of its key in the slice deletes nothing. Deletions are applied after the load and
-    before the checkpoint: a crash in between re-reads the slice and applies them again, which changes nothing
-    the second time.
+    than a live version of its key in the slice deletes nothing. Across slices and runs the target's version
+    decides (`_not_older`, `_not_outdated`). Deletions are applied after the load and before the checkpoint: a
+    crash in between re-reads the slice and applies them again, which changes nothing the second time.
     """
-    if loader.target.write_disposition == "merge":
+    merge = loader.target.write_disposition == "merge"
+    if merge:
         records = newest_per_key(records, loader.target.primary_key, cursor, stream)
+    # `_ingest_position` is text (version_text), also where a slice holds only versionless tombstones (NULL)
+    hints = {**(column_hints or {}), POSITION: {"data_type": "text"}}
+    keys = TargetKeys(loader)
+    guarded = merge and cursor is not None and not loader.append_only  # the initial load: nothing to compare
     marker = deletes.marker if deletes is not None else None
     if marker is None:
-        return loader.load_records(records, dead_letters=dead_letters, column_hints=column_hints)
+        if guarded:
+            assert cursor is not None
+            records = _not_older(keys, records, cursor, stream)
+        return loader.load_records(records, dead_letters=dead_letters, column_hints=hints)
     assert deletes is not None
-    newest = {tuple(r[k] for k in loader.target.primary_key): r for r in records}
+    newest = {_key(r, loader): r for r in records}
     live = [r for r in newest.values() if not is_deletion(r, marker)]
+    if guarded:
+        assert cursor is not None
+        live = _not_older(keys, live, cursor, stream)
     deleted = {key: r for key, r in newest.items() if is_deletion(r, marker)}
-    keys = TargetKeys(loader)
     deleted = _not_outdated(keys, deleted, cursor, stream)
     present = keys.existing(deleted) if deleted and deletes.mode == "soft" else set()
     if deletes.mode == "soft":  # a key deleted before we ever saw it: its tombstone is its last known state
         now = dt.datetime.now(dt.UTC)
-        live += [{**r, DELETED_AT: now} for key, r in deleted.items() if key not in present]
-    loaded = loader.load_records(live, dead_letters=dead_letters, column_hints=column_hints)
+        live += [{**r, DELETED_AT: now, POSITION: _version(r, cursor)} for k, r in deleted.items() if k not in present]
+    loaded = loader.load_records(live, dead_letters=dead_letters, column_hints=hints)
     if deletes.mode == "hard":
         keys.delete(deleted)
-    else:
-        keys.mark_deleted(present)
+    else:  # the row keeps its last values; its version becomes the tombstone's cursor, if it carries one
+        versions = {key: v for key, r in deleted.items() if key in present and (v := _version(r, cursor)) is not None}
+        keys.mark_deleted(present, versions)
     if deleted:  # a key parked before (a record that could not load) is settled by its deletion
         release_parked(loader, ["|".join(key_part(str(part)) for part in key) for key in deleted])
     return loaded
+
+
+def _key(record: dict[str, Any], loader: Loader) -> Key:
+    return tuple(record[k] for k in loader.target.primary_key)
+
+
+def _version(record: dict[str, Any], cursor: str | None) -> str | None:
+    """A record's version as the target holds it; None for a tombstone carrying only its key: its read time is
+    our clock, not the API's, so it orders against no server cursor (a key re-created after it must load)."""
+    return version_text(record[cursor]) if cursor and usable(record.get(cursor)) else None
+
+
+def _not_older(
+    keys: TargetKeys, records: list[dict[str, Any]], cursor: str, stream: str
+) -> list[dict[str, Any]]:
+    """The live records to load (one per key): a record whose cursor is older than the version the target holds
+    for its key (an API listing one key's versions newest first, across slices or runs) is left out, so it
+    never overwrites the newer one; on an equal cursor the later load wins. A soft-deleted row's version is its
+    tombstone's cursor (or its last live version's, the tombstone carrying none): an older copy does not bring
+    it back, a re-creation does. A row without a version (a key first seen as a tombstone with only its key)
+    holds nothing back."""
+    older = _older_than_target(keys, {_key(r, keys.loader): r for r in records if usable(r.get(cursor))}, cursor)
+    if not older:
+        return records
+    logger.info("%s: %d record(s) older than the version the target holds: not loaded", stream, len(older))
+    return [r for r in records if _key(r, keys.loader) not in older]
 
 
 def _not_outdated(
@@ -113,15 +150,21 @@ def _not_outdated(
     only its key is placed by when it was read, after every row loaded before it, and always applies."""
     if cursor is None or not (dated := {key: r for key, r in deleted.items() if usable(r.get(cursor))}):
         return deleted
-    held = keys.positions(dated)
-    outdated = {
+    outdated = _older_than_target(keys, dated, cursor)
+    if outdated:
+        logger.info("%s: %d tombstone(s) older than the row the target holds: not applied", stream, len(outdated))
+    return {key: r for key, r in deleted.items() if key not in outdated}
+
+
+def _older_than_target(keys: TargetKeys, dated: dict[Key, dict[str, Any]], cursor: str) -> set[Key]:
+    """The keys whose record's cursor is older than the version the target holds (compared as the API's cursors
+    are: numbers by value, timestamps as moments with their offsets, other text as text)."""
+    held = keys.positions(dated) if dated else {}
+    return {
         key
         for key, record in dated.items()
         if (stored := held.get(key)) is not None and order_key(version_text(record[cursor])) < order_key(stored)
     }
-    if outdated:
-        logger.info("%s: %d tombstone(s) older than the row the target holds: not applied", stream, len(outdated))
-    return {key: r for key, r in deleted.items() if key not in outdated}
 
 
 @dataclass(frozen=True)
