@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from typing import Any
 
 from ingestion_assets.catalog import load_catalog
@@ -134,11 +135,24 @@ def _replay(stream: Any, store: Any) -> Any:
     from ingestion_assets.streams.files_replay import replay_file_dead_letters
     from ingestion_assets.streams.replay import replay_dead_letters
 
+    if not isinstance(stream, FileSourceStream) and stream.source.mode == "cdc":
+        return _replay_cdc(stream, store)
     latest = store.latest(None)
     generation = max(int(latest.details.get("generation", 1)) if latest else 1, 1)
     if isinstance(stream, FileSourceStream):
         return replay_file_dead_letters(stream, generation, dict(latest.details) if latest else {})
     return replay_dead_letters(stream, generation)
+
+
+def _replay_cdc(stream: Any, store: Any) -> Any:
+    """Under the source's slot lock, at the stream's log position (its checkpoint on `live` with history)."""
+    from ingestion_assets.defs.sources import slot_name
+    from ingestion_assets.partitions import LIVE
+    from ingestion_assets.streams.cdc.replay import replay_cdc_dead_letters
+
+    partition = LIVE if stream.source.cdc.history_chunk is not None else None
+    slot = slot_name(stream.source_name, stream.source)
+    return replay_cdc_dead_letters(stream, slot, lambda: store.latest(partition), lambda m: print(m, file=sys.stderr))
 
 
 def replay_failures() -> tuple[type[BaseException], ...]:
