@@ -208,6 +208,11 @@ def reconcile(settings: Settings, args: argparse.Namespace) -> int:
         f"{found.deleted_at_source} in the target only (deleted at the source), {found.deletions_applied} deleted, "
         f"{found.not_yet_synced} not yet synced, {found.parked} parked, {found.repaired} read again by key (repaired)"
     )
+    if found.replaced_newer:
+        print(
+            f"  of the rows read again, {found.replaced_newer} row(s) newer in the target than in the source were "
+            "replaced by the source's version (--source-wins)"
+        )
     if found.null_keys or found.null_keys_in_target:
         print(
             f"  {found.null_keys} source row(s) with a NULL key not compared (a key column is NULL: the load parks "
