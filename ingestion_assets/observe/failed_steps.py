@@ -24,7 +24,7 @@ def step_error(instance: dg.DagsterInstance, run_id: str, key: dg.AssetKey) -> s
     if data.user_failure_data is not None and data.user_failure_data.description:
         return _first_line(data.user_failure_data.description)
     error = data.error
-    while error is not None and error.cause is not None and error.cls_name.startswith("Dagster"):
+    while error is not None and error.cause is not None and (error.cls_name or "").startswith("Dagster"):
         error = error.cause  # Dagster's wrapper ("Error occurred while executing op ..."): the user code's error
     if error is None:
         return None
