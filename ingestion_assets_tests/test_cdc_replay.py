@@ -173,3 +173,27 @@ def test_a_replay_waits_for_the_run_holding_the_slot_and_replays_nothing_without
     assert _parked(harness, capsys) == ["2", "6"]
     code, said = _replay(harness, capsys)
     assert code == 0 and rows() == harness.source.rows("orders", "id"), said
+
+
+def test_a_column_that_cannot_land_stops_the_replay_in_one_line_and_replays_nothing(
+    request: pytest.FixtureRequest,
+    cdc: StreamHarness,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A column added since the last run whose name the target already holds in another spelling: the replay
+    ended in a traceback (its error is no failure `ingest dlq replay` expected)."""
+    harness = cdc
+    rows = _setup(request, harness, "duckdb", tmp_path)
+    _cli(harness, monkeypatch)
+    _park_two(harness, capsys)
+    before = rows()
+    harness.source.execute('ALTER TABLE orders ADD COLUMN "Memo" text')  # DuckDB's names ignore case: memo
+    with pytest.raises(SystemExit) as failed:
+        main(["dlq", "replay", f"{harness.source_name}.orders"])
+    message = str(failed.value)
+    assert message.startswith(f"error: {harness.source_name}.orders: dlq replay failed: "), message
+    assert "'memo' and 'Memo' both land as column 'memo'" in message and "\n" not in message, message
+    assert rows() == before
+    assert _parked(harness, capsys) == ["2", "6"]

@@ -157,15 +157,30 @@ def _replay_cdc(stream: Any, store: Any) -> Any:
 
 def replay_failures() -> tuple[type[BaseException], ...]:
     """What a replay meets that a user acts on: the source or its storage (missing, unreachable), a schema change
-    the policy pauses on, the destination (unreachable, locked, not able to compare versions)."""
+    the policy pauses on, a column whose name the target cannot tell apart from another's, a CDC source's slot
+    (held by a run) or table, the destination (unreachable, locked, not able to compare versions)."""
     import duckdb
     import psycopg2
     from dlt.common.exceptions import DltException
 
+    from ingestion_assets.loading.naming import NameCollision
+    from ingestion_assets.sources.postgres.cdc.errors import CdcError as SlotError
+    from ingestion_assets.streams.cdc.outcome import CdcError
     from ingestion_assets.streams.postgres_table import StreamError
     from ingestion_assets.streams.schema_step import SchemaPaused
 
-    return (OSError, SchemaPaused, StreamError, NotImplementedError, DltException, duckdb.Error, psycopg2.Error)
+    return (
+        OSError,
+        SchemaPaused,
+        StreamError,
+        CdcError,
+        SlotError,
+        NameCollision,
+        NotImplementedError,
+        DltException,
+        duckdb.Error,
+        psycopg2.Error,
+    )
 
 
 def reconcile(settings: Settings, args: argparse.Namespace) -> int:

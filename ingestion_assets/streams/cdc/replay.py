@@ -20,6 +20,7 @@ from ingestion_assets.sources.postgres.cdc.errors import SlotInUseError
 from ingestion_assets.sources.postgres.cdc.slot_lock import REPLAY, reading_slot
 from ingestion_assets.state.model import Checkpoint
 from ingestion_assets.streams.cdc.copy import at_version, fitted_plan, table_plan
+from ingestion_assets.streams.cdc.outcome import ColumnsUnlandable
 from ingestion_assets.streams.cdc.rows import snapshot_version
 from ingestion_assets.streams.cdc.state import SourceState, stream_checkpoint
 from ingestion_assets.streams.postgres_table import PostgresTableStream, StreamError, Target
@@ -46,6 +47,8 @@ def replay_cdc_dead_letters(
 
             plan = fitted_plan(stream, plan, loader)
             return read_again(stream, plan, loader, stamped, REPLAY, release_superseded=True)
+    except ColumnsUnlandable as exc:  # its own words speak of a copy
+        raise StreamError(f"{exc.problem}; nothing was replayed (the stream's next run settles it)") from exc
     except SlotInUseError as exc:
         held = str(exc).split(";")[0]  # the rest speaks of a run that did not start
         raise StreamError(
