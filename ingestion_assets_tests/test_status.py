@@ -143,6 +143,12 @@ def test_status_blames_only_the_stream_that_failed_in_a_run(
     lines = {line["stream"].rsplit(".", 1)[1]: line for line in json.loads(capsys.readouterr().out)}
     assert lines["good"]["status"] == "ok" and lines["good"]["rows_in_target"] == 2
     assert lines["bad"]["status"] == "failed"
+    # the reason, not Dagster's "Steps failed: [...]": the first line of the step's error
+    assert "Steps failed" not in lines["bad"]["detail"], lines["bad"]
+    assert "does not exist" in lines["bad"]["detail"] and "\n" not in lines["bad"]["detail"], lines["bad"]
+    assert main(["status"]) == 1
+    err = capsys.readouterr().err
+    assert f"{harness.source_name}.bad: failed: run " in err and "does not exist" in err, err
 
 
 def test_status_counts_partitions_and_names_the_failed_ones(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from typing import Any
 
 from ingestion_assets.catalog import load_catalog
@@ -134,6 +135,8 @@ def _replay(stream: Any, store: Any) -> Any:
     from ingestion_assets.streams.files_replay import replay_file_dead_letters
     from ingestion_assets.streams.replay import replay_dead_letters
 
+    if not isinstance(stream, FileSourceStream) and stream.source.mode == "cdc":
+        return _replay_cdc(stream, store)
     latest = store.latest(None)
     generation = max(int(latest.details.get("generation", 1)) if latest else 1, 1)
     if isinstance(stream, FileSourceStream):
@@ -141,17 +144,43 @@ def _replay(stream: Any, store: Any) -> Any:
     return replay_dead_letters(stream, generation)
 
 
+def _replay_cdc(stream: Any, store: Any) -> Any:
+    """Under the source's slot lock, at the stream's log position (its checkpoint on `live` with history)."""
+    from ingestion_assets.defs.sources import slot_name
+    from ingestion_assets.partitions import LIVE
+    from ingestion_assets.streams.cdc.replay import replay_cdc_dead_letters
+
+    partition = LIVE if stream.source.cdc.history_chunk is not None else None
+    slot = slot_name(stream.source_name, stream.source)
+    return replay_cdc_dead_letters(stream, slot, lambda: store.latest(partition), lambda m: print(m, file=sys.stderr))
+
+
 def replay_failures() -> tuple[type[BaseException], ...]:
     """What a replay meets that a user acts on: the source or its storage (missing, unreachable), a schema change
-    the policy pauses on, the destination (unreachable, locked, not able to compare versions)."""
+    the policy pauses on, a column whose name the target cannot tell apart from another's, a CDC source's slot
+    (held by a run) or table, the destination (unreachable, locked, not able to compare versions)."""
     import duckdb
     import psycopg2
     from dlt.common.exceptions import DltException
 
+    from ingestion_assets.loading.naming import NameCollision
+    from ingestion_assets.sources.postgres.cdc.errors import CdcError as SlotError
+    from ingestion_assets.streams.cdc.outcome import CdcError
     from ingestion_assets.streams.postgres_table import StreamError
     from ingestion_assets.streams.schema_step import SchemaPaused
 
-    return (OSError, SchemaPaused, StreamError, NotImplementedError, DltException, duckdb.Error, psycopg2.Error)
+    return (
+        OSError,
+        SchemaPaused,
+        StreamError,
+        CdcError,
+        SlotError,
+        NameCollision,
+        NotImplementedError,
+        DltException,
+        duckdb.Error,
+        psycopg2.Error,
+    )
 
 
 def reconcile(settings: Settings, args: argparse.Namespace) -> int:
@@ -194,6 +223,11 @@ def reconcile(settings: Settings, args: argparse.Namespace) -> int:
         f"{found.deleted_at_source} in the target only (deleted at the source), {found.deletions_applied} deleted, "
         f"{found.not_yet_synced} not yet synced, {found.parked} parked, {found.repaired} read again by key (repaired)"
     )
+    if found.replaced_newer:
+        print(
+            f"  of the rows read again, {found.replaced_newer} row(s) newer in the target than in the source were "
+            "replaced by the source's version (--source-wins)"
+        )
     if found.null_keys or found.null_keys_in_target:
         print(
             f"  {found.null_keys} source row(s) with a NULL key not compared (a key column is NULL: the load parks "

@@ -47,10 +47,11 @@ class DagsterCdcStore:
         self._stores = {name: InstanceStateStore(instance, key, log_event) for name, key in keys.items()}
 
     def latest(self) -> dict[str, dict[str, Any] | None]:
-        found = {name: latest_checkpoint(self._instance, key, self._partition) for name, key in self._keys.items()}
+        from ingestion_assets.streams.cdc.state import stream_checkpoint
+
         return {
-            name: None if c is None or c.position is None else {**c.details, "lsn": c.position["lsn"]}
-            for name, c in found.items()
+            name: stream_checkpoint(latest_checkpoint(self._instance, key, self._partition))
+            for name, key in self._keys.items()
         }
 
     def commit(self, lsn: int, details: Mapping[str, Mapping[str, Any]]) -> None:

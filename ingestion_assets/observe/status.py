@@ -19,6 +19,7 @@ from ingestion_assets.defs.checks import DEAD_LETTERS, RECONCILIATION, SCHEMA, W
 from ingestion_assets.defs.freshness import FRESHNESS, stored_evaluation
 from ingestion_assets.defs.run_tags import REFUSED
 from ingestion_assets.defs.target_shrank import rows_expected
+from ingestion_assets.observe.failed_steps import step_error
 from ingestion_assets.observe.freshness import HISTOGRAM, merged, percentiles
 from ingestion_assets.observe.partition_status import PartitionSummary, partition_summary, stream_partitions
 from ingestion_assets.observe.target_counts import TargetCounts, count_target_rows
@@ -172,7 +173,7 @@ def _status(
     last = dt.datetime.fromtimestamp(event.timestamp, tz=dt.UTC) if event is not None else None
     checkpoint = latest_checkpoint(instance, key)
     run, refused = _last_run(instance, key, entry)
-    status, detail = _health(instance, entry, run, last, slot)
+    status, detail = _health(instance, key, entry, run, last, slot)
     if status == NEVER and checkpoint is not None:  # a CDC source's run that selected its other streams
         paused = checkpoint.details.get("paused")
         status, detail = (PAUSED, str(paused)) if isinstance(paused, str) else (OK, _UNSELECTED)
@@ -281,13 +282,14 @@ _OUTCOMES = {
 
 def _health(
     instance: dg.DagsterInstance,
+    key: dg.AssetKey,
     entry: Any,
     run: dg.DagsterRun | None,
     last: dt.datetime | None,
     slot: SlotFigures | None,
 ) -> tuple[str, str]:
     if run is not None and run.status == dg.DagsterRunStatus.FAILURE and not _materialized_in(entry, run.run_id):
-        return FAILED, f"run {run.run_id[:8]} failed{_why_failed(instance, run.run_id)}"
+        return FAILED, f"run {run.run_id[:8]} failed{_why_failed(instance, run.run_id, key)}"
     if slot is not None and slot.lagging:
         return LAGGING, (
             f"the slot retains {slot.retained_wal_bytes:,} bytes of WAL, over its limit of {slot.limit_bytes:,}: "
@@ -300,10 +302,14 @@ def _health(
     return OK, ""
 
 
-def _why_failed(instance: dg.DagsterInstance, run_id: str) -> str:
-    """`: <the run's failure message>` (a killed run's: its processes are gone), or nothing when it has none."""
-    failures = instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
-    message = failures[-1].dagster_event.message if failures and failures[-1].dagster_event else None
+def _why_failed(instance: dg.DagsterInstance, run_id: str, key: dg.AssetKey) -> str:
+    """`: <the first line of the stream's failed step's error>`, else `: <the run's failure message>` (a killed
+    run's: its processes are gone), or nothing when it has none. The run's own message only lists the failed steps
+    (`Steps failed: [...]`): the reason is the step's."""
+    message = step_error(instance, run_id, key)
+    if message is None:
+        failures = instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
+        message = failures[-1].dagster_event.message if failures and failures[-1].dagster_event else None
     return f": {message}" if message else ""
 
 

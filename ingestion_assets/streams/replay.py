@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ingestion_assets.loading.dead_letters import key_values, record_keys, split_bad_rows
+import pyarrow as pa
+
+from ingestion_assets.loading.dead_letters import Split, key_values, record_keys, split_bad_rows
 from ingestion_assets.loading.metadata_columns import with_metadata
-from ingestion_assets.loading.parked import parked_rows
+from ingestion_assets.loading.parked import parked_rows, release_parked
 from ingestion_assets.sources.postgres import table_slices
+from ingestion_assets.sources.postgres.query import ReadPlan
 from ingestion_assets.streams.postgres_table import PostgresTableStream, Target
 from ingestion_assets.streams.target_types import fit_plan
+
+if TYPE_CHECKING:
+    from ingestion_assets.loading.pipeline import Loader
 
 KEYS_PER_READ = 1000
 
@@ -29,9 +37,30 @@ def replay_dead_letters(stream: PostgresTableStream, generation: int, run_id: st
     plan = stream.plan()
     loader = stream.loader(Target(stream.name, generation), None, plan)
     plan = fit_plan(plan, loader)
+    numbers = stream.numeric_cursor(plan)
+
+    def stamped(split: Split) -> pa.Table:
+        now = dt.datetime.now(dt.UTC)
+        return with_metadata(split.rows, stream.spec.cursor, now, generation, numbers=numbers)
+
+    return read_again(stream, plan, loader, stamped, run_id)
+
+
+def read_again(
+    stream: PostgresTableStream,
+    plan: ReadPlan,
+    loader: Loader,
+    stamped: Callable[[Split], pa.Table],
+    run_id: str,
+    release_superseded: bool = False,
+) -> Replay:
+    """The parked keys read again from the source with `plan`, their rows given their metadata by `stamped`, and
+    loaded. `release_superseded`: a row the version guard leaves out (the target holds a newer version of its key)
+    releases its dead letter too: the change it parked is older than what the target holds."""
     parked = [row["record_key"] for row in parked_rows(loader)]
-    loaded = still_bad = 0
+    loaded = 0
     seen: set[str] = set()
+    bad: set[str] = set()
     ordering = [c.name for c in plan.ordering]
     for start in range(0, len(parked), KEYS_PER_READ):
         keys = [key_values(key) for key in parked[start : start + KEYS_PER_READ]]
@@ -42,9 +71,10 @@ def replay_dead_letters(stream: PostgresTableStream, generation: int, run_id: st
             split = split_bad_rows(
                 piece.table, stream.name, None, run_id, stream.spec.primary_key, ordering, "dead_letter"
             )
-            now = dt.datetime.now(dt.UTC)
-            rows = with_metadata(split.rows, stream.spec.cursor, now, generation, numbers=stream.numeric_cursor(plan))
-            loaded += loader.load(rows, dead_letters=split.dead)
-            still_bad += split.dead_count
-    released = len(set(parked) & seen) - still_bad
-    return Replay(len(parked), released, loaded, still_bad, sorted(set(parked) - seen))
+            loaded += loader.load(stamped(split), dead_letters=split.dead)
+            if split.dead is not None:
+                bad.update(split.dead.column("record_key").to_pylist())
+    if release_superseded and seen - bad:
+        release_parked(loader, sorted((seen - bad) & set(parked)))
+    released = len(set(parked) & seen) - len(bad)
+    return Replay(len(parked), released, loaded, len(bad), sorted(set(parked) - seen))

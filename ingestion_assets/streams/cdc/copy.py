@@ -103,12 +103,23 @@ def copy_range(
 def _reader(url: str, stream: PostgresTableStream, rules: CopyRules, loader: Loader | None) -> tuple[Loader, ReadPlan]:
     """The table's read plan in primary-key order, fitted to the target; `loader`: the run's loader of the
     stream (bound to its target), else one of its own."""
-    spec = stream.spec
-    plan = plan_table_read(
-        url, spec.schema_name, spec.table_name, (), tuple(spec.primary_key), destination=stream.destination.landing
-    )
+    plan = table_plan(url, stream)
     if loader is None:
         loader = stream.loader(Target(stream.name, 1), None, plan, guard=rules.guard)
+    return loader, fitted_plan(stream, plan, loader)
+
+
+def table_plan(url: str, stream: PostgresTableStream) -> ReadPlan:
+    """How a CDC stream reads its table's rows (a copy, a replay of dead letters): no cursor, by primary key."""
+    spec = stream.spec
+    return plan_table_read(
+        url, spec.schema_name, spec.table_name, (), tuple(spec.primary_key), destination=stream.destination.landing
+    )
+
+
+def fitted_plan(stream: PostgresTableStream, plan: ReadPlan, loader: Loader) -> ReadPlan:
+    """`plan` fitted to the target, once its columns are known to land under their names."""
+    spec = stream.spec
     where = f"stream {stream.qualified_name} (table {spec.schema_name}.{spec.table_name})"
     try:  # the run's checks saw the table before this range: a column added since is seen here first
         loader.names.check(where, plan.shape.column_names, views=False)
@@ -118,7 +129,7 @@ def _reader(url: str, stream: PostgresTableStream, rules: CopyRules, loader: Loa
             "leaves this stream out while the other streams of the source go on",
             str(exc),
         ) from exc
-    return loader, fit_plan(plan, loader)
+    return fit_plan(plan, loader)
 
 
 def _load_slice(
@@ -141,7 +152,7 @@ def _load_slice(
         [c.name for c in plan.ordering],
         stream.spec.dead_letters.on_bad_value,
     )
-    loader.load(_at_version(split.rows, version, split.meta), dead_letters=split.dead)
+    loader.load(at_version(split.rows, version, split.meta), dead_letters=split.dead)
     return source_rows.num_rows
 
 
@@ -149,10 +160,11 @@ def create_target(loader: Loader, shape: TableShape) -> None:
     """The stream's target table, empty, if it is missing: a copy's first log batch may come before its
     first range (a delete of a row not copied yet carries the key alone)."""
     schema = pa.schema([field.with_nullable(True) for field in shape.arrow_schema])  # as the log's rows load
-    loader.create_if_missing(_at_version(schema.empty_table(), Decimal(0)))
+    loader.create_if_missing(at_version(schema.empty_table(), Decimal(0)))
 
 
-def _at_version(rows: pa.Table, version: Decimal, meta: pa.Array | None = None) -> pa.Table:
+def at_version(rows: pa.Table, version: Decimal, meta: pa.Array | None = None) -> pa.Table:
+    """The rows with the metadata columns, every one at `version` (a log position, see rows.py)."""
     table = with_metadata(rows, (), dt.datetime.now(dt.UTC), 1, meta=meta)
     return table.set_column(
         table.schema.get_field_index("_ingest_position"),

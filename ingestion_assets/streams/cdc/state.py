@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ingestion_assets.sources.postgres.cdc import parse_lsn
+from ingestion_assets.state.model import Checkpoint
 
 StreamCheckpoint = dict[str, Any]  # {"lsn": "0/16B3748", **details} as stored for one stream
 COPY = "copy"  # the checkpoint detail of a stream whose copy is under way (CopyProgress)
@@ -34,6 +35,13 @@ class CopyProgress:
 
     def stored(self) -> dict[str, Any]:
         return {"after": self.after, "floor": self.floor, "ranges": self.ranges, "rows": self.rows}
+
+
+def stream_checkpoint(checkpoint: Checkpoint | None) -> StreamCheckpoint | None:
+    """A stream's checkpoint as the instance stores it, read as a CDC stream's (None: never ran, or reset)."""
+    if checkpoint is None or checkpoint.position is None:
+        return None
+    return {**checkpoint.details, "lsn": checkpoint.position["lsn"]}
 
 
 class CdcStore(Protocol):

@@ -34,6 +34,7 @@ class Reconciliation:
     parked: int = 0  # source rows that differ because they wait in the dead-letter table
     repeated_at_source: int = 0  # older rows of a key the source holds several times (the target keeps the newest)
     repaired: int = 0  # missing or older rows read again by key in the same run, and found in place after
+    replaced_newer: int = 0  # of `repaired`: rows newer in the target that `--source-wins` replaced by the source's
     owed: str | None = None  # a gap found and not repaired (this run or before): later runs compare the whole table
     samples: dict[str, list[str]] = field(default_factory=dict)
     skipped: str | None = None  # why nothing was compared

@@ -55,11 +55,14 @@ def repair(request: Request, found: Reconciliation, how: Repair) -> Reconciliati
         _load_keys(request, newer, how, guard=False)
     every = pa.concat_tables([t for t in (keys, newer) if t is not None])
     after = recheck(request, every)
-    left = after.missing + after.stale + after.newer_in_target + after.parked + after.deleted_at_source
+    left = _left(after)
     samples = {kind: k for kind, k in found.samples.items() if kind not in (MISSING, STALE, NEWER)}
     samples.update({kind: k for kind, k in after.samples.items() if kind in (MISSING, STALE, NEWER)})
     if newer is None:
         samples.update({kind: k for kind, k in found.samples.items() if kind == NEWER})
+    replaced = 0
+    if newer is not None:  # compared again on their own: how many of them now hold the source's version
+        replaced = newer.num_rows - _left(recheck(request, newer))
     texts = record_keys(every, [key_alias(i) for i in range(every.num_columns)]).to_pylist()
     samples["repaired"] = sorted(texts)[:SAMPLE]
     return dataclasses.replace(
@@ -70,8 +73,14 @@ def repair(request: Request, found: Reconciliation, how: Repair) -> Reconciliati
         deleted_at_source=found.deleted_at_source + after.deleted_at_source,
         parked=found.parked + after.parked,
         repaired=every.num_rows - left,
+        replaced_newer=replaced,
         samples=samples,
     )
+
+
+def _left(after: Reconciliation) -> int:
+    """Keys compared again after a repair that are still not in the target at the source's version."""
+    return after.missing + after.stale + after.newer_in_target + after.parked + after.deleted_at_source
 
 
 def _within_cap(keys: pa.Table | None) -> pa.Table | None:

@@ -15,6 +15,7 @@ from ingestion_assets.sources.postgres.cdc.errors import CdcError, SlotInUseErro
 from ingestion_assets.sources.postgres.reader import connect
 
 APPLICATION = "ingest-cdc-lock"  # + " live <run id>" or " run <run id>": who holds the lock, in pg_stat_activity
+REPLAY = "replay"  # the run id of `ingest dlq replay`, which holds the lock while it reads and loads parked rows
 
 
 class SlotHeldByLiveRun(CdcError):
@@ -39,6 +40,8 @@ class Holder:
     def describe(self) -> str:
         since = f", since {self.since.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC" if self.since else ""
         who = f"Dagster run {self.run_id}" if self.run_id else "another run"
+        if self.run_id == REPLAY:
+            who = "`ingest dlq replay`"
         return f"{who}{' (a live run)' if self.live else ''} (backend pid {self.pid} on the source{since})"
 
 
