@@ -87,3 +87,68 @@ def test_a_bad_csv_line_keeps_its_number_and_the_rows_after_it_keep_theirs(tmp_p
     drops.write("shift.csv", BAD_MIDDLE, BASE + 10)
     drops.run()
     assert drops.rows("_ingest_file_row, y", "orders") == [(1, "r1"), (3, "r3"), (4, "r4"), (5, "r5")]
+
+
+DAY_PARTITIONS = {"by": "time", "column": "seen_at", "start": "2026-01-01"}
+DAYS = ["2026-01-01", "2026-01-02", "2026-01-03"]
+
+
+def _days_csv(rows: list[tuple[str, str]], zone: str) -> str:
+    return "seen_at,v\n" + "".join(f"2026-01-0{day}{zone},{v}\n" if day else f"{v}\n" for day, v in rows)
+
+
+def _by_day(target: Target, naive: bool = False) -> list[tuple[Any, ...]]:
+    day = "CAST(seen_at AS DATE)" if naive else "CAST(seen_at AT TIME ZONE 'UTC' AS DATE)"
+    sql = f"SELECT _ingest_file_row, CAST({day} AS VARCHAR), v FROM drops.orders WHERE _ingest_deleted_at IS NULL"
+    return sorted(target.query(sql + " ORDER BY 1"))
+
+
+@pytest.mark.parametrize("zone", ["T10:00:00Z", " 23:59:59.999999"], ids=["zoned", "naive"])
+def test_a_rewritten_file_in_a_stream_partitioned_by_a_column_keeps_no_stale_row(target: Target, zone: str) -> None:
+    """Each partition reads every file and keeps its window's rows: a file rewritten shorter, with a row moved to
+    another day and a line gone bad, kept its old rows there (r5 of day 2 and the old row 4 of day 3 twice), the
+    run ok. Now each partition clears the rows of its own window the new read did not give, and only those."""
+    target_catalog(target, "*.csv", primary_key=[], partitions=DAY_PARTITIONS)
+    old = [("1", "a1"), ("2", "b2"), ("2", "b3"), ("3", "c4"), ("2", "b5"), ("2", "b6")]
+    target.drops.write("a.csv", _days_csv(old, zone), BASE)
+    for day in DAYS:
+        target.drops.run(day)
+    naive = zone.startswith(" ")
+    assert _by_day(target, naive) == [(n, f"2026-01-0{d}", v) for n, (d, v) in enumerate(old, 1)]
+    new = [("1", "a1"), ("2", "B2"), ("3", "c3"), ("", "x,y,z"), ("3", "c5")]  # line 5 of the wrong width
+    target.drops.write("a.csv", _days_csv(new, zone), BASE + 10)
+    target.drops.run(DAYS[1])
+    # day 2 holds its new row 2 only; the rows of days 1 and 3 are no business of day 2's partition
+    assert _by_day(target, naive) == [(1, "2026-01-01", "a1"), (2, "2026-01-02", "B2"), (4, "2026-01-03", "c4")]
+    for day in (DAYS[0], DAYS[2]):
+        target.drops.run(day)
+    assert _by_day(target, naive) == [
+        (1, "2026-01-01", "a1"),
+        (2, "2026-01-02", "B2"),
+        (3, "2026-01-03", "c3"),
+        (5, "2026-01-03", "c5"),
+    ]
+    assert {key for key, _ in target.dead_letters()} == {"a.csv:line5"}  # parked by each partition that met it
+
+
+def test_a_rewritten_file_partitioned_by_a_date_column_in_a_delta_lake(tmp_path: Any) -> None:
+    """The same on a lake (rows flagged with `deletes: soft`), by a date column."""
+    from ingestion_assets_tests.destination_targets import lake_rows
+
+    drops = Drops(tmp_path)
+    drops.catalog(path="*.csv", deletes="soft", partitions={**DAY_PARTITIONS, "column": "day"})
+    lake = drops.root / "lake"
+    drops.use_destination({"type": "filesystem", "bucket_url": str(lake), "table_format": "delta"})
+
+    def days(rows: list[tuple[int, str]]) -> str:
+        return "day,v\n" + "".join(f"2026-01-0{d},{v}\n" for d, v in rows)
+
+    drops.write("a.csv", days([(1, "a1"), (2, "b2"), (2, "b3"), (3, "c4")]), BASE)
+    for day in DAYS:
+        drops.run(day)
+    drops.write("a.csv", days([(1, "a1"), (3, "c2")]), BASE + 10)
+    for day in DAYS:
+        drops.run(day)
+    rows = lake_rows("delta", str(lake / "drops" / "orders"), ["_ingest_file_row", "v", "_ingest_deleted_at"], "v")
+    assert sorted((n, v) for n, v, at in rows if at is None) == [(1, "a1"), (2, "c2")]
+    assert sorted((n, v) for n, v, at in rows if at is not None) == [(3, "b3"), (4, "c4")]

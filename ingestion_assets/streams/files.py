@@ -115,11 +115,11 @@ class FileSourceStream:
 
     def retire_stale(self, loader: Loader, spans: dict[str, Span], scope: PartitionScope) -> None:
         """Keyless: the rows of a file read again under numbers this read did not give go (files_stale.py). A
-        partition by a column reads only some rows of each file: the rows of the others are no gaps. Appending
-        keeps every version by design: nothing goes."""
+        partition by a column reads only its window's rows of each file: only the rows of its window can be its
+        stale ones. Appending keeps every version by design: nothing goes."""
         merged = loader.target.write_disposition == "merge"
-        if not self.spec.primary_key and merged and scope.rows() is None and spans:
-            retire_stale_rows(loader, spans, soft=self.spec.deletes == "soft")
+        if not self.spec.primary_key and merged and spans:
+            retire_stale_rows(loader, spans, soft=self.spec.deletes == "soft", window=scope.rows())
 
     def filesystem(self) -> tuple[Any, str]:
         options = {
