@@ -253,7 +253,7 @@ class FileSourceStream:
         ends a slice inside it, the checkpoint then saying how many of its rows were given."""
         files, window = scope.select(listed, name), scope.rows()
         lookback = self.spec.lookback_seconds
-        batch = FileBatch()
+        batch = FileBatch(keyed=bool(self.spec.primary_key))
         index = 0
         columns = FileColumnNames(target_names(self.destination), ())
         for info in progress.due(files, name, lookback, held):
@@ -274,7 +274,7 @@ class FileSourceStream:
                         batch.reach(relative, piece.rows_done)
                         if batch.rows >= self.spec.slice_rows:
                             yield _slice(batch, progress.position(), index)
-                            batch, index = FileBatch(), index + 1
+                            batch, index = FileBatch(keyed=batch.keyed), index + 1
                             batch.begin(relative, Resume(piece.rows_done, piece.bad_done))
             except CorruptFile as exc:
                 batch.park(relative, info, str(exc))
@@ -288,7 +288,7 @@ class FileSourceStream:
             batch.finish(relative)
             if batch.files >= self.spec.files_per_slice or batch.rows >= self.spec.slice_rows:
                 yield _slice(batch, progress.position(), index)
-                batch, index = FileBatch(), index + 1
+                batch, index = FileBatch(keyed=batch.keyed), index + 1
         if batch.files or batch.tables or batch.dead:
             yield _slice(batch, progress.position(), index)
 

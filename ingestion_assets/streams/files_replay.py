@@ -65,7 +65,7 @@ def _file_of(raw_record: Any, column: str) -> str:
 
 
 def _read_again(stream: FileSourceStream, fs: Any, info: FileInfo, file: str, partition: str) -> FileBatch:
-    batch = FileBatch()
+    batch = FileBatch(keyed=bool(stream.spec.primary_key))
     window = PartitionScope.of(stream.spec, partition or None).rows()
     try:
         folded = FileColumnNames(target_names(stream.destination), ()).folded
