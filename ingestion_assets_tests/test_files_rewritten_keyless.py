@@ -152,3 +152,22 @@ def test_a_rewritten_file_partitioned_by_a_date_column_in_a_delta_lake(tmp_path:
     rows = lake_rows("delta", str(lake / "drops" / "orders"), ["_ingest_file_row", "v", "_ingest_deleted_at"], "v")
     assert sorted((n, v) for n, v, at in rows if at is None) == [(1, "a1"), (2, "c2")]
     assert sorted((n, v) for n, v, at in rows if at is not None) == [(3, "b3"), (4, "c4")]
+
+
+def test_a_replay_of_a_keyless_file_fixed_by_deleting_its_bad_line_keeps_no_stale_row(target: Target) -> None:
+    """Deleting the bad line renumbers the rows after it: the replay loaded r3 and r4 under their new numbers and
+    the old row 4 (r4) stayed beside them (r4 twice, the replay ok) until the next run read the file again."""
+    from ingestion_assets.streams.files_replay import replay_file_dead_letters
+
+    target_catalog(target, "*.csv", primary_key=[])
+    target.drops.write("a.csv", "x,y\n1,r1\n2,r2,EXTRA\n3,r3\n4,r4\n", BASE)
+    target.drops.run()
+    target.drops.write("a.csv", "x,y\n1,r1\n3,r3\n4,r4\n", BASE + 10)
+    details = target.drops.store.latest(None).details  # type: ignore[union-attr]
+    replay = replay_file_dead_letters(target.drops.stream(), int(details["generation"]), dict(details))
+    assert (replay.released, replay.loaded, replay.still_bad) == (1, 3, 0)
+    assert target.query("SELECT _ingest_file_row, x, y FROM drops.orders ORDER BY 1") == [
+        (1, 1, "r1"),
+        (2, 3, "r3"),
+        (3, 4, "r4"),
+    ]
