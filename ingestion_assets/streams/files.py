@@ -229,7 +229,7 @@ class FileSourceStream:
         listed = {relative_path(f.path, root) for f in files}
         copies = _copies(progress, files, root) if self.spec.primary_key else {}
         retired = retire_deleted_files(
-            loader, listed, scope.holds, self.spec.deletes, self.qualified_name, options.log, copies
+            loader, listed, scope.holds, self.spec.deletes, self.qualified_name, options.log, copies, scope.rows()
         )
         result.figures["files_deleted"] = len(retired.files)
         result.figures["rows_retired"] = retired.rows

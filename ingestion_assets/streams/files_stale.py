@@ -29,6 +29,7 @@ from ingestion_assets.loading.relations import table_exists
 from ingestion_assets.loading.target_sql import undefined_relation
 from ingestion_assets.sources.files import FILE, ROW, RowWindow
 from ingestion_assets.streams.files_deletes import _is_lake
+from ingestion_assets.streams.files_partitions import window_sql
 
 _CHUNK = 200  # files per statement
 
@@ -106,7 +107,7 @@ def retire_stale_rows(loader: Loader, spans: dict[str, Span], soft: bool, window
         inside = ""
         gaps: dict[str, list[tuple[int, int | None]]] = {name: span.gaps() for name, span in spans.items()}
         if window is not None:
-            inside = " AND " + _inside(client, client.escape_column_name(loader.names.column(window.column)), window)
+            inside = " AND " + window_sql(client, loader.names.column(window.column), window)
             try:
                 gaps = _stale_in_window(client, table, spans, (compared, quoted[1]), inside)
             except undefined_relation():
@@ -162,17 +163,6 @@ def _ranges(numbers: list[int]) -> list[tuple[int, int | None]]:
         else:
             runs.append((number, number))
     return runs
-
-
-def _inside(client: Any, column: str, window: RowWindow) -> str:
-    """SQL: the column's time in [low, high), as the read places rows (a time without a zone read as UTC, a date at
-    its midnight): its seconds since 1970 in the target's own terms, whatever the column's type and the session's
-    time zone. MySQL and MariaDB count microseconds from 1970 by TIMESTAMPDIFF (their DATETIME has no zone)."""
-    low, high = window.low.timestamp(), window.high.timestamp()
-    if getattr(client, "dialect_name", None) in ("mysql", "mariadb"):
-        since = f"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {column})"
-        return f"{since} >= {round(low * 1_000_000)} AND {since} < {round(high * 1_000_000)}"
-    return f"EXTRACT(EPOCH FROM {column}) >= {low!r} AND EXTRACT(EPOCH FROM {column}) < {high!r}"
 
 
 def _literal(name: str) -> str:
