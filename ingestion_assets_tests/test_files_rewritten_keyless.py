@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
+from ingestion_assets_tests.destination_targets import mariadb
 from ingestion_assets_tests.files_helpers import Drops, Target, target, target_catalog
 
-__all__ = ["target"]  # the fixture: each test once on DuckDB, once on PostgreSQL
+__all__ = ["mariadb", "target"]  # fixtures; `target`: each test once on DuckDB, once on PostgreSQL
 
 BASE = 1_700_000_000.0
 GOOD = "x,y\n10,r1\n11,r2\n12,r3\n13,r4\n14,r5\n"
@@ -170,4 +171,29 @@ def test_a_replay_of_a_keyless_file_fixed_by_deleting_its_bad_line_keeps_no_stal
         (1, 1, "r1"),
         (2, 3, "r3"),
         (3, 4, "r4"),
+    ]
+
+
+def test_a_rewritten_file_partitioned_by_a_column_on_mariadb_keeps_its_microseconds_and_no_stale_row(
+    tmp_path: Any, mariadb: Any
+) -> None:
+    """MariaDB: the window is compared in microseconds from 1970 (its DATETIME has no zone), and the times keep their
+    microseconds (a file's timestamps landed as DATETIME of whole seconds: `23:59:59.999999` read `23:59:59`)."""
+    import datetime as dt
+
+    drops = Drops(tmp_path)
+    drops.catalog(path="*.csv", partitions=DAY_PARTITIONS)
+    mariadb.datasets.append("drops")
+    drops.use_destination(mariadb.destination())
+    old = [("1", "a1"), ("2", "b2"), ("2", "b3"), ("3", "c4")]
+    drops.write("a.csv", _days_csv(old, "T23:59:59.999999Z"), BASE)
+    for day in DAYS:
+        drops.run(day)
+    drops.write("a.csv", _days_csv([("1", "a1"), ("3", "c2")], "T23:59:59.999999Z"), BASE + 10)
+    for day in DAYS:
+        drops.run(day)
+    rows = mariadb.rows("drops", "orders", ["_ingest_file_row", "seen_at", "v"], "_ingest_file_row")
+    assert rows == [
+        (1, dt.datetime(2026, 1, 1, 23, 59, 59, 999999, tzinfo=dt.UTC), "a1"),
+        (2, dt.datetime(2026, 1, 3, 23, 59, 59, 999999, tzinfo=dt.UTC), "c2"),
     ]
