@@ -31,7 +31,7 @@ from ingestion_assets.sources.files import FILE, ROW, RowWindow
 from ingestion_assets.streams.files_deletes import _is_lake
 from ingestion_assets.streams.files_partitions import window_sql
 
-_CHUNK = 200  # files per statement
+_CHUNK = 200  # files (or ranges of numbers) per statement
 
 
 @dataclass
@@ -170,12 +170,19 @@ def _literal(name: str) -> str:
 
 
 def _predicates(gaps: dict[str, list[tuple[int, int | None]]], file: str, row: str) -> list[str]:
-    """One predicate per chunk of files: `(file = 'a' AND (row BETWEEN 3 AND 3 OR row >= 5)) OR ...`. A lake's SQL
+    """One predicate per chunk of at most `_CHUNK` ranges: `(file = 'a' AND (row BETWEEN 3 AND 3 OR row >= 5)) OR
+    ...` (a partition's stale rows may lie scattered: never one statement of thousands of ranges). A lake's SQL
     view compares the name cast to text (it reads a string view); a SQL target compares the column as it is, so
     the key's index serves."""
-    parts: list[str] = []
+    chunks: list[list[str]] = [[]]
+    room = _CHUNK
     for name, found in sorted(gaps.items()):
         ranges = [f"{row} >= {a}" if b is None else f"{row} BETWEEN {a} AND {b}" for a, b in found]
-        if ranges:
-            parts.append(f"({file} = {_literal(name)} AND ({' OR '.join(ranges)}))")
-    return [" OR ".join(parts[i : i + _CHUNK]) for i in range(0, len(parts), _CHUNK)]
+        while ranges:
+            if room == 0:
+                chunks.append([])
+                room = _CHUNK
+            taken, ranges = ranges[:room], ranges[room:]
+            room -= len(taken)
+            chunks[-1].append(f"({file} = {_literal(name)} AND ({' OR '.join(taken)}))")
+    return [" OR ".join(parts) for parts in chunks if parts]
