@@ -289,7 +289,8 @@ def test_an_unnamed_csv_column_is_dropped_while_empty_and_a_bad_header_parks_its
     assert sorted(parked) == ["b.csv:file", "c.csv:file"]
     assert parked["b.csv:file"] == (
         "file b.csv parked as a whole: column 3 of the header has no name but row 2 holds 'oops' in it: "
-        "name the column in the file's header, or give csv.column_names"
+        "name the column in the file's header, or give csv.column_names; "
+        "the target keeps the previous version of each key of this file's rows until the file loads"
     )
     assert parked["c.csv:file"].startswith(
         "file c.csv parked as a whole: its header (line 1) is not valid utf-8 at byte 5 (b'\\xef')"

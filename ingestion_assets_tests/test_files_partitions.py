@@ -216,3 +216,16 @@ def test_check_names_the_files_no_partition_reads(drops: Drops) -> None:
     (problem,) = check_catalog(drops.settings, load_catalog(drops.root / "catalog.yaml"))
     assert "2 file(s) match **/*.csv but no partition reads them" in problem
     assert "dt=2025-12-31/old.csv" in problem and "misc/stray.csv" in problem
+
+
+def test_json_lines_times_without_a_zone_and_dates_place_their_rows(drops: Drops) -> None:
+    """JSON lines write times as text: one without a zone (or a date) parked the whole file ("expected a zone
+    offset"). Now it is a wall time placed as UTC, as a CSV's is; a file mixing both forms is still parked."""
+    drops.catalog(path="*.jsonl", primary_key="id", partitions={"by": "time", "column": "at", "start": "2026-01-01"})
+    lines = [(1, "2026-01-02T23:59:59.5"), (2, "2026-01-03"), (3, "2026-01-02 00:00:00"), (4, "2026-01-01T12:00:00")]
+    drops.write("a.jsonl", "".join(json.dumps({"id": i, "at": at}) + "\n" for i, at in lines), BASE)
+    drops.write("b.jsonl", '{"id": 5, "at": "2026-01-02T01:00:00Z"}\n{"id": 6, "at": "2026-01-02T01:00:00"}\n', BASE)
+    drops.run("2026-01-02")
+    assert drops.rows('id, CAST("at" AS VARCHAR)') == [(1, "2026-01-02 23:59:59.5"), (3, "2026-01-02 00:00:00")]
+    ((key, error),) = drops.dead_letters()
+    assert key == "b.jsonl:file" and "mixes times with and without a zone" in error

@@ -45,7 +45,8 @@ class JsonText(sa.types.TypeDecorator[Any]):
 
 
 class ExactMysqlTypes(SqlalchemyTypeMapper):
-    """Unbounded text and bytes: dlt's TEXT and BLOB would cut (or refuse) values above 64 KiB."""
+    """Unbounded text and bytes: dlt's TEXT and BLOB would cut (or refuse) values above 64 KiB; timestamps keep
+    their microseconds."""
 
     def db_type_from_text_type(self, column: Any, table: Any = None) -> sa.types.TypeEngine:
         if self.dialect.name in ("mysql", "mariadb") and column.get("precision") is None:
@@ -61,6 +62,14 @@ class ExactMysqlTypes(SqlalchemyTypeMapper):
         if self.dialect.name in ("mysql", "mariadb") and column.get("precision") is None:
             return mysql.LONGBLOB()
         return super().db_type_from_binary_type(column, table)
+
+    def db_type_from_timestamp_type(self, column: Any, table: Any = None) -> sa.types.TypeEngine:
+        """DATETIME(6): the generic DateTime is MySQL's DATETIME of whole seconds, which cut a file's
+        `23:59:59.999999` to `23:59:59` without a word."""
+        if self.dialect.name in ("mysql", "mariadb"):
+            precision = column.get("precision")
+            return mysql.DATETIME(fsp=6 if precision is None else min(int(precision), 6))
+        return super().db_type_from_timestamp_type(column, table)
 
 
 def is_mysql(url: str) -> bool:

@@ -115,11 +115,11 @@ class FileSourceStream:
 
     def retire_stale(self, loader: Loader, spans: dict[str, Span], scope: PartitionScope) -> None:
         """Keyless: the rows of a file read again under numbers this read did not give go (files_stale.py). A
-        partition by a column reads only some rows of each file: the rows of the others are no gaps. Appending
-        keeps every version by design: nothing goes."""
+        partition by a column reads only its window's rows of each file: only the rows of its window can be its
+        stale ones. Appending keeps every version by design: nothing goes."""
         merged = loader.target.write_disposition == "merge"
-        if not self.spec.primary_key and merged and scope.rows() is None and spans:
-            retire_stale_rows(loader, spans, soft=self.spec.deletes == "soft")
+        if not self.spec.primary_key and merged and spans:
+            retire_stale_rows(loader, spans, soft=self.spec.deletes == "soft", window=scope.rows())
 
     def filesystem(self) -> tuple[Any, str]:
         options = {
@@ -229,7 +229,7 @@ class FileSourceStream:
         listed = {relative_path(f.path, root) for f in files}
         copies = _copies(progress, files, root) if self.spec.primary_key else {}
         retired = retire_deleted_files(
-            loader, listed, scope.holds, self.spec.deletes, self.qualified_name, options.log, copies
+            loader, listed, scope.holds, self.spec.deletes, self.qualified_name, options.log, copies, scope.rows()
         )
         result.figures["files_deleted"] = len(retired.files)
         result.figures["rows_retired"] = retired.rows
@@ -253,7 +253,7 @@ class FileSourceStream:
         ends a slice inside it, the checkpoint then saying how many of its rows were given."""
         files, window = scope.select(listed, name), scope.rows()
         lookback = self.spec.lookback_seconds
-        batch = FileBatch()
+        batch = FileBatch(keyed=bool(self.spec.primary_key))
         index = 0
         columns = FileColumnNames(target_names(self.destination), ())
         for info in progress.due(files, name, lookback, held):
@@ -274,7 +274,7 @@ class FileSourceStream:
                         batch.reach(relative, piece.rows_done)
                         if batch.rows >= self.spec.slice_rows:
                             yield _slice(batch, progress.position(), index)
-                            batch, index = FileBatch(), index + 1
+                            batch, index = FileBatch(keyed=batch.keyed), index + 1
                             batch.begin(relative, Resume(piece.rows_done, piece.bad_done))
             except CorruptFile as exc:
                 batch.park(relative, info, str(exc))
@@ -288,7 +288,7 @@ class FileSourceStream:
             batch.finish(relative)
             if batch.files >= self.spec.files_per_slice or batch.rows >= self.spec.slice_rows:
                 yield _slice(batch, progress.position(), index)
-                batch, index = FileBatch(), index + 1
+                batch, index = FileBatch(keyed=batch.keyed), index + 1
         if batch.files or batch.tables or batch.dead:
             yield _slice(batch, progress.position(), index)
 

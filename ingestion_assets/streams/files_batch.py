@@ -20,6 +20,10 @@ from ingestion_assets.streams.files_schema import FilesSchemaStep
 from ingestion_assets.streams.files_stale import Span
 
 VERSION = "_ingest_file_version"
+# a keyed stream's parked row changes nothing in the target: a key it held keeps the version loaded before (from
+# the file's earlier content or another file), which the source no longer holds as valid; its dead letter says so
+_KEEPS_ROW = "; the target keeps the previous version of this row's key, if it held one, until the row loads"
+_KEEPS_FILE = "; the target keeps the previous version of each key of this file's rows until the file loads"
 
 
 def load_files(
@@ -92,6 +96,7 @@ class FileBatch:
     whole: dict[str, set[str]] = field(default_factory=dict)  # files read from their start to their end here
     _fresh: dict[str, set[str]] = field(default_factory=dict)  # files being read from their start: keys parked
     spans: dict[str, Span] = field(default_factory=dict)  # each file's numbers this batch covered (files_stale)
+    keyed: bool = False  # the stream has a primary key: a parked row leaves the key's previous version in place
 
     def begin(self, relative: str, resume: Resume) -> None:
         """The file's read (or its rest, in a batch after a slice cut inside it) starts after `resume`."""
@@ -132,7 +137,7 @@ class FileBatch:
                 {
                     "key": key,
                     "position": {"file": relative, "row": row.row, "line": line, **_when(info)},
-                    "error": f"file {relative} {where}: {row.error}",
+                    "error": f"file {relative} {where}: {_kept(row.error, _KEEPS_ROW, self.keyed)}",
                     "raw": {"file": relative, "row": row.row, "line": line, "text": row.raw},
                 }
             )
@@ -149,10 +154,14 @@ class FileBatch:
             {
                 "key": f"{relative}:file",
                 "position": {"file": relative, **_when(info)},
-                "error": f"file {relative} parked as a whole: {reason}",
+                "error": f"file {relative} parked as a whole: {_kept(reason, _KEEPS_FILE, self.keyed)}",
                 "raw": {"file": relative, "size": info.size, "etag": info.etag, **_when(info)},
             }
         )
+
+
+def _kept(error: str, keeps: str, keyed: bool) -> str:
+    return error.rstrip(". ") + keeps if keyed else error
 
 
 def _where(relative: str, row: BadRow) -> tuple[str, str]:

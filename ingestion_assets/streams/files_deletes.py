@@ -16,6 +16,10 @@ Nor while a listed file holds the same content: a keyed stream's rows of a gone 
 etag: object stores; a local disk has none) a listed file has now move to that file (`_ingest_file` becomes its
 name) instead of being retired. An S3 copy read after its original takes the keys over (equal versions, a later
 read), and deleting the copy must not retire the keys the original, still listed, holds (issue 17).
+
+A partition by a column reads every file for its window's rows: its run retires only the gone files' rows of its
+window. A file renamed keeping its modified time holds the other windows' rows under its new name, which only their
+partitions read: retired by this run, they were missing until each of those partitions ran again.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from ingestion_assets.loading.metadata_columns import DELETED_AT
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.loading.relations import table_exists
 from ingestion_assets.loading.target_sql import undefined_relation
-from ingestion_assets.sources.files import FILE
+from ingestion_assets.sources.files import FILE, ROW, RowWindow
+from ingestion_assets.streams.files_partitions import window_sql
 
 if TYPE_CHECKING:
     from ingestion_assets.loading.lake import LakeLoader
@@ -56,10 +61,12 @@ def retire_deleted_files(
     stream: str,
     log: logging.Logger | Any | None,
     copies: dict[str, str] | None = None,
+    window: RowWindow | None = None,
 ) -> Retired:
     """Retire the rows of the files the target holds (those `held(file)` says are the partition's) that are
     not `listed` now. An empty listing retires nothing: a wrong url or prefix must not empty the target.
-    `copies`: gone file -> a listed file of the same content (keyed streams): its rows move there, not retired."""
+    `copies`: gone file -> a listed file of the same content (keyed streams): its rows move there, not retired.
+    `window`: a partition by a column retires only those files' rows in its window."""
     target = target_files(loader)
     gone = sorted(f for f in target if f not in listed and held(f))
     if not gone:
@@ -89,7 +96,7 @@ def retire_deleted_files(
         if log is not None:
             log.warning("%s", refused)
         return Retired([], 0, refused, target)
-    rows = _retire(loader, gone, soft=mode == "soft")
+    rows = _retire(loader, gone, soft=mode == "soft", window=window)
     if log is not None:
         log.info("%s: %d file(s) deleted at the source, %d row(s) %s", stream, len(gone), rows, mode + " deleted")
     return Retired(gone, rows, live=target - set(gone), moved=moved)
@@ -113,18 +120,19 @@ def _is_lake(loader: Loader) -> TypeGuard[LakeLoader]:
     return lake is not None and isinstance(loader, lake.LakeLoader)
 
 
-def _retire(loader: Loader, files: list[str], soft: bool) -> int:
+def _retire(loader: Loader, files: list[str], soft: bool, window: RowWindow | None = None) -> int:
     if _is_lake(loader):
-        return _retire_in_lake(loader, files, soft)
+        return _retire_in_lake(loader, files, soft, window)
     retired = 0
     with loader.client() as client:
         table = client.make_qualified_table_name(loader.target.table)
         if not table_exists(client, table):
             return 0
         column = client.escape_column_name(loader.names.column(FILE))
+        inside = "" if window is None else " AND " + window_sql(client, loader.names.column(window.column), window)
         for start in range(0, len(files), _CHUNK):
             names = ", ".join("'" + f.replace("'", "''") + "'" for f in files[start : start + _CHUNK])
-            where = f"{column} IN ({names}) AND {DELETED_AT} IS NULL"
+            where = f"{column} IN ({names}) AND {DELETED_AT} IS NULL{inside}"
             counted = client.execute_sql(f"SELECT count(*) FROM {table} WHERE {where}")
             retired += int(counted[0][0]) if counted else 0
             if soft:
@@ -155,9 +163,33 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _retire_in_lake(loader: LakeLoader, files: list[str], soft: bool) -> int:
+def _retire_in_lake(loader: LakeLoader, files: list[str], soft: bool, window: RowWindow | None = None) -> int:
     """A lake's table changes through its table format: the gone files' rows are matched on `_ingest_file` as
-    reconciliation matches keys (one Delta MERGE, one Iceberg snapshot), deleted or flagged if not yet."""
-    names = pa.table({loader.names.column(FILE): pa.array(files, pa.string())})
-    with loader.client():
-        return loader.retire_keys(names, soft)
+    reconciliation matches keys (one Delta MERGE, one Iceberg snapshot), deleted or flagged if not yet. With a
+    window, its rows are found in the SQL view and matched on their file and row (one target row each)."""
+    file = loader.names.column(FILE)
+    if window is None:
+        with loader.client():
+            return loader.retire_keys(pa.table({file: pa.array(files, pa.string())}), soft)
+    row = loader.names.column(ROW)
+    with loader.client() as client:
+        table = client.make_qualified_table_name(loader.target.table)
+        names = ", ".join(_literal(f) for f in files)
+        inside = window_sql(client, loader.names.column(window.column), window)
+        compared = f"CAST({client.escape_column_name(file)} AS VARCHAR)"
+        where = f"{compared} IN ({names}) AND {DELETED_AT} IS NULL AND {inside}"
+        try:
+            found = client.execute_sql(
+                f"SELECT {compared}, {client.escape_column_name(row)} FROM {table} WHERE {where}"
+            )
+        except undefined_relation():
+            return 0
+        if not found:
+            return 0
+        keys = pa.table(
+            {
+                file: pa.array([str(r[0]) for r in found], pa.string()),
+                row: pa.array([int(r[1]) for r in found], pa.int64()),
+            }
+        )
+        return loader.retire_keys(keys, soft)

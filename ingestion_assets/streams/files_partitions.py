@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from typing import Any
 
 from ingestion_assets.catalog import FilesStream, PathKeyPartitions, PathTimePartitions
 from ingestion_assets.partitions import UnknownPartition, key_range, time_window
@@ -57,6 +58,19 @@ class PartitionScope:
         if not isinstance(partitions, PathTimePartitions) or partitions.column is None or bounds is None:
             return None
         return RowWindow(partitions.column, bounds[0], bounds[1])
+
+
+def window_sql(client: Any, column: str, window: RowWindow) -> str:
+    """SQL: the target's `column` (as the target names it) in the window, as the read places rows (a time without a
+    zone read as UTC, a date at its midnight): its seconds since 1970 in the target's own terms, whatever the
+    column's type and the session's time zone. MySQL and MariaDB count microseconds from 1970 by TIMESTAMPDIFF
+    (their DATETIME has no zone)."""
+    quoted = client.escape_column_name(column)
+    low, high = window.low.timestamp(), window.high.timestamp()
+    if getattr(client, "dialect_name", None) in ("mysql", "mariadb"):
+        since = f"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {quoted})"
+        return f"{since} >= {round(low * 1_000_000)} AND {since} < {round(high * 1_000_000)}"
+    return f"EXTRACT(EPOCH FROM {quoted}) >= {low!r} AND EXTRACT(EPOCH FROM {quoted}) < {high!r}"
 
 
 def path_numbers(spec: FilesStream, relatives: list[str]) -> list[int]:

@@ -3,8 +3,9 @@ policy), read each file that has parked rows again, in full, and load what now f
 
 A parked row is named by its file and line (or row), which a fix may shift (a bad line deleted renumbers the
 rest), so a file is replayed whole: the merge on the key (or on file and row) makes its good rows harmless
-again. Its old dead letters leave only after the new read loaded; rows still bad are parked again with today's
-error. A file no longer at the source keeps its dead letters for a person to decide."""
+again (without a key, the rows under numbers the new read did not give go, files_stale.py). Its old dead letters
+leave only after the new read loaded; rows still bad are parked again with today's error. A file no longer at the
+source keeps its dead letters for a person to decide."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def replay_file_dead_letters(
             continue
         batch = _read_again(stream, fs, info, file, partition)
         loaded += load_files(loader, schema, batch.tables, batch.dead, generation, (stream.name, partition, run_id))
+        stream.retire_stale(loader, batch.spans, PartitionScope.of(stream.spec, partition or None))
         still_bad += len(batch.dead)
         released = sorted(set(keys) - {d["key"] for d in batch.dead})
         if released:
@@ -65,12 +67,16 @@ def _file_of(raw_record: Any, column: str) -> str:
 
 
 def _read_again(stream: FileSourceStream, fs: Any, info: FileInfo, file: str, partition: str) -> FileBatch:
-    batch = FileBatch()
+    """The file read whole: its good rows, its bad ones, and the numbers it covered (a keyless file fixed by
+    deleting a bad line renumbers the rows after it: their old numbers' rows go, as after a normal run's read)."""
+    batch = FileBatch(keyed=bool(stream.spec.primary_key))
     window = PartitionScope.of(stream.spec, partition or None).rows()
+    batch.begin(file, Resume())
     try:
         folded = FileColumnNames(target_names(stream.destination), ()).folded
         for piece in read_file(fs, info, stream.spec, Resume(), window, folded, stream.nul_refused_by):
             batch.add(piece.table, file, info, piece.bad)
     except CorruptFile as exc:
         batch.park(file, info, str(exc))
+    batch.finish(file)
     return batch

@@ -7,11 +7,18 @@ letter, as if valid (found by a README-only attacker: a keyless CSV with a malfo
 row twice). Each slice knows which numbers of each file it covered (after the number it resumed from, up to
 the last number it reached, or to the file's end); the target's rows of that file in that range that the slice
 did not give are deleted (flagged, with `deletes: soft`) right after the slice's load, before its checkpoint.
+
+A partition by a column reads every file but keeps only the rows in its window: the numbers of the other windows'
+rows are gaps too, and those rows are no business of this partition. Its stale rows are the target's rows of the
+file whose column is in its window under a number it covered and did not give (a row moved to another window
+goes here and comes back when that partition reads the file again; a row gone bad or cut off goes for good).
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -20,10 +27,11 @@ from ingestion_assets.loading.metadata_columns import DELETED_AT
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.loading.relations import table_exists
 from ingestion_assets.loading.target_sql import undefined_relation
-from ingestion_assets.sources.files import FILE, ROW
+from ingestion_assets.sources.files import FILE, ROW, RowWindow
 from ingestion_assets.streams.files_deletes import _is_lake
+from ingestion_assets.streams.files_partitions import window_sql
 
-_CHUNK = 200  # files per statement
+_CHUNK = 200  # files (or ranges of numbers) per statement
 
 
 @dataclass
@@ -65,10 +73,26 @@ class Span:
             found.append((self.last + 1, self.upto))
         return found
 
+    def covered(self, row: str) -> str:
+        """SQL: the numbers after `after`, up to `upto` (the file's end: no bound)."""
+        return f"{row} > {self.after}" + ("" if self.upto is None else f" AND {row} <= {self.upto}")
 
-def retire_stale_rows(loader: Loader, spans: dict[str, Span], soft: bool) -> int:
-    """Delete (or flag) the target's rows of the spans' files under numbers the slice covered and did not give;
-    returns how many. Only rows that are there are touched: nothing is written when none is stale."""
+    def not_given(self, numbers: list[int]) -> list[int]:
+        """Those of `numbers` (in increasing order) in a gap."""
+        gaps = self.gaps()
+        starts = [a for a, _ in gaps]
+        found = []
+        for number in numbers:
+            at = bisect.bisect_right(starts, number) - 1
+            if at >= 0 and (gaps[at][1] is None or number <= gaps[at][1]):  # type: ignore[operator]
+                found.append(number)
+        return found
+
+
+def retire_stale_rows(loader: Loader, spans: dict[str, Span], soft: bool, window: RowWindow | None = None) -> int:
+    """Delete (or flag) the target's rows of the spans' files under numbers the slice covered and did not give
+    (with a partition's `window`: only those whose column is in it); returns how many. Only rows that are there
+    are touched: nothing is written when none is stale."""
     if not any(span.gaps() for span in spans.values()):
         return 0
     retired = 0
@@ -78,11 +102,18 @@ def retire_stale_rows(loader: Loader, spans: dict[str, Span], soft: bool) -> int
         quoted = client.escape_column_name(file), client.escape_column_name(row)
         columns = ", ".join(quoted)
         compared = f"CAST({quoted[0]} AS VARCHAR)" if _is_lake(loader) else quoted[0]
-        predicates = _predicates(spans, compared, quoted[1])
         if not _is_lake(loader) and not table_exists(client, table):
             return 0
-        for predicate in predicates:
-            where = f"{DELETED_AT} IS NULL AND ({predicate})"
+        inside = ""
+        gaps: dict[str, list[tuple[int, int | None]]] = {name: span.gaps() for name, span in spans.items()}
+        if window is not None:
+            inside = " AND " + window_sql(client, loader.names.column(window.column), window)
+            try:
+                gaps = _stale_in_window(client, table, spans, (compared, quoted[1]), inside)
+            except undefined_relation():
+                return 0
+        for predicate in _predicates(gaps, compared, quoted[1]):
+            where = f"{DELETED_AT} IS NULL AND ({predicate}){inside}"
             try:
                 found = client.execute_sql(f"SELECT {columns} FROM {table} WHERE {where}") or []
             except undefined_relation():
@@ -106,14 +137,52 @@ def retire_stale_rows(loader: Loader, spans: dict[str, Span], soft: bool) -> int
     return retired
 
 
-def _predicates(spans: dict[str, Span], file: str, row: str) -> list[str]:
-    """One predicate per chunk of files: `(file = 'a' AND (row BETWEEN 3 AND 3 OR row >= 5)) OR ...`. A lake's SQL
+def _stale_in_window(
+    client: Any, table: str, spans: dict[str, Span], names: tuple[str, str], inside: str
+) -> dict[str, list[tuple[int, int | None]]]:
+    """The numbers, as ranges, of each file's target rows in the window that the slice covered and did not give:
+    asked of the target (the gaps hold the other windows' rows, as many as the file has)."""
+    file, row = names
+    parts = [
+        f"({file} = {_literal(name)} AND {span.covered(row)})" for name, span in sorted(spans.items()) if span.gaps()
+    ]
+    held: dict[str, list[int]] = {}
+    for i in range(0, len(parts), _CHUNK):
+        where = f"{DELETED_AT} IS NULL AND ({' OR '.join(parts[i : i + _CHUNK])}){inside}"
+        for name, number in client.execute_sql(f"SELECT {file}, {row} FROM {table} WHERE {where}") or []:
+            held.setdefault(str(name), []).append(int(number))
+    return {name: _ranges(spans[name].not_given(sorted(numbers))) for name, numbers in held.items()}
+
+
+def _ranges(numbers: list[int]) -> list[tuple[int, int | None]]:
+    """Increasing numbers as runs: [1, 2, 3, 7] -> [(1, 3), (7, 7)]."""
+    runs: list[tuple[int, int | None]] = []
+    for number in numbers:
+        if runs and runs[-1][1] == number - 1:
+            runs[-1] = (runs[-1][0], number)
+        else:
+            runs.append((number, number))
+    return runs
+
+
+def _literal(name: str) -> str:
+    return "'" + name.replace("'", "''") + "'"
+
+
+def _predicates(gaps: dict[str, list[tuple[int, int | None]]], file: str, row: str) -> list[str]:
+    """One predicate per chunk of at most `_CHUNK` ranges: `(file = 'a' AND (row BETWEEN 3 AND 3 OR row >= 5)) OR
+    ...` (a partition's stale rows may lie scattered: never one statement of thousands of ranges). A lake's SQL
     view compares the name cast to text (it reads a string view); a SQL target compares the column as it is, so
     the key's index serves."""
-    parts: list[str] = []
-    for name, span in sorted(spans.items()):
-        ranges = [f"{row} >= {a}" if b is None else f"{row} BETWEEN {a} AND {b}" for a, b in span.gaps()]
-        if ranges:
-            literal = "'" + name.replace("'", "''") + "'"
-            parts.append(f"({file} = {literal} AND ({' OR '.join(ranges)}))")
-    return [" OR ".join(parts[i : i + _CHUNK]) for i in range(0, len(parts), _CHUNK)]
+    chunks: list[list[str]] = [[]]
+    room = _CHUNK
+    for name, found in sorted(gaps.items()):
+        ranges = [f"{row} >= {a}" if b is None else f"{row} BETWEEN {a} AND {b}" for a, b in found]
+        while ranges:
+            if room == 0:
+                chunks.append([])
+                room = _CHUNK
+            taken, ranges = ranges[:room], ranges[room:]
+            room -= len(taken)
+            chunks[-1].append(f"({file} = {_literal(name)} AND ({' OR '.join(taken)}))")
+    return [" OR ".join(parts) for parts in chunks if parts]

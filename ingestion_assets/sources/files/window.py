@@ -58,8 +58,15 @@ def _as_time(values: pa.ChunkedArray, window: RowWindow) -> pa.ChunkedArray:
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         try:
             return pc.cast(values, pa.timestamp("us", tz="UTC"))
+        except pa.ArrowInvalid:
+            pass
+        try:  # times without a zone, or dates (JSON lines write them as text): wall times, placed as UTC
+            return pc.cast(values, pa.timestamp("us"))
         except pa.ArrowInvalid as exc:
-            raise CorruptFile(f"column {window.column!r} is not a timestamp everywhere: {exc}") from exc
+            raise CorruptFile(
+                f"column {window.column!r} is not a timestamp everywhere (or mixes times with and without a zone): "
+                f"{exc}"
+            ) from exc
     raise CorruptFile(f"column {window.column!r} is {kind}, not a timestamp: the partitions cannot place its rows")
 
 
