@@ -23,7 +23,7 @@ from ingestion_assets.sources.postgres.introspect import Column, column_of
 from ingestion_assets.sources.postgres.landing import PgType
 from ingestion_assets.sources.postgres.query import ReadPlan
 from ingestion_assets.streams.postgres_table import PostgresTableStream
-from ingestion_assets.streams.target_types import fit_plan, same_sql_type, target_column_types
+from ingestion_assets.streams.target_types import fit_plan, held_values, same_sql_type, target_column_types
 
 
 class SchemaPaused(RuntimeError):
@@ -142,6 +142,22 @@ def added_with_values(stream: PostgresTableStream, step: SchemaStep) -> list[str
             return sorted(str(row[0]) for row in cur.fetchall())
     finally:
         conn.close()
+
+
+def added_over_values(loader: Loader, step: SchemaStep) -> list[str]:
+    """Columns this run adds to the stored schema that the target already holds with values: a column the source
+    dropped (the target keeps it) and added again under its name in a later run, or one the target holds any other
+    way. The source's new column holds NULL (or its default) in every existing row, the target the old values,
+    which rows not read again would keep. A target column of NULLs only changes nothing. Where the target's columns
+    are not read here (a destination other than DuckDB, PostgreSQL, MariaDB/MySQL or a lake) every added column
+    counts: a re-read costs time, never a row."""
+    added = [c.column for c in step.applied if c.kind == "added"]
+    if not added or step.plan is None:
+        return []
+    counts = held_values(loader, added)
+    if counts is None:
+        return sorted(added)
+    return sorted(name for name, count in counts.items() if count)
 
 
 COLUMN_IDS = "column_ids"  # the checkpoint detail: the table's oid and each column's number when it was read
