@@ -11,7 +11,10 @@ import pytest
 
 from ingestion_assets.cli import main
 from ingestion_assets.partitions import LIVE
+from ingestion_assets_tests.destination_targets import MariaDb, lake_rows, mariadb, use_destination
 from ingestion_assets_tests.helpers import StreamHarness
+
+__all__ = ["mariadb"]
 
 TABLE = """
 CREATE TABLE items (id int PRIMARY KEY, note text, qty int, updated_at timestamptz NOT NULL);
@@ -154,3 +157,32 @@ def test_under_ignore_a_column_added_again_is_not_read_until_the_policy_reads_it
     result = harness.materialize()
     assert "note" in str(_metadata(harness, result)["started over"].value)
     harness.assert_target_equals_source("items", "items", "id")
+
+
+@pytest.mark.parametrize("destination", ["mariadb", "delta", "iceberg"])
+def test_a_column_dropped_then_added_again_on_other_targets(
+    harness: StreamHarness, mariadb: MariaDb, tmp_path: Any, destination: str
+) -> None:
+    """MariaDB/MySQL and the lakes: the run reads their columns too (each its own way) before it counts."""
+    harness.source.execute(TABLE)
+    harness.write_catalog({"items": {"table": "items", "primary_key": "id", "cursor": "updated_at", "slice_rows": 64}})
+    lake = tmp_path / "lake"
+    if destination == "mariadb":
+        use_destination(harness, mariadb.destination())
+        mariadb.datasets.append(harness.source_name)
+    else:
+        use_destination(harness, {"type": "filesystem", "bucket_url": str(lake), "table_format": destination})
+
+    def target() -> list[Any]:
+        columns = harness.source.columns("items")
+        if destination == "mariadb":
+            return mariadb.rows(harness.source_name, "items", columns, "id")
+        return lake_rows(destination, str(lake / harness.source_name / "items"), columns, "id")
+
+    harness.materialize()
+    harness.source.execute(DROP)
+    harness.materialize()
+    harness.source.execute(f"{ADD_AGAIN['same type']}; {AFTER_ADD}")
+    result = harness.materialize()
+    assert "note" in str(_metadata(harness, result)["started over"].value)
+    assert target() == harness.source.rows("items", "id")
