@@ -215,6 +215,24 @@ def made_again(stored: Any, now: dict[str, Any], retyped: Iterable[str] = ()) ->
     return sorted(changed)
 
 
+def unread_before(stored: Any, now: dict[str, Any], step: SchemaStep) -> list[str]:
+    """Columns this run adds to the stored schema that the table already had, under the same number, when the last
+    checkpoint was written (column_ids' figures): a policy that does not read added columns (`ignore`) skipped them,
+    so rows that changed there were read without their values. A column new since then holds NULL (or its
+    default, `added_with_values`) in every existing row. Call it with a checkpoint written by a read, not by a
+    failure (which may store the new figures beside the old schema)."""
+    if not isinstance(stored, dict) or not isinstance(stored.get("columns"), dict):
+        return []
+    if stored.get("table") is not None and stored.get("table") != now.get("table"):
+        return []  # the table made again: `made_again` reads every row again
+    before: dict[str, Any] = stored["columns"]
+    columns: dict[str, Any] = now.get("columns") or {}
+    added = [c.column for c in step.applied if c.kind == "added"]
+    return sorted(
+        name for name in added if name in before and name in columns and _number(before[name]) == _number(columns[name])
+    )
+
+
 def _number(figures: Any) -> int:
     return int(figures[0]) if isinstance(figures, list) else int(figures)
 
