@@ -197,6 +197,11 @@ class LakeLoader(Loader):
         with self._lock(), lake_sql_view(self._dataset) as view:
             yield view
 
+    def held_columns(self) -> frozenset[str] | None:
+        with self._lock():
+            dataset = self.tables.dataset(self.target.table)
+        return frozenset(dataset.schema.names) if dataset is not None else frozenset()
+
     def _dataset(self, table: str) -> Any:
         bookkeeping = table in (DEAD_LETTER_TABLE, BINDINGS)
         return (self.lake if bookkeeping else self.tables).dataset(table)

@@ -493,6 +493,11 @@ class Loader:
         with self._lock(), self.sql_client() as client:
             yield client
 
+    def held_columns(self) -> frozenset[str] | None:
+        """The target table's columns as the target names them (empty: no table), for destinations whose catalog
+        streams/target_types.py does not read (MariaDB/MySQL, lakes); None where they are not read at all."""
+        return None
+
     def parked(self) -> set[str]:
         """Record keys of this stream waiting in the dead-letter table (under the writer lock: an open DuckDB
         connection of this process keeps every other process's loads out; found in parallel backfills)."""

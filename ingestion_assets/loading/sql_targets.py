@@ -181,6 +181,11 @@ def index_keys(client: Any, database: str, table: str, key: tuple[str, ...]) -> 
     return True
 
 
+def table_columns(client: Any, schema: str, table: str) -> dict[str, str]:
+    """Column name -> data type of `schema`.`table` (empty when it does not exist)."""
+    return _columns(client, schema, table)
+
+
 def _columns(client: Any, schema: str, table: str) -> dict[str, str]:
     rows = client.execute_sql(
         "SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = %s AND table_name = %s",

@@ -35,12 +35,14 @@ from ingestion_assets.streams.reconcile import (
 from ingestion_assets.streams.schema_step import (
     COLUMN_IDS,
     SchemaStep,
+    added_over_values,
     added_with_values,
     apply_to_target,
     column_ids,
     made_again,
     retyped_values,
     settle_schema,
+    unread_before,
 )
 from ingestion_assets.streams.table_leaves import GONE, LEAF_IDS, LEAVES
 from ingestion_assets.streams.target_binding import TARGET, binding_details, settle_target
@@ -190,7 +192,9 @@ class PartitionJob:
             if after is not None and started_over is None:
                 retyped = [c.column for c in schema.applied if c.old is not None and c.new is not None]
                 remade = made_again(details.get(COLUMN_IDS), ids, retyped) if ids is not None else []
-                started_over = self._reread_for_schema(schema, remade)
+                read = ids is not None and "last_error" not in details  # a failure's record may mix old and new
+                unread = unread_before(details.get(COLUMN_IDS), ids, schema) if read and ids is not None else []
+                started_over = self._reread_for_schema(schema, remade, loader, unread)
                 after = None if started_over is not None else after
             if started_over is not None:  # a failure before the re-read's first checkpoint must not keep the old
                 sink.position = None  # position beside the new schema (the next run would read on, past old values)
@@ -206,12 +210,16 @@ class PartitionJob:
         outcome.started_over = started_over
         return outcome
 
-    def _reread_for_schema(self, schema: SchemaStep, remade: list[str]) -> str | None:
+    def _reread_for_schema(
+        self, schema: SchemaStep, remade: list[str], loader: Loader, unread: list[str]
+    ) -> str | None:
         """Why this run reads every row again for a schema change that altered rows without moving their
-        cursor (None: it reads on from its checkpoint)."""
+        cursor, or that the target holds other values for (None: it reads on from its checkpoint)."""
         if not isinstance(self.stream, PostgresTableStream):
             return None
         filled = added_with_values(self.stream, schema)
+        held = [name for name in added_over_values(loader, schema) if name not in filled]
+        unread = [name for name in unread if name not in filled and name not in held]
         retyped = retyped_values(schema)
         said = []
         if remade:
@@ -223,6 +231,16 @@ class PartitionJob:
             said.append(
                 f"column(s) {', '.join(filled)} added with values in the existing rows (a default, generated or "
                 "identity column)"
+            )
+        if held:
+            said.append(
+                f"column(s) {', '.join(held)} added again over a target column that still holds values (dropped "
+                "earlier and kept there), where the source holds NULL in every existing row"
+            )
+        if unread:
+            said.append(
+                f"column(s) {', '.join(unread)} read from now on although the table had them at the last run (not "
+                "read then: schema_policy ignore), so rows read since hold no value there"
             )
         if retyped:
             said.append(

@@ -23,7 +23,7 @@ from ingestion_assets.sources.postgres.introspect import Column, column_of
 from ingestion_assets.sources.postgres.landing import PgType
 from ingestion_assets.sources.postgres.query import ReadPlan
 from ingestion_assets.streams.postgres_table import PostgresTableStream
-from ingestion_assets.streams.target_types import fit_plan, same_sql_type, target_column_types
+from ingestion_assets.streams.target_types import fit_plan, held_values, same_sql_type, target_column_types
 
 
 class SchemaPaused(RuntimeError):
@@ -144,6 +144,22 @@ def added_with_values(stream: PostgresTableStream, step: SchemaStep) -> list[str
         conn.close()
 
 
+def added_over_values(loader: Loader, step: SchemaStep) -> list[str]:
+    """Columns this run adds to the stored schema that the target already holds with values: a column the source
+    dropped (the target keeps it) and added again under its name in a later run, or one the target holds any other
+    way. The source's new column holds NULL (or its default) in every existing row, the target the old values,
+    which rows not read again would keep. A target column of NULLs only changes nothing. Where the target's columns
+    are not read here (a destination other than DuckDB, PostgreSQL, MariaDB/MySQL or a lake) every added column
+    counts: a re-read costs time, never a row."""
+    added = [c.column for c in step.applied if c.kind == "added"]
+    if not added or step.plan is None:
+        return []
+    counts = held_values(loader, added)
+    if counts is None:
+        return sorted(added)
+    return sorted(name for name, count in counts.items() if count)
+
+
 COLUMN_IDS = "column_ids"  # the checkpoint detail: the table's oid and each column's number when it was read
 _IDS_SQL = """
 SELECT c.oid::bigint, a.attname, a.attnum, a.xmin::text FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
@@ -197,6 +213,24 @@ def made_again(stored: Any, now: dict[str, Any], retyped: Iterable[str] = ()) ->
         elif _altered(before[name], figures) and name not in judged:
             changed.append(f"column {name} (altered in place)")
     return sorted(changed)
+
+
+def unread_before(stored: Any, now: dict[str, Any], step: SchemaStep) -> list[str]:
+    """Columns this run adds to the stored schema that the table already had, under the same number, when the last
+    checkpoint was written (column_ids' figures): a policy that does not read added columns (`ignore`) skipped them,
+    so rows that changed there were read without their values. A column new since then holds NULL (or its
+    default, `added_with_values`) in every existing row. Call it with a checkpoint written by a read, not by a
+    failure (which may store the new figures beside the old schema)."""
+    if not isinstance(stored, dict) or not isinstance(stored.get("columns"), dict):
+        return []
+    if stored.get("table") is not None and stored.get("table") != now.get("table"):
+        return []  # the table made again: `made_again` reads every row again
+    before: dict[str, Any] = stored["columns"]
+    columns: dict[str, Any] = now.get("columns") or {}
+    added = [c.column for c in step.applied if c.kind == "added"]
+    return sorted(
+        name for name in added if name in before and name in columns and _number(before[name]) == _number(columns[name])
+    )
 
 
 def _number(figures: Any) -> int:

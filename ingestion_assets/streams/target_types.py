@@ -60,6 +60,23 @@ def target_column_types(loader: Loader) -> dict[str, str] | None:
         return _column_types(client, kind, loader.target.table)
 
 
+def held_values(loader: Loader, columns: list[str]) -> dict[str, int] | None:
+    """How many values other than NULL the target table holds in each of `columns` (source names) it has; a
+    column it does not have is left out. None where this destination's columns are not read here."""
+    held = target_column_types(loader)
+    present = set(held) if held is not None else loader.held_columns()
+    if present is None:
+        return None
+    names = {name: loader.names.column(name) for name in columns}
+    names = {name: target for name, target in names.items() if target in present}
+    if not names:
+        return {}
+    with loader.client() as client:
+        counts = ", ".join(f"count({client.escape_column_name(target)})" for target in names.values())
+        rows = client.execute_sql(f"SELECT {counts} FROM {client.make_qualified_table_name(loader.target.table)}")
+    return {name: int(count or 0) for name, count in zip(names, rows[0], strict=True)}
+
+
 _SAME = {  # PostgreSQL's format_type() names of what the landing names otherwise
     "timestamptz": "timestamp with time zone",
     "timestamp": "timestamp without time zone",
