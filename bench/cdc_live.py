@@ -103,8 +103,16 @@ def _run_latency(bench: Any) -> dict[str, float]:
 
     from ingestion_assets.observe.freshness import HISTOGRAM, merged, percentiles
 
+    run_id = bench.instance.get_runs(limit=1)[0].run_id  # the live run just stopped
+    deadline = time.monotonic() + 15  # its step's last events may still be on their way when the CLI exits
     event = bench.instance.get_latest_materialization_event(dg.AssetKey(["cdcb", "events"]))
-    metadata = event.asset_materialization.metadata if event and event.asset_materialization else {}
+    while (event is None or event.run_id != run_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        event = bench.instance.get_latest_materialization_event(dg.AssetKey(["cdcb", "events"]))
+    if event is None or event.run_id != run_id:
+        print(f"  the live run {run_id} stored no materialization: no latency figures", flush=True)
+        return {}
+    metadata = event.asset_materialization.metadata if event.asset_materialization else {}
     encoded = metadata.get(HISTOGRAM)
     return percentiles(merged([encoded.value])) if encoded is not None else {}
 
