@@ -115,15 +115,23 @@ def start_scripted_api(**fields: Any) -> tuple[ScriptedApi, ThreadingHTTPServer]
     return api, server
 
 
-def write_scripted_catalog(harness: StreamHarness, api: ScriptedApi, name: str, stream: dict[str, Any]) -> None:
-    """A catalog with one stream `name` (its settings `stream`) on the scripted API, without auth, into DuckDB."""
+def write_scripted_catalog(
+    harness: StreamHarness, api: ScriptedApi, name: str, stream: dict[str, Any], destination: str = "duckdb"
+) -> None:
+    """A catalog with one stream `name` (its settings `stream`) on the scripted API, without auth, into DuckDB
+    (`destination` postgres: the test's source database, schema = the source name)."""
     import yaml
 
     from ingestion_assets.catalog import load_catalog
     from ingestion_assets.state.summary import size_pools
 
+    url_file = harness.tmp_path / "target_url"
+    url_file.write_text(harness.source.url)
+    harness.destination = destination
     catalog = {
-        "destination": {"type": "duckdb", "path": str(harness.warehouse)},
+        "destination": {"type": "duckdb", "path": str(harness.warehouse)}
+        if destination == "duckdb"
+        else {"type": "postgres", "credentials": {"file": str(url_file)}},
         "sources": {
             harness.source_name: {
                 "type": "rest",

@@ -3,7 +3,7 @@ loopback: every page is read, the end is the end, and a listing that shifts unde
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -21,27 +21,16 @@ from ingestion_assets.sources.rest import (
 from ingestion_assets.sources.rest.incremental import REREAD_FROM, Page
 from ingestion_assets_tests.rest.conftest import CapturedLogs
 from ingestion_assets_tests.rest.helpers import FAST_RETRY
-from ingestion_assets_tests.rest.scripted import Answer, ScriptedApi, json_answer, start_scripted_api
+from ingestion_assets_tests.rest.scripted import Answer, ScriptedApi, json_answer
 
 RECORDS = [{"id": i, "updated_at": f"2024-05-01T00:00:{i:02d}Z", "name": f"r{i}"} for i in range(1, 24)]
 Route = Callable[[dict[str, str]], Answer]
 
 
 @pytest.fixture
-def scripted() -> Iterator[Callable[[str, Route], ScriptedApi]]:
-    servers: list[Any] = []
-
-    def start(path: str, route: Route) -> ScriptedApi:
-        api, server = start_scripted_api(routes={path: route})
-        servers.append(server)
-        return api
-
-    try:
-        yield start
-    finally:
-        for server in servers:
-            server.shutdown()
-            server.server_close()
+def scripted(scripted_api: Callable[..., ScriptedApi]) -> Callable[[str, Route], ScriptedApi]:
+    """A scripted API on loopback answering `path` with `route` (the project's `scripted_api`, one route)."""
+    return lambda path, route: scripted_api(routes={path: route})
 
 
 def read(api: ScriptedApi, endpoint: EndpointSpec, start: Position | None = None) -> list[Page]:
