@@ -253,7 +253,7 @@ def next_position(
     if endpoint.cursor_field is None:
         return {PAGE_TOKEN: paginator.token} if paginator.has_more else {}
     before = order.start
-    record = order.claim(complete=not paginator.has_more)
+    record = order.claim(complete=not paginator.has_more and paginator.doubt is None)  # an end in doubt: no end
     if record is None:  # nothing read that may stand for a position yet (or the order is not ascending)
         return dict(before)
     after: Position = {name: exact_text(record[name]) for name in (endpoint.cursor_field, *endpoint.primary_key)}

@@ -206,6 +206,17 @@ class LinkHeaderPaginator(Paginator):
     def next_token(self, response: httpx.Response, body: Any, records: list[Any]) -> str | None:
         links = parse_links(response.headers.get_list("link"), self.place(response))
         link = next((x.target for x in links if self.rel in x.rels), None)
+        if (
+            link is None
+            and not links
+            and self.token is not None
+            and records
+            and len(records) >= min(self.page_size, self.largest)
+        ):
+            # a full page after pages with next links, and no Link header at all: a last page usually still links
+            # to the first or previous one, so the header may have been lost (a proxy): the end is in doubt
+            self.doubt = "a full page came without a Link header after pages that had one"
+            logger.warning("%s: %s; taken as the last page, its position short of it", self.place(response), self.doubt)
         if link is None:
             last = next((x.target for x in links if "last" in x.rels), None)
             if last is not None and not _same_page(response.request.url.join(last), response.request.url):
