@@ -253,6 +253,7 @@ class _CountedPages(Paginator):
     (GitHub's per_page at 100) or filter a page after cutting it, so it costs one request more per read."""
 
     shifts = True
+    position_param = ""  # the query parameter the token goes in, for messages
 
     def ends_with(self, error: ApiError) -> bool:
         return isinstance(error, NotFound) and self.token is not None
@@ -263,14 +264,20 @@ class _CountedPages(Paginator):
         an API ignoring the parameter, and ending there would skip every page after it."""
         if self._pages < 2:
             return False
-        logger.info("%s: the last page served again for the page after it: the API clamps pages; the end", self.stream)
+        logger.info(
+            "stream %s: %s=%s answered with the records of the page before: the API clamps past its last page; the end",
+            self.stream or "(standalone)",
+            self.position_param,
+            self.token,
+        )
         return True
 
     def loop_hint(self) -> str:
+        asked = f"{self.position_param}={self.token}"
         return (
-            " (the first page again for the second: the API clamps the page number past a single page, or ignores "
-            "the page parameter: check page_param or offset_param; use pagination style single if it answers "
-            "everything at once)"
+            f" ({asked} answered with the records of the page before, after no other page: the API clamps the page "
+            "number past a single page, or ignores the page parameter: check page_param or offset_param; use "
+            "pagination style single if it answers everything at once)"
         )
 
 
@@ -287,6 +294,7 @@ class PageNumberPaginator(_CountedPages):
     ) -> None:
         super().__init__(page_size, stream)
         self.size_param, self.page_param, self.first_page = size_param, page_param, first_page
+        self.position_param = page_param
         self._capped = False  # said that the API serves fewer records a page than asked
 
     def first_params(self) -> Params:
@@ -323,6 +331,7 @@ class OffsetPaginator(_CountedPages):
     ) -> None:
         super().__init__(page_size, stream)
         self.size_param, self.offset_param = size_param, offset_param
+        self.position_param = offset_param
         logger.warning(
             "offset pagination: rows inserted, updated or deleted during the read shift the offsets, so rows "
             "can be skipped or read twice; prefer a cursor pagination if the API has one"
