@@ -8,6 +8,7 @@ from typing import Any
 from ingestion_assets.sources.json_numbers import json_text
 
 logger = logging.getLogger(__name__)
+WATCHED_KEYS = 1_000_000  # keys remembered per read (~150 MB at most); later ones are checked, not remembered
 
 
 class ShiftWatch:
@@ -25,13 +26,24 @@ class ShiftWatch:
         self.served: dict[tuple[str | None, ...], Any] = {}  # key -> its cursor value when first served
         self.reread_from: Any = None  # the earliest such cursor of a key served twice (None: no shift seen)
         self.doubt: str | None = None
+        self.full = False  # WATCHED_KEYS remembered: later keys are no longer
 
     def see(self, records: list[dict[str, Any]], order_key: Any) -> None:
         for record in records:
             key = tuple(_text(record.get(name)) for name in self.primary_key)
             cursor = record.get(self.cursor_field) if self.cursor_field else None
             if key not in self.served:
-                self.served[key] = cursor
+                if len(self.served) < WATCHED_KEYS:
+                    self.served[key] = cursor
+                elif not self.full:
+                    self.full = True
+                    logger.info(
+                        "stream %s: past %d records, a page or offset read remembers no more keys: a shift of the "
+                        "listing is noticed only for the first %d records served",
+                        self.stream or "(standalone)",
+                        WATCHED_KEYS,
+                        WATCHED_KEYS,
+                    )
                 continue
             first = self.served[key]
             if self.doubt is None:
