@@ -246,3 +246,14 @@ def test_a_full_page_losing_its_link_header_is_an_end_in_doubt(
     assert pages[-1].doubt is not None and "without a Link header" in pages[-1].doubt
     assert pages[-1].position["id"] == "19"  # short of the end: the next read asks from there
     assert any("without a Link header" in r.getMessage() for r in logs.records if r.levelname == "WARNING")
+
+
+def test_a_single_full_page_linking_first_and_last_to_page_1_is_the_end(
+    scripted: Callable[[str, Route], ScriptedApi],
+) -> None:
+    # GitLab links `first` and `last` on every page, with `page=1`, which the first request did not send
+    api = scripted(
+        "/items", linked(lambda n, last: ["</items?page=1&limit=10>; rel=first, </items?limit=10&page=1>; rel=last"])
+    )
+    pages = read(api, LINK)
+    assert ids(pages) == [r["id"] for r in RECORDS[:10]] and pages[-1].doubt is None

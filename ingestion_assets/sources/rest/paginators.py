@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from ingestion_assets.sources.rest.errors import ApiError, BadPayload, NotFound, PaginationLoop
-from ingestion_assets.sources.rest.links import parse_links
+from ingestion_assets.sources.rest.links import Link, parse_links
 
 logger = logging.getLogger(__name__)
 
@@ -206,26 +206,8 @@ class LinkHeaderPaginator(Paginator):
     def next_token(self, response: httpx.Response, body: Any, records: list[Any]) -> str | None:
         links = parse_links(response.headers.get_list("link"), self.place(response))
         link = next((x.target for x in links if self.rel in x.rels), None)
-        if (
-            link is None
-            and not links
-            and self.token is not None
-            and records
-            and len(records) >= min(self.page_size, self.largest)
-        ):
-            # a full page after pages with next links, and no Link header at all: a last page usually still links
-            # to the first or previous one, so the header may have been lost (a proxy): the end is in doubt
-            self.doubt = "a full page came without a Link header after pages that had one"
-            logger.warning("%s: %s; taken as the last page, its position short of it", self.place(response), self.doubt)
         if link is None:
-            last = next((x.target for x in links if "last" in x.rels), None)
-            if last is not None and not _same_page(response.request.url.join(last), response.request.url):
-                shown = response.request.url.join(last).copy_with(query=None, fragment=None)
-                raise BadPayload(
-                    f"{self.place(response)}: the Link header has no rel={self.rel!r} link but names a last page "
-                    f"({shown}, with its own query) other than this one: ending here would skip the pages between; "
-                    "the API's Link header is inconsistent (report it), or its next link uses another relation type"
-                )
+            self._no_next(response, links, records)
             return None
         target = response.request.url.join(link)
         here = response.request.url
@@ -234,6 +216,31 @@ class LinkHeaderPaginator(Paginator):
                 f"{_where(response)}: the next-page link points to {target.host}; not sending credentials there"
             )
         return str(target)
+
+    def _no_next(self, response: httpx.Response, links: list[Link], records: list[Any]) -> None:
+        """A full page without a Link header after linked pages is an end in doubt. A full page without a next
+        link whose `last` link names another page fails: a next link under a
+        relation type not followed (`rel="following"`) would end every read after its first page. The first page
+        whose `last` link is its `first` one is a single page (GitLab links both, with `page=1`)."""
+        full = bool(records) and len(records) >= min(self.page_size, self.largest or self.page_size)
+        if full and not links and self.token is not None:
+            # a full page after pages with next links, and no Link header at all: a last page usually still links
+            # to the first or previous one, so the header may have been lost (a proxy): the end is in doubt
+            self.doubt = "a full page came without a Link header after pages that had one"
+            logger.warning("%s: %s; taken as the last page, its position short of it", self.place(response), self.doubt)
+        here = response.request.url
+        last = next((here.join(x.target) for x in links if "last" in x.rels), None)
+        first = next((here.join(x.target) for x in links if "first" in x.rels), None)
+        if last is None or not full or _same_page(last, here):
+            return
+        if self.token is None and first is not None and _same_page(last, first):
+            return
+        raise BadPayload(
+            f"{self.place(response)}: the Link header has no rel={self.rel!r} link but names a last page "
+            f"({last.copy_with(query=None, fragment=None)}, with its own query) other than this full page: ending "
+            "here would skip the pages between; the API's Link header is inconsistent (report it), or its next "
+            "link uses another relation type"
+        )
 
     def next_request(self, path: str, params: Params) -> tuple[str, Params | None]:
         assert self.token is not None
