@@ -47,6 +47,10 @@ TIMES = [
     "2024-12-31T23:59:59.99999951Z",  # past a half: carries into the next year
     "2024-12-01T00:00:00.123456789+01:00",  # nanoseconds, another zone
     "2024-12-01T00:00:00.123456Z",  # microseconds: as they are
+    "2024-12-01T00:00:00.1234565Z",  # ties: as PostgreSQL rounds them
+    "2024-12-01T00:00:00.1234575Z",
+    "2024-12-01T00:00:00.0000005Z",
+    "2024-12-01T00:00:00.0000015Z",
 ]
 
 
