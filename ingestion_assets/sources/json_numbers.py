@@ -59,6 +59,18 @@ def json_text(value: Any) -> str:
     return json.dumps(value)
 
 
+def value_text(value: int | float | Decimal) -> str:
+    """A JSON number as the text of its value, however it was written: `901.0`, `9.01e2` and `901` as `901`,
+    `1.50` as `1.5`; no exponent. For a key landing in a text column, where the written text would make one id
+    two keys. NaN and the infinities keep their JSON text."""
+    number = Decimal(value.written) if isinstance(value, Number | NegativeZero) else Decimal(value)
+    if not number.is_finite() or number.adjusted() > 4000:  # past 4000 digits: as written (Python's int limit)
+        return json_text(value)
+    if number == number.to_integral_value():
+        return str(int(number))
+    return format(number.normalize(), "f")
+
+
 def is_number(value: Any) -> bool:
     return isinstance(value, int | float | Decimal) and not isinstance(value, bool)
 

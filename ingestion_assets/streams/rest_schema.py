@@ -17,7 +17,8 @@ import pyarrow as pa
 
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.schema.changes import ColumnType, SchemaChange, classify, parse_stored
-from ingestion_assets.sources.json_numbers import Number, is_number, json_text, number_array
+from ingestion_assets.sources.iso_times import to_microseconds
+from ingestion_assets.sources.json_numbers import Number, is_number, json_text, number_array, value_text
 from ingestion_assets.sources.postgres.landing import sql_type_of_arrow
 from ingestion_assets.streams.inferred_types import arrow_type, fits, wider
 from ingestion_assets.streams.inferred_types import column_type as arrow_column_type
@@ -91,6 +92,8 @@ class ApiSchemaStep(InferredSchemaStep):
     """The run's schema step for an API stream. `stored` and `applied` grow in place as slices load: the
     runner checkpoints `stored` with every slice and reports `applied` at the end."""
 
+    primary_key: frozenset[str] = frozenset()  # a number in a text key column lands as its value's text
+
     def settle(self, records: list[dict[str, Any]], loader: Loader) -> list[dict[str, Any]]:
         """Check a slice before it loads: record new fields, widen the target for widened types, strip
         fields a policy skips, or raise SchemaPaused (the slice is not loaded, its checkpoint not moved). The
@@ -134,7 +137,11 @@ class ApiSchemaStep(InferredSchemaStep):
                 elif field.startswith("_ingest_"):
                     continue
                 elif is_number(value):
-                    row[field] = _as_stored(value, known.get(field))
+                    column = known.get(field)
+                    key_text = field in self.primary_key and _is_text(column)  # one id, however it is written
+                    row[field] = value_text(value) if key_text else _as_stored(value, column)
+                elif isinstance(value, str) and _is_stamp(known.get(field)):
+                    row[field] = to_microseconds(value) or value  # dlt would cut digits past the sixth
                 elif isinstance(value, bool) and _is_text(known.get(field)):
                     row[field] = json_text(value)  # `true`, as the column's rows made text by the database read
             exact.append(row)
@@ -235,6 +242,10 @@ def _is_text(column: ColumnType | None) -> bool:
     return column is not None and column.type_name == "text"
 
 
+def _is_stamp(column: ColumnType | None) -> bool:
+    return column is not None and column.type_name == "timestamptz"
+
+
 def _nested(value: Any) -> Any:
     """An object or list with its numbers exact for dlt: integers of int64 as they are, other numbers as text."""
     if isinstance(value, dict):
@@ -250,4 +261,6 @@ def api_schema_step(stream: Any, details: dict[str, Any]) -> ApiSchemaStep:
     """The step an API stream's run starts with: the stored schema of its last checkpoint."""
     spec = stream.spec
     keys = frozenset([*spec.primary_key, *([spec.cursor] if spec.cursor else [])])
-    return ApiSchemaStep.resumed(stream, details, keys)
+    step = ApiSchemaStep.resumed(stream, details, keys)
+    step.primary_key = frozenset(spec.primary_key)
+    return step

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,7 @@ class Answer:
     status: int
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
+    lines: list[tuple[str, str]] = field(default_factory=list)  # more header lines (one name several times)
 
 
 @dataclass
@@ -29,12 +31,14 @@ class ScriptedApi:
     """`feed`: the pages of GET /feed (cursor pagination: `next_cursor`, the page's index, in the body).
     `charges`: the records of GET /v1/charges, listed as Stripe does (newest `created` first, `starting_after`,
     `has_more`, `created[gte]`). `answers`: served, in turn, to the next requests instead of their data.
-    `redirects`: path -> Location answered with a 301."""
+    `redirects`: path -> Location answered with a 301. `routes`: path -> what answers its query (a listing a test
+    writes, changing between pages if it likes)."""
 
     feed: list[list[dict[str, Any]]] = field(default_factory=list)
     charges: list[dict[str, Any]] = field(default_factory=list)
     answers: list[Answer] = field(default_factory=list)
     redirects: dict[str, str] = field(default_factory=dict)
+    routes: dict[str, Callable[[dict[str, str]], Answer]] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)  # path and query of every request, in order
     url: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -48,6 +52,8 @@ class ScriptedApi:
                 ("&" if "?" in self.redirects[path] else "?") + raw_query if raw_query else ""
             )
             return Answer(301, b"<html>Moved</html>", {"Location": location, "Content-Type": "text/html"})
+        if path in self.routes:
+            return self.routes[path](query)
         if path.endswith("/feed"):
             index = int(query.get("cursor", "0"))
             more = index + 1 < len(self.feed)
@@ -71,8 +77,11 @@ class ScriptedApi:
         return {"object": "list", "url": "/v1/charges", "data": listed[:limit], "has_more": len(listed) > limit}
 
 
-def _json(body: Any, status: int = 200) -> Answer:
-    return Answer(status, json.dumps(body).encode(), {"Content-Type": "application/json"})
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Answer:
+    return Answer(status, json.dumps(body).encode(), {"Content-Type": "application/json", **(headers or {})})
+
+
+json_answer = _json
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -86,6 +95,8 @@ class _Handler(BaseHTTPRequestHandler):
         answer = api.answer(url.path, {k: v[-1] for k, v in parse_qs(url.query).items()}, url.query)
         self.send_response(answer.status)
         for name, value in {**answer.headers, "Content-Length": str(len(answer.body))}.items():
+            self.send_header(name, value)
+        for name, value in answer.lines:
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(answer.body)
@@ -104,15 +115,23 @@ def start_scripted_api(**fields: Any) -> tuple[ScriptedApi, ThreadingHTTPServer]
     return api, server
 
 
-def write_scripted_catalog(harness: StreamHarness, api: ScriptedApi, name: str, stream: dict[str, Any]) -> None:
-    """A catalog with one stream `name` (its settings `stream`) on the scripted API, without auth, into DuckDB."""
+def write_scripted_catalog(
+    harness: StreamHarness, api: ScriptedApi, name: str, stream: dict[str, Any], destination: str = "duckdb"
+) -> None:
+    """A catalog with one stream `name` (its settings `stream`) on the scripted API, without auth, into DuckDB
+    (`destination` postgres: the test's source database, schema = the source name)."""
     import yaml
 
     from ingestion_assets.catalog import load_catalog
     from ingestion_assets.state.summary import size_pools
 
+    url_file = harness.tmp_path / "target_url"
+    url_file.write_text(harness.source.url)
+    harness.destination = destination
     catalog = {
-        "destination": {"type": "duckdb", "path": str(harness.warehouse)},
+        "destination": {"type": "duckdb", "path": str(harness.warehouse)}
+        if destination == "duckdb"
+        else {"type": "postgres", "credentials": {"file": str(url_file)}},
         "sources": {
             harness.source_name: {
                 "type": "rest",

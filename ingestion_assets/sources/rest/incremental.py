@@ -14,6 +14,7 @@ from ingestion_assets.sources.json_numbers import is_number, json_text
 from ingestion_assets.sources.rest.client import RestClient
 from ingestion_assets.sources.rest.errors import ApiError, BadPayload
 from ingestion_assets.sources.rest.paginators import PaginationSpec, Paginator, json_path
+from ingestion_assets.sources.rest.shifts import ShiftWatch
 
 logger = logging.getLogger(__name__)
 Position = dict[str, str | None]  # field -> exact text of its value, as in the postgres source
@@ -70,6 +71,7 @@ def read_pages(
     if endpoint.cursor_field is None and start and start.get(PAGE_TOKEN):
         paginator.resume(str(start[PAGE_TOKEN]))
     order = ServedOrder(endpoint, dict(start or {}))
+    watch = ShiftWatch(paginator.stream, endpoint.primary_key, endpoint.cursor_field) if paginator.shifts else None
     index = 0
     began: datetime | None = None  # the server's time at the first answer: a lower bound for late changes
     while paginator.has_more:
@@ -81,15 +83,29 @@ def read_pages(
                 raise
             logger.info("GET %s: no page past the last (%s): the read ends here", endpoint.path, error.status)
             paginator.end()  # as an empty page would: the position of a finished read
-            yield Page(records=[], position=next_position(endpoint, order, paginator, began), index=index)
+            position = held(endpoint, next_position(endpoint, order, paginator, began), watch)
+            yield Page(records=[], position=position, index=index, doubt=watch.doubt if watch else None)
             return
         began = began or client.server_time(response)
         records = page_records(body, endpoint)
-        paginator.advance(response, body, records)
+        records = paginator.advance(response, body, records)
         order.see(records)
-        position = next_position(endpoint, order, paginator, began)
-        yield Page(records=records, position=position, index=index, doubt=paginator.doubt)
+        if watch is not None:
+            watch.see([r for r in records if positioned(endpoint, r)], order_key)  # parked ones stand for nothing
+        position = held(endpoint, next_position(endpoint, order, paginator, began), watch)
+        doubt = paginator.doubt or (watch.doubt if watch else None)
+        yield Page(records=records, position=position, index=index, doubt=doubt)
         index += 1
+
+
+def held(endpoint: EndpointSpec, position: Position, watch: ShiftWatch | None) -> Position:
+    """The position, starting the next read no later than where a listing shifted under this one (`ShiftWatch`)."""
+    if watch is None or watch.reread_from is None or not endpoint.cursor_field:
+        return position
+    since = position.get(REREAD_FROM) or position.get(endpoint.cursor_field)
+    if since is None or order_key(watch.reread_from) >= order_key(since):
+        return position  # a position at the read's start (or before the shift) reads it again already
+    return {**position, REREAD_FROM: exact_text(watch.reread_from)}
 
 
 def window_params(endpoint: EndpointSpec, start: Position | None) -> dict[str, str]:
@@ -237,7 +253,7 @@ def next_position(
     if endpoint.cursor_field is None:
         return {PAGE_TOKEN: paginator.token} if paginator.has_more else {}
     before = order.start
-    record = order.claim(complete=not paginator.has_more)
+    record = order.claim(complete=not paginator.has_more and paginator.doubt is None)  # an end in doubt: no end
     if record is None:  # nothing read that may stand for a position yet (or the order is not ascending)
         return dict(before)
     after: Position = {name: exact_text(record[name]) for name in (endpoint.cursor_field, *endpoint.primary_key)}

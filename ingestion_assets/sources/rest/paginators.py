@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 from ingestion_assets.sources.rest.errors import ApiError, BadPayload, NotFound, PaginationLoop
+from ingestion_assets.sources.rest.links import Link, parse_links
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,10 @@ class Paginator(ABC):
     stored to `resume()` a read. A token, or a whole page, seen twice raises PaginationLoop.
     """
 
+    # A listing by position (page number, offset, a link built from them): a record changing during the read
+    # moves and shifts the records after it across page boundaries (`incremental.ShiftWatch` looks for it).
+    shifts = False
+
     def __init__(self, page_size: int, stream: str = "") -> None:
         self.page_size = page_size
         self.stream = stream  # for messages: the stream the pages feed ("" standalone)
@@ -56,22 +61,31 @@ class Paginator(ABC):
         self.doubt: str | None = None  # why the end may not be the end (a key listing retires nothing on it)
         self._seen: set[str] = set()
         self._last_page: list[Any] = []
+        self._pages = 0  # pages with records taken in
 
     def request(self, path: str, params: Params) -> tuple[str, Params | None]:
         """URL and query parameters of the next request (None: the URL carries them)."""
         return (path, {**params, **self.first_params()}) if self.token is None else self.next_request(path, params)
 
-    def advance(self, response: httpx.Response, body: Any, records: list[Any]) -> None:
+    def advance(self, response: httpx.Response, body: Any, records: list[Any]) -> list[Any]:
+        """Take in a page; the records it adds to the read (none when it repeats the page before as the end)."""
         # The same records in the same order. Compared, not hashed: two different pages differ in their first
         # record, so this costs microseconds, where hashing the page's text cost ~0.5 ms on every request.
         if records and records == self._last_page:
+            if self.repeat_ends():
+                self.end()
+                return []
             raise PaginationLoop(
                 f"{_where(response)}: the API returned the same page twice; stopping the read{self.loop_hint()}"
             )
+        self._pages += bool(records)
         self._last_page = list(records)
         token = self.next_token(response, body, records)
         self.largest = max(self.largest, len(records))
         if token is not None and token in self._seen:
+            if not records:  # an empty last page echoing its token: the end, as an empty page is
+                self.end()
+                return records
             raise PaginationLoop(
                 f"{_where(response)}: the API returned page token {token[:80]!r} again after "
                 f"{len(self._seen)} pages; stopping instead of reading forever (a server bug: report it)"
@@ -79,6 +93,11 @@ class Paginator(ABC):
         self.has_more, self.token = token is not None, token
         if token is not None:
             self._seen.add(token)
+        return records
+
+    def repeat_ends(self) -> bool:
+        """Whether a page served again right after itself is the end (an API clamping page numbers)."""
+        return False
 
     def resume(self, token: str) -> None:
         self.token = token
@@ -171,29 +190,68 @@ class CursorTokenPaginator(Paginator):
 
 
 class LinkHeaderPaginator(Paginator):
-    """RFC 8288 `Link: <url>; rel="next"`; the URL is followed as given, on the same origin only."""
+    """RFC 8288 `Link: <url>; rel="next"`; the URL is followed as given (relative to the request), on the same
+    origin only. Relation types compare case-insensitively, one of several (`rel="last next"`), on any `Link`
+    line. A page without a next link whose `last` link names another page fails: the read would end early."""
+
+    shifts = True
 
     def __init__(self, page_size: int, size_param: str = "limit", rel: str = "next", stream: str = "") -> None:
         super().__init__(page_size, stream)
-        self.size_param, self.rel = size_param, rel
+        self.size_param, self.rel = size_param, rel.lower()
 
     def first_params(self) -> Params:
         return {self.size_param: self.page_size}
 
     def next_token(self, response: httpx.Response, body: Any, records: list[Any]) -> str | None:
-        link = response.links.get(self.rel, {}).get("url")
-        if not link:
+        links = parse_links(response.headers.get_list("link"), self.place(response))
+        link = next((x.target for x in links if self.rel in x.rels), None)
+        if link is None:
+            self._no_next(response, links, records)
             return None
-        target = response.url.join(link)
-        if (target.scheme, target.host, target.port) != (response.url.scheme, response.url.host, response.url.port):
+        target = response.request.url.join(link)
+        here = response.request.url
+        if (target.scheme, target.host, target.port) != (here.scheme, here.host, here.port):
             raise ApiError(
                 f"{_where(response)}: the next-page link points to {target.host}; not sending credentials there"
             )
         return str(target)
 
+    def _no_next(self, response: httpx.Response, links: list[Link], records: list[Any]) -> None:
+        """A full page without a Link header after linked pages is an end in doubt. A full page without a next
+        link whose `last` link names another page fails: a next link under a
+        relation type not followed (`rel="following"`) would end every read after its first page. The first page
+        whose `last` link is its `first` one is a single page (GitLab links both, with `page=1`)."""
+        full = bool(records) and len(records) >= min(self.page_size, self.largest or self.page_size)
+        if full and not links and self.token is not None:
+            # a full page after pages with next links, and no Link header at all: a last page usually still links
+            # to the first or previous one, so the header may have been lost (a proxy): the end is in doubt
+            self.doubt = "a full page came without a Link header after pages that had one"
+            logger.warning("%s: %s; taken as the last page, its position short of it", self.place(response), self.doubt)
+        here = response.request.url
+        last = next((here.join(x.target) for x in links if "last" in x.rels), None)
+        first = next((here.join(x.target) for x in links if "first" in x.rels), None)
+        if last is None or not full or _same_page(last, here):
+            return
+        if self.token is None and first is not None and _same_page(last, first):
+            return
+        raise BadPayload(
+            f"{self.place(response)}: the Link header has no rel={self.rel!r} link but names a last page "
+            f"({last.copy_with(query=None, fragment=None)}, with its own query) other than this full page: ending "
+            "here would skip the pages between; the API's Link header is inconsistent (report it), or its next "
+            "link uses another relation type"
+        )
+
     def next_request(self, path: str, params: Params) -> tuple[str, Params | None]:
         assert self.token is not None
         return self.token, None
+
+
+def _same_page(one: httpx.URL, other: httpx.URL) -> bool:
+    """The same resource and the same query parameters, in any order."""
+    return (one.copy_with(query=None, fragment=None) == other.copy_with(query=None, fragment=None)) and sorted(
+        one.params.multi_items()
+    ) == sorted(other.params.multi_items())
 
 
 class _CountedPages(Paginator):
@@ -201,13 +259,32 @@ class _CountedPages(Paginator):
     for a page after the first). A short page is no proof: APIs cap the page size below what was asked
     (GitHub's per_page at 100) or filter a page after cutting it, so it costs one request more per read."""
 
+    shifts = True
+    position_param = ""  # the query parameter the token goes in, for messages
+
     def ends_with(self, error: ApiError) -> bool:
         return isinstance(error, NotFound) and self.token is not None
 
+    def repeat_ends(self) -> bool:
+        """An API clamping the page number (or offset) past the end serves its last page again. That is the end
+        once the read has had two different pages (the parameter is honoured); a repeat of the first page may be
+        an API ignoring the parameter, and ending there would skip every page after it."""
+        if self._pages < 2:
+            return False
+        logger.info(
+            "stream %s: %s=%s answered with the records of the page before: the API clamps past its last page; the end",
+            self.stream or "(standalone)",
+            self.position_param,
+            self.token,
+        )
+        return True
+
     def loop_hint(self) -> str:
+        asked = f"{self.position_param}={self.token}"
         return (
-            " (the API ignores the page parameter: check page_param or offset_param; use pagination style single "
-            "if it answers everything at once)"
+            f" ({asked} answered with the records of the page before, after no other page: the API clamps the page "
+            "number past a single page, or ignores the page parameter: check page_param or offset_param; use "
+            "pagination style single if it answers everything at once)"
         )
 
 
@@ -224,6 +301,7 @@ class PageNumberPaginator(_CountedPages):
     ) -> None:
         super().__init__(page_size, stream)
         self.size_param, self.page_param, self.first_page = size_param, page_param, first_page
+        self.position_param = page_param
         self._capped = False  # said that the API serves fewer records a page than asked
 
     def first_params(self) -> Params:
@@ -260,6 +338,7 @@ class OffsetPaginator(_CountedPages):
     ) -> None:
         super().__init__(page_size, stream)
         self.size_param, self.offset_param = size_param, offset_param
+        self.position_param = offset_param
         logger.warning(
             "offset pagination: rows inserted, updated or deleted during the read shift the offsets, so rows "
             "can be skipped or read twice; prefer a cursor pagination if the API has one"
