@@ -143,3 +143,27 @@ def test_a_file_column_past_int64_then_text_widens_its_mariadb_column_in_place(
     drops.run()
     rows = dict(mariadb.query("SELECT id, amount FROM drops.orders"))
     assert rows == {1: "5", 2: "-6", 3: str(PAST_INT64), 4: "abc"}
+
+
+def test_a_table_column_widened_at_the_source_widens_in_mariadb(harness: StreamHarness, mariadb: MariaDb) -> None:
+    """A PostgreSQL table's int4 made bigint and numeric(10,2) made numeric(30,2): refused before on MariaDB."""
+    harness.source.execute(
+        "CREATE TABLE w (id int PRIMARY KEY, n int, amount numeric(10,2), updated_at timestamptz NOT NULL);"
+        "INSERT INTO w VALUES (1, 5, 1.25, now()), (2, -7, 99999999.99, now())"
+    )
+    harness.write_catalog({"w": {"table": "w", "primary_key": "id", "cursor": "updated_at"}})
+    use_destination(harness, mariadb.destination())
+    mariadb.datasets.append(harness.source_name)
+    assert harness.materialize().success
+    harness.source.execute(
+        "ALTER TABLE w ALTER COLUMN n TYPE bigint, ALTER COLUMN amount TYPE numeric(30,2);"
+        "INSERT INTO w VALUES (3, 9223372036854775807, 1234567890123456789012345678.91, now())"
+    )
+    assert harness.materialize().success
+    expected = [row[:3] for row in harness.source.rows("w", "id")]
+    assert mariadb.rows(harness.source_name, "w", ["id", "n", "amount"], "id") == expected
+    assert [row[2] for row in expected] == [
+        Decimal("1.25"),
+        Decimal("99999999.99"),
+        Decimal("1234567890123456789012345678.91"),
+    ]
