@@ -167,3 +167,16 @@ def test_a_table_column_widened_at_the_source_widens_in_mariadb(harness: StreamH
         Decimal("99999999.99"),
         Decimal("1234567890123456789012345678.91"),
     ]
+
+
+def test_a_key_field_that_becomes_text_widens_its_indexed_mariadb_column(
+    harness: StreamHarness, scripted_api: Start, mariadb: MariaDb
+) -> None:
+    """The key is indexed (its first 255 characters when text): a LONGTEXT column needs the prefix."""
+    api = scripted_api(feed=[[{"id": 1, "seq": 1, "v": "a"}, {"id": 2, "seq": 2, "v": "b"}]])
+    _catalog(harness, api, mariadb)
+    assert harness.materialize().success
+    api.feed = [[{"id": "A-3", "seq": 3, "v": "c"}, {"id": 2, "seq": 4, "v": "b2"}]]
+    assert harness.materialize().success
+    rows = mariadb.query(f"SELECT id, v FROM `{harness.source_name}`.feed ORDER BY id")
+    assert rows == [("1", "a"), ("2", "b2"), ("A-3", "c")]
