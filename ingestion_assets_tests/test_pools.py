@@ -85,5 +85,10 @@ def test_loading_the_definitions_sizes_each_source_pool_before_any_step_claims_i
         defs()
         limits = {p.name: p for p in instance.event_log_storage.get_pool_limits()}
         assert limits[pool_name(source)].limit == 2 and not limits[pool_name(source)].from_default
+        instance.event_log_storage.set_concurrency_slots(pool_name(source), 5)  # sized on purpose: it stays
+        path.write_text(path.read_text() + "# loaded again\n")  # another catalog text: the definitions are built again
+        defs()
+        limits = {p.name: p for p in instance.event_log_storage.get_pool_limits()}
+        assert limits[pool_name(source)].limit == 5
     finally:
         instance.event_log_storage.delete_concurrency_limit(pool_name(source))

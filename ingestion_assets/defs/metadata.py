@@ -238,9 +238,9 @@ def known_column_schemas(
     the same instance (opening one costs more than both reads). Neither in a step process of the multiprocess
     executor: it loads the definitions only to run its one step, and its run process did both moments before
     (it released the dead runs before claiming the step's pool slot, and the column schemas serve the UI).
-    `pools`: size the catalog's source pools too, before any step claims a slot: Dagster otherwise creates a
-    pool at a step's first claim with its default size, and two runs of a new source doing so at once failed
-    with a unique violation (state/pools.py)."""
+    `pools`: create the catalog's source pools not created yet, before any step claims a slot: Dagster
+    otherwise creates a pool at a step's first claim with its default size, and two runs of a new source doing
+    so at once failed with a unique violation (state/pools.py)."""
     home = os.environ.get("DAGSTER_HOME")
     if not keys and not release_dead_runs and pools is None:
         return {}
@@ -251,7 +251,7 @@ def known_column_schemas(
     try:
         with dg.DagsterInstance.get() as instance:
             if pools is not None:
-                size_pools_of(instance, pools)
+                size_pools_of(instance, pools, missing_only=True)
             if release_dead_runs:
                 released = release_dead_runs_of(instance)
                 if released:

@@ -15,16 +15,18 @@ def pool_name(source_name: str) -> str:
     return f"ingest_{source_name}"
 
 
-def size_pools_of(instance: dg.DagsterInstance, catalog: Catalog) -> None:
+def size_pools_of(instance: dg.DagsterInstance, catalog: Catalog, missing_only: bool = False) -> None:
     """Each source's pool gets the catalog's max_concurrency slots, so a backfill cannot flood it. A pool already
-    of that size is left alone (the definitions of every run size the pools: most find them sized)."""
+    of that size is left alone. `missing_only` (as the definitions of every run size them): only pools that do not
+    exist yet or hold Dagster's default size; one sized on purpose (`dagster instance concurrency set`) stays."""
     storage = instance.event_log_storage
     sized = {pool.name: pool for pool in storage.get_pool_limits()}
     for source_name, source in catalog.sources.items():
         name = pool_name(source_name)
         found = sized.get(name)
-        if found is None or found.from_default or found.limit != source.max_concurrency:
-            set_pool(instance, name, source.max_concurrency)
+        if found is not None and not found.from_default and (missing_only or found.limit == source.max_concurrency):
+            continue
+        set_pool(instance, name, source.max_concurrency)
 
 
 def set_pool(instance: dg.DagsterInstance, name: str, slots: int) -> None:
