@@ -48,7 +48,7 @@ def _build(settings: Settings, catalog: Catalog) -> dg.Definitions:
     streams = [s for s in catalog_refs(settings, catalog) if not is_cdc(s)]
     keys = [dg.AssetKey([s.source_name, s.name]) for s in streams]
     # on workers a run's process ids name processes of other hosts: no dead runs are released there
-    columns = known_column_schemas(settings, keys, release_dead_runs=not catalog.execution.distributed)
+    columns = known_column_schemas(settings, keys, release_dead_runs=not catalog.execution.distributed, pools=catalog)
     assets = [stream_asset(s, columns.get(dg.AssetKey([s.source_name, s.name]))) for s in streams]
     cdc_assets, cdc_sensors = build_cdc_assets(settings, catalog)
     freshness = freshness_sensor(catalog)

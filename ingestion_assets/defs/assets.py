@@ -16,16 +16,12 @@ from ingestion_assets.defs.partitions import partitions_def
 from ingestion_assets.defs.sources import stream_source_key
 from ingestion_assets.defs.streams import StreamRef, catalog_refs, catalog_streams, is_cdc, is_table
 from ingestion_assets.settings import Settings
+from ingestion_assets.state.pools import pool_name
 
 if TYPE_CHECKING:
     from ingestion_assets.streams.runner import Stream
 
 __all__ = ["build_stream_assets", "catalog_streams", "is_cdc", "pool_name", "stream_asset"]
-
-
-def pool_name(source_name: str) -> str:
-    """The Dagster concurrency pool that caps how many of a source's streams read at once."""
-    return f"ingest_{source_name}"
 
 
 def build_stream_assets(settings: Settings, catalog: Catalog) -> list[dg.AssetsDefinition]:

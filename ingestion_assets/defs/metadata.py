@@ -15,11 +15,12 @@ import dagster as dg
 from dagster._core.errors import DagsterError
 from sqlalchemy.exc import SQLAlchemyError
 
-from ingestion_assets.catalog import FilesStream, PostgresSource, RestStream
+from ingestion_assets.catalog import Catalog, FilesStream, PostgresSource, RestStream
 from ingestion_assets.defs.streams import StreamRef
 from ingestion_assets.observe.freshness import HISTOGRAM, histogram_metadata, merged
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import checkpoint_metadata
+from ingestion_assets.state.pools import size_pools_of
 from ingestion_assets.state.runs import release_dead_runs as release_dead_runs_of
 
 if TYPE_CHECKING:
@@ -229,21 +230,28 @@ def _http_figures(outcomes: list[PartitionOutcome]) -> dict[str, Any]:
 
 
 def known_column_schemas(
-    settings: Settings, keys: list[dg.AssetKey], release_dead_runs: bool = False
+    settings: Settings, keys: list[dg.AssetKey], release_dead_runs: bool = False, pools: Catalog | None = None
 ) -> dict[dg.AssetKey, dg.TableSchema]:
     """For the asset definitions: the column schemas the streams' last materializations recorded, read from
     this machine's instance; nothing elsewhere or on errors. `release_dead_runs`: first free the pool slots
     of runs whose processes died on this machine (a killed run's slots would block its source for good), on
     the same instance (opening one costs more than both reads). Neither in a step process of the multiprocess
     executor: it loads the definitions only to run its one step, and its run process did both moments before
-    (it released the dead runs before claiming the step's pool slot, and the column schemas serve the UI)."""
+    (it released the dead runs before claiming the step's pool slot, and the column schemas serve the UI).
+    `pools`: create the catalog's source pools not created yet, before any step claims a slot: Dagster
+    otherwise creates a pool at a step's first claim with its default size, and two runs of a new source doing
+    so at once failed with a unique violation (state/pools.py)."""
     home = os.environ.get("DAGSTER_HOME")
-    if (not keys and not release_dead_runs) or not home or Path(home).resolve() != settings.dagster_home.resolve():
+    if not keys and not release_dead_runs and pools is None:
+        return {}
+    if not home or Path(home).resolve() != settings.dagster_home.resolve():
         return {}
     if multiprocessing.parent_process() is not None:  # a step process (run processes are started as commands)
         return {}
     try:
         with dg.DagsterInstance.get() as instance:
+            if pools is not None:
+                size_pools_of(instance, pools, missing_only=True)
             if release_dead_runs:
                 released = release_dead_runs_of(instance)
                 if released:

@@ -130,6 +130,18 @@ def describe_destination(settings: Settings, destination: Destination) -> str:
     return f"{destination.type}:{destination.credentials.describe()}"
 
 
+_LABELS = {"duckdb": "DuckDB", "postgres": "PostgreSQL", "sqlalchemy": "MariaDB/MySQL (sqlalchemy)"}
+
+
+def destination_label(destination: Destination) -> str:
+    """The destination's kind as a user names it, for reasons and messages (never a secret)."""
+    if destination.type == "filesystem":
+        return f"{destination.table_format} files"
+    if destination.type == "dlt":
+        return f"dlt's {destination.name}"
+    return _LABELS.get(destination.type, destination.type)
+
+
 def target_names(destination: Destination) -> TargetNames:
     """How source column names land in this destination (see loading/naming.py)."""
     if destination.type == "postgres":

@@ -514,13 +514,16 @@ class Loader:
         values stay in the history column and the stream's rows are read again."""
         from ingestion_assets.loading.sql_targets import refuse_retype
 
-        refuse_retype(self.destination, f"{self.target.dataset}.{self.stream_name}", [c for c, _, _ in changes])
+        kind = self.destination.type
+        if kind != "sqlalchemy":
+            refuse_retype(kind, f"{self.target.dataset}.{self.stream_name}", [c for c, _, _ in changes])
         changes = [(replace(change, column=self.names.column(change.column)), t, a) for change, t, a in changes]
         self._count_lost_values(changes, exact)
+        if kind == "sqlalchemy":
+            return self._widen_mysql(changes)
         self._retype_in_dlt_schema([(change.column, arrow) for change, _, arrow in changes])
         done: list[str] = []
         with self._lock(), self.sql_client() as client:
-            kind = self.destination.type
             for staging in (False, True):
                 context = client.with_staging_dataset() if staging else contextlib.nullcontext(client)
                 with context as scoped:
@@ -538,6 +541,27 @@ class Loader:
                         for statement in statements:
                             scoped.execute_sql(statement)
                     done += statements
+        return done
+
+    def _widen_mysql(self, changes: list[tuple[SchemaChange, str, pa.DataType]]) -> list[str]:
+        """MariaDB/MySQL: widen the columns of the target and of dlt's staging copy in place; a change that is no
+        widening there is refused (RetypeRefused, naming a refresh) before anything changed. A table not created
+        yet (a refresh's new one) takes the new types at its first load."""
+        from ingestion_assets.loading.sql_targets import mysql_retype
+
+        done: list[str] = []
+        with self._lock(), self.sql_client() as client:
+            for staging in (False, True):
+                context = client.with_staging_dataset() if staging else contextlib.nullcontext(client)
+                with context as scoped:
+                    table = scoped.make_qualified_table_name(self.target.table)
+                    if not table_exists(scoped, table):
+                        continue
+                    statements = mysql_retype(scoped, table, changes)
+                    for statement in statements:
+                        scoped.execute_sql(statement)
+                    done += statements
+        self._retype_in_dlt_schema([(change.column, arrow) for change, _, arrow in changes])
         return done
 
     def _count_lost_values(self, changes: list[tuple[SchemaChange, str, pa.DataType]], exact: bool) -> None:

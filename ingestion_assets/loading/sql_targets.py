@@ -143,16 +143,47 @@ class RetypeRefused(RuntimeError):
     transient = False
 
 
-def refuse_retype(destination: Any, table: str, changes: list[Any]) -> None:
-    """DuckDB and PostgreSQL columns are altered in place (loading/migrate.py); elsewhere a type change stops
-    the stream with what to do, instead of loading values into a column of the old type."""
-    if destination.type in ("duckdb", "postgres"):
+def refuse_retype(kind: str, table: str, changes: list[Any]) -> None:
+    """DuckDB and PostgreSQL columns are altered in place (loading/migrate.py), MariaDB/MySQL ones widened
+    (`mysql_retype`); elsewhere a type change stops the stream with what to do, instead of loading values into a
+    column of the old type."""
+    if kind in ("duckdb", "postgres") or not changes:
         return
     listed = "; ".join(change.describe() for change in changes)
     raise RetypeRefused(
-        f"target {table} ({destination.type}): the loader does not change column types there ({listed}); "
-        "refresh the stream to rebuild the table with the new types"
+        f"target {table} ({kind}): the loader does not change these column types there ({listed}). "
+        "A refresh (`ingest refresh <source>.<stream>`) reads the stream again into a new table, created in the "
+        "new types"
     )
+
+
+MYSQL_DECIMAL_DIGITS = 65  # DECIMAL(65, s): MariaDB's and MySQL's widest exact number
+_MYSQL_TEXT = f"LONGTEXT CHARACTER SET utf8mb4 COLLATE {COLLATION}"  # as ExactMysqlTypes creates text columns
+_MYSQL_TYPES = {"string": _MYSQL_TEXT, "large_string": _MYSQL_TEXT, "int64": "BIGINT", "double": "DOUBLE"}
+
+
+def mysql_type(arrow_type: pa.DataType) -> str | None:
+    """The MariaDB/MySQL column type a widened column takes, as a new table would have it; None: none here."""
+    if pa.types.is_decimal(arrow_type):
+        precision, scale = arrow_type.precision, arrow_type.scale
+        return f"DECIMAL({precision},{scale})" if precision <= MYSQL_DECIMAL_DIGITS else None
+    if pa.types.is_timestamp(arrow_type):
+        return "DATETIME(6)"  # UTC without a zone, microseconds (loading/sql_fidelity.py)
+    return _MYSQL_TYPES.get(str(arrow_type))
+
+
+def mysql_retype(client: Any, table: str, changes: list[tuple[Any, str, pa.DataType]]) -> list[str]:
+    """`ALTER TABLE ... MODIFY COLUMN` for each widened column of `table` (qualified), in place: MariaDB converts
+    every value exactly (a bigint to DECIMAL(23,0), a number to its text in LONGTEXT). Any other change, or a
+    type with no column here, raises RetypeRefused naming what to do, before anything changed. dlt never alters
+    a type, and a new column keeps dlt's nullability (MODIFY makes it NULL, as dlt creates it)."""
+    mysql = client.dialect_name in ("mysql", "mariadb")
+    refused = [c for c, _, arrow in changes if not mysql or c.kind != "widened" or mysql_type(arrow) is None]
+    refuse_retype(f"sqlalchemy, {client.dialect_name}", table, refused)
+    return [
+        f"ALTER TABLE {table} MODIFY COLUMN {client.escape_column_name(change.column)} {mysql_type(arrow)}"
+        for change, _, arrow in changes
+    ]
 
 
 def index_keys(client: Any, database: str, table: str, key: tuple[str, ...]) -> bool:

@@ -11,9 +11,9 @@ from typing import Any
 import dagster as dg
 
 from ingestion_assets.catalog import Catalog
-from ingestion_assets.defs.assets import pool_name
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import InstanceStateStore, latest_checkpoint, reset_checkpoint
+from ingestion_assets.state.pools import size_pools_of
 
 
 @dataclass(frozen=True)
@@ -136,8 +136,7 @@ def request_refresh(settings: Settings, source: str, stream: str, mode: str) -> 
 def size_pools(settings: Settings, catalog: Catalog) -> None:
     """Each source's pool gets the catalog's max_concurrency slots, so a backfill cannot flood it."""
     with open_instance(settings) as instance:
-        for source_name, source in catalog.sources.items():
-            instance.event_log_storage.set_concurrency_slots(pool_name(source_name), source.max_concurrency)
+        size_pools_of(instance, catalog)
 
 
 def _copy_text(details: dict[str, Any]) -> str:

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from ingestion_assets.catalog import Destination, RestSource, RestStream
 from ingestion_assets.loading.dead_letters import DEAD_LETTER_SCHEMA, dead_letter_limit, key_part
-from ingestion_assets.loading.destinations import target_names
+from ingestion_assets.loading.destinations import destination_label, target_names
 from ingestion_assets.loading.metadata_columns import (
     DELETED_AT,
     EXTRACTED_AT,
@@ -261,9 +261,10 @@ class RestApiStream:
         if len(text) > self.spec.dead_letters.max_value_bytes:
             return f"record of {len(text):,} bytes is over the size limit of {self.spec.dead_letters.max_value_bytes:,}"
         if "\\u0000" in text and (fields := _nul_fields(record)):
+            into = destination_label(self.destination)
             return (
-                f"field(s) {fields} hold a NUL character (\\u0000), which neither DuckDB nor PostgreSQL text can "
-                "store (the load would drop it and change the value)"
+                f"field(s) {fields} hold a NUL character (\\u0000), which the load into {into} would not keep as "
+                "written (it drops the character or refuses the row)"
             )
         if SURROGATE_ESCAPE.search(text) and (lone := lone_surrogate(record)) is not None:
             return surrogate_problem(lone)  # Arrow cannot encode it: the whole load failed

@@ -72,6 +72,16 @@ def test_a_pagination_loop_is_permanent(start_api: StartApi, buckets: BucketRegi
     assert len(resource_requests(api)) == 2
 
 
+def test_integers_past_64_bits_read_exactly_not_as_doubles() -> None:
+    """orjson reads an integer outside [-2**63, 2**64) as a double without an error: 12345678901234567890123 landed
+    as 1.2345678901234568e+22 (or paused its column as a change to double) on a page without a fraction."""
+    body = b'{"data": [{"id": 1, "big": 12345678901234567890123}, {"id": 2, "big": -9223372036854775809}]}'
+    response = httpx.Response(200, content=body, headers={"Content-Type": "application/json"})
+    records = parse_json(response, "GET /v1/orders")["data"]
+    assert [r["big"] for r in records] == [12345678901234567890123, -9223372036854775809]
+    assert all(not isinstance(r["big"], float) for r in records)
+
+
 def test_bodies_the_fast_parser_refuses_read_as_json_reads_them() -> None:
     """orjson reads pages first; what it refuses and JSON still allows must come out as json.loads has it."""
     bodies = {

@@ -14,8 +14,9 @@ from ingestion_assets.sources.redact import redact
 from ingestion_assets.sources.rest.errors import NotJson
 
 # A number with a fraction or an exponent where JSON puts values (after a key's `":`, a `[` or a `,`); text like
-# that inside a string also matches (only costing the exact parse), a time such as "10:00:00.5" does not.
-_FRACTION = re.compile(rb'(?:"\s*:|[\[,])\s*-?[0-9]+[.eE]')
+# that inside a string also matches (only costing the exact parse), a time such as "10:00:00.5" does not. Also an
+# integer of 19 digits or more: orjson 3.13 reads one outside [-2**63, 2**64) as a double, without a word.
+_FRACTION = re.compile(rb'(?:"\s*:|[\[,])\s*-?(?:[0-9]+[.eE]|[0-9]{19})')
 
 
 class CutOff(Exception):
@@ -28,9 +29,9 @@ def parse_json(response: httpx.Response, where: str) -> Any:
 
     orjson reads the UTF-8 bytes as they came, at about a fifth of `json.loads`'s time, on the page reader's
     thread between one answer and the next request, but it reads every number with a point as a double (1.50 is
-    1.5, a 19-digit amount loses digits): a body with such numbers, and what orjson refuses (another encoding,
-    NaN, integers over 64 bits, or no JSON at all), goes through `json.loads` of the decoded text, numbers kept
-    exact (`json_numbers.loads`), which also decides and explains what is not JSON."""
+    1.5, a 19-digit amount loses digits), as it does an integer past 64 bits: a body with such numbers, and what
+    orjson refuses (another encoding, NaN, or no JSON at all), goes through `json.loads` of the decoded text,
+    numbers kept exact (`json_numbers.loads`), which also decides and explains what is not JSON."""
     content = response.content
     if _FRACTION.search(content) is None:
         try:
