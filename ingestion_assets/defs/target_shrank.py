@@ -7,7 +7,7 @@ loads anything (rows it adds would hide the loss), compares the whole table and 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
@@ -23,34 +23,46 @@ REMOVED_BY_INGEST = "rows removed by ingest"  # an observation's figure: `ingest
 
 
 def rows_expected(instance: dg.DagsterInstance, key: dg.AssetKey) -> int | None:
-    """The target's row count the stream's newest materialization recorded, less the rows ingest itself removed
-    since (REMOVED_BY_INGEST): our own deletions are no loss (None: no materialization, or it could not count)."""
+    """The target's row count as of the newest run that wrote the stream, less the rows ingest itself removed since
+    (REMOVED_BY_INGEST): our own deletions are no loss (None: no materialization, or it could not count). That run's
+    figure is its materialization's, or an observation's when the run wrote the stream without materializing it (a
+    CDC run applies every stream's changes, whichever were selected)."""
     try:
         found = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key), limit=1, ascending=False)
         record = next(iter(found.records), None)
         event = record.asset_materialization if record is not None else None
-        value = (event.metadata or {}).get(ROW_COUNT) if event is not None else None
-        rows = getattr(value, "value", value)
-        if record is None or not isinstance(rows, int):
+        rows = _row_count(event.metadata if event is not None else None)
+        if record is None or rows is None:
             return None
-        return int(rows) - _removed_since(instance, key, record.storage_id)
+        counted, removed = _since(instance, key, record.storage_id)
+        return (counted if counted is not None else rows) - removed
     except dg.DagsterError:
         return None
 
 
-def _removed_since(instance: dg.DagsterInstance, key: dg.AssetKey, storage_id: int) -> int:
-    """The rows ingest recorded removing after the event `storage_id` (observations: checkpoints, operators' acts)."""
+def _row_count(metadata: Any) -> int | None:
+    value = (metadata or {}).get(ROW_COUNT)
+    value = getattr(value, "value", value)
+    return int(value) if isinstance(value, int) else None
+
+
+def _since(instance: dg.DagsterInstance, key: dg.AssetKey, storage_id: int) -> tuple[int | None, int]:
+    """After the event `storage_id` (observations: checkpoints, row counts, operators' acts): the newest row count
+    a run recorded, and the rows ingest recorded removing after it."""
     removed, cursor = 0, None
     records_filter = dg.AssetRecordsFilter(asset_key=key, after_storage_id=storage_id)
     while True:
         result = instance.fetch_observations(records_filter, limit=1000, cursor=cursor, ascending=False)
-        for record in result.records:
-            observation = record.asset_observation
-            value = (observation.metadata or {}).get(REMOVED_BY_INGEST) if observation is not None else None
+        for record in result.records:  # newest first
+            metadata = record.asset_observation.metadata if record.asset_observation is not None else None
+            counted = _row_count(metadata)
+            if counted is not None:
+                return counted, removed
+            value = (metadata or {}).get(REMOVED_BY_INGEST)
             value = getattr(value, "value", value)
             removed += value if isinstance(value, int) else 0
         if not result.has_more:
-            return removed
+            return None, removed
         cursor = result.cursor
 
 
