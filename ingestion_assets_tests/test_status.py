@@ -421,3 +421,32 @@ def test_status_of_a_cdc_stream_a_run_wrote_without_selecting_it_compares_with_t
     finally:
         drop_slot(harness.source.url, f"ingest_{harness.source_name}")
         harness.source.execute(f"DROP PUBLICATION IF EXISTS ingest_{harness.source_name}")
+
+
+def test_a_stream_with_a_position_but_nothing_loaded_reads_not_loaded_not_ok(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by a README-only attack: key ranges planned (`ingest partitions plan`) and none run read `ok` with
+    `no table` and last run `never`. Nothing is lost (exit 0), but nothing is loaded either: said so."""
+    harness.source.execute(
+        "CREATE TABLE items (id int PRIMARY KEY, updated_at timestamptz NOT NULL DEFAULT now());"
+        "INSERT INTO items SELECT generate_series(1, 30)"
+    )
+    spec = {"table": "items", "primary_key": "id", "cursor": "updated_at", "partitions": {"by": "key", "chunk": 10}}
+    harness.write_catalog({"items": spec})
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    first, *_ = harness.plan_partitions("items")
+    assert main(["status"]) == 0
+    out, err = capsys.readouterr()
+    (line,) = [each for each in out.splitlines() if each.startswith(f"{harness.source_name}.items")]
+    assert line.split()[1:5] == ["not", "loaded", "no", "table"] and "need attention" not in err
+    assert main(["status", "--json"]) == 0
+    (said,) = json.loads(capsys.readouterr().out)
+    assert said["status"] == "not loaded" and said["detail"].startswith("nothing loaded yet: its partitions are planned")
+
+    harness.materialize(partition=first)
+    assert main(["status", "--json"]) == 0
+    (said,) = json.loads(capsys.readouterr().out)
+    loaded = harness.query_target(f'SELECT count(*) FROM "{harness.source_name}".items')[0][0]
+    assert (said["status"], said["rows_in_target"]) == ("ok", loaded) and loaded > 0

@@ -13,13 +13,13 @@ import sys
 from ingestion_assets.catalog import load_catalog
 from ingestion_assets.cli.common import bring_up
 from ingestion_assets.observe.partition_status import named
-from ingestion_assets.observe.status import ATTENTION, OK, StreamStatus, age_text, stream_statuses
+from ingestion_assets.observe.status import ATTENTION, NOT_LOADED, OK, StreamStatus, age_text, stream_statuses
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.runs import release_dead_runs_on_this_machine
 from ingestion_assets.state.summary import open_instance
 
-_COLOURS = {OK: "32", "running": "36"}  # green, cyan; anything needing attention is red
+_COLOURS = {OK: "32", "running": "36", NOT_LOADED: "33"}  # green, cyan, yellow; anything needing attention is red
 _POSITION_CHARS = 48
 
 

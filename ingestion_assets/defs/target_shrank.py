@@ -24,18 +24,20 @@ REMOVED_BY_INGEST = "rows removed by ingest"  # an observation's figure: `ingest
 
 def rows_expected(instance: dg.DagsterInstance, key: dg.AssetKey) -> int | None:
     """The target's row count as of the newest run that wrote the stream, less the rows ingest itself removed since
-    (REMOVED_BY_INGEST): our own deletions are no loss (None: no materialization, or it could not count). That run's
-    figure is its materialization's, or an observation's when the run wrote the stream without materializing it (a
-    CDC run applies every stream's changes, whichever were selected)."""
+    (REMOVED_BY_INGEST): our own deletions are no loss (None: no run recorded one). That run's figure is its
+    materialization's, or an observation's when the run wrote the stream without materializing it (a CDC run applies
+    every stream's changes, whichever were selected)."""
     try:
         found = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key), limit=1, ascending=False)
         record = next(iter(found.records), None)
         event = record.asset_materialization if record is not None else None
         rows = _row_count(event.metadata if event is not None else None)
-        if record is None or rows is None:
+        if record is not None and rows is None:
+            return None  # the newest run that materialized the stream could not count its target
+        counted, removed = _since(instance, key, record.storage_id if record is not None else 0)
+        if counted is None and rows is None:
             return None
-        counted, removed = _since(instance, key, record.storage_id)
-        return (counted if counted is not None else rows) - removed
+        return (counted if counted is not None else rows or 0) - removed
     except dg.DagsterError:
         return None
 
