@@ -50,7 +50,13 @@ def test_status_names_a_lagging_cdc_source_and_exits_non_zero(
     harness = cdc
     stream = f"{harness.source_name}.orders"
     assert main(["status"]) == 1  # never synced
-    assert f"{stream}: never synced" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert f"{stream}: never synced" in err
+    head, line, beneath = out.splitlines()[:3]  # the slot's problem is cut in its column, whole beneath
+    fresh = head.index("p50/p99")
+    assert line[fresh - 1] == " " and line[fresh:].split()[0] == "-" and "…" in line[:fresh]
+    source = harness.source_name
+    assert beneath.strip() == f"slot: no slot ingest_{source} (`ingest cdc status {source}` says what a run does)"
     assert main(["status", "--json"]) == 1
     (line,) = json.loads(capsys.readouterr().out)  # the whole sentence, naming no function of ours
     source = harness.source_name

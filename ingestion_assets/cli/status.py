@@ -21,6 +21,7 @@ from ingestion_assets.state.summary import open_instance
 
 _COLOURS = {OK: "32", "running": "36", NOT_LOADED: "33"}  # green, cyan, yellow; anything needing attention is red
 _POSITION_CHARS = 48
+_LAG_CHARS = 32  # the lag column's width; a longer lag (a slot's problem) is cut there and given whole beneath
 
 
 def status(settings: Settings, args: argparse.Namespace) -> int:
@@ -52,7 +53,7 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
 
 def _print_table(found: list[StreamStatus], colour: bool) -> None:
     width = max([len(s.stream) for s in found] + [6]) + 2
-    head = f"{'stream':<{width}}{'status':<14}{'rows in target':>15}  {'last run':<16}{'lag':<32}"
+    head = f"{'stream':<{width}}{'status':<14}{'rows in target':>15}  {'last run':<16}{'lag':<{_LAG_CHARS}}"
     print(f"{head}{'p50/p99':<14}{'dead':>5}  position")
     for each in found:
         state = f"{each.status:<14}"
@@ -65,7 +66,10 @@ def _print_table(found: list[StreamStatus], colour: bool) -> None:
             position = position[: _POSITION_CHARS - 1] + "…"
         dead = str(each.dead_letters) if each.dead_letters is not None else "-"
         fresh = f"{_ms(each.freshness['p50'])}/{_ms(each.freshness['p99'])}" if each.freshness else "-"
-        print(f"{each.stream:<{width}}{state}{rows:>15}  {age:<16}{each.lag:<32}{fresh:<14}{dead:>5}  {position}")
+        lag = each.lag if len(each.lag) < _LAG_CHARS else each.lag[: _LAG_CHARS - 2] + "…"
+        print(f"{each.stream:<{width}}{state}{rows:>15}  {age:<16}{lag:<{_LAG_CHARS}}{fresh:<14}{dead:>5}  {position}")
+        if lag != each.lag:  # a slot's problem is a sentence: whole beneath, the columns kept in line
+            print(f"  {each.lag}")
         if each.refresh is not None:  # the position is the live table's; the refresh's own progress beneath
             print(f"  {each.refresh}")
         if each.soft_deleted_in_target:
