@@ -13,18 +13,12 @@ from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES
 from ingestion_assets.catalog import Catalog, PostgresSource
 from ingestion_assets.defs.failures import permanent_failure
 from ingestion_assets.defs.jobs import cdc_job, job_name
-from ingestion_assets.defs.metadata import (
-    POSITION,
-    ROW_COUNT,
-    ROWS_READ,
-    SUMMARY,
-    definition_metadata,
-    target_metadata,
-)
+from ingestion_assets.defs.metadata import POSITION, ROWS_READ, SUMMARY, definition_metadata, target_metadata
 from ingestion_assets.defs.partitions import range_partitions
 from ingestion_assets.defs.run_tags import MODE, SOURCE, mark_refused
 from ingestion_assets.defs.sources import slot_key
 from ingestion_assets.defs.streams import StreamRef
+from ingestion_assets.defs.target_shrank import observe_target_rows
 from ingestion_assets.drain import Drain
 from ingestion_assets.observe.freshness import histogram_metadata
 from ingestion_assets.partitions import LIVE
@@ -188,8 +182,9 @@ def _cdc_asset(
                 f"of {', '.join(left)} too and checkpointed them (not selected, so not materialized in this run)"
             )
             live = LIVE if history_partitions(source_name, source) is not None else None
-            written = [(k, s) for k, s in zip(keys, streams, strict=True) if k not in selected]
-            _observe_target_rows(context, written, live)
+            for key, stream in zip(keys, streams, strict=True):  # written, not materialized: status compares with it
+                if key not in selected:
+                    observe_target_rows(context.log_event, key, stream, live)
         yield from _results(source, keys, streams, outcome, selected, context.selected_asset_check_keys)
 
     def _run_partition(context: AssetExecutionContext, partition: str | None) -> "CdcOutcome":
@@ -217,18 +212,6 @@ def _cdc_asset(
                 raise failure from exc
 
     return _asset
-
-
-def _observe_target_rows(
-    context: AssetExecutionContext, unselected: list[tuple[dg.AssetKey, StreamRef]], partition: str | None
-) -> None:
-    """The target's row count after the run, for each stream it wrote but does not materialize: what `ingest
-    status` compares the table with later (their last materialization's count is older than the log's deletes,
-    truncates and inserts this run applied; found by a README-only attack)."""
-    for key, stream in unselected:
-        rows = target_metadata(stream, step_timing=False).get(ROW_COUNT)
-        if isinstance(rows, int):
-            context.log_event(dg.AssetObservation(asset_key=key, partition=partition, metadata={ROW_COUNT: rows}))
 
 
 def _summary(stream: str, outcome: "CdcOutcome") -> str:

@@ -11,9 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
-from ingestion_assets.defs.metadata import ROW_COUNT
+from ingestion_assets.defs.metadata import ROW_COUNT, target_metadata
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ingestion_assets.defs.streams import StreamRef
     from ingestion_assets.streams.runner import Stream
 
 log = logging.getLogger(__name__)
@@ -87,3 +90,17 @@ def target_shrank(context: dg.AssetExecutionContext, stream: Stream) -> str | No
         "deleted from it outside the stream's runs (by hand, or an older copy restored); this run compares the whole "
         "table (a time or key partition: its own) and reads the missing rows again by key"
     )
+
+
+def observe_target_rows(
+    log_event: Callable[[dg.AssetObservation], None],
+    key: dg.AssetKey,
+    stream: StreamRef | Stream,
+    partition: str | None,
+) -> None:
+    """The target's row count now, as an observation `rows_expected` takes over the last materialization's: for a
+    run that wrote the stream without materializing it (a CDC run's unselected streams, a run that committed slices
+    and then failed or drained). Nothing when the target cannot be counted (a warning says so)."""
+    rows = target_metadata(stream, step_timing=False).get(ROW_COUNT)
+    if isinstance(rows, int):
+        log_event(dg.AssetObservation(asset_key=key, partition=partition, metadata={ROW_COUNT: rows}))
