@@ -2,7 +2,8 @@
 position; partitioned streams: partitions materialized, failed, running, never run); `--json` for scripts;
 exit 1 when a stream needs attention (a failed run, partition or check, never synced,
 a CDC slot over its WAL limit, a stream older than its `freshness.max_lag`, a target table holding fewer rows than
-the last run left in it, or gone). The rows in target are counted in the destination now, not taken from a run."""
+the last run that wrote it left in it, or gone; `not loaded`, a stream with a position but nothing loaded yet, is
+no error). The rows in target are counted in the destination now, not taken from a run."""
 
 from __future__ import annotations
 
