@@ -50,7 +50,13 @@ def test_status_names_a_lagging_cdc_source_and_exits_non_zero(
     harness = cdc
     stream = f"{harness.source_name}.orders"
     assert main(["status"]) == 1  # never synced
-    assert f"{stream}: never synced" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert f"{stream}: never synced" in err
+    head, line, beneath = out.splitlines()[:3]  # the slot's problem is cut in its column, whole beneath
+    fresh = head.index("p50/p99")
+    assert line[fresh - 1] == " " and line[fresh:].split()[0] == "-" and "…" in line[:fresh]
+    source = harness.source_name
+    assert beneath.strip() == f"slot: no slot ingest_{source} (`ingest cdc status {source}` says what a run does)"
     assert main(["status", "--json"]) == 1
     (line,) = json.loads(capsys.readouterr().out)  # the whole sentence, naming no function of ours
     source = harness.source_name
@@ -385,3 +391,74 @@ def test_rows_in_target_are_the_live_rows_and_soft_deleted_ones_are_told_apart(
     assert main(["status"]) == 0
     out = capsys.readouterr().out
     assert " 27  " in out and "(run:" not in out and "and 3 soft-deleted row(s) kept in the target" in out, out
+
+
+def test_status_of_a_cdc_stream_a_run_wrote_without_selecting_it_compares_with_that_run(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by a README-only attack: a CDC run applies every stream's changes, but materializes only the selected
+    ones; status compared the others' target with their last materialization's count: deletes the log applied read
+    as `target short` (exit 1, a refresh advised), and rows then removed from the target by hand went unreported."""
+    harness.source.execute(
+        "CREATE TABLE qa (id int PRIMARY KEY, v text); CREATE TABLE qb (id int PRIMARY KEY, v text);"
+        "INSERT INTO qa SELECT g, 'a' FROM generate_series(1, 100) g;"
+        "INSERT INTO qb SELECT g, 'b' FROM generate_series(1, 100) g;"
+    )
+    streams = {"qa": {"table": "qa", "primary_key": "id"}, "qb": {"table": "qb", "primary_key": "id"}}
+    harness.write_catalog(streams, mode="cdc", cdc={"max_seconds": 2, "retries": {"max_attempts": 1}})
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    try:
+        harness.materialize()
+        harness.source.execute("DELETE FROM qb WHERE id <= 40; INSERT INTO qa VALUES (1000, 'x')")
+        harness.materialize("qa")  # applies qb's deletes too, without materializing qb
+        assert harness.target_count("qb") == 60
+        assert main(["status", "--json"]) == 0  # the log's deletes are no loss
+        lines = {str(line["stream"]).split(".")[-1]: line for line in json.loads(capsys.readouterr().out)}
+        assert (lines["qb"]["status"], lines["qb"]["rows_in_target"], lines["qb"]["rows_after_last_run"]) == (
+            "ok",
+            60,
+            60,
+        )
+
+        harness.source.execute("INSERT INTO qa SELECT g, 'more' FROM generate_series(2000, 2300) g")
+        harness.materialize("qb")  # qa's 301 new rows land, qa is not materialized
+        harness.execute_target(f'DELETE FROM "{harness.source_name}".qa WHERE id >= 2000 AND id < 2200')
+        assert main(["status", "--json"]) == 1
+        lines = {str(line["stream"]).split(".")[-1]: line for line in json.loads(capsys.readouterr().out)}
+        qa = lines["qa"]
+        assert (qa["status"], qa["rows_in_target"], qa["rows_after_last_run"]) == ("target short", 202, 402)
+        assert f"{harness.source_name}.qa holds 202 rows, but the last run left 402 in it" in str(qa["detail"])
+        assert lines["qb"]["status"] == "ok"
+    finally:
+        drop_slot(harness.source.url, f"ingest_{harness.source_name}")
+        harness.source.execute(f"DROP PUBLICATION IF EXISTS ingest_{harness.source_name}")
+
+
+def test_a_stream_with_a_position_but_nothing_loaded_reads_not_loaded_not_ok(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by a README-only attack: key ranges planned (`ingest partitions plan`) and none run read `ok` with
+    `no table` and last run `never`. Nothing is lost (exit 0), but nothing is loaded either: said so."""
+    harness.source.execute(
+        "CREATE TABLE items (id int PRIMARY KEY, updated_at timestamptz NOT NULL DEFAULT now());"
+        "INSERT INTO items SELECT generate_series(1, 30)"
+    )
+    spec = {"table": "items", "primary_key": "id", "cursor": "updated_at", "partitions": {"by": "key", "chunk": 10}}
+    harness.write_catalog({"items": spec})
+    for key, value in harness.cli_env().items():
+        monkeypatch.setenv(key, value)
+    first, *_ = harness.plan_partitions("items")
+    assert main(["status"]) == 0
+    out, err = capsys.readouterr()
+    (line,) = [each for each in out.splitlines() if each.startswith(f"{harness.source_name}.items")]
+    assert line.split()[1:5] == ["not", "loaded", "no", "table"] and "need attention" not in err
+    assert main(["status", "--json"]) == 0
+    (said,) = json.loads(capsys.readouterr().out)
+    assert said["status"] == "not loaded" and said["detail"].startswith("nothing loaded yet: its partitions are planned")
+
+    harness.materialize(partition=first)
+    assert main(["status", "--json"]) == 0
+    (said,) = json.loads(capsys.readouterr().out)
+    loaded = harness.query_target(f'SELECT count(*) FROM "{harness.source_name}".items')[0][0]
+    assert (said["status"], said["rows_in_target"]) == ("ok", loaded) and loaded > 0

@@ -2,7 +2,8 @@
 position; partitioned streams: partitions materialized, failed, running, never run); `--json` for scripts;
 exit 1 when a stream needs attention (a failed run, partition or check, never synced,
 a CDC slot over its WAL limit, a stream older than its `freshness.max_lag`, a target table holding fewer rows than
-the last run left in it, or gone). The rows in target are counted in the destination now, not taken from a run."""
+the last run that wrote it left in it, or gone; `not loaded`, a stream with a position but nothing loaded yet, is
+no error). The rows in target are counted in the destination now, not taken from a run."""
 
 from __future__ import annotations
 
@@ -13,14 +14,15 @@ import sys
 from ingestion_assets.catalog import load_catalog
 from ingestion_assets.cli.common import bring_up
 from ingestion_assets.observe.partition_status import named
-from ingestion_assets.observe.status import ATTENTION, OK, StreamStatus, age_text, stream_statuses
+from ingestion_assets.observe.status import ATTENTION, NOT_LOADED, OK, StreamStatus, age_text, stream_statuses
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.runs import release_dead_runs_on_this_machine
 from ingestion_assets.state.summary import open_instance
 
-_COLOURS = {OK: "32", "running": "36"}  # green, cyan; anything needing attention is red
+_COLOURS = {OK: "32", "running": "36", NOT_LOADED: "33"}  # green, cyan, yellow; anything needing attention is red
 _POSITION_CHARS = 48
+_LAG_CHARS = 32  # the lag column's width; a longer lag (a slot's problem) is cut there and given whole beneath
 
 
 def status(settings: Settings, args: argparse.Namespace) -> int:
@@ -52,7 +54,7 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
 
 def _print_table(found: list[StreamStatus], colour: bool) -> None:
     width = max([len(s.stream) for s in found] + [6]) + 2
-    head = f"{'stream':<{width}}{'status':<14}{'rows in target':>15}  {'last run':<16}{'lag':<32}"
+    head = f"{'stream':<{width}}{'status':<14}{'rows in target':>15}  {'last run':<16}{'lag':<{_LAG_CHARS}}"
     print(f"{head}{'p50/p99':<14}{'dead':>5}  position")
     for each in found:
         state = f"{each.status:<14}"
@@ -65,7 +67,10 @@ def _print_table(found: list[StreamStatus], colour: bool) -> None:
             position = position[: _POSITION_CHARS - 1] + "…"
         dead = str(each.dead_letters) if each.dead_letters is not None else "-"
         fresh = f"{_ms(each.freshness['p50'])}/{_ms(each.freshness['p99'])}" if each.freshness else "-"
-        print(f"{each.stream:<{width}}{state}{rows:>15}  {age:<16}{each.lag:<32}{fresh:<14}{dead:>5}  {position}")
+        lag = each.lag if len(each.lag) < _LAG_CHARS else each.lag[: _LAG_CHARS - 2] + "…"
+        print(f"{each.stream:<{width}}{state}{rows:>15}  {age:<16}{lag:<{_LAG_CHARS}}{fresh:<14}{dead:>5}  {position}")
+        if lag != each.lag:  # a slot's problem is a sentence: whole beneath, the columns kept in line
+            print(f"  {each.lag}")
         if each.refresh is not None:  # the position is the live table's; the refresh's own progress beneath
             print(f"  {each.refresh}")
         if each.soft_deleted_in_target:

@@ -18,6 +18,7 @@ from ingestion_assets.defs.partitions import range_partitions
 from ingestion_assets.defs.run_tags import MODE, SOURCE, mark_refused
 from ingestion_assets.defs.sources import slot_key
 from ingestion_assets.defs.streams import StreamRef
+from ingestion_assets.defs.target_shrank import observe_target_rows
 from ingestion_assets.drain import Drain
 from ingestion_assets.observe.freshness import histogram_metadata
 from ingestion_assets.partitions import LIVE
@@ -181,6 +182,10 @@ def _cdc_asset(
                 f"source {source_name} reads one replication slot for all its streams: this run applied the changes "
                 f"of {', '.join(left)} too and checkpointed them (not selected, so not materialized in this run)"
             )
+            live = LIVE if history_partitions(source_name, source) is not None else None
+            for key, stream in zip(keys, streams, strict=True):  # written, not materialized: status compares with it
+                if key not in selected:
+                    observe_target_rows(context.log_event, key, stream, live)
         yield from _results(source, keys, streams, outcome, selected, context.selected_asset_check_keys)
 
     def _run_partition(context: AssetExecutionContext, partition: str | None) -> "CdcOutcome":

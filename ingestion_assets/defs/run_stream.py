@@ -15,10 +15,10 @@ from ingestion_assets.defs.metadata import run_metadata
 from ingestion_assets.defs.partitions import range_partitions
 from ingestion_assets.defs.run_tags import mark_run
 from ingestion_assets.defs.streams import StreamRef, is_table, open_stream
-from ingestion_assets.defs.target_shrank import target_shrank
+from ingestion_assets.defs.target_shrank import observe_target_rows, target_shrank
 from ingestion_assets.drain import Drain
 from ingestion_assets.loading.dead_letters import DeadLetterThreshold
-from ingestion_assets.state.checkpoints import InstanceStateStore
+from ingestion_assets.state.checkpoints import InstanceStateStore, latest_checkpoint
 from ingestion_assets.streams.runner import NoProgress, PartitionJob, PartitionOutcome, StreamBusy
 from ingestion_assets.streams.schema_step import SchemaPaused
 
@@ -30,13 +30,34 @@ def materialize_stream(
     context: dg.AssetExecutionContext, ref: StreamRef | Stream, key_ranged: bool, reconciles: bool
 ) -> dg.MaterializeResult:
     stream = open_stream(ref)
-    spec = stream.spec
     store = InstanceStateStore(context.instance, context.asset_key, context.log_event)
     mark_run(context, stream.source_name, key_ranges=key_ranged)
     shrank = target_shrank(context, stream) if reconciles and is_table(stream) else None
     if shrank is not None:
         context.log.warning("%s: %s", stream.qualified_name, shrank)
-    outcomes: list[PartitionOutcome] = []
+    try:
+        return _run(context, stream, store, shrank, key_ranged, reconciles)
+    except Exception:
+        if shrank is None and _wrote(context):  # a shrink found and not repaired is not blessed as the new count
+            observe_target_rows(context.log_event, context.asset_key, stream, _partitions_of(context)[-1])
+        raise
+
+
+def _wrote(context: dg.AssetExecutionContext) -> bool:
+    """This run committed a slice of the stream: the target is no longer what its last materialization counted."""
+    checkpoint = latest_checkpoint(context.instance, context.asset_key)
+    return checkpoint is not None and checkpoint.run_id == context.run_id
+
+
+def _run(
+    context: dg.AssetExecutionContext,
+    stream: Stream,
+    store: InstanceStateStore,
+    shrank: str | None,
+    key_ranged: bool,
+    reconciles: bool,
+) -> dg.MaterializeResult:
+    spec, outcomes = stream.spec, list[PartitionOutcome]()
     with Drain(spec.drain_seconds, context.log) as drain:
         for partition in _partitions_of(context):
             if drain.requested:

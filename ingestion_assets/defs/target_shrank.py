@@ -7,13 +7,16 @@ loads anything (rows it adds would hide the loss), compares the whole table and 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
-from ingestion_assets.defs.metadata import ROW_COUNT
+from ingestion_assets.defs.metadata import ROW_COUNT, target_metadata
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ingestion_assets.defs.streams import StreamRef
     from ingestion_assets.streams.runner import Stream
 
 log = logging.getLogger(__name__)
@@ -23,34 +26,48 @@ REMOVED_BY_INGEST = "rows removed by ingest"  # an observation's figure: `ingest
 
 
 def rows_expected(instance: dg.DagsterInstance, key: dg.AssetKey) -> int | None:
-    """The target's row count the stream's newest materialization recorded, less the rows ingest itself removed
-    since (REMOVED_BY_INGEST): our own deletions are no loss (None: no materialization, or it could not count)."""
+    """The target's row count as of the newest run that wrote the stream, less the rows ingest itself removed since
+    (REMOVED_BY_INGEST): our own deletions are no loss (None: no run recorded one). That run's figure is its
+    materialization's, or an observation's when the run wrote the stream without materializing it (a CDC run applies
+    every stream's changes, whichever were selected)."""
     try:
         found = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key), limit=1, ascending=False)
         record = next(iter(found.records), None)
         event = record.asset_materialization if record is not None else None
-        value = (event.metadata or {}).get(ROW_COUNT) if event is not None else None
-        rows = getattr(value, "value", value)
-        if record is None or not isinstance(rows, int):
+        rows = _row_count(event.metadata if event is not None else None)
+        if record is not None and rows is None:
+            return None  # the newest run that materialized the stream could not count its target
+        counted, removed = _since(instance, key, record.storage_id if record is not None else 0)
+        if counted is None and rows is None:
             return None
-        return int(rows) - _removed_since(instance, key, record.storage_id)
+        return (counted if counted is not None else rows or 0) - removed
     except dg.DagsterError:
         return None
 
 
-def _removed_since(instance: dg.DagsterInstance, key: dg.AssetKey, storage_id: int) -> int:
-    """The rows ingest recorded removing after the event `storage_id` (observations: checkpoints, operators' acts)."""
+def _row_count(metadata: Any) -> int | None:
+    value = (metadata or {}).get(ROW_COUNT)
+    value = getattr(value, "value", value)
+    return int(value) if isinstance(value, int) else None
+
+
+def _since(instance: dg.DagsterInstance, key: dg.AssetKey, storage_id: int) -> tuple[int | None, int]:
+    """After the event `storage_id` (observations: checkpoints, row counts, operators' acts): the newest row count
+    a run recorded, and the rows ingest recorded removing after it."""
     removed, cursor = 0, None
     records_filter = dg.AssetRecordsFilter(asset_key=key, after_storage_id=storage_id)
     while True:
         result = instance.fetch_observations(records_filter, limit=1000, cursor=cursor, ascending=False)
-        for record in result.records:
-            observation = record.asset_observation
-            value = (observation.metadata or {}).get(REMOVED_BY_INGEST) if observation is not None else None
+        for record in result.records:  # newest first
+            metadata = record.asset_observation.metadata if record.asset_observation is not None else None
+            counted = _row_count(metadata)
+            if counted is not None:
+                return counted, removed
+            value = (metadata or {}).get(REMOVED_BY_INGEST)
             value = getattr(value, "value", value)
             removed += value if isinstance(value, int) else 0
         if not result.has_more:
-            return removed
+            return None, removed
         cursor = result.cursor
 
 
@@ -73,3 +90,17 @@ def target_shrank(context: dg.AssetExecutionContext, stream: Stream) -> str | No
         "deleted from it outside the stream's runs (by hand, or an older copy restored); this run compares the whole "
         "table (a time or key partition: its own) and reads the missing rows again by key"
     )
+
+
+def observe_target_rows(
+    log_event: Callable[[dg.AssetObservation], None],
+    key: dg.AssetKey,
+    stream: StreamRef | Stream,
+    partition: str | None,
+) -> None:
+    """The target's row count now, as an observation `rows_expected` takes over the last materialization's: for a
+    run that wrote the stream without materializing it (a CDC run's unselected streams, a run that committed slices
+    and then failed or drained). Nothing when the target cannot be counted (a warning says so)."""
+    rows = target_metadata(stream, step_timing=False).get(ROW_COUNT)
+    if isinstance(rows, int):
+        log_event(dg.AssetObservation(asset_key=key, partition=partition, metadata={ROW_COUNT: rows}))

@@ -34,6 +34,7 @@ OK, FAILED, NEVER, LAGGING, RUNNING, CHECK = "ok", "failed", "never synced", "la
 STALE = "stale"  # older than the stream's `freshness.max_lag`
 TARGET_SHORT = "target short"  # the table holds fewer rows than the last run left in it, or is gone
 PAUSED = "paused"  # a CDC stream its source's last run left out (a key it cannot stream by, its key lost)
+NOT_LOADED = "not loaded"  # no run has put a row in its target yet, though it has a position (planned, unselected)
 ATTENTION = (FAILED, NEVER, LAGGING, CHECK, STALE, TARGET_SHORT, PAUSED)
 CHECK_NAMES = (SCHEMA, DEAD_LETTERS, RECONCILIATION, SLOT_HEALTH, FRESHNESS)
 FRESHNESS_RUNS = 20  # materializations whose freshness histograms `ingest status` merges
@@ -108,6 +109,7 @@ def stream_statuses(settings: Settings, catalog: Catalog, instance: dg.DagsterIn
         partitioned = getattr(spec, "partitions", None) is not None or planned is not None
         status = _status(instance, key, f"{source_name}.{stream_name}", now, slots.get(source_name), partitioned)
         status = _with_target_rows(status, counts, (source_name, stream_name))
+        status = _not_loaded(status, planned is not None)
         if partitioned:
             checkpoints = _partition_checkpoints(instance, key)
             if getattr(spec, "partitions", None) is not None:
@@ -145,6 +147,23 @@ def _with_target_rows(status: StreamStatus, counts: TargetCounts, table: tuple[s
     )
     state = TARGET_SHORT if status.status in (OK, CHECK, STALE) else status.status
     return replace(status, status=state, detail="; ".join(d for d in (status.detail, short) if d))
+
+
+def _not_loaded(status: StreamStatus, partitioned: bool) -> StreamStatus:
+    """A stream no run has materialized whose target holds nothing: `ok` said it was loaded (found by a README-only
+    attack: key ranges planned and none run, a CDC stream its source's runs left unselected before any row came,
+    history ranges never run). Not an error: nothing is lost, nothing has been loaded yet."""
+    if status.status != OK or status.last_run is not None or status.target_problem is not None:
+        return status
+    if (status.rows_in_target or 0) + status.soft_deleted_in_target > 0 or (status.rows_after_last_run or 0) > 0:
+        return status
+    how = (
+        "its partitions are planned and none has run: materialize them (`dagster asset materialize --partition ...`, "
+        "a backfill in the UI)"
+        if partitioned
+        else "it has a position (its source's runs checkpointed it) but no run has written a row to its target yet"
+    )
+    return replace(status, status=NOT_LOADED, detail=f"nothing loaded yet: {how}")
 
 
 def _with_partitions(status: StreamStatus, summary: PartitionSummary) -> StreamStatus:
@@ -210,7 +229,7 @@ def _status(
         failed_checks=failed,
         partitions=[],
         detail=detail,
-        rows_after_last_run=rows_expected(instance, key) if event is not None else None,
+        rows_after_last_run=rows_expected(instance, key),
         last_attempt=attempt,
         attempt_age_seconds=attempt_age,
         refused_run=f"run {refused.run_id[:8]} refused: {refused.tags[REFUSED]}" if refused is not None else None,

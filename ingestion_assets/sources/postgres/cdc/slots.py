@@ -105,8 +105,13 @@ def find_gap(url: str, slot: str, saved_lsn: int) -> WalGap | None:
     fix = "changes after it are lost to this slot; drop the slot and take a new snapshot (a full refresh)"
     try:
         health = slot_health(url, slot)
-    except SlotMissingError:
-        return WalGap(slot, saved_lsn, f"replication slot {slot!r} no longer exists (checkpoint {saved}); {fix}")
+    except SlotMissingError:  # dropped (`ingest cdc drop-slot`, by hand): nothing left to drop, a snapshot to take
+        return WalGap(
+            slot,
+            saved_lsn,
+            f"replication slot {slot!r} no longer exists (checkpoint {saved}): the changes after the checkpoint went "
+            "with it; a new snapshot (a full refresh) is needed, and the next run that takes one creates the slot",
+        )
     if health.wal_status == "lost" or health.invalidation_reason or health.restart_lsn is None:
         why = health.invalidation_reason or f"wal_status={health.wal_status}"
         return WalGap(
