@@ -151,7 +151,7 @@ def test_a_listing_shifted_by_a_change_during_the_read_is_read_again_from_the_mo
     assert pages[-1].doubt is not None and "key id=5 was served twice" in pages[-1].doubt
     position = pages[-1].position
     assert position["updated_at"] == "2024-05-01T00:01:00Z"  # the newest record read ...
-    assert position[REREAD_FROM] == "2024-05-01T00:00:05Z"  # ... and the next read starts at 5's old place
+    assert position[REREAD_FROM] == "2024-05-01T00:00:01Z"  # ... and the next read starts at 5's first page
     said = [r.getMessage() for r in logs.records if r.levelname == "WARNING" and "served twice" in r.getMessage()]
     assert len(said) == 1 and "key id=5" in said[0]
     again = read(api, endpoint, position)
@@ -257,3 +257,41 @@ def test_a_single_full_page_linking_first_and_last_to_page_1_is_the_end(
     )
     pages = read(api, LINK)
     assert ids(pages) == [r["id"] for r in RECORDS[:10]] and pages[-1].doubt is None
+
+
+def patched_in_place(offsets: bool) -> tuple[Route, list[dict[str, Any]]]:
+    """A listing that sorts first and fills in current values after (recheck25): record 15 changes while page 2
+    is served, so page 2 shows it in its old place with its new cursor, and page 3, sorted again, shows it once
+    more at the end; record 21, moved up to page 2's last place, is served by neither."""
+    rows = [dict(r) for r in RECORDS]
+    served = {"pages": 0}
+
+    def route(query: dict[str, str]) -> Answer:
+        listed = sorted(rows, key=lambda r: (r["updated_at"], r["id"]))
+        if "updated_since" in query:
+            listed = [r for r in listed if r["updated_at"] >= query["updated_since"]]
+        first = int(query.get("offset", "0")) if offsets else (int(query.get("page", "1")) - 1) * 10
+        served["pages"] += 1
+        if served["pages"] == 2:
+            next(r for r in rows if r["id"] == 15)["updated_at"] = "2024-05-01T00:01:00Z"  # after the sort
+        return json_answer({"data": [dict(r) for r in listed[first : first + 10]]})
+
+    return route, rows
+
+
+@pytest.mark.parametrize("style", ["page", "offset"])
+def test_a_record_served_in_its_old_place_with_its_new_cursor_reads_again_from_before_its_page(
+    scripted: Callable[[str, Route], ScriptedApi], style: str
+) -> None:
+    # before: the next read started at the moved record's first cursor, its new one, past record 21: lost for good
+    route, rows = patched_in_place(offsets=style == "offset")
+    api = scripted("/items", route)
+    endpoint = EndpointSpec("/items", pagination=PaginationSpec(style, size_param="limit"), page_size=10)
+    pages = read(api, endpoint)
+    assert 21 not in ids(pages) and ids(pages).count(15) == 2  # what the shift did to this read
+    position = pages[-1].position
+    assert position[REREAD_FROM] <= "2024-05-01T00:00:11Z"  # no later than the first record of 15's first page
+    again = read(api, endpoint, position)
+    assert 21 in ids(again)
+    merged = {r["id"]: r for p in [*pages, *again] for r in p.records}
+    assert sorted(merged.values(), key=lambda r: r["id"]) == sorted(rows, key=lambda r: r["id"])

@@ -23,18 +23,19 @@ class ShiftWatch:
 
     def __init__(self, stream: str, primary_key: tuple[str, ...], cursor_field: str | None) -> None:
         self.stream, self.primary_key, self.cursor_field = stream, primary_key, cursor_field
-        self.served: dict[tuple[str | None, ...], Any] = {}  # key -> its cursor value when first served
+        self.served: dict[tuple[str | None, ...], Any] = {}  # key -> the floor of its first serving (below)
+        self._previous_floor: Any = None  # the least cursor of the page before the one being seen
         self.reread_from: Any = None  # the earliest such cursor of a key served twice (None: no shift seen)
         self.doubt: str | None = None
         self.full = False  # WATCHED_KEYS remembered: later keys are no longer
 
     def see(self, records: list[dict[str, Any]], order_key: Any) -> None:
+        floor = self._floor(records, order_key)
         for record in records:
             key = tuple(_text(record.get(name)) for name in self.primary_key)
-            cursor = record.get(self.cursor_field) if self.cursor_field else None
             if key not in self.served:
                 if len(self.served) < WATCHED_KEYS:
-                    self.served[key] = cursor
+                    self.served[key] = floor
                 elif not self.full:
                     self.full = True
                     logger.info(
@@ -50,16 +51,27 @@ class ShiftWatch:
                 shown = ", ".join(f"{n}={v}" for n, v in zip(self.primary_key, key, strict=True))
                 self.doubt = f"the listing shifted during the read: key {shown} was served twice"
                 logger.warning(
-                    "stream %s: %s (first with %s %s): records changed while it was read by page or offset, and a "
-                    "record at a page boundary may have been skipped; the next read starts again from %s",
+                    "stream %s: %s: records changed while it was read by page or offset, and a record at a page "
+                    "boundary may have been skipped; the next read starts again from %s",
                     self.stream or "(standalone)",
                     self.doubt,
-                    self.cursor_field,
-                    _text(first),
-                    "that cursor" if self.cursor_field else "the top (this full read retires no keys)",
+                    f"{self.cursor_field} {_text(first)} (the least of its first page and the page before)"
+                    if self.cursor_field and first is not None
+                    else "the top (this full read retires no keys)",
                 )
             if first is not None and (self.reread_from is None or order_key(first) < order_key(self.reread_from)):
                 self.reread_from = first
+
+    def _floor(self, records: list[dict[str, Any]], order_key: Any) -> Any:
+        """Where a read again must start to find what a shift at this page skipped: the least cursor of this page
+        and of the page before. Not the moved record's own cursor: a server that fills in current values after
+        sorting serves it in its old place with its new cursor, past the record the shift skipped (recheck25)."""
+        cursors = [r.get(self.cursor_field) for r in records] if self.cursor_field else []
+        known = [c for c in [*cursors, self._previous_floor] if c is not None]
+        floor = min(known, key=order_key) if known else None
+        page = [c for c in cursors if c is not None]
+        self._previous_floor = min(page, key=order_key) if page else self._previous_floor
+        return floor
 
 
 def _text(value: Any) -> str | None:
