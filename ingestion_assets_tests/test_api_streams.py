@@ -225,3 +225,31 @@ def test_a_first_read_that_finds_no_record_succeeds_and_the_next_loads_what_came
         _assert_target_equals_server(harness, server)
     finally:
         server.stop()
+
+
+def test_a_refresh_swaps_in_the_nested_tables_with_their_root(harness: StreamHarness, api: DemoApi) -> None:
+    """Each order's `items` land in the nested table `orders__items`, tied to its order by `_dlt_parent_id`: a
+    refresh's new generation brings its own, swapped in with the root (before, the old ones stayed, tied to no
+    order, and the new generation's were left in `orders_refresh_g2__items`; recheck25b)."""
+    from ingestion_assets.state.summary import request_refresh
+
+    _catalog(harness, api)
+    harness.materialize()
+    api.mutate("orders", inserts=5, updates=10)
+    request_refresh(harness.settings, harness.source_name, "orders", "remove")
+    assert harness.materialize().success
+    _assert_target_equals_server(harness, api)
+    schema = harness.source_name
+    ((orphans,),) = harness.query_target(
+        f'SELECT count(*) FROM "{schema}".orders__items i WHERE NOT EXISTS '
+        f'(SELECT 1 FROM "{schema}".orders o WHERE o._dlt_id = i._dlt_parent_id)'
+    )
+    ((held,),) = harness.query_target(f'SELECT count(*) FROM "{schema}".orders__items')
+    assert orphans == 0 and held == sum(len(r["items"]) for r in api.records("orders"))
+    tables = {
+        t
+        for (t,) in harness.query_target(
+            f"SELECT table_name FROM information_schema.tables WHERE table_schema = '{schema}'"
+        )
+    }
+    assert not [t for t in tables if "_refresh_g" in t], tables

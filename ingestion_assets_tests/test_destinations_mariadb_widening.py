@@ -180,3 +180,29 @@ def test_a_key_field_that_becomes_text_widens_its_indexed_mariadb_column(
     assert harness.materialize().success
     rows = mariadb.query(f"SELECT id, v FROM `{harness.source_name}`.feed ORDER BY id")
     assert rows == [("1", "a"), ("2", "b2"), ("A-3", "c")]
+
+
+def test_a_refresh_swaps_in_the_nested_tables_with_their_root_on_mariadb(
+    harness: StreamHarness, scripted_api: Start, mariadb: MariaDb
+) -> None:
+    """A record's list lands in `feed__tags`; before, a refresh swapped in `feed` alone: the old children stayed,
+    tied to no row, and the new generation's were left in `feed_refresh_g2__tags` (recheck25b)."""
+    api = scripted_api(feed=[[{**_row(k, k), "tags": [f"a{k}", f"b{k}"]} for k in (1, 2)]])
+    _catalog(harness, api, mariadb)
+    assert harness.materialize().success
+    api.feed = [[{**_row(k, k), "tags": [f"a{k}", f"b{k}"]} for k in (1, 2, 3)]]
+    request_refresh(harness.settings, harness.source_name, "feed", "remove")
+    assert harness.materialize().success
+    schema = harness.source_name
+    joined = mariadb.query(
+        f"SELECT f.id, t.value FROM `{schema}`.`feed__tags` t JOIN `{schema}`.`feed` f ON t._dlt_parent_id = f._dlt_id "
+        "ORDER BY f.id, t.value"
+    )
+    assert [(int(k), v) for k, v in joined] == [(k, f"{p}{k}") for k in (1, 2, 3) for p in "ab"]
+    ((held,),) = mariadb.query(f"SELECT count(*) FROM `{schema}`.`feed__tags`")
+    assert held == 6
+    left = mariadb.query(
+        f"SELECT table_name FROM information_schema.tables WHERE table_schema = '{schema}' "
+        "AND table_name LIKE '%refresh%'"
+    )
+    assert left == []

@@ -27,7 +27,7 @@ from ingestion_assets.loading.migrate import ValuesWouldBeLost, lost_values, mig
 from ingestion_assets.loading.naming import TargetNames
 from ingestion_assets.loading.native_types import for_postgres
 from ingestion_assets.loading.parked import dead_letter_resource, delete_parked, parked_keys
-from ingestion_assets.loading.relations import table_exists
+from ingestion_assets.loading.relations import nested_tables, table_exists
 from ingestion_assets.loading.sql_clients import direct_sql_client, has_direct_client
 from ingestion_assets.loading.target_sql import undefined_relation
 from ingestion_assets.loading.versions import KeyCheck, check_keys
@@ -74,6 +74,9 @@ class TargetTable:
         for name, hint in DLT_HINTS.items():
             hints[name] = hint if disposition == "merge" else {k: v for k, v in hint.items() if k != "dedup_sort"}
         return hints
+
+
+MYSQL_ALTER_WAIT_SECONDS = 60
 
 
 @dataclass
@@ -558,6 +561,9 @@ class Loader:
                     if not table_exists(scoped, table):
                         continue
                     statements = mysql_retype(scoped, table, changes)
+                    # an ALTER waits for every open transaction that touched the table (MariaDB's metadata lock:
+                    # lock_wait_timeout is a day by default): fail after a minute, naming the lock, not hang
+                    scoped.execute_sql(f"SET SESSION lock_wait_timeout = {MYSQL_ALTER_WAIT_SECONDS}")
                     for statement in statements:
                         scoped.execute_sql(statement)
                     done += statements
@@ -612,13 +618,22 @@ class Loader:
             source = client.make_qualified_table_name(shadow)
             # asked before the transaction: a failed statement would abort a PostgreSQL one
             shadow_exists, target_exists = table_exists(client, source), table_exists(client, target)
+            # the nested tables (lists in API records) go with their root: the old ones hold the old rows' children
+            old_nested, new_nested = nested_tables(client, table), nested_tables(client, shadow)
             with client.begin_transaction():
                 if not shadow_exists:  # the refresh read no row: the stream's table holds none
                     if target_exists:
                         client.execute_sql(f"DELETE FROM {target}")
+                    for nested in old_nested:
+                        client.execute_sql(f"DELETE FROM {client.make_qualified_table_name(nested)}")
                 else:
                     client.execute_sql(f"DROP TABLE IF EXISTS {target}")
                     client.execute_sql(f"ALTER TABLE {source} RENAME TO {client.escape_column_name(table)}")
+                    for nested in old_nested:
+                        client.execute_sql(f"DROP TABLE IF EXISTS {client.make_qualified_table_name(nested)}")
+                    for nested in new_nested:
+                        moved, renamed = client.make_qualified_table_name(nested), table + nested[len(shadow) :]
+                        client.execute_sql(f"ALTER TABLE {moved} RENAME TO {client.escape_column_name(renamed)}")
                 if generation is not None:
                     set_generation(client, table, generation)
         # The shadow had a pipeline (and dlt schema) of its own, named after it; its table is gone now, so

@@ -14,7 +14,7 @@ import pyarrow as pa
 from ingestion_assets.loading.bindings import set_generation
 from ingestion_assets.loading.lake_sql import keep_newest_in_duckdb
 from ingestion_assets.loading.pipeline import Loader
-from ingestion_assets.loading.relations import table_exists
+from ingestion_assets.loading.relations import nested_tables, table_exists
 from ingestion_assets.loading.sql_targets import index_keys, table_columns, target_versions
 from ingestion_assets.loading.unfit import MARIADB, split_unfit, with_parked
 from ingestion_assets.loading.versions import KeyCheck
@@ -64,16 +64,26 @@ class MariaDbLoader(Loader):
         with self._lock(), self._pipeline.sql_client() as client:
             target = client.make_qualified_table_name(table)
             source = client.make_qualified_table_name(shadow)
-            retired = client.make_qualified_table_name(f"_ingest_retired_{zlib.crc32(shadow.encode()):08x}")
+            retired_name = f"_ingest_retired_{zlib.crc32(shadow.encode()):08x}"
+            # the nested tables (lists in API records) go with their root, in the same RENAME TABLE
+            old_nested, new_nested = nested_tables(client, table), nested_tables(client, shadow)
             if not table_exists(client, source):  # the refresh read no row: the stream's table holds none
-                if table_exists(client, target):
-                    client.execute_sql(f"DELETE FROM {target}")
-            elif table_exists(client, target):
-                client.execute_sql(f"DROP TABLE IF EXISTS {retired}")
-                client.execute_sql(f"RENAME TABLE {target} TO {retired}, {source} TO {target}")
-                client.execute_sql(f"DROP TABLE {retired}")
+                for emptied in [target, *(client.make_qualified_table_name(n) for n in old_nested)]:
+                    if table_exists(client, emptied):
+                        client.execute_sql(f"DELETE FROM {emptied}")
             else:
-                client.execute_sql(f"RENAME TABLE {source} TO {target}")
+                pairs, dropped = [], []
+                for index, old in enumerate([table, *old_nested] if table_exists(client, target) else old_nested):
+                    gone = client.make_qualified_table_name(f"{retired_name}_{index}")
+                    client.execute_sql(f"DROP TABLE IF EXISTS {gone}")
+                    pairs.append(f"{client.make_qualified_table_name(old)} TO {gone}")
+                    dropped.append(gone)
+                pairs.append(f"{source} TO {target}")
+                qualified = client.make_qualified_table_name
+                pairs += [f"{qualified(n)} TO {qualified(table + n[len(shadow) :])}" for n in new_nested]
+                client.execute_sql(f"RENAME TABLE {', '.join(pairs)}")
+                for gone in dropped:
+                    client.execute_sql(f"DROP TABLE {gone}")
             if generation is not None:
                 set_generation(client, table, generation)
         self._pipeline.drop()
