@@ -527,24 +527,30 @@ class Loader:
         self._retype_in_dlt_schema([(change.column, arrow) for change, _, arrow in changes])
         done: list[str] = []
         with self._lock(), self.sql_client() as client:
-            for staging in (False, True):
-                context = client.with_staging_dataset() if staging else contextlib.nullcontext(client)
-                with context as scoped:
-                    table = scoped.make_qualified_table_name(self.target.table)
-                    if not table_exists(scoped, table):
-                        continue  # created by its first load, already with the new types
-                    statements = [
-                        statement
-                        for change, new_type, _ in changes
-                        for statement in migration_statements(
-                            kind, table, change, new_type, scoped.escape_column_name, staging
-                        )
-                    ]
-                    with scoped.begin_transaction():
-                        for statement in statements:
-                            scoped.execute_sql(statement)
-                    done += statements
+            for scoped, table, staging in self._existing_tables(client):
+                statements = [
+                    statement
+                    for change, new_type, _ in changes
+                    for statement in migration_statements(
+                        kind, table, change, new_type, scoped.escape_column_name, staging
+                    )
+                ]
+                with scoped.begin_transaction():
+                    for statement in statements:
+                        scoped.execute_sql(statement)
+                done += statements
         return done
+
+    def _existing_tables(self, client: Any) -> Iterator[tuple[Any, str, bool]]:
+        """The target table and dlt's staging copy of it, those that exist: (the client scoped to its dataset, the
+        qualified name, whether it is the staging copy). One not there yet is created by its first load, already
+        with the new types."""
+        for staging in (False, True):
+            context = client.with_staging_dataset() if staging else contextlib.nullcontext(client)
+            with context as scoped:
+                table = scoped.make_qualified_table_name(self.target.table)
+                if table_exists(scoped, table):
+                    yield scoped, table, staging
 
     def _widen_mysql(self, changes: list[tuple[SchemaChange, str, pa.DataType]]) -> list[str]:
         """MariaDB/MySQL: widen the columns of the target and of dlt's staging copy in place; a change that is no
@@ -554,19 +560,14 @@ class Loader:
 
         done: list[str] = []
         with self._lock(), self.sql_client() as client:
-            for staging in (False, True):
-                context = client.with_staging_dataset() if staging else contextlib.nullcontext(client)
-                with context as scoped:
-                    table = scoped.make_qualified_table_name(self.target.table)
-                    if not table_exists(scoped, table):
-                        continue
-                    statements = mysql_retype(scoped, table, changes)
-                    # an ALTER waits for every open transaction that touched the table (MariaDB's metadata lock:
-                    # lock_wait_timeout is a day by default): fail after a minute, naming the lock, not hang
-                    scoped.execute_sql(f"SET SESSION lock_wait_timeout = {MYSQL_ALTER_WAIT_SECONDS}")
-                    for statement in statements:
-                        scoped.execute_sql(statement)
-                    done += statements
+            for scoped, table, _ in self._existing_tables(client):
+                statements = mysql_retype(scoped, table, changes)
+                # an ALTER waits for every open transaction that touched the table (MariaDB's metadata lock:
+                # lock_wait_timeout is a day by default): fail after a minute, naming the lock, not hang
+                scoped.execute_sql(f"SET SESSION lock_wait_timeout = {MYSQL_ALTER_WAIT_SECONDS}")
+                for statement in statements:
+                    scoped.execute_sql(statement)
+                done += statements
         self._retype_in_dlt_schema([(change.column, arrow) for change, _, arrow in changes])
         return done
 
