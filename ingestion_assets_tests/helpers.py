@@ -32,6 +32,11 @@ from ingestion_assets.state.summary import size_pools
 from ingestion_assets.streams.postgres_table import PostgresTableStream
 
 REPO = Path(__file__).resolve().parent.parent
+_UTC_MIDNIGHT = "(date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')"
+NEWEST_ROW = {  # SQL for `newest - g * interval '1 hour'` (g from 1): today's UTC window holds a row, or is empty
+    "today": f"({_UTC_MIDNIGHT} + interval '1 hour 1 second')",
+    "yesterday": _UTC_MIDNIGHT,
+}
 META_COLUMNS = (
     "_ingest_extracted_at",
     "_ingest_position",

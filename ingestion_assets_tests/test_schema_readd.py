@@ -12,7 +12,7 @@ import pytest
 from ingestion_assets.cli import main
 from ingestion_assets.partitions import LIVE
 from ingestion_assets_tests.destination_targets import MariaDb, lake_rows, mariadb, use_destination
-from ingestion_assets_tests.helpers import StreamHarness
+from ingestion_assets_tests.helpers import NEWEST_ROW, StreamHarness
 
 __all__ = ["mariadb"]
 
@@ -108,12 +108,16 @@ def test_a_column_added_again_under_key_ranges_is_read_again_by_live_and_each_ra
     harness.assert_target_equals_source("items", "items", "id")
 
 
-def test_a_column_added_again_under_time_windows_names_the_windows_left_to_run(harness: StreamHarness) -> None:
+@pytest.mark.parametrize("newest", ["today", "yesterday"])
+def test_a_column_added_again_under_time_windows_names_the_windows_left_to_run(
+    harness: StreamHarness, newest: str
+) -> None:
     """A window reads its own rows again; windows already past keep the old values until they run (as for a type
-    change): the run says so, and running them makes the target equal."""
+    change): the run says so, and running them makes the target equal, also when the running window is empty."""
     harness.source.execute(
         "CREATE TABLE items (id int PRIMARY KEY, note text, updated_at timestamptz NOT NULL);"
-        "INSERT INTO items SELECT g, 'n' || g, now() - g * interval '1 hour' FROM generate_series(1, 60) g"
+        f"INSERT INTO items SELECT g, 'n' || g, {NEWEST_ROW[newest]} - g * interval '1 hour'"
+        " FROM generate_series(1, 60) g"
     )
     windows = {"by": "time", "column": "updated_at", "start": "2020-01-01", "granularity": "daily"}
     harness.write_catalog(

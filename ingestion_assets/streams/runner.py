@@ -189,7 +189,9 @@ class PartitionJob:
         faults = self.faults or Faults.from_env()
         with loader.held():  # the target's steps before the read, under one writer lock (short: no read inside)
             after, started_over = self._settle_target(loader, details, after, new_generation)
-            if after is not None and started_over is None:
+            # a window without a position (it had no rows) reads from its start anyway, but the other windows' rows
+            # written under the old schema are still owed, and only this run can say so
+            if started_over is None and (after is not None or self._window_with_schema(details)):
                 retyped = [c.column for c in schema.applied if c.old is not None and c.new is not None]
                 remade = made_again(details.get(COLUMN_IDS), ids, retyped) if ids is not None else []
                 read = ids is not None and "last_error" not in details  # a failure's record may mix old and new
@@ -209,6 +211,10 @@ class PartitionJob:
         outcome = self._finish(result, new_generation, mode, schema, loader, binding=binding_details(loader))
         outcome.started_over = started_over
         return outcome
+
+    def _window_with_schema(self, details: dict[str, Any]) -> bool:
+        """A partition (not `live`) that ran before under a stored schema."""
+        return self.partition not in (None, LIVE) and details.get("schema") is not None
 
     def _reread_for_schema(
         self, schema: SchemaStep, remade: list[str], loader: Loader, unread: list[str]
