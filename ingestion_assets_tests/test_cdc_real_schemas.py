@@ -18,7 +18,7 @@ from ingestion_assets.checks import check_catalog
 from ingestion_assets.cli import main
 from ingestion_assets.loading.destinations import target_names
 from ingestion_assets.observe.status import stream_statuses
-from ingestion_assets.sources.postgres.cdc import check_cdc, drop_slot
+from ingestion_assets.sources.postgres.cdc import check_cdc
 from ingestion_assets.state.checkpoints import reset_checkpoint
 from ingestion_assets_tests.helpers import StreamHarness
 from ingestion_assets_tests.test_cdc_streams import cdc
@@ -335,7 +335,11 @@ def test_cdc_status_gives_a_verdict_against_the_threshold(
     out = capsys.readouterr().out
     assert "streams orders hold log positions the slot was acknowledged past" in out
     assert f"ingest state reset {harness.source_name}.orders" in out
-    drop_slot(harness.source.url, slot)
+    assert main(["cdc", "drop-slot", harness.source_name]) == 0  # a dry run: the slot holds changes
+    assert "dry run, nothing dropped: add --yes" in capsys.readouterr().out
+    assert harness.query_source(f"SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{slot}'") == [(1,)]
+    assert main(["cdc", "drop-slot", harness.source_name, "--yes"]) == 0
+    assert "dropped: its WAL is released" in capsys.readouterr().out
     assert main(["cdc", "status", harness.source_name]) == 1
     out = capsys.readouterr().out
     assert "the next run stops (on_wal_gap: fail)" in out and f"ingest state reset {harness.source_name}.orders" in out

@@ -112,7 +112,9 @@ def _parser() -> argparse.ArgumentParser:
 
     cdc_action = actions(command("cdc", None, "the replication slot of a `mode: cdc` source"))
     cdc_action("status", cdc.status, "retained WAL, lag and state of the source's slot").add_argument("source")
-    cdc_action("drop-slot", cdc.drop_slot_command, "drop the source's slot (releases its WAL)").add_argument("source")
+    drop = cdc_action("drop-slot", cdc.drop_slot_command, "drop the slot, releasing its WAL (dry run unless --yes)")
+    drop.add_argument("source")
+    drop.add_argument("--yes", action="store_true", help="drop it: the changes it holds are gone")
 
     dlq_action = actions(command("dlq", None, "rows parked in the dead-letter table"))
     dlq_list = dlq_action("list", quality.dlq_list, "parked rows of a stream: key, error, when, which run")

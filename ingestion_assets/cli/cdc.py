@@ -115,7 +115,7 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
         problems.append(
             f"it retains {health.retained_wal_bytes / MB:,.1f} MB of WAL, above max_retained_wal_mb ({limit:,} MB): "
             f"run the source's CDC asset (or start the sensor {cdc.name}__cdc_slot) so it acknowledges, or drop "
-            f"the slot (`ingest cdc drop-slot {cdc.name}`) if the source is retired"
+            f"the slot (`ingest cdc drop-slot {cdc.name} --yes`) if the source is retired"
         )
     behind = _behind_the_slot(settings, cdc, health.confirmed_flush_lsn)
     if behind:
@@ -161,9 +161,14 @@ def drop_slot_command(settings: Settings, args: argparse.Namespace) -> int:
     from ingestion_assets.sources.postgres.cdc import drop_slot
 
     cdc = _source(settings, args.source)
+    after = _without_slot(settings, cdc)
+    then = f"next run: {after}" if after else "next run: creates the slot with a snapshot of every stream"
+    if not args.yes:  # the changes the slot holds go with it: a dry run unless told
+        print(f"slot {cdc.slot} of {cdc.name} would be dropped, with every change it still holds; {then}")
+        print("dry run, nothing dropped: add --yes")
+        return 0
     with cdc.reaching():
         dropped = drop_slot(cdc.url, cdc.slot)
     print(f"slot {cdc.slot} {'dropped: its WAL is released' if dropped else 'did not exist'}")
-    after = _without_slot(settings, cdc)
-    print(f"next run: {after}" if after else "next run: creates the slot with a snapshot of every stream")
+    print(then)
     return 0
