@@ -206,3 +206,30 @@ def test_a_refresh_swaps_in_the_nested_tables_with_their_root_on_mariadb(
         "AND table_name LIKE '%refresh%'"
     )
     assert left == []
+
+
+LONG_TEXT = "y" * 70_000  # past TEXT's 64 KiB
+
+
+def _file_rows(mariadb: MariaDb, columns: str = "id, amount") -> list[tuple[Any, ...]]:
+    return [tuple(str(v) for v in row) for row in mariadb.query(f"SELECT {columns} FROM drops.orders ORDER BY 1, 2")]
+
+
+def test_each_file_partition_widens_the_mariadb_column_another_partition_created(
+    tmp_path: Path, mariadb: MariaDb
+) -> None:
+    """A partition's checkpoint keeps a schema of its own: the target's column, created by another partition, is
+    known by the type MariaDB holds. It was unknown there (MariaDB's catalog was not read), so partition 2's
+    numbers past int64 went into the BIGINT column as a new one's and every run failed with "Out of range value
+    for column 'amount'"."""
+    drops = Drops(tmp_path)
+    partitions = {"by": "time", "pattern": "dt={date}/", "start": "2026-01-01", "granularity": "daily"}
+    drops.catalog(path="**/*.csv", primary_key="id", partitions=partitions)
+    drops.use_destination(mariadb.destination())
+    mariadb.datasets.append("drops")
+    drops.write("dt=2026-01-01/a.csv", "id,amount\n1,5\n2,-6\n", 1_700_000_000)
+    drops.write("dt=2026-01-02/b.csv", f"id,amount\n3,{PAST_INT64}\n", 1_700_000_100)
+    drops.run("2026-01-01")
+    drops.run("2026-01-02")
+    assert _file_rows(mariadb) == [("1", "5"), ("2", "-6"), ("3", str(PAST_INT64))]
+

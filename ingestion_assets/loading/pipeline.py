@@ -501,6 +501,12 @@ class Loader:
         streams/target_types.py does not read (MariaDB/MySQL, lakes); None where they are not read at all."""
         return None
 
+    def held_types(self) -> dict[str, str] | None:
+        """The target table's columns (as the target names them) -> their SQL type as its catalog spells it (empty:
+        no table), for destinations whose catalog streams/target_types.py does not read (MariaDB/MySQL); None
+        where they are not read at all."""
+        return None
+
     def parked(self) -> set[str]:
         """Record keys of this stream waiting in the dead-letter table (under the writer lock: an open DuckDB
         connection of this process keeps every other process's loads out; found in parallel backfills)."""
