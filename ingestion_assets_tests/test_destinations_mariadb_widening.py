@@ -9,8 +9,12 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pymysql
+import pytest
+
+from ingestion_assets.loading import pipeline
 from ingestion_assets.state.summary import request_refresh
-from ingestion_assets_tests.destination_targets import MariaDb, mariadb, use_destination
+from ingestion_assets_tests.destination_targets import MARIADB, MariaDb, mariadb, use_destination
 from ingestion_assets_tests.files_helpers import Drops
 from ingestion_assets_tests.helpers import StreamHarness
 from ingestion_assets_tests.rest.scripted import ScriptedApi, write_scripted_catalog
@@ -206,3 +210,83 @@ def test_a_refresh_swaps_in_the_nested_tables_with_their_root_on_mariadb(
         "AND table_name LIKE '%refresh%'"
     )
     assert left == []
+
+
+LONG_TEXT = "y" * 70_000  # past TEXT's 64 KiB
+
+
+def _file_rows(mariadb: MariaDb, columns: str = "id, amount") -> list[tuple[Any, ...]]:
+    return [tuple(str(v) for v in row) for row in mariadb.query(f"SELECT {columns} FROM drops.orders ORDER BY 1, 2")]
+
+
+def test_each_file_partition_widens_the_mariadb_column_another_partition_created(
+    tmp_path: Path, mariadb: MariaDb
+) -> None:
+    """A partition's checkpoint keeps a schema of its own: the target's column, created by another partition, is
+    known by the type MariaDB holds. It was unknown there (MariaDB's catalog was not read), so partition 2's
+    numbers past int64 went into the BIGINT column as a new one's and every run failed with "Out of range value
+    for column 'amount'"."""
+    drops = Drops(tmp_path)
+    partitions = {"by": "time", "pattern": "dt={date}/", "start": "2026-01-01", "granularity": "daily"}
+    drops.catalog(path="**/*.csv", primary_key="id", partitions=partitions)
+    drops.use_destination(mariadb.destination())
+    mariadb.datasets.append("drops")
+    drops.write("dt=2026-01-01/a.csv", "id,amount\n1,5\n2,-6\n", 1_700_000_000)
+    drops.write("dt=2026-01-02/b.csv", f"id,amount\n3,{PAST_INT64}\n", 1_700_000_100)
+    drops.run("2026-01-01")
+    drops.run("2026-01-02")
+    assert _file_rows(mariadb) == [("1", "5"), ("2", "-6"), ("3", str(PAST_INT64))]
+
+
+@pytest.mark.slow  # several loads: beyond the default suite's time budget
+def test_a_keyless_file_stream_with_deletes_widens_on_mariadb_while_no_session_of_its_own_holds_the_table(
+    tmp_path: Path, mariadb: MariaDb, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that reads the target (its files, stale rows, dead letters), deletes rows of a gone file and of a
+    shortened one, parks a bad row and widens a column twice, in slices of one file: every ALTER gets the table's
+    metadata lock at once (a session of the run left in a transaction would hold it: the ALTER would wait)."""
+    monkeypatch.setattr(pipeline, "MYSQL_ALTER_WAIT_SECONDS", 3)
+    drops = Drops(tmp_path)
+    drops.catalog(path="*.csv", deletes="hard", files_per_slice=1)
+    drops.use_destination(mariadb.destination())
+    mariadb.datasets.append("drops")
+    drops.write("a.csv", "id,amount\n1,5\n2,6\n", 1_700_000_000)
+    drops.write("z.csv", "id,amount\n9,9\n", 1_700_000_050)
+    drops.run()
+    (drops.folder / "z.csv").unlink()
+    drops.write("a.csv", "id,amount\n1,7\n", 1_700_000_100)  # shorter: its row 2 goes
+    drops.write("b.csv", f"id,amount\n3,{PAST_INT64}\n4,1,2\n", 1_700_000_200)  # a row of the wrong width
+    drops.write("c.csv", f"id,amount\n5,{LONG_TEXT}\n", 1_700_000_300)
+    outcome = drops.run()
+    assert outcome.result.dead_letters == 1
+    assert _file_rows(mariadb) == [("1", "7"), ("3", str(PAST_INT64)), ("5", LONG_TEXT)]
+
+
+def test_a_widening_waiting_on_another_sessions_transaction_names_that_session(
+    tmp_path: Path, mariadb: MariaDb, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ALTER failed after its wait with MariaDB's bare "Lock wait timeout exceeded; try restarting
+    transaction", naming neither the lock nor who held it."""
+    monkeypatch.setattr(pipeline, "MYSQL_ALTER_WAIT_SECONDS", 2)
+    drops = Drops(tmp_path)
+    drops.catalog(path="*.csv", primary_key="id")
+    drops.use_destination(mariadb.destination())
+    mariadb.datasets.append("drops")
+    drops.write("a.csv", "id,amount\n1,5\n", 1_700_000_000)
+    drops.run()
+    reader = pymysql.connect(**MARIADB, autocommit=False)  # a BI tool's session, left in its transaction
+    try:
+        with reader.cursor() as cur:
+            cur.execute("SELECT count(*) FROM drops.orders")
+            cur.fetchall()
+            session = reader.thread_id()
+        drops.write("b.csv", f"id,amount\n2,{PAST_INT64}\n", 1_700_000_100)
+        with pytest.raises(Exception, match=r"metadata lock") as failed:
+            drops.run()
+        message = str(failed.value)
+        assert f"session {session} (root@" in message and "sleep for" in message
+        assert "a connection of this very process" in message  # the test's session is in this process
+    finally:
+        reader.close()
+    drops.run()  # the session is gone: the checkpoint was kept, the file loads now
+    assert _file_rows(mariadb) == [("1", "5"), ("2", str(PAST_INT64))]

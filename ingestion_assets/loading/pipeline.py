@@ -79,6 +79,51 @@ class TargetTable:
 MYSQL_ALTER_WAIT_SECONDS = 60
 
 
+class MetadataLockWait(RuntimeError):
+    """MariaDB/MySQL: a widening ALTER waited its time for the table's metadata lock, which an open transaction of
+    another session holds; the message names those sessions. Retried as the lock wait it is."""
+
+    transient = True
+
+    def __init__(self, table: str, seconds: int, holders: list[str]) -> None:
+        named = "; ".join(holders) or "no open transaction found now (it may have ended)"
+        super().__init__(
+            f"target {table}: widening a column waited {seconds} s for the table's metadata lock, held by the open "
+            f"transaction of another session: {named}. Nothing was changed and the checkpoint is kept; end that "
+            "session's transaction (or KILL its id) and run again"
+        )
+
+
+def lock_holders(client: Any) -> list[str]:
+    """The other sessions with an open transaction (the holders an ALTER waits for): id, user@host, what they
+    do, since when. Never their statements' text (values of rows)."""
+    try:
+        rows = client.execute_sql(
+            "SELECT p.id, p.user, p.host, p.command, p.time, t.trx_started FROM information_schema.innodb_trx t "
+            "JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id WHERE p.id <> CONNECTION_ID() "
+            "ORDER BY t.trx_started"
+        )
+    except Exception as exc:  # noqa: BLE001 - the lock wait is the error to report; this only names its holder
+        return [f"not found ({type(exc).__name__})"]
+    own = _own_endpoints()
+    return [
+        f"session {session} ({user}@{host}, {command.lower()} for {idle} s, in a transaction since {started}"
+        + (", a connection of this very process" if str(host) in own else "")
+        + ")"
+        for session, user, host, command, idle, started in rows or []
+    ]
+
+
+def _own_endpoints() -> set[str]:
+    """This process's TCP endpoints as a server names its clients (`host:port`): a holder among them is ours."""
+    import psutil
+
+    try:
+        return {f"{c.laddr.ip}:{c.laddr.port}" for c in psutil.Process().net_connections("tcp") if c.laddr}
+    except psutil.Error:
+        return set()
+
+
 @dataclass
 class Loader:
     """Loads Arrow slices into one target table; each `load` returns only after the commit."""
@@ -501,6 +546,12 @@ class Loader:
         streams/target_types.py does not read (MariaDB/MySQL, lakes); None where they are not read at all."""
         return None
 
+    def held_types(self) -> dict[str, str] | None:
+        """The target table's columns (as the target names them) -> their SQL type as its catalog spells it (empty:
+        no table), for destinations whose catalog streams/target_types.py does not read (MariaDB/MySQL); None
+        where they are not read at all."""
+        return None
+
     def parked(self) -> set[str]:
         """Record keys of this stream waiting in the dead-letter table (under the writer lock: an open DuckDB
         connection of this process keeps every other process's loads out; found in parallel backfills)."""
@@ -566,7 +617,12 @@ class Loader:
                 # lock_wait_timeout is a day by default): fail after a minute, naming the lock, not hang
                 scoped.execute_sql(f"SET SESSION lock_wait_timeout = {MYSQL_ALTER_WAIT_SECONDS}")
                 for statement in statements:
-                    scoped.execute_sql(statement)
+                    try:
+                        scoped.execute_sql(statement)
+                    except Exception as exc:
+                        if "1205" not in str(exc):  # not MariaDB's "Lock wait timeout exceeded"
+                            raise
+                        raise MetadataLockWait(table, MYSQL_ALTER_WAIT_SECONDS, lock_holders(scoped)) from exc
                 done += statements
         self._retype_in_dlt_schema([(change.column, arrow) for change, _, arrow in changes])
         return done

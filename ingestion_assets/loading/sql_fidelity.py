@@ -15,7 +15,7 @@ from ingestion_assets.loading.bindings import set_generation
 from ingestion_assets.loading.lake_sql import keep_newest_in_duckdb
 from ingestion_assets.loading.pipeline import Loader
 from ingestion_assets.loading.relations import nested_tables, table_exists
-from ingestion_assets.loading.sql_targets import index_keys, table_columns, target_versions
+from ingestion_assets.loading.sql_targets import column_types, index_keys, table_columns, target_versions
 from ingestion_assets.loading.unfit import MARIADB, split_unfit, with_parked
 from ingestion_assets.loading.versions import KeyCheck
 
@@ -56,6 +56,10 @@ class MariaDbLoader(Loader):
     def held_columns(self) -> frozenset[str] | None:
         with self._lock(), self._pipeline.sql_client() as client:
             return frozenset(table_columns(client, self.target.dataset, self.target.table))
+
+    def held_types(self) -> dict[str, str] | None:
+        with self._lock(), self._pipeline.sql_client() as client:
+            return column_types(client, self.target.dataset, self.target.table)
 
     def swap_in(self, shadow: str, table: str, generation: int | None = None) -> None:
         """MySQL's DDL commits on its own: the swap is one RENAME TABLE of both names, which MySQL does

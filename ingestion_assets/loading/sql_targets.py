@@ -217,6 +217,16 @@ def table_columns(client: Any, schema: str, table: str) -> dict[str, str]:
     return _columns(client, schema, table)
 
 
+def column_types(client: Any, schema: str, table: str) -> dict[str, str]:
+    """Column name -> full column type of `schema`.`table` (`bigint(20)`, `decimal(23,0)`; empty: no such table)."""
+    rows = client.execute_sql(
+        "SELECT column_name, column_type FROM information_schema.columns WHERE table_schema = %s AND table_name = %s",
+        schema,
+        table,
+    )
+    return {str(name): str(kind).lower() for name, kind in rows or []}
+
+
 def _columns(client: Any, schema: str, table: str) -> dict[str, str]:
     rows = client.execute_sql(
         "SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = %s AND table_name = %s",

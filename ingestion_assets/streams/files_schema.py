@@ -73,7 +73,8 @@ class FilesSchemaStep(InferredSchemaStep):
         if not new:
             return
         if self._held is None:
-            self._held = target_column_types(loader) or {}
+            types = target_column_types(loader)
+            self._held = (types if types is not None else loader.held_types()) or {}
         for name in new:
             held = held_column_type(self._held.get(loader.names.column(name), ""))
             if held is not None:

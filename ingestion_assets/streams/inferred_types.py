@@ -65,6 +65,12 @@ _HELD = {  # a target's name of a column type (DuckDB's, PostgreSQL's format_typ
     "timestamp with time zone": ColumnType("timestamptz", "timestamp with time zone"),
     "blob": ColumnType("bytea", "bytea"),
     "bytea": ColumnType("bytea", "bytea"),
+    # MariaDB/MySQL (information_schema's column_type); its DATETIME holds both kinds of timestamp: not judged
+    "bigint(20)": ColumnType("int8", "bigint"),
+    "tinyint(1)": ColumnType("bool", "boolean"),
+    "longtext": ColumnType("text", "text"),
+    "time(6)": ColumnType("time", "time without time zone"),
+    "longblob": ColumnType("bytea", "bytea"),
 }
 _DECIMAL = re.compile(r"(?:decimal|numeric)\((\d+),(\d+)\)")
 
