@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 
 import dagster as dg
 import pytest
@@ -102,3 +103,19 @@ def test_the_planner_sensor_adds_key_ranges_and_the_live_tail_once(
     assert main(["state", "show", f"{harness.source_name}.by_key"]) == 0
     shown = capsys.readouterr().out.splitlines()
     assert [line.split()[1] for line in shown[1:]] == ["live", "0-999", "1000-1999", "2000-2999", "3000-3999"]
+
+
+def test_a_run_on_an_ephemeral_instance_says_it_reads_from_the_start(harness: StreamHarness) -> None:
+    """`dagster asset materialize` with DAGSTER_HOME unset runs on a throwaway instance: it finds none of the
+    deployment's checkpoints and re-read a whole table without a word (attack27). It says so."""
+    from ingestion_assets.catalog import load_catalog
+    from ingestion_assets.defs.assets import build_stream_assets
+
+    harness.source.execute(TABLE)
+    harness.write_catalog({"events": {"table": "events", "primary_key": "id", "cursor": "updated_at"}})
+    assets = build_stream_assets(harness.settings, load_catalog(harness.settings.catalog_path))
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = dg.materialize(assets, instance=instance)
+        logs = instance.all_logs(result.run_id)
+        warnings = [e.message for e in logs if e.level == logging.WARNING and "ephemeral" in e.message]
+    assert result.success and warnings and "DAGSTER_HOME" in warnings[0] and "read from its start" in warnings[0]

@@ -30,6 +30,13 @@ def materialize_stream(
     context: dg.AssetExecutionContext, ref: StreamRef | Stream, key_ranged: bool, reconciles: bool
 ) -> dg.MaterializeResult:
     stream = open_stream(ref)
+    if context.instance.is_ephemeral:  # e.g. `dagster asset materialize` with DAGSTER_HOME unset, in CI
+        context.log.warning(
+            "%s: this run's Dagster instance is ephemeral (is DAGSTER_HOME set? `eval \"$(ingest env)\"`): it "
+            "finds no checkpoint of the deployment's runs and its own are lost with it, so the stream is read from "
+            "its start and the deployment's next run reads it all again",
+            stream.qualified_name,
+        )
     store = InstanceStateStore(context.instance, context.asset_key, context.log_event)
     mark_run(context, stream.source_name, key_ranges=key_ranged)
     shrank = target_shrank(context, stream) if reconciles and is_table(stream) else None
