@@ -85,3 +85,21 @@ def test_ingest_dev_stops_its_whole_process_tree(harness: StreamHarness, signum:
         for pid, started in members:  # only what this test started
             if _alive((pid, started)):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    "given",
+    [["-p", "3127"], ["--", "-p", "3127"], ["--port", "3127", "-h", "0.0.0.0"], []],
+)
+def test_every_argument_after_dev_goes_to_dagster_dev(
+    given: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`ingest dev -p 3127` failed with "unrecognized arguments: -p" (attack27): only `-- -p` passed it on."""
+    from ingestion_assets.cli import main, stack
+
+    passed: list[list[str]] = []
+    monkeypatch.setenv("INGEST_HOME", str(tmp_path))
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    monkeypatch.setattr(stack, "dev", lambda settings, args: passed.append(args.dagster_args) or 0)
+    assert main(["dev", *given]) == 0
+    assert passed == [given]

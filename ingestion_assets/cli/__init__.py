@@ -21,7 +21,12 @@ _WITHOUT_INSTANCE = {"env", "down", "check"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["dev"]:  # everything after it is `dagster dev`'s (`ingest dev -p 3001`: argparse took -p as ours)
+        args = _parser().parse_args(["dev"])
+        args.dagster_args = given[1:]
+    else:
+        args = _parser().parse_args(given)
     settings = Settings.from_env()
     conflict = settings.dagster_home_conflict() if args.uses_instance else None
     if conflict is not None:
