@@ -45,7 +45,11 @@ def refresh(settings: Settings, args: argparse.Namespace) -> int:
     if is_cdc(catalog, source):
         return refresh_cdc(settings, catalog, source, stream, args)
     if catalog.sources[source].streams[stream].partitions is not None:
-        raise SystemExit(f"error: {source}.{stream} is partitioned: refresh its partitions with a backfill instead")
+        raise SystemExit(
+            f"error: {source}.{stream} is partitioned: read its partitions again instead: `ingest state reset "
+            f"{source}.{stream} --partition P` for each (a partition run after it reads from the start, merged by "
+            "key; a run that is not reset reads only what changed), then run them, e.g. with a backfill"
+        )
     env = bring_up(settings)
     mode = "retain" if args.retain else "remove"
     request_refresh(settings, source, stream, mode)
