@@ -213,6 +213,7 @@ def reconcile(settings: Settings, args: argparse.Namespace) -> int:
         store.observe({REMOVED_BY_INGEST: found.deletions_applied})
     if found.error is not None:
         raise SystemExit(f"error: {stream.qualified_name}: {found.error}")
+    _record_check(store, found, args.partition)
     print(
         f"{stream.qualified_name}{'' if args.partition is None else ' partition ' + args.partition} (full, deletes: "
         f"{found.deletes}): {found.source_rows} source rows, {found.target_rows} target rows; "
@@ -245,6 +246,19 @@ def reconcile(settings: Settings, args: argparse.Namespace) -> int:
     if left is not None:
         print(f"  left: {left}")
     return 0 if found.passed and found.deletes_pending == 0 else 1
+
+
+def _record_check(store: Any, found: Any, partition: str | None) -> None:
+    """The comparison as the stream's reconciliation check, as a run's would be: the status and the UI showed the
+    last run's failed check (rows gone, missing) after this comparison had repaired or applied them."""
+    import dagster as dg
+
+    from ingestion_assets.defs.checks import compared_result
+
+    result = compared_result([found], [partition] if found.newer_in_target else [])
+    by = "ingest reconcile" + ("" if partition is None else f" --partition {partition}")
+    metadata = {**result.metadata, "by": dg.MetadataValue.text(by)}
+    store.report_check(result.check_name, result.passed, result.severity, metadata)
 
 
 def _repair_setup(stream: Any, latest: Any, partition: str | None, wanted: bool) -> tuple[Any, Any, Any, str | None]:

@@ -14,6 +14,7 @@ from ingestion_assets.defs.metadata import run_histogram
 from ingestion_assets.observe.freshness import percentiles
 
 if TYPE_CHECKING:
+    from ingestion_assets.streams.reconcile.figures import Reconciliation
     from ingestion_assets.streams.runner import PartitionOutcome
 
 SCHEMA = "schema"
@@ -94,6 +95,13 @@ def _reconciliation(outcomes: list[PartitionOutcome]) -> dg.AssetCheckResult:
     if not compared:
         reason = "; ".join(sorted({r.skipped for r in found if r.skipped})) or "not checked this run"
         return dg.AssetCheckResult(check_name=RECONCILIATION, passed=True, metadata={"scope": reason})
+    newer = sorted({o.partition for o in outcomes if o.reconciliation and o.reconciliation.newer_in_target}, key=str)
+    return compared_result(compared, newer)
+
+
+def compared_result(compared: list[Reconciliation], newer: list[str | None]) -> dg.AssetCheckResult:
+    """The reconciliation check of comparisons that ran (a run's, or `ingest reconcile`'s); `newer`: the partitions
+    whose target holds rows newer than the source's."""
     passed = all(r.passed for r in compared)
     pending = sum(r.deletes_pending for r in compared)
     total = {name: sum(getattr(r, name) for r in compared) for name in _FIGURES}
@@ -119,7 +127,6 @@ def _reconciliation(outcomes: list[PartitionOutcome]) -> dg.AssetCheckResult:
             f"{repaired} row(s) missing or older in the target were read again by key and merged; compared again, "
             "they agree with the source"
         )
-    newer = sorted({o.partition for o in outcomes if o.reconciliation and o.reconciliation.newer_in_target}, key=str)
     if newer:  # the version guard keeps them: only a person can say the source's older-looking version is right
         where = " ".join(f"--partition {p}" for p in newer if p is not None)
         metadata[WHAT_TO_DO] = (

@@ -105,6 +105,16 @@ class InstanceStateStore:
     def latest(self, partition: str | None) -> Checkpoint | None:
         return latest_checkpoint(self._instance, self._asset_key, partition)
 
+    def report_check(
+        self, name: str | None, passed: bool, severity: dg.AssetCheckSeverity, metadata: dict[str, Any]
+    ) -> None:
+        """A check's evaluation outside a run (`ingest reconcile`): the stream's latest for the status and the UI."""
+        assert name is not None
+        evaluation = dg.AssetCheckEvaluation(
+            asset_key=self._asset_key, check_name=name, passed=passed, severity=severity, metadata=metadata
+        )
+        self._instance.report_runless_asset_event(evaluation)
+
     def observe(self, metadata: dict[str, Any]) -> None:
         """An event of the stream's asset that is no checkpoint (an operator's act: dead letters discarded)."""
         self._log_event(dg.AssetObservation(asset_key=self._asset_key, metadata=metadata))
