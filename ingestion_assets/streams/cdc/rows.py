@@ -11,6 +11,8 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import sys
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
@@ -29,7 +31,7 @@ from ingestion_assets.loading.metadata_columns import (
     TIMESTAMP_UTC,
 )
 from ingestion_assets.loading.relations import table_exists
-from ingestion_assets.sources.postgres.bad_values import NO_DECIMAL_VALUE
+from ingestion_assets.sources.postgres.bad_values import NO_DECIMAL_VALUE, null_oversized
 from ingestion_assets.sources.postgres.cdc import UNCHANGED_TOAST, Op, RowChange
 from ingestion_assets.sources.postgres.introspect import TableShape
 from ingestion_assets.sources.postgres.reader import connect, csv_options, decode_binary
@@ -77,6 +79,7 @@ class TableChanges:
     commit_times: list[dt.datetime] = field(default_factory=list)
     soft: bool = False  # soft deletes: a deleted row keeps its last values and gets `_ingest_deleted_at`
     generated: frozenset[str] = frozenset()  # columns the log carries no value of: read from the source
+    max_value_bytes: int = 16 << 20  # the stream's `dead_letters.max_value_bytes`: a value above parks its change
     marks: dict[Key, tuple[Decimal, dt.datetime]] = field(default_factory=dict)  # soft deletes of target rows
     _last: dict[Key, dict[str, Any]] = field(default_factory=dict)  # key -> its newest values in this batch
     _decimals: tuple[TableShape, tuple[str, ...]] | None = None  # (shape, its decimal columns)
@@ -104,7 +107,7 @@ class TableChanges:
             self._delete(old, full, version, change.commit_time)  # the key itself changed
         problem = self._unfit(new)
         if problem is not None:
-            self.bad.append((new, problem))
+            self._park(new, problem)
             return
         key = self._key(new)
         self.marks.pop(key, None)
@@ -158,9 +161,32 @@ class TableChanges:
             self._decimals = known
         return known[1]
 
+    def _park(self, row: dict[str, Any], problem: str) -> None:
+        """A change that cannot load (not in `rows`): parked, with the earlier rows of its key (`_set_aside`)."""
+        self.bad.append((row, problem))
+        key = self._key(row)
+        self._last.pop(key, None)  # a soft delete after it takes no older values for the row's last
+        self.rows = [r for r in self.rows if self._key(r) != key]
+
+    def _set_aside(self, problems: dict[int, str]) -> list[bool]:
+        """Park the rows at `problems`' indices (index -> why) with the earlier rows of their keys in this batch:
+        a row of the key that loads in the same batch releases its dead letter (the load releases the keys it
+        loads), and that older version would stand for the newest in the target, the parked change lost without a
+        word (an update that fits, then one over `max_value_bytes`). The target keeps the key's version from before
+        the batch, as a table stream's target keeps a row whose newest read parks; a later change that fits lands
+        and releases it. Returns which of `rows` stay."""
+        last: dict[Key, int] = {}  # each parked key's last parked index
+        for index in sorted(problems):
+            self.bad.append((self.rows[index], problems[index]))
+            last[self._key(self.rows[index])] = index
+        kept = [index > last.get(self._key(row), -1) for index, row in enumerate(self.rows)]
+        self.rows = [row for row, keep in zip(self.rows, kept, strict=True) if keep]
+        return kept
+
     def to_arrow(self, generation: int) -> pa.Table | None:
         """The rows as typed Arrow with the metadata columns; the parse is the snapshot's CSV parse and decoding.
-        A change with a value that does not fit (an array LIST cannot hold ...) moves from `rows` to `bad`."""
+        A change with a value that does not fit (an array LIST cannot hold, a value over `max_value_bytes` ...)
+        moves from `rows` to `bad`, and so do the earlier rows of its key in the batch (`_set_aside`)."""
         if not self.rows:
             return None
         data = self._parsed()
@@ -192,11 +218,15 @@ class TableChanges:
         columns = pa.Table.from_arrays(texts, names=[f"c{i}" for i in range(len(texts))])
         pacsv.write_csv(columns, written, pacsv.WriteOptions(include_header=False, quoting_style="all_valid"))
         data = pacsv.read_csv(io.BytesIO(written.getvalue()), **csv_options(self.shape))
-        data, unfitting = decode_texts(decode_binary(data, self.shape), self.shape, rare)
-        if unfitting:
-            self.bad += [(self.rows[i], "; ".join(str(item) for item in items)) for i, items in unfitting.items()]
-            self.rows = [row for i, row in enumerate(self.rows) if i not in unfitting]
-            data = data.filter(pa.array([i not in unfitting for i in range(data.num_rows)]))
+        found: dict[int, list[str]] = defaultdict(list)  # row -> its problems
+        # measured as a table stream measures them (bad_values.py): bytea as its bytes, the rest as its text
+        data = null_oversized(decode_binary(data, self.shape), self.max_value_bytes, found)
+        data, unfitting = decode_texts(data, self.shape, rare)
+        for index, items in unfitting.items():
+            found[index] += [str(item) for item in items]
+        if found:
+            kept = self._set_aside({index: "; ".join(why) for index, why in found.items()})
+            data = data.filter(pa.array(kept))
         return data
 
     def dead_letter_rows(self) -> list[tuple[str, str, str]]:
@@ -231,7 +261,12 @@ class TableChanges:
     def _typed_keys(self, rows: list[dict[str, Any]]) -> pa.Table:
         """The rows' key columns parsed as a change's rows are (raises when a value does not fit its column)."""
         shape = replace(self.shape, columns=tuple(self.shape.column(k) for k in self.primary_key))
-        keys = TableChanges(shape, self.primary_key, rows=[{k: row.get(k) for k in self.primary_key} for row in rows])
+        keys = TableChanges(
+            shape,
+            self.primary_key,
+            rows=[{k: row.get(k) for k in self.primary_key} for row in rows],
+            max_value_bytes=sys.maxsize,  # a key's text, whatever its size
+        )
         data = keys._parsed()
         if len(keys.rows) != len(rows):
             raise ValueError("a key value does not fit its column")
