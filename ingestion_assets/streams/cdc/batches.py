@@ -160,6 +160,7 @@ def _gather(
                     soft=stream.spec.deletes == "soft",
                     generated=generated,
                     max_value_bytes=stream.spec.dead_letters.max_value_bytes,
+                    null_bad=stream.spec.dead_letters.on_bad_value == "null",
                 )
                 pending[stream.name] = changes
             changes.add(change, source_rows.lookup(stream, parts.shape))

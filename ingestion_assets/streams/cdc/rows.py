@@ -80,6 +80,7 @@ class TableChanges:
     soft: bool = False  # soft deletes: a deleted row keeps its last values and gets `_ingest_deleted_at`
     generated: frozenset[str] = frozenset()  # columns the log carries no value of: read from the source
     max_value_bytes: int = 16 << 20  # the stream's `dead_letters.max_value_bytes`: a value above parks its change
+    null_bad: bool = False  # `on_bad_value: null`: a value that cannot load is nulled (noted in `_ingest_meta`)
     marks: dict[Key, tuple[Decimal, dt.datetime]] = field(default_factory=dict)  # soft deletes of target rows
     _last: dict[Key, dict[str, Any]] = field(default_factory=dict)  # key -> its newest values in this batch
     _decimals: tuple[TableShape, tuple[str, ...]] | None = None  # (shape, its decimal columns)
@@ -106,7 +107,10 @@ class TableChanges:
         if old is not None and any(old.get(k) is not None and old.get(k) != new.get(k) for k in self.primary_key):
             self._delete(old, full, version, change.commit_time)  # the key itself changed
         problem = self._unfit(new)
-        if problem is not None:
+        if problem is not None and self.null_bad and not self._key_unfit(new):
+            new = {**new, **{name: None for name in self._decimal_columns() if new.get(name) in _UNFIT_DECIMAL}}
+            new[META] = json.dumps({"nulled": problem})
+        elif problem is not None:
             self._park(new, problem)
             return
         key = self._key(new)
@@ -152,6 +156,9 @@ class TableChanges:
             if isinstance(value, str) and value in _UNFIT_DECIMAL:
                 return f"{name}: {value} {NO_DECIMAL_VALUE}"
         return None
+
+    def _key_unfit(self, row: dict[str, Any]) -> bool:
+        return any(row.get(k) in _UNFIT_DECIMAL for k in self.primary_key if k in self._decimal_columns())
 
     def _decimal_columns(self) -> tuple[str, ...]:
         """The shape's decimal columns, found once per shape (asked for every change of a batch)."""
@@ -199,7 +206,7 @@ class TableChanges:
             .append_column(POSITION, pa.array([r[POSITION] for r in self.rows], VERSION_TYPE))
             .append_column(GENERATION, pa.repeat(pa.scalar(generation, pa.int64()), count))
             .append_column(DELETED_AT, pa.array([r[DELETED_AT] for r in self.rows], TIMESTAMP_UTC))
-            .append_column(META, pa.nulls(count, pa.string()))
+            .append_column(META, pa.array([r.get(META) for r in self.rows], pa.string()))
         )
 
     def _parsed(self) -> pa.Table:
@@ -224,10 +231,24 @@ class TableChanges:
         data, unfitting = decode_texts(data, self.shape, rare)
         for index, items in unfitting.items():
             found[index] += [str(item) for item in items]
+        if found and self.null_bad:  # the values are nulled in `data`: the rows load, unless a key value was nulled
+            data, found = self._noted(data, found)
         if found:
             kept = self._set_aside({index: "; ".join(why) for index, why in found.items()})
             data = data.filter(pa.array(kept))
         return data
+
+    def _noted(self, data: pa.Table, found: dict[int, list[str]]) -> tuple[pa.Table, dict[int, list[str]]]:
+        """`on_bad_value: null`: the rows of `found` load with their unfit values nulled (as in `data`), each noted
+        in `_ingest_meta` as a table stream notes it; returns the rows that still park (a key value nulled: the
+        merge cannot key them)."""
+        keyless = [i for i in found if any(not data.column(k)[i].is_valid for k in self.primary_key)]
+        for index, why in found.items():
+            if index not in keyless:
+                earlier = json.loads(self.rows[index][META])["nulled"] if self.rows[index].get(META) else None
+                note = "; ".join([earlier, *why] if earlier else why)
+                self.rows[index] = {**self.rows[index], META: json.dumps({"nulled": note})}
+        return data, {i: found[i] for i in keyless}
 
     def dead_letter_rows(self) -> list[tuple[str, str, str]]:
         """(record key, error, raw JSON) of the changes whose values cannot load."""
