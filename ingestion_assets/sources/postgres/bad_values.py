@@ -69,7 +69,7 @@ def mark_problems(table: pa.Table, shape: TableShape, checked: Sequence[str], ma
     keep `_ingest_raw` only for rows with a problem (a value nulled, so the raw record keeps what it was)."""
     found: dict[int, list[str]] = defaultdict(list)
     originals: dict[int, dict[str, Any]] = defaultdict(dict)  # row -> column -> text of a value nulled in Arrow
-    table = _null_oversized(table, max_value_bytes, found)
+    table = null_oversized(table, max_value_bytes, found)
     table, unfitting = values.decode_texts(table, shape, _rare_values(table, shape, checked, found))
     for index, items in unfitting.items():
         found[index] += [str(item) for item in items]
@@ -90,19 +90,23 @@ def mark_problems(table: pa.Table, shape: TableShape, checked: Sequence[str], ma
     return table.append_column(PROBLEMS, pa.array(problems, pa.string()))
 
 
-def _null_oversized(table: pa.Table, max_value_bytes: int, found: dict[int, list[str]]) -> pa.Table:
-    """Before decoding: an array or interval over the limit is measured by its text, as COPY sent it."""
+def null_oversized(table: pa.Table, max_value_bytes: int, found: dict[int, list[str]]) -> pa.Table:
+    """Values over the limit nulled, each named in `found` (row -> problems). Text and JSON are measured in bytes
+    of UTF-8, bytea in its bytes (decoded from its hex text first); before decoding, an array or interval is
+    measured by its text, as COPY sent it. A CDC stream measures the log's values here too (streams/cdc/rows.py),
+    so a value parks alike whether the copy or the log brings it."""
     for field in table.schema:
         if field.name == RAW or not (pa.types.is_string(field.type) or pa.types.is_binary(field.type)):
             continue
         column = table.column(field.name)
-        mask = pc.fill_null(pc.greater(pc.binary_length(column), max_value_bytes), False)
+        sizes = pc.binary_length(column)
+        mask = pc.fill_null(pc.greater(sizes, max_value_bytes), False)
         if not pc.any(mask).as_py():
             continue
         for index in pc.indices_nonzero(mask).to_pylist():
-            size = len(column[index].as_py())
+            size = sizes[index].as_py()  # bytes, as the limit counts them (a character of UTF-8 may take 4)
             found[index].append(
-                f"{field.name}: value of {size:,} characters is over the size limit of {max_value_bytes:,} bytes"
+                f"{field.name}: value of {size:,} bytes is over the size limit of {max_value_bytes:,} bytes"
             )
         nulled = pc.if_else(mask, pa.nulls(table.num_rows, field.type), column)
         table = table.set_column(table.schema.get_field_index(field.name), field.name, nulled)

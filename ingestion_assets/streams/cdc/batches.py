@@ -154,7 +154,14 @@ def _gather(
             if changes is None:
                 key = tuple(stream.spec.primary_key)
                 generated = parts.generated_columns(stream)
-                changes = TableChanges(parts.shape, key, soft=stream.spec.deletes == "soft", generated=generated)
+                changes = TableChanges(
+                    parts.shape,
+                    key,
+                    soft=stream.spec.deletes == "soft",
+                    generated=generated,
+                    max_value_bytes=stream.spec.dead_letters.max_value_bytes,
+                    null_bad=stream.spec.dead_letters.on_bad_value == "null",
+                )
                 pending[stream.name] = changes
             changes.add(change, source_rows.lookup(stream, parts.shape))
 

@@ -38,11 +38,13 @@ class CopyRules:
 
 @dataclass(frozen=True)
 class RangeCopied:
-    """One range of a resumable copy: the rows it read, its last key, and whether it was the last range."""
+    """One range of a resumable copy: the rows it read, its last key, whether it was the last range, and how many
+    of its rows were parked (the run counts them with the log's)."""
 
     rows: int
     last: Position | None
     done: bool
+    parked: int = 0
 
 
 def copy_as_of(
@@ -54,19 +56,21 @@ def copy_as_of(
     keys: tuple[int, int],
     fences: Fences,
     floor: Decimal,
-) -> int:
+) -> RangeCopied:
     """The `keys` range (an integer key, a history chunk), less the fenced keys, as of `snapshot`, every row
-    at `version`; then rows of the range left below `floor` were deleted in the source."""
+    at `version`; then rows of the range left below `floor` were deleted in the source. Returns the rows read and
+    parked (no last key: a history range is copied whole)."""
     loader, plan = _reader(url, stream, rules, None)
     column = stream.spec.primary_key[0]
     window = Window(column, str(keys[0]), str(keys[1] + 1))
-    rows = 0
+    rows = parked = 0
     slices = table_slices(url, plan, None, rules.slice_rows, stream.qualified_name, window=window, snapshot=snapshot)
     for piece in slices:
-        rows += _load_slice(stream, plan, loader, piece, version, rules, fences)
+        read, dead = _load_slice(stream, plan, loader, piece, version, rules, fences)
+        rows, parked = rows + read, parked + dead
         rules.faults.hit("after_snapshot_slice", piece.index)
     loader.retire_below(floor, stream.spec.deletes == "soft", (column, *keys))
-    return rows
+    return RangeCopied(rows, None, True, parked)
 
 
 def copy_range(
@@ -95,9 +99,9 @@ def copy_range(
         piece = next(slices, None)
     if piece is None:
         return RangeCopied(0, after, True)
-    rows = _load_slice(stream, plan, loader, piece, version, rules, fences)
+    rows, parked = _load_slice(stream, plan, loader, piece, version, rules, fences)
     rules.faults.hit("after_snapshot_slice", index)
-    return RangeCopied(rows, piece.position, False)
+    return RangeCopied(rows, piece.position, False, parked)
 
 
 def _reader(url: str, stream: PostgresTableStream, rules: CopyRules, loader: Loader | None) -> tuple[Loader, ReadPlan]:
@@ -110,10 +114,18 @@ def _reader(url: str, stream: PostgresTableStream, rules: CopyRules, loader: Loa
 
 
 def table_plan(url: str, stream: PostgresTableStream) -> ReadPlan:
-    """How a CDC stream reads its table's rows (a copy, a replay of dead letters): no cursor, by primary key."""
+    """How a CDC stream reads its table's rows (a copy, a replay of dead letters): no cursor, by primary key, a
+    value over the stream's `max_value_bytes` parked as a table stream parks it (the copy read it with the default
+    limit: a value the user had set a smaller limit for landed all the same)."""
     spec = stream.spec
     return plan_table_read(
-        url, spec.schema_name, spec.table_name, (), tuple(spec.primary_key), destination=stream.destination.landing
+        url,
+        spec.schema_name,
+        spec.table_name,
+        (),
+        tuple(spec.primary_key),
+        max_value_bytes=spec.dead_letters.max_value_bytes,
+        destination=stream.destination.landing,
     )
 
 
@@ -140,8 +152,9 @@ def _load_slice(
     version: Decimal,
     rules: CopyRules,
     fences: Fences,
-) -> int:
-    """One slice less its fenced keys, bad rows parked, every row at `version`; returns the rows read."""
+) -> tuple[int, int]:
+    """One slice less its fenced keys, bad rows parked, every row at `version`; returns the rows read and parked
+    (the run's count of dead letters left out the copy's: its metadata and check said none were parked)."""
     source_rows = fences.drop_fenced((stream.spec.schema_name, stream.spec.table_name), piece.table, plan.shape)
     split = split_bad_rows(
         source_rows,
@@ -153,7 +166,7 @@ def _load_slice(
         stream.spec.dead_letters.on_bad_value,
     )
     loader.load(at_version(split.rows, version, split.meta), dead_letters=split.dead)
-    return source_rows.num_rows
+    return source_rows.num_rows, split.dead_count + loader.take_parked()
 
 
 def create_target(loader: Loader, shape: TableShape) -> None:

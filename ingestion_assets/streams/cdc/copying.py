@@ -82,7 +82,8 @@ def chunk(sync: CdcSync, url: str, lsn: int, partition: str) -> CdcOutcome:
             if table in fences.truncated:
                 continue  # emptied after the snapshot: what it holds now came through the log
             copied = copy_as_of(url, stream, snap.name, version, copy_rules, (low, high), fences, copy_floor(lsn))
-            outcome.rows[stream.name] = outcome.rows.get(stream.name, 0) + copied
+            outcome.rows[stream.name] = outcome.rows.get(stream.name, 0) + copied.rows
+            outcome.dead_letters += copied.parked
     return outcome
 
 
@@ -187,6 +188,7 @@ def _next_range(
         sync.loading = []
     progress.after, progress.ranges, progress.rows = copied.last, progress.ranges + 1, progress.rows + copied.rows
     outcome.rows[stream.name] = outcome.rows.get(stream.name, 0) + copied.rows
+    outcome.dead_letters += copied.parked
     if copied.done:
         # A copy stored without a floor (never written so since floors are set at its start) retires nothing.
         loader.retire_below(Decimal(progress.floor or 0), stream.spec.deletes == "soft")

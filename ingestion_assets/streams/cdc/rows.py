@@ -11,6 +11,8 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import sys
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
@@ -29,7 +31,7 @@ from ingestion_assets.loading.metadata_columns import (
     TIMESTAMP_UTC,
 )
 from ingestion_assets.loading.relations import table_exists
-from ingestion_assets.sources.postgres.bad_values import NO_DECIMAL_VALUE
+from ingestion_assets.sources.postgres.bad_values import NO_DECIMAL_VALUE, null_oversized
 from ingestion_assets.sources.postgres.cdc import UNCHANGED_TOAST, Op, RowChange
 from ingestion_assets.sources.postgres.introspect import TableShape
 from ingestion_assets.sources.postgres.reader import connect, csv_options, decode_binary
@@ -77,6 +79,8 @@ class TableChanges:
     commit_times: list[dt.datetime] = field(default_factory=list)
     soft: bool = False  # soft deletes: a deleted row keeps its last values and gets `_ingest_deleted_at`
     generated: frozenset[str] = frozenset()  # columns the log carries no value of: read from the source
+    max_value_bytes: int = 16 << 20  # the stream's `dead_letters.max_value_bytes`: a value above parks its change
+    null_bad: bool = False  # `on_bad_value: null`: a value that cannot load is nulled (noted in `_ingest_meta`)
     marks: dict[Key, tuple[Decimal, dt.datetime]] = field(default_factory=dict)  # soft deletes of target rows
     _last: dict[Key, dict[str, Any]] = field(default_factory=dict)  # key -> its newest values in this batch
     _decimals: tuple[TableShape, tuple[str, ...]] | None = None  # (shape, its decimal columns)
@@ -103,8 +107,11 @@ class TableChanges:
         if old is not None and any(old.get(k) is not None and old.get(k) != new.get(k) for k in self.primary_key):
             self._delete(old, full, version, change.commit_time)  # the key itself changed
         problem = self._unfit(new)
-        if problem is not None:
-            self.bad.append((new, problem))
+        if problem is not None and self.null_bad and not self._key_unfit(new):
+            new = {**new, **{name: None for name in self._decimal_columns() if new.get(name) in _UNFIT_DECIMAL}}
+            new[META] = json.dumps({"nulled": problem})
+        elif problem is not None:
+            self._park(new, problem)
             return
         key = self._key(new)
         self.marks.pop(key, None)
@@ -150,6 +157,9 @@ class TableChanges:
                 return f"{name}: {value} {NO_DECIMAL_VALUE}"
         return None
 
+    def _key_unfit(self, row: dict[str, Any]) -> bool:
+        return any(row.get(k) in _UNFIT_DECIMAL for k in self.primary_key if k in self._decimal_columns())
+
     def _decimal_columns(self) -> tuple[str, ...]:
         """The shape's decimal columns, found once per shape (asked for every change of a batch)."""
         known = self._decimals
@@ -158,9 +168,32 @@ class TableChanges:
             self._decimals = known
         return known[1]
 
+    def _park(self, row: dict[str, Any], problem: str) -> None:
+        """A change that cannot load (not in `rows`): parked, with the earlier rows of its key (`_set_aside`)."""
+        self.bad.append((row, problem))
+        key = self._key(row)
+        self._last.pop(key, None)  # a soft delete after it takes no older values for the row's last
+        self.rows = [r for r in self.rows if self._key(r) != key]
+
+    def _set_aside(self, problems: dict[int, str]) -> list[bool]:
+        """Park the rows at `problems`' indices (index -> why) with the earlier rows of their keys in this batch:
+        a row of the key that loads in the same batch releases its dead letter (the load releases the keys it
+        loads), and that older version would stand for the newest in the target, the parked change lost without a
+        word (an update that fits, then one over `max_value_bytes`). The target keeps the key's version from before
+        the batch, as a table stream's target keeps a row whose newest read parks; a later change that fits lands
+        and releases it. Returns which of `rows` stay."""
+        last: dict[Key, int] = {}  # each parked key's last parked index
+        for index in sorted(problems):
+            self.bad.append((self.rows[index], problems[index]))
+            last[self._key(self.rows[index])] = index
+        kept = [index > last.get(self._key(row), -1) for index, row in enumerate(self.rows)]
+        self.rows = [row for row, keep in zip(self.rows, kept, strict=True) if keep]
+        return kept
+
     def to_arrow(self, generation: int) -> pa.Table | None:
         """The rows as typed Arrow with the metadata columns; the parse is the snapshot's CSV parse and decoding.
-        A change with a value that does not fit (an array LIST cannot hold ...) moves from `rows` to `bad`."""
+        A change with a value that does not fit (an array LIST cannot hold, a value over `max_value_bytes` ...)
+        moves from `rows` to `bad`, and so do the earlier rows of its key in the batch (`_set_aside`)."""
         if not self.rows:
             return None
         data = self._parsed()
@@ -173,7 +206,7 @@ class TableChanges:
             .append_column(POSITION, pa.array([r[POSITION] for r in self.rows], VERSION_TYPE))
             .append_column(GENERATION, pa.repeat(pa.scalar(generation, pa.int64()), count))
             .append_column(DELETED_AT, pa.array([r[DELETED_AT] for r in self.rows], TIMESTAMP_UTC))
-            .append_column(META, pa.nulls(count, pa.string()))
+            .append_column(META, pa.array([r.get(META) for r in self.rows], pa.string()))
         )
 
     def _parsed(self) -> pa.Table:
@@ -192,12 +225,30 @@ class TableChanges:
         columns = pa.Table.from_arrays(texts, names=[f"c{i}" for i in range(len(texts))])
         pacsv.write_csv(columns, written, pacsv.WriteOptions(include_header=False, quoting_style="all_valid"))
         data = pacsv.read_csv(io.BytesIO(written.getvalue()), **csv_options(self.shape))
-        data, unfitting = decode_texts(decode_binary(data, self.shape), self.shape, rare)
-        if unfitting:
-            self.bad += [(self.rows[i], "; ".join(str(item) for item in items)) for i, items in unfitting.items()]
-            self.rows = [row for i, row in enumerate(self.rows) if i not in unfitting]
-            data = data.filter(pa.array([i not in unfitting for i in range(data.num_rows)]))
+        found: dict[int, list[str]] = defaultdict(list)  # row -> its problems
+        # measured as a table stream measures them (bad_values.py): bytea as its bytes, the rest as its text
+        data = null_oversized(decode_binary(data, self.shape), self.max_value_bytes, found)
+        data, unfitting = decode_texts(data, self.shape, rare)
+        for index, items in unfitting.items():
+            found[index] += [str(item) for item in items]
+        if found and self.null_bad:  # the values are nulled in `data`: the rows load, unless a key value was nulled
+            data, found = self._noted(data, found)
+        if found:
+            kept = self._set_aside({index: "; ".join(why) for index, why in found.items()})
+            data = data.filter(pa.array(kept))
         return data
+
+    def _noted(self, data: pa.Table, found: dict[int, list[str]]) -> tuple[pa.Table, dict[int, list[str]]]:
+        """`on_bad_value: null`: the rows of `found` load with their unfit values nulled (as in `data`), each noted
+        in `_ingest_meta` as a table stream notes it; returns the rows that still park (a key value nulled: the
+        merge cannot key them)."""
+        keyless = [i for i in found if any(not data.column(k)[i].is_valid for k in self.primary_key)]
+        for index, why in found.items():
+            if index not in keyless:
+                earlier = json.loads(self.rows[index][META])["nulled"] if self.rows[index].get(META) else None
+                note = "; ".join([earlier, *why] if earlier else why)
+                self.rows[index] = {**self.rows[index], META: json.dumps({"nulled": note})}
+        return data, {i: found[i] for i in keyless}
 
     def dead_letter_rows(self) -> list[tuple[str, str, str]]:
         """(record key, error, raw JSON) of the changes whose values cannot load."""
@@ -231,7 +282,12 @@ class TableChanges:
     def _typed_keys(self, rows: list[dict[str, Any]]) -> pa.Table:
         """The rows' key columns parsed as a change's rows are (raises when a value does not fit its column)."""
         shape = replace(self.shape, columns=tuple(self.shape.column(k) for k in self.primary_key))
-        keys = TableChanges(shape, self.primary_key, rows=[{k: row.get(k) for k in self.primary_key} for row in rows])
+        keys = TableChanges(
+            shape,
+            self.primary_key,
+            rows=[{k: row.get(k) for k in self.primary_key} for row in rows],
+            max_value_bytes=sys.maxsize,  # a key's text, whatever its size
+        )
         data = keys._parsed()
         if len(keys.rows) != len(rows):
             raise ValueError("a key value does not fit its column")
