@@ -125,12 +125,15 @@ def _run(harness: StreamHarness) -> tuple[int, str | None]:
 
 @pytest.mark.parametrize(
     ("destination", "mode"),
-    [  # the binding: DuckDB in the default suite
+    [  # the binding: DuckDB in the default suite; lakes: children added twice (SILENT) before, each tested
         ("duckdb", "remove"),
+        ("delta", "remove"),
+        ("iceberg", "remove"),
         pytest.param("duckdb", "retain", marks=pytest.mark.slow),
         pytest.param("postgres", "remove", marks=pytest.mark.slow),
         pytest.param("mariadb", "remove", marks=pytest.mark.slow),
         pytest.param("mariadb", "retain", marks=pytest.mark.slow),
+        pytest.param("delta", "retain", marks=pytest.mark.slow),
     ],
 )
 def test_the_run_after_a_refresh_goes_on_from_it_and_nested_tables_follow(
