@@ -126,22 +126,19 @@ class IcebergTables:
         source = self.open(shadow)
         if source is None:
             return False
-        rows = source.scan().to_arrow()
-        target = self.open(table)
-        if target is None:
-            with self.pipeline.destination_client() as client:
-                catalog = client.get_open_table_catalog("iceberg")
-                create_table(catalog, self._id(client, table), self.url(table), rows.schema)
-            target = self.open(table)
-            assert target is not None
-        _overwrite_as(target, rows)
-        self.sync(table)
+        self.replace(table, source.scan().to_arrow())
         return True
 
     def replace(self, table: str, rows: pa.Table) -> None:
-        """The table's rows and column types become `rows`' in one snapshot commit (a refresh's shadow retyped)."""
+        """The table's rows and column types become `rows`' in one snapshot commit (a refresh's shadow retyped, or
+        swapped in); a table not there yet is created first."""
         iceberg = self.open(table)
-        assert iceberg is not None, f"no Iceberg table {table} to replace"
+        if iceberg is None:
+            with self.pipeline.destination_client() as client:
+                catalog = client.get_open_table_catalog("iceberg")
+                create_table(catalog, self._id(client, table), self.url(table), rows.schema)
+            iceberg = self.open(table)
+            assert iceberg is not None
         _overwrite_as(iceberg, rows)
         self.sync(table)
 

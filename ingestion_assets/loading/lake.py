@@ -9,6 +9,7 @@ the next run re-reads that slice from the checkpoint and the merge on the key ab
 from __future__ import annotations
 
 import contextlib
+import posixpath
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
@@ -178,17 +179,59 @@ class LakeLoader(Loader):
 
     def swap_in(self, shadow: str, table: str, generation: int | None = None) -> None:
         """The shadow's rows replace the table's in one commit (Delta log entry, Iceberg snapshot); then the
-        shadow's folder goes."""
+        shadow's folder goes. Its nested tables (lists in API records: `<shadow>__<field>`) replace the table's
+        first, and those of the table the new generation has none of are emptied: each child stays tied to a row of
+        its generation. A lake commits table by table: a reader in between may see a new child table beside the old
+        root (a crash there swaps again, from the shadow that is still there)."""
         with self._lock():
+            old_nested, new_nested = self._nested_tables(table), self._nested_tables(shadow)
+            moved = {nested: table + nested[len(shadow) :] for nested in new_nested}
+            if self.tables.has_rows(shadow) is None:  # the refresh read no row: the stream's tables hold none
+                new_nested, moved = [], {}
+            ids: dict[str, str] = {}  # a shadow child's dlt id -> the one dlt gives it under the stream's name
+            for nested in sorted(moved, key=lambda name: name.count("__")):  # parents before their children
+                self._move_nested(nested, moved[nested], ids)
             if not self.tables.overwrite_with(table, shadow):
-                self.tables.delete(table)  # the refresh read no row
+                self.tables.delete(table)
+            for nested in old_nested:
+                if nested not in moved.values():
+                    self.tables.delete(nested)
             if generation is not None:
                 self.lake.set_generation(table, generation)
-            with self._pipeline.destination_client() as client:
-                shadow_dir = client.make_remote_url(f"{client.dataset_path.rstrip('/')}/{shadow}")
-                if client.fs_client.exists(shadow_dir):
-                    client.fs_client.rm(shadow_dir, recursive=True)
+            # the root's folder first: a shadow without a root is a swap done (see the runner's `_refresh_by_swap`)
+            self._remove_folders([shadow, *new_nested])
         self._pipeline.drop()
+
+    def _move_nested(self, nested: str, renamed: str, ids: dict[str, str]) -> None:
+        """The shadow's nested table `nested` becomes `renamed`. A lake merges a nested table on `_dlt_id`, which dlt
+        derives from the parent's id, the nested table's name and the list position: under the shadow's name each
+        child had another id than the next run gives it, which would add it a second time. The ids are made again
+        as under the stream's name (their parents' first: `ids`); plain Parquet only appends, its files just move."""
+        if self.destination.table_format == "parquet":
+            if not self.tables.overwrite_with(renamed, nested):
+                self.tables.delete(renamed)
+            return
+        dataset = self.tables.dataset(nested)
+        if dataset is None:
+            self.tables.delete(renamed)
+            return
+        self.tables.replace(renamed, live_child_ids(dataset.to_table(), renamed, ids))
+
+    def _nested_tables(self, table: str) -> list[str]:
+        """dlt's nested tables of `table` in the lake (`table__field`, and theirs): the dataset's folders so named."""
+        with self._pipeline.destination_client() as client:
+            root, fs = client.dataset_path.rstrip("/"), client.fs_client
+            if not fs.isdir(root):
+                return []
+            names = [posixpath.basename(str(path).rstrip("/")) for path in fs.ls(root, detail=False)]
+        return sorted(name for name in names if name.startswith(f"{table}__"))
+
+    def _remove_folders(self, tables: list[str]) -> None:
+        with self._pipeline.destination_client() as client:
+            for name in tables:
+                folder = client.make_remote_url(f"{client.dataset_path.rstrip('/')}/{name}")
+                if client.fs_client.exists(folder):
+                    client.fs_client.rm(folder, recursive=True)
 
     @contextlib.contextmanager
     def client(self) -> Iterator[LakeSqlView]:
@@ -260,6 +303,24 @@ class LakeLoader(Loader):
         rows = delta.to_pyarrow_dataset().to_table(columns=["stream", "record_key"])
         mine = rows.filter(pc.equal(rows["stream"], self.stream_name))["record_key"]
         return {str(key) for key in mine.to_pylist()}
+
+
+def live_child_ids(rows: pa.Table, table: str, ids: dict[str, str]) -> pa.Table:
+    """A nested table's rows with the `_dlt_id` dlt gives each under `table` (from its parent's id, as made again in
+    `ids`, and its list position), and `_dlt_parent_id` pointing at that new parent id; `ids` learns the new ids."""
+    from dlt.common.normalizers.json.helpers import get_nested_row_hash
+
+    needed = ("_dlt_id", "_dlt_parent_id", "_dlt_list_idx")
+    if rows.num_rows == 0 or not all(name in rows.column_names for name in needed):
+        return rows
+    parents = [ids.get(parent, parent) for parent in rows.column("_dlt_parent_id").to_pylist()]
+    places = rows.column("_dlt_list_idx").to_pylist()
+    made = [get_nested_row_hash(parent, table, int(place)) for parent, place in zip(parents, places, strict=True)]
+    ids.update(zip(rows.column("_dlt_id").to_pylist(), made, strict=True))
+    for name, values in (("_dlt_id", made), ("_dlt_parent_id", parents)):
+        index = rows.column_names.index(name)
+        rows = rows.set_column(index, rows.schema.field(index), pa.array(values, rows.schema.field(index).type))
+    return rows
 
 
 def retyped_rows(rows: pa.Table, changes: list[tuple[SchemaChange, str, pa.DataType]]) -> pa.Table:

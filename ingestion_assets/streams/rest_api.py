@@ -88,6 +88,9 @@ class RestApiStream:
             ),
             pipeline_name=pipeline_name(self.source_name, target.table, partition),
             max_table_nesting=self.spec.max_table_nesting,
+            # a refresh's shadow records its binding (and parks its rows) under the stream's name, as the table
+            # it becomes: the swap leaves the stream's row in `_ingest_bindings` the one the checkpoint names
+            stream_table=target.stream_table,
         )
 
     def endpoint(self) -> EndpointSpec:

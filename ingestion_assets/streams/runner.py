@@ -311,6 +311,9 @@ class PartitionJob:
             "schema": schema.stored,
         }
         loader = self.stream.loader(target, self.partition, schema.plan)
+        # its binding must be recorded under the stream's name, the table the shadow becomes: else the next run finds
+        # the old binding there and reads the whole stream again
+        assert loader.stream_name == self.stream.name, f"{type(self.stream).__name__}.loader ignores stream_table"
         if (
             after is not None
             and loader.max_generation(shadow) is None
