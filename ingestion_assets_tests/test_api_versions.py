@@ -198,3 +198,52 @@ def test_the_guard_holds_on_mariadb_and_lakes(
     api.feed = [[_live(1, middle, "1 middle, changed")]]  # an equal cursor: the later load wins
     assert harness.materialize().success
     assert rows() == {1: "1 middle, changed", 2: "2 new"}
+
+
+@pytest.mark.parametrize("mode", ["hard", "soft"])
+def test_a_tombstone_with_only_its_key_served_again_after_its_keys_re_creation_deletes_nothing(
+    harness: StreamHarness, scripted_api: Start, target: str, mode: str
+) -> None:
+    """An API that serves an old tombstone carrying only its key again (a feed that lists deletions whatever
+    `since` says) after the key's re-creation was loaded: the same tombstone (same fields) was applied before,
+    and the row now holds a newer version than the one it deleted, so it is left live. Served again while the row
+    holds the version it deleted (the live copy before it read again), it deletes again; a new tombstone (other
+    fields) of the re-created key deletes."""
+    api = scripted_api(feed=[[_live(5, 1, "five"), _live(7, 1, "seven"), _live(8, 2, "eight")]])
+    _catalog(harness, api, target, mode)
+    harness.materialize()
+    api.feed = [[_gone(5), _gone(8)]]
+    harness.materialize()
+    assert _rows(harness) == {7: "seven"}
+    api.feed = [[_live(5, 10, "five back"), _gone(7), _live(7, 4, "seven again")]]  # 7: re-created in the slice
+    harness.materialize()
+    assert _rows(harness) == {5: "five back", 7: "seven again"}
+    api.feed = [[_gone(5)], [_gone(7)], [_live(8, 2, "eight")], [_gone(8)]]  # 8: its live copy, then its tombstone
+    assert harness.materialize().success
+    assert _rows(harness) == {5: "five back", 7: "seven again"}
+    assert set(_rows(harness, deleted=True)) == (set() if mode == "hard" else {8})
+    api.feed = [[{**_gone(5), "event": "e2"}]]  # a deletion of the re-created key: a tombstone not seen before
+    harness.materialize()
+    assert _rows(harness) == {7: "seven again"}
+
+
+def test_a_hard_deleted_key_is_not_brought_back_by_an_older_live_copy(
+    harness: StreamHarness, scripted_api: Start, target: str
+) -> None:
+    """Under `hard`, the target keeps the version each key was deleted at (its tombstone's cursor, or the row's
+    last version for a tombstone carrying only its key; a dated tombstone of a key never seen too): an older live
+    copy served after the deletion does not bring the key back, its re-creation (a newer cursor) does."""
+    api = scripted_api(feed=[[_live(8, 3, "three"), _live(9, 3, "nine")]])
+    _catalog(harness, api, target, "hard")
+    harness.materialize()
+    # newest first: the tombstone (cursor 9) in one slice, an older live copy (5) in the next, and again a run later
+    api.feed = [[_gone(8, 9), _gone(9), _gone(20, 6)], [_live(8, 5, "five"), _live(9, 2, "two"), _live(20, 4, "4")]]
+    harness.materialize()
+    assert _rows(harness) == {}
+    api.feed = [[_live(8, 7, "seven"), _live(9, 1, "one"), _live(20, 5, "5")]]
+    harness.materialize()
+    assert _rows(harness) == {}
+    api.feed = [[_live(8, 12, "re-created"), _live(9, 4, "nine again"), _live(20, 8, "twenty")]]
+    harness.materialize()
+    assert _rows(harness) == {8: "re-created", 9: "nine again", 20: "twenty"}
+    assert _rows(harness, deleted=True) == {}
