@@ -247,3 +247,27 @@ def test_a_hard_deleted_key_is_not_brought_back_by_an_older_live_copy(
     harness.materialize()
     assert _rows(harness) == {8: "re-created", 9: "nine again", 20: "twenty"}
     assert _rows(harness, deleted=True) == {}
+
+
+@pytest.mark.slow
+def test_what_the_target_remembers_of_its_deletions_holds_on_mariadb(
+    harness: StreamHarness, scripted_api: Start, request: pytest.FixtureRequest
+) -> None:
+    server: MariaDb = request.getfixturevalue(mariadb.__name__)
+    server.datasets.append(harness.source_name)
+    api = scripted_api(feed=[[_live(5, 1, "five"), _live(8, 3, "three")]])
+    _catalog(harness, api, "duckdb", "hard")
+    use_destination(harness, server.destination())
+
+    def rows() -> dict[int, str]:
+        found = server.query(f"SELECT id, v FROM `{harness.source_name}`.`feed` WHERE _ingest_deleted_at IS NULL")
+        return {int(i): str(v) for i, v in found}
+
+    assert harness.materialize().success
+    api.feed = [[_gone(5), _gone(8, 9)], [_live(8, 5, "older")]]
+    assert harness.materialize().success
+    assert rows() == {}
+    api.feed = [[_live(5, 10, "five back")], [_gone(5)]]  # the old tombstone served again after the re-creation
+    assert harness.materialize().success
+    assert rows() == {5: "five back"}
+
