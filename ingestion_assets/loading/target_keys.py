@@ -74,10 +74,12 @@ class TargetKeys:
     def delete(self, keys: Iterable[Key]) -> int:
         """Hard deletes: the rows and their nested rows (child tables of lists in the records) go."""
         removed = 0
-        schema = self.loader.pipeline.default_schema  # restored from the destination first: before the writer lock
+        pipeline = self.loader.pipeline  # dlt's schema restored from the destination first: before the writer lock
+        # no schema: dlt never loaded this stream (a first slice of tombstones only), so no table holds its keys
+        tables = pipeline.default_schema.tables if pipeline.default_schema_name else {}
         with self.loader.client() as client:
             root = client.make_qualified_table_name(self.loader.target.table)
-            nested = self._nested_tables(client, schema.tables)
+            nested = self._nested_tables(client, tables)
             for where in self._predicates(client, keys):
                 with client.begin_transaction():
                     for table in nested:
