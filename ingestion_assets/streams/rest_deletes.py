@@ -100,7 +100,8 @@ def load_slice(
     hard = deletes.mode == "hard"
     # what the target remembers of its deletions: streams with a cursor (a full read has no versions to compare)
     generation = records[0].get(GENERATION) if records else None
-    memory = Tombstones(loader, loader.stream_name, generation) if merge and cursor and generation else None
+    # per stream (its name, not its table's: a refresh reads into a shadow table, then swapped in) and generation
+    memory = Tombstones(loader, stream or loader.stream_name, generation) if merge and cursor and generation else None
     newest = {_key(r, loader): r for r in records}
     live = [r for r in newest.values() if not is_deletion(r, marker)]
     if guarded:
