@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ingestion_assets.loading.metadata_columns import DELETED_AT, EXTRACTED_AT, GENERATION, META, POSITION
@@ -69,20 +69,27 @@ class Tombstones:
     def remember_seen(self, entries: Mapping[tuple[Key, str], str | None]) -> None:
         """Tombstones seen for the first time (those already remembered keep their first version)."""
         known = self.seen(entries)
-        new = {kf: v for kf, v in entries.items() if kf not in known}
-        self._insert(SEEN, [(key_id(k), f, v) for (k, f), v in sorted(new.items(), key=repr)])
+        new = [(key_id(k), f, v) for (k, f), v in sorted(entries.items(), key=repr) if (k, f) not in known]
+        if not new:
+            return
+        with self.loader.client() as client:
+            table = self._create(client)
+            for start in range(0, len(new), _CHUNK):
+                self._insert(client, table, SEEN, new[start : start + _CHUNK])
 
     def remember_deleted(self, versions: Mapping[Key, str]) -> None:
         """The versions keys were hard-deleted at, replacing what was remembered for them."""
         if not versions:
             return
+        rows = [(key_id(k), None, v) for k, v in sorted(versions.items(), key=repr)]
         with self.loader.client() as client:
             table = self._create(client)
-            ids = sorted(key_id(k) for k in versions)
-            for start in range(0, len(ids), _CHUNK):
-                chunk = ", ".join(_text(i) for i in ids[start : start + _CHUNK])
-                client.execute_sql(f"DELETE FROM {table} WHERE {self._where(DELETED)} AND record_key IN ({chunk})")
-        self._insert(DELETED, [(key_id(k), None, v) for k, v in sorted(versions.items(), key=repr)])
+            for start in range(0, len(rows), _CHUNK):  # a key's old version goes as its new one comes
+                chunk = rows[start : start + _CHUNK]
+                with client.begin_transaction():
+                    ids = ", ".join(_text(ident) for ident, _, _ in chunk)
+                    client.execute_sql(f"DELETE FROM {table} WHERE {self._where(DELETED)} AND record_key IN ({ids})")
+                    self._insert(client, table, DELETED, chunk)
 
     def _rows(self, kind: str, keys: Iterable[Key]) -> Iterator[tuple[str, str | None, str | None]]:
         ids = sorted({key_id(k) for k in keys})
@@ -102,23 +109,17 @@ class Tombstones:
                 for row in client.execute_sql(statement) or []:
                     yield str(row[0]), None if row[1] is None else str(row[1]), None if row[2] is None else str(row[2])
 
-    def _insert(self, kind: str, rows: list[tuple[str, str | None, str | None]]) -> None:
-        if not rows:
-            return
-        now = dt.datetime.now(dt.UTC).isoformat()
-        with self.loader.client() as client:
-            table = self._create(client)
-            for start in range(0, len(rows), _CHUNK):
-                values = ", ".join(
-                    f"({_text(self.stream)}, {self.generation}, {_text(kind)}, {_text(ident)}, "
-                    f"{'NULL' if tombstone is None else _text(tombstone)}, "
-                    f"{'NULL' if version is None else _text(version)}, {_text(now)})"
-                    for ident, tombstone, version in rows[start : start + _CHUNK]
-                )
-                client.execute_sql(
-                    f"INSERT INTO {table} (stream, generation, kind, record_key, tombstone, version, seen_at) "
-                    f"VALUES {values}"
-                )
+    def _insert(self, client: Any, table: str, kind: str, rows: Sequence[tuple[str, str | None, str | None]]) -> None:
+        now = _text(dt.datetime.now(dt.UTC).isoformat())
+        values = ", ".join(
+            f"({_text(self.stream)}, {self.generation}, {_text(kind)}, {_text(ident)}, "
+            f"{'NULL' if tombstone is None else _text(tombstone)}, {'NULL' if version is None else _text(version)}, "
+            f"{now})"
+            for ident, tombstone, version in rows
+        )
+        client.execute_sql(
+            f"INSERT INTO {table} (stream, generation, kind, record_key, tombstone, version, seen_at) VALUES {values}"
+        )
 
     def _create(self, client: Any) -> str:
         table = client.make_qualified_table_name(TOMBSTONES)
@@ -127,6 +128,8 @@ class Tombstones:
                 f"CREATE TABLE IF NOT EXISTS {table} (stream text, generation bigint, kind text, record_key text, "
                 "tombstone text, version text, seen_at text)"
             )
+            if self.loader.destination.type == "postgres":  # looked up by key, 500 at a time: no scan of them all
+                client.execute_sql(f"CREATE INDEX IF NOT EXISTS {TOMBSTONES}_key ON {table} (record_key)")
             self._exists = True
         return table
 
