@@ -198,3 +198,106 @@ def test_the_guard_holds_on_mariadb_and_lakes(
     api.feed = [[_live(1, middle, "1 middle, changed")]]  # an equal cursor: the later load wins
     assert harness.materialize().success
     assert rows() == {1: "1 middle, changed", 2: "2 new"}
+
+
+@pytest.mark.parametrize("mode", ["hard", pytest.param("soft", marks=pytest.mark.slow)])  # one code path: ~25 s each
+def test_a_tombstone_with_only_its_key_served_again_after_its_keys_re_creation_deletes_nothing(
+    harness: StreamHarness, scripted_api: Start, target: str, mode: str
+) -> None:
+    """An API that serves an old tombstone carrying only its key again (a feed that lists deletions whatever
+    `since` says) after the key's re-creation was loaded: the same tombstone (same fields) was applied before,
+    and the row now holds a newer version than the one it deleted, so it is left live. Served again while the row
+    holds the version it deleted (the live copy before it read again), it deletes again; a new tombstone (other
+    fields) of the re-created key deletes."""
+    api = scripted_api(feed=[[_live(5, 1, "five"), _live(7, 1, "seven"), _live(8, 2, "eight")]])
+    _catalog(harness, api, target, mode)
+    harness.materialize()
+    api.feed = [[_gone(5), _gone(8)]]
+    harness.materialize()
+    assert _rows(harness) == {7: "seven"}
+    api.feed = [[_live(5, 10, "five back"), _gone(7), _live(7, 4, "seven again")]]  # 7: re-created in the slice
+    harness.materialize()
+    assert _rows(harness) == {5: "five back", 7: "seven again"}
+    api.feed = [[_gone(5)], [_gone(7)], [_live(8, 2, "eight")], [_gone(8)]]  # 8: its live copy, then its tombstone
+    assert harness.materialize().success
+    assert _rows(harness) == {5: "five back", 7: "seven again"}
+    assert set(_rows(harness, deleted=True)) == (set() if mode == "hard" else {8})
+    api.feed = [[{**_gone(5), "event": "e2"}]]  # a deletion of the re-created key: a tombstone not seen before
+    harness.materialize()
+    assert _rows(harness) == {7: "seven again"}
+
+
+def test_a_hard_deleted_key_is_not_brought_back_by_an_older_live_copy(
+    harness: StreamHarness, scripted_api: Start, target: str
+) -> None:
+    """Under `hard`, the target keeps the version each key was deleted at (its tombstone's cursor, or the row's
+    last version for a tombstone carrying only its key; a dated tombstone of a key never seen too): an older live
+    copy served after the deletion does not bring the key back, its re-creation (a newer cursor) does."""
+    api = scripted_api(feed=[[_live(8, 3, "three"), _live(9, 3, "nine")]])
+    _catalog(harness, api, target, "hard")
+    harness.materialize()
+    # newest first: the tombstone (cursor 9) in one slice, an older live copy (5) in the next, and again a run later
+    api.feed = [[_gone(8, 9), _gone(9), _gone(20, 6)], [_live(8, 5, "five"), _live(9, 2, "two"), _live(20, 4, "4")]]
+    harness.materialize()
+    assert _rows(harness) == {}
+    api.feed = [[_live(8, 7, "seven"), _live(9, 1, "one"), _live(20, 5, "5")]]
+    harness.materialize()
+    assert _rows(harness) == {}
+    api.feed = [[_live(8, 12, "re-created"), _live(9, 4, "nine again"), _live(20, 8, "twenty")]]
+    harness.materialize()
+    assert _rows(harness) == {8: "re-created", 9: "nine again", 20: "twenty"}
+    assert _rows(harness, deleted=True) == {}
+
+
+@pytest.mark.slow
+def test_what_the_target_remembers_of_its_deletions_holds_on_mariadb(
+    harness: StreamHarness, scripted_api: Start, request: pytest.FixtureRequest
+) -> None:
+    server: MariaDb = request.getfixturevalue(mariadb.__name__)
+    server.datasets.append(harness.source_name)
+    api = scripted_api(feed=[[_live(5, 1, "five"), _live(8, 3, "three")]])
+    _catalog(harness, api, "duckdb", "hard")
+    use_destination(harness, server.destination())
+
+    def rows() -> dict[int, str]:
+        found = server.query(f"SELECT id, v FROM `{harness.source_name}`.`feed` WHERE _ingest_deleted_at IS NULL")
+        return {int(i): str(v) for i, v in found}
+
+    assert harness.materialize().success
+    api.feed = [[_gone(5), _gone(8, 9)], [_live(8, 5, "older")]]
+    assert harness.materialize().success
+    assert rows() == {}
+    api.feed = [[_live(5, 10, "five back")], [_gone(5)]]  # the old tombstone served again after the re-creation
+    assert harness.materialize().success
+    assert rows() == {5: "five back"}
+
+
+def test_a_first_slice_of_tombstones_only_under_hard_deletes_nothing_and_holds_older_copies_back(
+    harness: StreamHarness, scripted_api: Start, target: str
+) -> None:
+    """A stream's very first slice holding only tombstones (nothing loaded yet, no table, no dlt schema) under `hard`:
+    nothing to delete, the read goes on, and a dated tombstone's key is held back from an older copy served later."""
+    api = scripted_api(feed=[[_gone(5), _gone(7, 4)], [_live(6, 1, "six"), _live(7, 2, "seven, older")]])
+    _catalog(harness, api, target, "hard")
+    assert harness.materialize().success
+    assert _rows(harness) == {6: "six"}
+
+
+def test_a_refresh_starts_afresh_with_what_the_api_serves_after_hard_deletes(
+    harness: StreamHarness, scripted_api: Start, target: str
+) -> None:
+    """The versions keys were hard-deleted at belong to the table they were deleted from: `ingest refresh` reads into
+    a new table (a new generation), so a key the API serves again at an older version (restored from a backup) loads,
+    and so does a key whose cursorless tombstone was seen before."""
+    api = scripted_api(feed=[[_live(8, 3, "three"), _live(9, 3, "nine")], [_gone(8, 9), _gone(9)]])
+    _catalog(harness, api, target, "hard")
+    harness.materialize()
+    assert _rows(harness) == {}
+    api.feed = [[_live(8, 5, "restored at 5")], [_gone(9)], [_live(9, 4, "nine restored")]]
+    request_refresh(harness.settings, harness.source_name, "feed", "remove")
+    assert harness.materialize().success
+    assert _rows(harness) == {8: "restored at 5", 9: "nine restored"}
+    # the new generation remembers its own: 9's tombstone was seen before its copy loaded; 8's (new) deletes it
+    api.feed = [[_gone(9)], [_gone(8)], [_live(8, 4, "older")]]
+    harness.materialize()
+    assert _rows(harness) == {9: "nine restored"}

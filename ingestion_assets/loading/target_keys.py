@@ -49,7 +49,11 @@ class TargetKeys:
         """The version (`_ingest_position`) the target holds for each of `keys` it has. None: the row has no version
         to order by, a key first seen as a tombstone carrying only its key (NULL; before, its read time, which is
         our clock and no server cursor: a soft-deleted row whose version is its own `_ingest_extracted_at`)."""
-        found: dict[Key, str | None] = {}
+        return {key: version for key, (version, _) in self.held(keys).items()}
+
+    def held(self, keys: Iterable[Key]) -> dict[Key, tuple[str | None, bool]]:
+        """(version as `positions` says, whether the row is live) for each of `keys` the target has."""
+        found: dict[Key, tuple[str | None, bool]] = {}
         with self.loader.client() as client:
             columns = ", ".join(client.escape_column_name(k) for k in self.primary_key)
             table = client.make_qualified_table_name(self.loader.target.table)
@@ -58,7 +62,8 @@ class TargetKeys:
                 for row in client.execute_sql(statement) or []:
                     position, extracted, deleted = row[-3:]
                     read_time = deleted is not None and _same_moment(position, extracted)
-                    found[tuple(row[:-3])] = None if position is None or read_time else str(position)
+                    version = None if position is None or read_time else str(position)
+                    found[tuple(row[:-3])] = (version, deleted is None)
         return found
 
     def live(self) -> set[Key]:
@@ -69,10 +74,12 @@ class TargetKeys:
     def delete(self, keys: Iterable[Key]) -> int:
         """Hard deletes: the rows and their nested rows (child tables of lists in the records) go."""
         removed = 0
-        schema = self.loader.pipeline.default_schema  # restored from the destination first: before the writer lock
+        pipeline = self.loader.pipeline  # dlt's schema restored from the destination first: before the writer lock
+        # no schema: dlt never loaded this stream (a first slice of tombstones only), so no table holds its keys
+        tables = pipeline.default_schema.tables if pipeline.default_schema_name else {}
         with self.loader.client() as client:
             root = client.make_qualified_table_name(self.loader.target.table)
-            nested = self._nested_tables(client, schema.tables)
+            nested = self._nested_tables(client, tables)
             for where in self._predicates(client, keys):
                 with client.begin_transaction():
                     for table in nested:

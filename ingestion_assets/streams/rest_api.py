@@ -48,8 +48,9 @@ from ingestion_assets.sources.rest.read_ahead import BackgroundLoads, ReadAhead,
 from ingestion_assets.sources.slices import Slice
 from ingestion_assets.streams.postgres_table import RunOptions, Target
 from ingestion_assets.streams.rest_credentials import build_auth
-from ingestion_assets.streams.rest_deletes import KeyListingResult, is_deletion, load_slice, retire_unlisted
+from ingestion_assets.streams.rest_deletes import is_deletion, load_slice
 from ingestion_assets.streams.rest_fields import name_collision, non_finite_fields, raw_text
+from ingestion_assets.streams.rest_key_listing import KeyListingResult, retire_unlisted
 from ingestion_assets.streams.rest_schema import ApiSchemaStep, api_schema_step
 from ingestion_assets.sync import CheckpointSink, Faults, SliceOutcome, SyncResult, run_slices
 

@@ -1,22 +1,21 @@
-"""Deletes for API streams: deletion markers applied with the slice that carries them, and the periodic key
-listing that retires the keys an API no longer serves (with the figures a reconciliation reports)."""
+"""Deletes for API streams: deletion markers applied with the slice that carries them, under the version guard and
+what the target remembers of earlier deletions (the periodic key listing: rest_key_listing.py)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
-from ingestion_assets.catalog.rest import DeletionMarker, KeyListing, RestDeletes
+from ingestion_assets.catalog.rest import DeletionMarker, RestDeletes
 from ingestion_assets.loading.dead_letters import key_part
-from ingestion_assets.loading.metadata_columns import DELETED_AT, POSITION, version_text
+from ingestion_assets.loading.metadata_columns import DELETED_AT, GENERATION, POSITION, version_text
 from ingestion_assets.loading.parked import release_parked
 from ingestion_assets.loading.pipeline import Loader
-from ingestion_assets.loading.target_keys import Key, TargetKeys, key_text, last_listing, record_listing
-from ingestion_assets.sources.rest import EndpointSpec, RestClient, read_pages
+from ingestion_assets.loading.target_keys import Key, TargetKeys, key_text
+from ingestion_assets.loading.tombstones import Tombstones, fingerprint
 from ingestion_assets.sources.rest.incremental import order_key, usable
 
 logger = logging.getLogger(__name__)
@@ -77,10 +76,14 @@ def load_slice(
     Under merge only each key's newest record in the slice counts (`newest_per_key`), so a record deleted
     and created again within one slice ends live, one updated then deleted ends deleted, and a tombstone older
     than a live version of its key in the slice deletes nothing. Across slices and runs the target's version
-    decides (`_not_older`, `_not_outdated`). Deletions are applied after the load and before the checkpoint: a
-    crash in between re-reads the slice and applies them again, which changes nothing the second time.
+    decides (`_not_older`, `_not_outdated`), and what it remembers of its deletions (`_ingest_tombstones`): a
+    tombstone carrying only its key served again after its key's re-creation deletes nothing (`_not_replayed`),
+    a hard-deleted key keeps the version it was deleted at. Deletions are applied after the load and before the
+    checkpoint: a crash in between re-reads the slice and applies them again, which changes nothing the second
+    time.
     """
     merge = loader.target.write_disposition == "merge"
+    served = records
     if merge:
         records = newest_per_key(records, loader.target.primary_key, cursor, stream)
     # `_ingest_position` is text (version_text), also where a slice holds only versionless tombstones (NULL)
@@ -94,26 +97,100 @@ def load_slice(
             records = _not_older(keys, records, cursor, stream)
         return loader.load_records(records, dead_letters=dead_letters, column_hints=hints)
     assert deletes is not None
+    hard = deletes.mode == "hard"
+    # what the target remembers of its deletions: streams with a cursor (a full read has no versions to compare)
+    generation = records[0].get(GENERATION) if records else None
+    # per stream (its name, not its table's: a refresh reads into a shadow table, then swapped in) and generation
+    memory = Tombstones(loader, stream or loader.stream_name, generation) if merge and cursor and generation else None
     newest = {_key(r, loader): r for r in records}
     live = [r for r in newest.values() if not is_deletion(r, marker)]
     if guarded:
         assert cursor is not None
-        live = _not_older(keys, live, cursor, stream)
+        live = _not_older(keys, live, cursor, stream, memory if hard else None)
     deleted = {key: r for key, r in newest.items() if is_deletion(r, marker)}
-    deleted = _not_outdated(keys, deleted, cursor, stream)
+    deleted = _not_outdated(keys, deleted, cursor, stream, memory if hard else None)
+    keyless: dict[tuple[Key, str], str | None] = {}
+    if memory is not None:
+        assert cursor is not None
+        keyless = _keyless_tombstones(keys, served, marker, cursor)
+        deleted = _not_replayed(keys, memory, deleted, keyless, cursor, stream)
     present = keys.existing(deleted) if deleted and deletes.mode == "soft" else set()
     if deletes.mode == "soft":  # a key deleted before we ever saw it: its tombstone is its last known state
         now = dt.datetime.now(dt.UTC)
         live += [{**r, DELETED_AT: now, POSITION: _version(r, cursor)} for k, r in deleted.items() if k not in present]
     loaded = loader.load_records(live, dead_letters=dead_letters, column_hints=hints)
-    if deletes.mode == "hard":
+    if hard:
+        last = keys.positions(deleted) if memory is not None and deleted else {}
         keys.delete(deleted)
+        if memory is not None:  # the version each key was deleted at: its tombstone's cursor, else its row's last
+            gone = {key: _version(r, cursor) or last.get(key) for key, r in deleted.items()}
+            memory.remember_deleted({key: version for key, version in gone.items() if version is not None})
     else:  # the row keeps its last values; its version becomes the tombstone's cursor, if it carries one
         versions = {key: v for key, r in deleted.items() if key in present and (v := _version(r, cursor)) is not None}
         keys.mark_deleted(present, versions)
+    if memory is not None:  # after the deletions: a crash before this applies them again on the re-read
+        memory.remember_seen(keyless)
     if deleted:  # a key parked before (a record that could not load) is settled by its deletion
         release_parked(loader, ["|".join(key_part(str(part)) for part in key) for key in deleted])
     return loaded
+
+
+def _keyless_tombstones(
+    keys: TargetKeys, served: list[dict[str, Any]], marker: DeletionMarker, cursor: str
+) -> dict[tuple[Key, str], str | None]:
+    """The slice's tombstones carrying only their key, as (key, fingerprint) -> the newest version their key had
+    when each was served: the target's, or that of a copy of the key served before it in the slice (None: none)."""
+    keyless = [r for r in served if is_deletion(r, marker) and not usable(r.get(cursor))]
+    if not keyless:
+        return {}
+    known: dict[Key, str | None] = dict(keys.positions({_key(r, keys.loader) for r in keyless}))
+    found: dict[tuple[Key, str], str | None] = {}
+    for record in served:
+        key = _key(record, keys.loader)
+        if usable(record.get(cursor)):
+            version, held = version_text(record[cursor]), known.get(key)
+            if held is None or order_key(version) > order_key(held):
+                known[key] = version
+        elif is_deletion(record, marker):
+            found.setdefault((key, fingerprint(record)), known.get(key))
+    return found
+
+
+def _not_replayed(
+    keys: TargetKeys,
+    memory: Tombstones,
+    deleted: dict[Key, dict[str, Any]],
+    keyless: dict[tuple[Key, str], str | None],
+    cursor: str,
+    stream: str,
+) -> dict[Key, dict[str, Any]]:
+    """The tombstones to apply, less those carrying only their key that were seen before (the same fields and
+    values) while their key held an older version than the live row the target holds now: the key was created
+    again after that tombstone, which is no deletion of the new version, only the old one served again."""
+    mine = {key: fingerprint(r) for key, r in deleted.items() if not usable(r.get(cursor))}
+    before = memory.seen(mine.items()) if mine else {}
+    if not before:
+        return deleted
+    rows = keys.held(key for key, print_ in mine.items() if (key, print_) in before)
+    replayed = set()
+    for key, print_ in mine.items():
+        version, live = rows.get(key, (None, False))
+        if (key, print_) in before and live and version is not None:
+            then = before[(key, print_)]
+            if then is None or order_key(version) > order_key(then):
+                replayed.add(key)
+    if replayed:
+        sample = ", ".join(key_text(k) for k in sorted(replayed, key=repr)[:SAMPLE])
+        logger.warning(
+            "%s: %d tombstone(s) carrying only their key served again after their key was created again (a newer "
+            "version loaded since): not applied (keys %s). The same tombstone was applied before; a key deleted "
+            "again whose tombstone carries exactly the same fields cannot be told from it: a key listing "
+            "(deletes.key_listing) or the cursor field in tombstones would",
+            stream,
+            len(replayed),
+            sample,
+        )
+    return {key: r for key, r in deleted.items() if key not in replayed}
 
 
 def _key(record: dict[str, Any], loader: Loader) -> Key:
@@ -127,15 +204,17 @@ def _version(record: dict[str, Any], cursor: str | None) -> str | None:
 
 
 def _not_older(
-    keys: TargetKeys, records: list[dict[str, Any]], cursor: str, stream: str
+    keys: TargetKeys, records: list[dict[str, Any]], cursor: str, stream: str, memory: Tombstones | None = None
 ) -> list[dict[str, Any]]:
     """The live records to load (one per key): a record whose cursor is older than the version the target holds
     for its key (an API listing one key's versions newest first, across slices or runs) is left out, so it
     never overwrites the newer one; on an equal cursor the later load wins. A soft-deleted row's version is its
     tombstone's cursor (or its last live version's, the tombstone carrying none): an older copy does not bring
     it back, a re-creation does. A row without a version (a key first seen as a tombstone with only its key)
-    holds nothing back."""
-    older = _older_than_target(keys, {_key(r, keys.loader): r for r in records if usable(r.get(cursor))}, cursor)
+    holds nothing back. Under `hard` (`memory`), a key the target no longer holds is compared with the version it
+    was deleted at, as a soft-deleted row would be."""
+    dated = {_key(r, keys.loader): r for r in records if usable(r.get(cursor))}
+    older = _older_than_target(keys, dated, cursor, memory)
     if not older:
         return records
     logger.info("%s: %d record(s) older than the version the target holds: not loaded", stream, len(older))
@@ -143,118 +222,34 @@ def _not_older(
 
 
 def _not_outdated(
-    keys: TargetKeys, deleted: dict[Key, dict[str, Any]], cursor: str | None, stream: str
+    keys: TargetKeys,
+    deleted: dict[Key, dict[str, Any]],
+    cursor: str | None,
+    stream: str,
+    memory: Tombstones | None = None,
 ) -> dict[Key, dict[str, Any]]:
     """The tombstones to apply: one with a cursor deletes only a target row no newer than itself (a tombstone from
     before its key's re-creation, met in a later slice of a list not in cursor order, deletes nothing); one with
     only its key is placed by when it was read, after every row loaded before it, and always applies."""
     if cursor is None or not (dated := {key: r for key, r in deleted.items() if usable(r.get(cursor))}):
         return deleted
-    outdated = _older_than_target(keys, dated, cursor)
+    outdated = _older_than_target(keys, dated, cursor, memory)
     if outdated:
         logger.info("%s: %d tombstone(s) older than the row the target holds: not applied", stream, len(outdated))
     return {key: r for key, r in deleted.items() if key not in outdated}
 
 
-def _older_than_target(keys: TargetKeys, dated: dict[Key, dict[str, Any]], cursor: str) -> set[Key]:
+def _older_than_target(
+    keys: TargetKeys, dated: dict[Key, dict[str, Any]], cursor: str, memory: Tombstones | None = None
+) -> set[Key]:
     """The keys whose record's cursor is older than the version the target holds (compared as the API's cursors
-    are: numbers by value, timestamps as moments with their offsets, other text as text)."""
+    are: numbers by value, timestamps as moments with their offsets, other text as text), or, for a key it no
+    longer holds, than the version the key was hard-deleted at (`memory`)."""
     held = keys.positions(dated) if dated else {}
+    if memory is not None and (absent := [key for key in dated if key not in held]):
+        held = {**held, **memory.deleted_versions(absent)}
     return {
         key
         for key, record in dated.items()
         if (stored := held.get(key)) is not None and order_key(version_text(record[cursor])) < order_key(stored)
     }
-
-
-@dataclass(frozen=True)
-class KeyListingResult:
-    """One key listing compared with the target; the fields a table's reconciliation reports."""
-
-    compared: int  # live keys in the target compared with the listing
-    listed: int  # keys the API serves
-    missing: int  # served but not in the target: changed after the read, the next read brings them
-    stale: int  # older in the target than on the server: a key listing carries no versions, so 0
-    target_only: int  # live in the target, no longer served: deleted at the source
-    deletions_applied: int
-    refused: str | None = None  # why nothing was retired (a listing that would empty the target, say)
-    sample: list[str] = field(default_factory=list)  # some retired (or refused) keys
-
-    @property
-    def passed(self) -> bool:
-        return self.refused is None
-
-    def as_metadata(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def listing_endpoint(endpoint: EndpointSpec, listing: KeyListing) -> EndpointSpec:
-    """The stream's endpoint read in full (no cursor filter), or the configured keys endpoint."""
-    return EndpointSpec(
-        path=listing.path or endpoint.path,
-        primary_key=endpoint.primary_key,
-        records_path=endpoint.records_path if listing.records_path is None else listing.records_path,
-        cursor_field=None,
-        cursor_param=None,
-        pagination=endpoint.pagination,
-        page_size=listing.page_size or endpoint.page_size,
-        params={**(endpoint.params if listing.path is None else {}), **listing.params},
-    )
-
-
-def retire_unlisted(
-    client: RestClient, endpoint: EndpointSpec, loader: Loader, deletes: RestDeletes, stream: str
-) -> KeyListingResult | None:
-    """If the stream's listing is due: list every key the API serves, and retire the target's live keys it
-    no longer lists (hard or soft). Runs after the read's final checkpoint, so every key in the target was
-    read before the listing began: one the listing misses was deleted since, not created since."""
-    listing = deletes.key_listing
-    if listing is None or not _due(loader, stream, listing):
-        return None
-    began = dt.datetime.now(dt.UTC)
-    served: set[Key] = set()
-    doubt: str | None = None
-    for page in read_pages(client, listing_endpoint(endpoint, listing), None):
-        doubt = page.doubt or doubt
-        served |= {
-            tuple(r[k] for k in endpoint.primary_key)
-            for r in page.records
-            if all(usable(r.get(k)) for k in endpoint.primary_key)  # a keyless record names no target key
-            and (deletes.marker is None or not is_deletion(r, deletes.marker))
-        }
-    keys = TargetKeys(loader)
-    live = keys.live()
-    gone = sorted(live - served, key=repr)
-    sample = [key_text(k) for k in gone[:SAMPLE]]
-    figures: dict[str, Any] = {
-        "compared": len(live),
-        "listed": len(served),
-        "missing": len(served - live),
-        "stale": 0,
-        "target_only": len(gone),
-    }
-    if gone and doubt is not None:
-        refused = (
-            f"the key listing of {stream} may have ended early ({doubt}): nothing retired. A key it did not reach is "
-            "no deleted key; check the stream's pagination"
-        )
-        result = KeyListingResult(**figures, deletions_applied=0, refused=refused, sample=sample)
-    elif live and len(gone) > listing.max_retire_share * len(live):
-        refused = (
-            f"the key listing of {stream} would retire {len(gone):,} of {len(live):,} live keys, over "
-            f"max_retire_share {listing.max_retire_share}: nothing retired. Check the listing's path and "
-            "records_path (a listing that finds too few keys would empty the target), then raise the share "
-            "if that many deletions are real"
-        )
-        result = KeyListingResult(**figures, deletions_applied=0, refused=refused, sample=sample)
-    else:
-        applied = keys.delete(gone) if deletes.mode == "hard" else keys.mark_deleted(gone)
-        result = KeyListingResult(**figures, deletions_applied=applied, sample=sample)
-    record_listing(loader, stream, began, result.as_metadata())
-    logger.info("%s: key listing %s", stream, result.as_metadata())
-    return result
-
-
-def _due(loader: Loader, stream: str, listing: KeyListing) -> bool:
-    last = last_listing(loader, stream)
-    return last is None or dt.datetime.now(dt.UTC) - last >= dt.timedelta(hours=listing.every_hours)

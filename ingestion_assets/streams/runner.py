@@ -51,7 +51,7 @@ from ingestion_assets.sync import Faults, SyncResult
 if TYPE_CHECKING:  # a step imports the modules of its own stream kind only (files and APIs: see `_schema_step`)
     from ingestion_assets.streams.files import FileSourceStream
     from ingestion_assets.streams.rest_api import RestApiStream
-    from ingestion_assets.streams.rest_deletes import KeyListingResult
+    from ingestion_assets.streams.rest_key_listing import KeyListingResult
 
     Stream: TypeAlias = PostgresTableStream | RestApiStream | FileSourceStream
 
