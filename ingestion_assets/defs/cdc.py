@@ -3,7 +3,7 @@ watches the slot (retained WAL, lag) and asks for a run when changes wait."""
 
 # No `from __future__ import annotations` here: Dagster inspects the asset's `context` annotation at runtime.
 
-from collections.abc import Iterator, Mapping, Set
+from collections.abc import Callable, Iterator, Mapping, Set
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
@@ -177,9 +177,16 @@ def _cdc_asset(
             partitions = [context.partition_key]
         _tag_run(context, source_name, partitions)
         live = LIVE if history_partitions(source_name, source) is not None else None
-        missing = rows_missing(context, keys, streams, context.log.warning)
+        missing: dict[str, int] = {}
+        counted: list[bool] = []
+
+        def count_before() -> None:  # holding the slot's lock: no other run changes the targets meanwhile
+            if not counted:
+                missing.update(rows_missing(context, keys, streams, context.log.warning))
+                counted.append(True)
+
         try:
-            outcomes = [_run_partition(context, partition) for partition in partitions]
+            outcomes = [_run_partition(context, partition, count_before) for partition in partitions]
         except Exception:
             count_after_failure(context, keys, streams, missing, live)
             raise
@@ -202,7 +209,9 @@ def _cdc_asset(
                     observe_target_rows(context.log_event, key, stream, live, owed)
         yield from _results(source, keys, streams, outcome, selected, context.selected_asset_check_keys, missing)
 
-    def _run_partition(context: AssetExecutionContext, partition: str | None) -> "CdcOutcome":
+    def _run_partition(
+        context: AssetExecutionContext, partition: str | None, before_apply: Callable[[], None]
+    ) -> "CdcOutcome":
         from ingestion_assets.sources.postgres.cdc import CdcError as SlotError
         from ingestion_assets.sources.postgres.cdc.slot_lock import SlotHeldByLiveRun
         from ingestion_assets.streams.cdc import CdcError
@@ -211,6 +220,7 @@ def _cdc_asset(
         sync = cdc_sync(settings, catalog, source_name, source, running, context.instance, context.log_event)
         with Drain(source.cdc.drain_seconds, context.log) as drain:
             sync.stop, sync.log, sync.run_id = drain, context.log, context.run_id
+            sync.before_apply = before_apply
             try:
                 return sync.run(partition)
             except (CdcError, SlotError) as exc:  # each says whether a retry may help (another run holds the slot)
