@@ -3,7 +3,7 @@ watches the slot (retained WAL, lag) and asks for a run when changes wait."""
 
 # No `from __future__ import annotations` here: Dagster inspects the asset's `context` annotation at runtime.
 
-from collections.abc import Iterator, Mapping, Set
+from collections.abc import Callable, Iterator, Mapping, Set
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
@@ -11,6 +11,13 @@ from dagster import AssetExecutionContext
 from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES
 
 from ingestion_assets.catalog import Catalog, PostgresSource
+from ingestion_assets.defs.cdc_counts import (
+    count_after_failure,
+    missing_metadata,
+    rows_missing,
+    say_missing,
+    still_missing,
+)
 from ingestion_assets.defs.failures import permanent_failure
 from ingestion_assets.defs.jobs import cdc_job, job_name
 from ingestion_assets.defs.metadata import POSITION, ROWS_READ, SUMMARY, definition_metadata, target_metadata
@@ -169,12 +176,26 @@ def _cdc_asset(
         if context.has_partition_key and not context.has_partition_key_range:
             partitions = [context.partition_key]
         _tag_run(context, source_name, partitions)
-        outcomes = [_run_partition(context, partition) for partition in partitions]
+        live = LIVE if history_partitions(source_name, source) is not None else None
+        missing: dict[str, int] = {}
+        counted: list[bool] = []
+
+        def count_before() -> None:  # holding the slot's lock: no other run changes the targets meanwhile
+            if not counted:
+                missing.update(rows_missing(context, keys, streams, context.log.warning))
+                counted.append(True)
+
+        try:
+            outcomes = [_run_partition(context, partition, count_before) for partition in partitions]
+        except Exception:
+            count_after_failure(context, keys, streams, missing, live)
+            raise
         outcome = outcomes[-1]
         for earlier in outcomes[:-1]:
             for name, count in earlier.rows.items():
                 outcome.rows[name] = outcome.rows.get(name, 0) + count
             outcome.dead_letters += earlier.dead_letters
+        say_missing(outcome, streams, missing, context.log.warning)
         selected = context.selected_asset_keys
         left = [k.to_user_string() for k in keys if k not in selected]
         if left:
@@ -182,13 +203,15 @@ def _cdc_asset(
                 f"source {source_name} reads one replication slot for all its streams: this run applied the changes "
                 f"of {', '.join(left)} too and checkpointed them (not selected, so not materialized in this run)"
             )
-            live = LIVE if history_partitions(source_name, source) is not None else None
             for key, stream in zip(keys, streams, strict=True):  # written, not materialized: status compares with it
                 if key not in selected:
-                    observe_target_rows(context.log_event, key, stream, live)
-        yield from _results(source, keys, streams, outcome, selected, context.selected_asset_check_keys)
+                    owed = still_missing(outcome, stream.name, missing)
+                    observe_target_rows(context.log_event, key, stream, live, owed)
+        yield from _results(source, keys, streams, outcome, selected, context.selected_asset_check_keys, missing)
 
-    def _run_partition(context: AssetExecutionContext, partition: str | None) -> "CdcOutcome":
+    def _run_partition(
+        context: AssetExecutionContext, partition: str | None, before_apply: Callable[[], None]
+    ) -> "CdcOutcome":
         from ingestion_assets.sources.postgres.cdc import CdcError as SlotError
         from ingestion_assets.sources.postgres.cdc.slot_lock import SlotHeldByLiveRun
         from ingestion_assets.streams.cdc import CdcError
@@ -197,6 +220,7 @@ def _cdc_asset(
         sync = cdc_sync(settings, catalog, source_name, source, running, context.instance, context.log_event)
         with Drain(source.cdc.drain_seconds, context.log) as drain:
             sync.stop, sync.log, sync.run_id = drain, context.log, context.run_id
+            sync.before_apply = before_apply
             try:
                 return sync.run(partition)
             except (CdcError, SlotError) as exc:  # each says whether a retry may help (another run holds the slot)
@@ -236,6 +260,7 @@ def _results(
     outcome: "CdcOutcome",
     selected: Set[dg.AssetKey],
     checks: Set[dg.AssetCheckKey],
+    missing: dict[str, int],
 ) -> Iterator[Any]:
     from ingestion_assets.sources.postgres.cdc import format_lsn
 
@@ -266,6 +291,13 @@ def _results(
         if stream.name in outcome.paused:
             metadata["paused"] = outcome.paused[stream.name]
         metadata[SUMMARY] = _summary(stream.name, outcome)
+        owed = still_missing(outcome, stream.name, missing)
+        if owed:
+            metadata |= missing_metadata(owed)
+            metadata[SUMMARY] += (
+                f"; {owed:,} row(s) deleted from the target outside ingest are still missing: `ingest refresh "
+                f"{stream.qualified_name}` copies the table again"
+            )
         yield dg.MaterializeResult(asset_key=key, metadata=metadata)
     if dg.AssetCheckKey(keys[0], SLOT_HEALTH) not in checks:
         return

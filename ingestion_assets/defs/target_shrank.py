@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 
 from ingestion_assets.defs.metadata import ROW_COUNT, target_metadata
+from ingestion_assets.state.checkpoints import CHECKPOINT_KEY
+from ingestion_assets.state.runs import run_ended
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -23,6 +25,9 @@ log = logging.getLogger(__name__)
 
 
 REMOVED_BY_INGEST = "rows removed by ingest"  # an observation's figure: `ingest reconcile --apply-deletes` deleted them
+# Beside a CDC run's row count: rows it found gone from the target outside ingest and could not put back (a CDC run
+# has no comparison by key). The target should hold the count plus these: status keeps reporting them.
+ROWS_MISSING = "rows missing"
 
 
 def rows_expected(instance: dg.DagsterInstance, key: dg.AssetKey) -> int | None:
@@ -34,7 +39,7 @@ def rows_expected(instance: dg.DagsterInstance, key: dg.AssetKey) -> int | None:
         found = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key), limit=1, ascending=False)
         record = next(iter(found.records), None)
         event = record.asset_materialization if record is not None else None
-        rows = _row_count(event.metadata if event is not None else None)
+        rows = _expected(event.metadata if event is not None else None)
         if record is not None and rows is None:
             return None  # the newest run that materialized the stream could not count its target
         counted, removed = _since(instance, key, record.storage_id if record is not None else 0)
@@ -45,10 +50,13 @@ def rows_expected(instance: dg.DagsterInstance, key: dg.AssetKey) -> int | None:
         return None
 
 
-def _row_count(metadata: Any) -> int | None:
-    value = (metadata or {}).get(ROW_COUNT)
-    value = getattr(value, "value", value)
-    return int(value) if isinstance(value, int) else None
+def _expected(metadata: Any) -> int | None:
+    """The rows a run recorded its target should hold: its count, and the rows it found missing (ROWS_MISSING)."""
+    value, missing = ((metadata or {}).get(k) for k in (ROW_COUNT, ROWS_MISSING))
+    value, missing = getattr(value, "value", value), getattr(missing, "value", missing)
+    if not isinstance(value, int):
+        return None
+    return int(value) + (int(missing) if isinstance(missing, int) else 0)
 
 
 def _since(instance: dg.DagsterInstance, key: dg.AssetKey, storage_id: int) -> tuple[int | None, int]:
@@ -60,7 +68,7 @@ def _since(instance: dg.DagsterInstance, key: dg.AssetKey, storage_id: int) -> t
         result = instance.fetch_observations(records_filter, limit=1000, cursor=cursor, ascending=False)
         for record in result.records:  # newest first
             metadata = record.asset_observation.metadata if record.asset_observation is not None else None
-            counted = _row_count(metadata)
+            counted = _expected(metadata)
             if counted is not None:
                 return counted, removed
             value = (metadata or {}).get(REMOVED_BY_INGEST)
@@ -71,8 +79,58 @@ def _since(instance: dg.DagsterInstance, key: dg.AssetKey, storage_id: int) -> t
         cursor = result.cursor
 
 
+def uncounted_run(instance: dg.DagsterInstance, key: dg.AssetKey, run_id: str) -> str | None:
+    """A finished run (not `run_id`) that committed slices of the stream after the newest row count recorded and
+    never counted the target itself: killed (kill -9, the machine lost) between a slice's checkpoint and its end.
+    What the target should hold is then not known: the count recorded is from before its slices (None: none)."""
+    newest = _newest_count_id(instance, key)
+    if newest is None:
+        return None
+    records_filter, cursor = dg.AssetRecordsFilter(asset_key=key, after_storage_id=newest), None
+    while True:  # its checkpoints are observations; a materialization carries a count
+        result = instance.fetch_observations(records_filter, limit=1000, cursor=cursor, ascending=False)
+        for record in result.records:
+            metadata = record.asset_observation.metadata if record.asset_observation is not None else {}
+            entry = metadata.get(CHECKPOINT_KEY)
+            details = entry.value if entry is not None and isinstance(entry.value, dict) else None
+            if details is None or not record.run_id or record.run_id == run_id or details.get("position") is None:
+                continue
+            if "refresh" in details or (details.get("no_progress") or {}).get("attempts"):
+                continue  # a refresh's shadow table, or a failure note (that attempt committed nothing)
+            if run_ended(instance, record.run_id):
+                return record.run_id
+        if not result.has_more:
+            return None
+        cursor = result.cursor
+
+
+def _newest_count_id(instance: dg.DagsterInstance, key: dg.AssetKey) -> int | None:
+    """The storage id of the newest event that recorded the target's row count (a materialization or a run's
+    observation); None: none did."""
+    found = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key), limit=1, ascending=False)
+    materialized = next(iter(found.records), None)
+    after = materialized.storage_id if materialized is not None else 0
+    records_filter, cursor = dg.AssetRecordsFilter(asset_key=key, after_storage_id=after), None
+    while True:
+        result = instance.fetch_observations(records_filter, limit=1000, cursor=cursor, ascending=False)
+        for record in result.records:
+            if record.asset_observation is not None and ROW_COUNT in record.asset_observation.metadata:
+                return record.storage_id
+        if not result.has_more:
+            return materialized.storage_id if materialized is not None else None
+        cursor = result.cursor
+
+
 def target_shrank(context: dg.AssetExecutionContext, stream: Stream) -> str | None:
-    """Why this run compares the whole table: the target lost rows since the last run (None: it did not)."""
+    """Why this run compares the whole table: the target lost rows since the last run, or a run killed after
+    committing slices left no count to compare with (None: neither)."""
+    killed = uncounted_run(context.instance, context.asset_key, context.run_id)
+    if killed is not None:
+        return (
+            f"run {killed} committed slices and stopped without counting the target (killed): the rows it should "
+            "hold are not known, so rows deleted from it since cannot be told by its count; this run compares the "
+            "whole table (a time or key partition: its own) and reads the missing rows again by key"
+        )
     before = rows_expected(context.instance, context.asset_key)
     if before is None:
         return None
@@ -97,10 +155,13 @@ def observe_target_rows(
     key: dg.AssetKey,
     stream: StreamRef | Stream,
     partition: str | None,
+    missing: int = 0,
 ) -> None:
     """The target's row count now, as an observation `rows_expected` takes over the last materialization's: for a
     run that wrote the stream without materializing it (a CDC run's unselected streams, a run that committed slices
-    and then failed or drained). Nothing when the target cannot be counted (a warning says so)."""
+    and then failed or drained). `missing`: rows the run found gone from the target and did not put back, kept
+    beside the count. Nothing when the target cannot be counted (a warning says so)."""
     rows = target_metadata(stream, step_timing=False).get(ROW_COUNT)
     if isinstance(rows, int):
-        log_event(dg.AssetObservation(asset_key=key, partition=partition, metadata={ROW_COUNT: rows}))
+        metadata = {ROW_COUNT: rows, **({ROWS_MISSING: missing} if missing else {})}
+        log_event(dg.AssetObservation(asset_key=key, partition=partition, metadata=metadata))

@@ -40,6 +40,17 @@ def release_dead_runs(instance: dg.DagsterInstance) -> list[str]:
     return free_slots_of_ended_runs(instance)
 
 
+def run_ended(instance: dg.DagsterInstance, run_id: str) -> bool:
+    """The run ended, or (on this machine) none of its processes is alive though it is not marked failed yet: a
+    run killed with kill -9 stays `started` until the next command that loads the definitions, or status, fails
+    it. A run whose processes are unknown here (another host, not started) counts as still going."""
+    run = instance.get_run_by_id(run_id)
+    if run is None or run.status not in _LIVE:
+        return True
+    processes = _processes(instance, run_id)
+    return bool(processes) and _all_gone(processes)
+
+
 def free_slots_of_ended_runs(instance: dg.DagsterInstance) -> list[str]:
     """Free the pool slots of runs that ended (succeeded, failed, canceled) or are gone, which no step of theirs
     will free: a run terminated while a killed worker held its step. Dagster's run monitoring does the same

@@ -146,4 +146,6 @@ def _count(outcome: CdcOutcome, stream: PostgresTableStream, changes: TableChang
         waited = [(committed - t) // dt.timedelta(milliseconds=1) for t in changes.commit_times]
         record_counts(outcome.histogram, pa.array(waited, pa.int64()))
     outcome.rows[stream.name] = outcome.rows.get(stream.name, 0) + len(changes.rows) + len(changes.marks)
+    if changes.truncated_at is not None:
+        outcome.truncated.add(stream.name)
     outcome.dead_letters += len(changes.bad)

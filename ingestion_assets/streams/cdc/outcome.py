@@ -47,6 +47,7 @@ class CdcOutcome:
     copied: list[str] = field(default_factory=list)  # streams whose copy beside the log ended in this run
     paused: dict[str, str] = field(default_factory=dict)  # stream -> why it sits out (key lost, or refused)
     reasons: dict[str, str] = field(default_factory=dict)  # stream -> why this run copies it again
+    truncated: set[str] = field(default_factory=set)  # streams whose target a truncate from the log emptied
 
     def latency(self) -> dict[str, float]:
         """p50/p95/p99 of the commit-to-target latency (ms); empty when no change was applied."""

@@ -60,6 +60,8 @@ class CdcSync:
     run_id: str = ""
     faults: Faults | None = None  # the fault points; default from INGEST_FAULT (tests, chaos, the simulation)
     add_partitions: Callable[[list[str]], None] | None = None  # history mode: registers `live` and the key ranges
+    # Called holding the slot's lock, before anything is read or loaded (the targets counted as no run changes them)
+    before_apply: Callable[[], None] | None = None
     _space: dict[str, int] | None = field(default=None, init=False)  # history mode: the key space, kept in checkpoints
     _state: SourceState = field(default_factory=lambda: SourceState({}), init=False)
     _streams: dict[str, StreamParts] = field(default_factory=dict, init=False)  # per stream: loader, shape, schema
@@ -106,6 +108,8 @@ class CdcSync:
         cdc = self.source.cdc
         live = cdc.live_seconds is not None and partition in (None, LIVE)  # the lock says who holds the slot
         with reading_slot(url, self.slot, cdc.lock_wait_seconds, self.run_id, live, lambda m: self._say("%s", m)):
+            if self.before_apply is not None:
+                self.before_apply()
             outcome = self._run(url, partition)
         outcome.reasons = dict(self._state.reasons)
         if outcome.mode != "chunk":
