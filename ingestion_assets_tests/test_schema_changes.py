@@ -298,7 +298,7 @@ def test_a_type_change_under_key_ranges_is_read_again_by_live(harness: StreamHar
     harness.assert_target_equals_source("typechg", "typechg", "id")
 
 
-@pytest.mark.parametrize("newest", ["today", "yesterday"])
+@pytest.mark.parametrize("newest", [pytest.param("today", marks=pytest.mark.slow), "yesterday"])
 def test_a_type_change_under_time_windows_names_the_windows_left_to_run(harness: StreamHarness, newest: str) -> None:
     """A time window reads its own rows again; windows already past keep their old values until they run, which
     no schedule does: the run says so (and the README), and running them makes the target equal. Today's window

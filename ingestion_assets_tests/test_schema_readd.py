@@ -41,7 +41,7 @@ def _accept(harness: StreamHarness, monkeypatch: pytest.MonkeyPatch, capsys: pyt
     capsys.readouterr()
 
 
-@pytest.mark.parametrize("destination", ["duckdb", "postgres"])
+@pytest.mark.parametrize("destination", ["duckdb", pytest.param("postgres", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("policy", ["evolve", "columns_only", "pause"])
 @pytest.mark.parametrize("added", list(ADD_AGAIN))
 def test_a_column_dropped_then_added_again_in_a_later_run_reads_every_row_again(
@@ -108,7 +108,7 @@ def test_a_column_added_again_under_key_ranges_is_read_again_by_live_and_each_ra
     harness.assert_target_equals_source("items", "items", "id")
 
 
-@pytest.mark.parametrize("newest", ["today", "yesterday"])
+@pytest.mark.parametrize("newest", [pytest.param("today", marks=pytest.mark.slow), "yesterday"])
 def test_a_column_added_again_under_time_windows_names_the_windows_left_to_run(
     harness: StreamHarness, newest: str
 ) -> None:
@@ -163,7 +163,9 @@ def test_under_ignore_a_column_added_again_is_not_read_until_the_policy_reads_it
     harness.assert_target_equals_source("items", "items", "id")
 
 
-@pytest.mark.parametrize("destination", ["mariadb", "delta", "iceberg"])
+@pytest.mark.parametrize(
+    "destination", [pytest.param("mariadb", marks=pytest.mark.slow), "delta", pytest.param("iceberg", marks=pytest.mark.slow)]
+)
 def test_a_column_dropped_then_added_again_on_other_targets(
     harness: StreamHarness, mariadb: MariaDb, tmp_path: Any, destination: str
 ) -> None:
