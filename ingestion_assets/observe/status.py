@@ -28,6 +28,7 @@ from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import latest_checkpoint, live_checkpoint
 from ingestion_assets.state.model import Checkpoint
 from ingestion_assets.state.summary import partitions_with_state
+from ingestion_assets.streams.outside_windows import OUTSIDE, never_read, outside_text
 from ingestion_assets.streams.reconcile.repair import OWED
 
 OK, FAILED, NEVER, LAGGING, RUNNING, CHECK = "ok", "failed", "never synced", "lagging", "running", "check failed"
@@ -35,7 +36,9 @@ STALE = "stale"  # older than the stream's `freshness.max_lag`
 TARGET_SHORT = "target short"  # the table holds fewer rows than the last run left in it, or is gone
 PAUSED = "paused"  # a CDC stream its source's last run left out (a key it cannot stream by, its key lost)
 NOT_LOADED = "not loaded"  # no run has put a row in its target yet, though it has a position (planned, unselected)
-ATTENTION = (FAILED, NEVER, LAGGING, CHECK, STALE, TARGET_SHORT, PAUSED)
+NO_WINDOW = "rows unread"  # time windows: the source holds rows no window reads (before the first, NULL)
+ATTENTION: tuple[str, ...] = (FAILED, NEVER, LAGGING, CHECK, STALE, TARGET_SHORT, PAUSED)
+ATTENTION = (*ATTENTION, NO_WINDOW)
 CHECK_NAMES = (SCHEMA, DEAD_LETTERS, RECONCILIATION, SLOT_HEALTH, FRESHNESS)
 FRESHNESS_RUNS = 20  # materializations whose freshness histograms `ingest status` merges
 
@@ -76,6 +79,8 @@ class StreamStatus:
     # a refresh under way or stopped: its generation and how far it read (`position` stays the live table's)
     refresh: str | None = None
     soft_deleted_in_target: int = 0  # rows kept with `_ingest_deleted_at` set (deletes: soft), not in rows_in_target
+    # time windows: what the newest count of the source's rows in no window found (streams/outside_windows.py)
+    outside_windows: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,6 +120,7 @@ def stream_statuses(settings: Settings, catalog: Catalog, instance: dg.DagsterIn
             if getattr(spec, "partitions", None) is not None:
                 status = replace(status, partitions=_partition_lines(checkpoints, now))
             status = _with_owed_partitions(status, checkpoints)
+            status = _with_rows_outside_windows(status, checkpoints)
         if planned is not None:
             status = _with_partitions(status, partition_summary(instance, key, planned))
         if spec.freshness is not None and status.status in (OK, CHECK):
@@ -374,6 +380,22 @@ def _with_owed_partitions(status: StreamStatus, checkpoints: dict[str, Checkpoin
         f"repairs, when it runs again (`dagster asset materialize ... --partition {first}`)"
     )
     return replace(status, status=CHECK, detail=detail)
+
+
+def _with_rows_outside_windows(status: StreamStatus, checkpoints: dict[str, Checkpoint]) -> StreamStatus:
+    """The newest count of rows no time window reads: rows before the first window or NULL never load (attention
+    until they are gone); future-dated ones load when their window comes (said, not an error)."""
+    counts = [c.details[OUTSIDE] for c in checkpoints.values() if isinstance(c.details.get(OUTSIDE), dict)]
+    if not counts:
+        return status
+    newest = max(counts, key=lambda found: str(found.get("counted_at")))
+    said = outside_text(status.stream, newest)
+    if said is None:
+        return status
+    status = replace(status, outside_windows=f"{said} (counted {newest.get('counted_at')})")
+    if not never_read(newest) or status.status not in (OK, CHECK, NOT_LOADED):
+        return status
+    return replace(status, status=NO_WINDOW, detail="; ".join(d for d in (status.detail, said) if d))
 
 
 def _failed_checks(instance: dg.DagsterInstance, key: dg.AssetKey) -> tuple[list[str], list[str]]:
