@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ingestion_assets.catalog import FilesStream, PathKeyPartitions, PathTimePartitions
-from ingestion_assets.partitions import UnknownPartition, key_range, time_window
+from ingestion_assets.partitions import UnknownPartition, key_range, time_window, windows_span
 from ingestion_assets.sources.files import FileInfo
 from ingestion_assets.sources.files.paths import path_moment, path_number
 from ingestion_assets.sources.files.pieces import RowWindow
@@ -57,7 +57,8 @@ class PartitionScope:
         partitions, bounds = self.partitions, self.bounds()
         if not isinstance(partitions, PathTimePartitions) or partitions.column is None or bounds is None:
             return None
-        return RowWindow(partitions.column, bounds[0], bounds[1])
+        first = bounds[0] <= windows_span(partitions, dt.datetime.now(dt.UTC))[0]  # type: ignore[operator]
+        return RowWindow(partitions.column, bounds[0], bounds[1], first=first)
 
 
 def window_sql(client: Any, column: str, window: RowWindow) -> str:
