@@ -30,7 +30,7 @@ def within(table: pa.Table, window: RowWindow) -> tuple[pa.Table, list[BadRow]]:
         if pc.any(before).as_py():
             why = (
                 f"before the first partition's window ({window.low.isoformat()}): the row belongs to no partition "
-                "(move the partitions' `start` back and run the new windows, then replay it)"
+                "(move the partitions' `start` back and run the new windows: they read it; then discard this one)"
             )
             bad += _parked(table.filter(before), window, why)
     return table.filter(pc.fill_null(inside, False)), bad
