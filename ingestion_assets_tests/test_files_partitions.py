@@ -249,3 +249,14 @@ def test_rows_before_the_first_window_are_parked_by_the_first_window_not_dropped
     assert "before the first partition's window (2026-01-03T00:00:00+00:00)" in parked["extra.jsonl:row1"]
     assert "move the partitions' `start` back" in parked["extra.jsonl:row1"]
     assert len([k for k in parked if k.startswith("days.parquet")]) == 100
+
+
+def test_files_dated_between_start_and_the_first_weekly_window_are_named_unplaced() -> None:
+    """Weekly windows start on a Sunday: with `start` on a Wednesday, a file dated that Thursday is in no window
+    (check named only files before `start`)."""
+    from ingestion_assets.catalog import FilesStream
+    from ingestion_assets.streams.files_partitions import unplaced
+
+    partitions = {"by": "time", "pattern": "dt={date}/", "start": "2026-01-07", "granularity": "weekly"}
+    spec = FilesStream.model_validate({"path": "**/*.csv", "primary_key": "id", "partitions": partitions})
+    assert unplaced(spec, ["dt=2026-01-08/a.csv", "dt=2026-01-11/b.csv"]) == ["dt=2026-01-08/a.csv"]

@@ -84,12 +84,12 @@ def path_numbers(spec: FilesStream, relatives: list[str]) -> list[int]:
 
 def unplaced(spec: FilesStream, relatives: list[str]) -> list[str]:
     """Files the stream's glob finds but no partition reads: their path does not match the pattern, or names a
-    moment before the partitions start (`ingest check` names them: they would never load)."""
+    moment before the first window, which may start after `start` (`ingest check` names them: they would never load)."""
     partitions = spec.partitions
     if partitions is None or partitions.pattern is None:
         return []
     if isinstance(partitions, PathKeyPartitions):
         return [r for r in relatives if path_number(partitions.pattern, r) is None]
-    start = dt.datetime.combine(partitions.start, dt.time(), tzinfo=dt.UTC)
+    start = windows_span(partitions, dt.datetime.now(dt.UTC))[0]  # weekly: a Sunday, monthly: the 1st
     moments = {r: path_moment(partitions.pattern, r) for r in relatives}
     return [r for r, moment in moments.items() if moment is None or moment < start]
