@@ -182,7 +182,15 @@ def test_status_counts_partitions_and_names_the_failed_ones(
     line = json.loads(capsys.readouterr().out)[0]
     assert line["status"] == "failed" and f"partition {days[1]} failed" in line["detail"], line
     summary = line["partition_summary"]
-    assert summary == {"total": 4, "materialized": 1, "failed": [days[1]], "running": [], "missing": 2}, summary
+    never = days[2:]
+    assert summary == {
+        "total": 4,
+        "materialized": 1,
+        "failed": [days[1]],
+        "running": [],
+        "missing": 2,
+        "never_run": never,
+    }, summary
     assert main(["status"]) == 1
     out, err = capsys.readouterr()
     assert "4 partitions: 1 materialized, 1 failed, 0 running, 2 never run" in out, out
