@@ -7,9 +7,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import pytest
+
 from ingestion_assets.catalog import load_catalog
 from ingestion_assets.checks import check_catalog
 from ingestion_assets.observe.status import ATTENTION, stream_statuses
+from ingestion_assets.streams import outside_windows
 from ingestion_assets_tests.helpers import StreamHarness
 
 
@@ -23,7 +26,9 @@ def _metadata(harness: StreamHarness, result: Any) -> dict[str, Any]:
     return {k: v.value for k, v in event.metadata.items()}
 
 
-def test_rows_in_no_time_window_are_counted_said_and_keep_status_needing_attention(harness: StreamHarness) -> None:
+def test_rows_in_no_time_window_are_counted_said_and_keep_status_needing_attention(
+    harness: StreamHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
     today = dt.datetime.now(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     yesterday = today - dt.timedelta(days=1)
     harness.source.execute(
@@ -80,6 +85,11 @@ def test_rows_in_no_time_window_are_counted_said_and_keep_status_needing_attenti
     harness.source.execute("DROP INDEX events_updated_at_idx")
     harness.materialize(partition=yesterday.date().isoformat())
     assert "outside_windows" not in harness.checkpoint("events", yesterday.date().isoformat()).details
+    counted = harness.checkpoint("events", newest).details["outside_windows"]
     harness.source.execute("INSERT INTO events VALUES (7, 'no time either', NULL)")
+    harness.materialize(partition=newest)  # a schedule may run it every minute: a scan at most once per RECOUNT
+    assert harness.checkpoint("events", newest).details["outside_windows"] == counted
+    monkeypatch.setattr(outside_windows, "RECOUNT", dt.timedelta(0))
     harness.materialize(partition=newest)
+    assert harness.checkpoint("events", newest).details["outside_windows"]["null"] == 1
     assert _status(harness).status in ATTENTION

@@ -5,8 +5,9 @@ else would ever say they are there (found by a README-only attack: runs, `ingest
 
 A run of the newest window (the one a schedule repeats) counts them; a run of an older window too when an index
 leads with the column (a few index probes). Without one the count scans the table, as each window's read already
-does, so the backfill's runs leave it to the newest window's. The count rides in the run's final checkpoint;
-`ingest status` shows the newest one."""
+does, so the backfill's runs leave it to the newest window's, and that one counts at most once per `RECOUNT` (a
+schedule may run it every minute), keeping the last count meanwhile. The count rides in the run's final
+checkpoint; `ingest status` shows the newest one."""
 
 from __future__ import annotations
 
@@ -21,12 +22,18 @@ if TYPE_CHECKING:
     from ingestion_assets.streams.postgres_table import PostgresTableStream
 
 OUTSIDE = "outside_windows"  # the checkpoint's record of the last count: {before, earliest, after, latest, ...}
+RECOUNT = dt.timedelta(hours=1)  # without an index on the column: how long the newest window's runs keep a count
 
 
 def count_outside(
-    stream: PostgresTableStream, plan: ReadPlan, partition: str | None, now: dt.datetime | None = None
+    stream: PostgresTableStream,
+    plan: ReadPlan,
+    partition: str | None,
+    stored: dict[str, Any] | None = None,
+    now: dt.datetime | None = None,
 ) -> dict[str, Any] | None:
-    """The rows no window reads, counted now, as the checkpoint keeps them; None when this run does not count."""
+    """The rows no window reads, as the checkpoint keeps them: counted now, or the partition's `stored` count when
+    it is younger than `RECOUNT` and a count would scan the table; None when this run does not count."""
     from ingestion_assets.sources.postgres.outside import column_indexed, rows_outside
     from ingestion_assets.sources.postgres.reader import connect
 
@@ -38,8 +45,16 @@ def count_outside(
     newest = time_window(partitions, partition)[1] >= end
     conn = connect(stream.source_url(), "ingest-outside-windows")
     try:
-        if not newest and not column_indexed(conn, stream.spec.schema_name, stream.spec.table_name, partitions.column):
-            return None
+        if not column_indexed(conn, stream.spec.schema_name, stream.spec.table_name, partitions.column):
+            if not newest:
+                return None
+            kept = (stored or {}).get(OUTSIDE)
+            if (
+                isinstance(kept, dict)
+                and _younger(kept, now - RECOUNT)
+                and kept.get("newest_window_end") == end.isoformat()
+            ):
+                return kept
         found = rows_outside(conn, plan, partitions.column, first.isoformat(), end.isoformat())
     finally:
         conn.close()
@@ -54,6 +69,13 @@ def count_outside(
         "column": partitions.column,
         "counted_at": now.isoformat(),
     }
+
+
+def _younger(kept: dict[str, Any], than: dt.datetime) -> bool:
+    try:
+        return dt.datetime.fromisoformat(str(kept.get("counted_at"))) > than
+    except ValueError:
+        return False
 
 
 def outside_text(stream_name: str, found: dict[str, Any]) -> str | None:

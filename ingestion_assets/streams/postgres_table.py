@@ -209,7 +209,7 @@ class PostgresTableStream:
             self._cursor_ordered_alike()
         if after is None and self.spec.write_disposition == "merge" and self.spec.primary_key:
             self._key_unique(plan, window)  # a first full read (of the partition's window): before anything loads
-        outside = count_outside(self, plan, options.partition) if window is not None else None
+        outside = count_outside(self, plan, options.partition, options.stored) if window is not None else None
         loader = options.loader or self.loader(options.target, options.partition, plan)
         loader.run_id = options.run_id
         if after is None and window is None and loader.use_initial_load_path() and options.log is not None:
