@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ingestion_assets.catalog import Catalog, FilesSource, PostgresSource, PostgresStream, RestSource
+from ingestion_assets.catalog import Catalog, FilesSource, PostgresSource, PostgresStream, RestSource, TimePartitions
 from ingestion_assets.errors import SourceUnavailable
 from ingestion_assets.loading.destinations import target_names
 from ingestion_assets.loading.naming import NameCollision
@@ -55,7 +55,8 @@ def _check_files(settings: Settings, catalog: Catalog, source_name: str, source:
         if stray:
             problems.append(
                 f"stream {source_name}.{stream_name}: {len(stray)} file(s) match {stream.path} but no partition "
-                f"reads them (their path does not match partitions.pattern or is dated before partitions.start), "
+                "reads them (their path does not match partitions.pattern or is dated before the first window: "
+                "partitions.start, or the Sunday or 1st after it for weekly or monthly windows), "
                 f"e.g. {stray[:3]}: narrow `path`, or fix the pattern or the start"
             )
     return problems
@@ -99,6 +100,8 @@ def _check_postgres_streams(
             dry_run(url, plan)
             if source.mode != "cdc" and stream.write_disposition == "merge" and stream.primary_key:
                 problems += _check_key(url, name, stream, notes)
+            if source.mode != "cdc" and isinstance(stream.partitions, TimePartitions):
+                problems += _check_windows(url, f"{source_name}.{stream_name}", stream, plan, notes)
         except psycopg2.Error as exc:
             if exc.pgcode is None:
                 raise  # no answer from the server: the connection, said once for the source
@@ -110,6 +113,41 @@ def _check_postgres_streams(
         if stream.reconcile.applies_deletes:
             problems += _check_reconcile(f"{source_name}.{stream_name}", stream, plan)
     return problems
+
+
+def _check_windows(url: str, name: str, stream: PostgresStream, plan: ReadPlan, notes: list[str]) -> list[str]:
+    """Rows no time window reads: before the first window or NULL fail the check (they would never load, as files
+    dated before the start do); future-dated ones are a note (their window reads them when it comes)."""
+    import datetime as dt
+
+    import psycopg2.errors
+
+    from ingestion_assets.partitions import windows_span
+    from ingestion_assets.sources.postgres.outside import rows_outside
+    from ingestion_assets.sources.postgres.reader import connect
+    from ingestion_assets.streams.outside_windows import never_read, outside_text
+
+    partitions = stream.partitions
+    assert isinstance(partitions, TimePartitions)
+    first, end = windows_span(partitions, dt.datetime.now(dt.UTC))
+    conn = connect(url, "ingest-check-windows")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT set_config('statement_timeout', %s, false)", (f"{int(KEY_CHECK_SECONDS * 1000)}ms",))
+        found = rows_outside(conn, plan, partitions.column, first.isoformat(), end.isoformat())
+    except psycopg2.errors.QueryCanceled:
+        notes.append(f"stream {name}: the rows in no time window were not counted within {KEY_CHECK_SECONDS:g} s")
+        return []
+    finally:
+        conn.close()
+    counted = {**found.__dict__, "column": partitions.column, "first_window": first.isoformat()}
+    said = outside_text(name, {**counted, "newest_window_end": end.isoformat()})
+    if said is None:
+        return []
+    if never_read(counted):
+        return [said]
+    notes.append(said)
+    return []
 
 
 def _check_key(url: str, name: str, stream: PostgresStream, notes: list[str]) -> list[str]:

@@ -76,3 +76,21 @@ def key_ranges_below(low: int, lowest_start: int, chunk: int) -> list[str]:
     """Ranges for keys that appeared below the lowest existing range, ending right before it."""
     first = (low // chunk) * chunk
     return [f"{start}-{min(start + chunk - 1, lowest_start - 1)}" for start in range(first, lowest_start, chunk)]
+
+
+def windows_span(partitions: TimePartitions | PathTimePartitions, now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
+    """Where the first window starts and the newest (the one holding `now`) ends, as Dagster lays the windows out:
+    a weekly window starts on a Sunday and a monthly one on the 1st, so the first one may start after `start`."""
+    start = dt.datetime.combine(partitions.start, dt.time(), tzinfo=dt.UTC)
+    hour = now.astimezone(dt.UTC).replace(minute=0, second=0, microsecond=0)
+    day = hour.replace(hour=0)
+    if partitions.granularity == "hourly":
+        return start, hour + dt.timedelta(hours=1)
+    if partitions.granularity == "daily":
+        return start, day + dt.timedelta(days=1)
+    if partitions.granularity == "weekly":  # isoweekday: Sunday is 7
+        first = start + dt.timedelta(days=(7 - start.isoweekday()) % 7)
+        return first, day - dt.timedelta(days=day.isoweekday() % 7) + dt.timedelta(days=7)
+    first = start if start.day == 1 else start.replace(day=1) + dt.timedelta(days=32)
+    month = day.replace(day=1) + dt.timedelta(days=32)
+    return first.replace(day=1), month.replace(day=1)

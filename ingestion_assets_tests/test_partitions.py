@@ -80,3 +80,29 @@ def test_the_demo_backfills_key_ranges_in_runs_around_live() -> None:
     assert _around_live(["0-9", "10-19", LIVE, "20-29"]) == [["0-9", "10-19"], ["20-29"]]
     assert _around_live(["0-9", LIVE]) == [["0-9"]]
     assert _around_live([LIVE]) == []
+
+
+@pytest.mark.parametrize("granularity", ["hourly", "daily", "weekly", "monthly"])
+@pytest.mark.parametrize("start", ["2025-12-31", "2026-02-01", "2026-03-04", "2026-03-08"])
+def test_the_windows_span_is_where_dagster_lays_the_first_and_newest_windows(granularity: str, start: str) -> None:
+    """Weekly windows start on a Sunday, monthly ones on the 1st: the first may start after `start`, and rows between
+    are in no window (counted by the runs as before the first window)."""
+    import dagster as dg
+
+    from ingestion_assets.catalog import TimePartitions
+    from ingestion_assets.defs.partitions import partitions_def
+    from ingestion_assets.partitions import windows_span
+
+    spec = PostgresStream.model_validate(
+        {
+            "table": "t",
+            "primary_key": "id",
+            "partitions": {"by": "time", "column": "at", "start": start, "granularity": granularity},
+        }
+    )
+    assert isinstance(spec.partitions, TimePartitions)
+    laid = partitions_def("s", "t", spec)
+    assert isinstance(laid, dg.TimeWindowPartitionsDefinition)
+    keys = laid.get_partition_keys()
+    first, newest = laid.time_window_for_partition_key(keys[0]), laid.time_window_for_partition_key(keys[-1])
+    assert windows_span(spec.partitions, dt.datetime.now(dt.UTC)) == (first.start, newest.end)

@@ -182,7 +182,15 @@ def test_status_counts_partitions_and_names_the_failed_ones(
     line = json.loads(capsys.readouterr().out)[0]
     assert line["status"] == "failed" and f"partition {days[1]} failed" in line["detail"], line
     summary = line["partition_summary"]
-    assert summary == {"total": 4, "materialized": 1, "failed": [days[1]], "running": [], "missing": 2}, summary
+    never = days[2:]
+    assert summary == {
+        "total": 4,
+        "materialized": 1,
+        "failed": [days[1]],
+        "running": [],
+        "missing": 2,
+        "never_run": never,
+    }, summary
     assert main(["status"]) == 1
     out, err = capsys.readouterr()
     assert "4 partitions: 1 materialized, 1 failed, 0 running, 2 never run" in out, out
@@ -457,8 +465,18 @@ def test_a_stream_with_a_position_but_nothing_loaded_reads_not_loaded_not_ok(
     (said,) = json.loads(capsys.readouterr().out)
     assert said["status"] == "not loaded" and said["detail"].startswith("nothing loaded yet: its partitions are planned")
 
+    # One range run, two never run: `ok` said it was all loaded (a README-only attack: a range planned later held
+    # rows with a cursor older than `live`'s position, which nothing ran). No error, but not ok either.
     harness.materialize(partition=first)
     assert main(["status", "--json"]) == 0
     (said,) = json.loads(capsys.readouterr().out)
     loaded = harness.query_target(f'SELECT count(*) FROM "{harness.source_name}".items')[0][0]
-    assert (said["status"], said["rows_in_target"]) == ("ok", loaded) and loaded > 0
+    assert (said["status"], said["rows_in_target"]) == ("partly loaded", loaded) and loaded > 0
+    assert said["detail"].startswith("3 partition(s) never run (10-19, 20-29, 30-39): rows only they hold are not")
+    assert main(["status"]) == 0
+    out, err = capsys.readouterr()
+    assert "--partition 10-19`, and so on" in out and "need attention" not in err
+    harness.materialize(partition_range=("10-19", "30-39"))
+    assert main(["status", "--json"]) == 0
+    (said,) = json.loads(capsys.readouterr().out)
+    assert said["status"] == "ok", said

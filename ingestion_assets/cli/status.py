@@ -2,8 +2,9 @@
 position; partitioned streams: partitions materialized, failed, running, never run); `--json` for scripts;
 exit 1 when a stream needs attention (a failed run, partition or check, never synced,
 a CDC slot over its WAL limit, a stream older than its `freshness.max_lag`, a target table holding fewer rows than
-the last run that wrote it left in it, or gone; `not loaded`, a stream with a position but nothing loaded yet, is
-no error). The rows in target are counted in the destination now, not taken from a run."""
+the last run that wrote it left in it, or gone, source rows no time window reads: before the first, or NULL;
+`not loaded`, a stream with a position but nothing loaded yet, and `partly loaded`, partitions never run beside
+others that ran, are no errors). The rows in target are counted in the destination now, not taken from a run."""
 
 from __future__ import annotations
 
@@ -14,13 +15,22 @@ import sys
 from ingestion_assets.catalog import load_catalog
 from ingestion_assets.cli.common import bring_up
 from ingestion_assets.observe.partition_status import named
-from ingestion_assets.observe.status import ATTENTION, NOT_LOADED, OK, StreamStatus, age_text, stream_statuses
+from ingestion_assets.observe.status import (
+    ATTENTION,
+    NO_WINDOW,
+    NOT_LOADED,
+    OK,
+    PARTLY_LOADED,
+    StreamStatus,
+    age_text,
+    stream_statuses,
+)
 from ingestion_assets.partitions import LIVE
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.runs import release_dead_runs_on_this_machine
 from ingestion_assets.state.summary import open_instance
 
-_COLOURS = {OK: "32", "running": "36", NOT_LOADED: "33"}  # green, cyan, yellow; anything needing attention is red
+_COLOURS = {OK: "32", "running": "36", NOT_LOADED: "33", PARTLY_LOADED: "33"}  # green, cyan, yellow; else red
 _POSITION_CHARS = 48
 _LAG_CHARS = 32  # the lag column's width; a longer lag (a slot's problem) is cut there and given whole beneath
 
@@ -76,6 +86,10 @@ def _print_table(found: list[StreamStatus], colour: bool) -> None:
         if each.soft_deleted_in_target:
             deleted = each.soft_deleted_in_target
             print(f"  and {deleted:,} soft-deleted row(s) kept in the target (`_ingest_deleted_at` set), not counted")
+        if each.status == PARTLY_LOADED:  # no error, but what is not loaded and how to load it
+            print(f"  {each.detail}")
+        if each.outside_windows and each.status != NO_WINDOW:  # future-dated rows: said, not an error
+            print(f"  {each.outside_windows}")
         _print_partitions(each)
 
 

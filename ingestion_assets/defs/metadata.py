@@ -22,6 +22,7 @@ from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import checkpoint_metadata
 from ingestion_assets.state.pools import size_pools_of
 from ingestion_assets.state.runs import release_dead_runs as release_dead_runs_of
+from ingestion_assets.streams.outside_windows import OUTSIDE, outside_text
 
 if TYPE_CHECKING:
     from hdrh.histogram import HdrHistogram
@@ -171,6 +172,13 @@ def run_metadata(stream: Stream, outcomes: list[PartitionOutcome]) -> dict[str, 
     moved = [o.result.partitions_moved for o in outcomes if o.result.partitions_moved]
     if moved:
         metadata["partitions moved"] = "; ".join(moved)
+    outside = [o.result.details[OUTSIDE] for o in outcomes if isinstance(o.result.details.get(OUTSIDE), dict)]
+    if outside:  # a time-partitioned table's rows no window reads (streams/outside_windows.py)
+        newest = outside[-1]
+        metadata["rows in no window"] = sum(int(newest.get(k) or 0) for k in ("before", "after", "null"))
+        said = outside_text(stream.qualified_name, newest)
+        if said is not None:
+            metadata["rows in no window: why"] = said
     started_over = [f"{o.partition or stream.name}: {o.started_over}" for o in outcomes if o.started_over]
     if started_over:  # the target did not hold what the checkpoint described: this run read from the start
         metadata["started over"] = "; ".join(started_over)

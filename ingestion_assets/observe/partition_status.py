@@ -26,6 +26,7 @@ class PartitionSummary:
     failed: list[str]
     running: list[str]
     missing: int  # never run (or only planned by a run that never started it)
+    never_run: tuple[str, ...] = ()  # those partitions, in order
 
     def failed_text(self) -> str:
         """`partition 2026-01-02 failed`, `partitions a, b, c, d, e failed (and 3 more)`."""
@@ -64,6 +65,7 @@ def partition_summary(
         failed=by_status.get(FAILED, []),
         running=by_status.get(AssetPartitionStatus.IN_PROGRESS, []),
         missing=len(by_status.get(None, [])),
+        never_run=tuple(by_status.get(None, [])),
     )
 
 

@@ -21,13 +21,15 @@ from ingestion_assets.defs.run_tags import REFUSED
 from ingestion_assets.defs.target_shrank import rows_expected
 from ingestion_assets.observe.failed_steps import step_error
 from ingestion_assets.observe.freshness import HISTOGRAM, merged, percentiles
-from ingestion_assets.observe.partition_status import PartitionSummary, partition_summary, stream_partitions
+from ingestion_assets.observe.partition_status import PartitionSummary, named, partition_summary, stream_partitions
 from ingestion_assets.observe.target_counts import TargetCounts, count_target_rows
+from ingestion_assets.partitions import LIVE
 from ingestion_assets.references import postgres_url
 from ingestion_assets.settings import Settings
 from ingestion_assets.state.checkpoints import latest_checkpoint, live_checkpoint
 from ingestion_assets.state.model import Checkpoint
 from ingestion_assets.state.summary import partitions_with_state
+from ingestion_assets.streams.outside_windows import OUTSIDE, never_read, outside_text
 from ingestion_assets.streams.reconcile.repair import OWED
 
 OK, FAILED, NEVER, LAGGING, RUNNING, CHECK = "ok", "failed", "never synced", "lagging", "running", "check failed"
@@ -35,7 +37,10 @@ STALE = "stale"  # older than the stream's `freshness.max_lag`
 TARGET_SHORT = "target short"  # the table holds fewer rows than the last run left in it, or is gone
 PAUSED = "paused"  # a CDC stream its source's last run left out (a key it cannot stream by, its key lost)
 NOT_LOADED = "not loaded"  # no run has put a row in its target yet, though it has a position (planned, unselected)
-ATTENTION = (FAILED, NEVER, LAGGING, CHECK, STALE, TARGET_SHORT, PAUSED)
+PARTLY_LOADED = "partly loaded"  # partitions never run hold rows no other run reads (no error: not yet loaded)
+NO_WINDOW = "rows unread"  # time windows: the source holds rows no window reads (before the first, NULL)
+ATTENTION: tuple[str, ...] = (FAILED, NEVER, LAGGING, CHECK, STALE, TARGET_SHORT, PAUSED)
+ATTENTION = (*ATTENTION, NO_WINDOW)
 CHECK_NAMES = (SCHEMA, DEAD_LETTERS, RECONCILIATION, SLOT_HEALTH, FRESHNESS)
 FRESHNESS_RUNS = 20  # materializations whose freshness histograms `ingest status` merges
 
@@ -76,6 +81,8 @@ class StreamStatus:
     # a refresh under way or stopped: its generation and how far it read (`position` stays the live table's)
     refresh: str | None = None
     soft_deleted_in_target: int = 0  # rows kept with `_ingest_deleted_at` set (deletes: soft), not in rows_in_target
+    # time windows: what the newest count of the source's rows in no window found (streams/outside_windows.py)
+    outside_windows: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,8 +122,10 @@ def stream_statuses(settings: Settings, catalog: Catalog, instance: dg.DagsterIn
             if getattr(spec, "partitions", None) is not None:
                 status = replace(status, partitions=_partition_lines(checkpoints, now))
             status = _with_owed_partitions(status, checkpoints)
+            status = _with_rows_outside_windows(status, checkpoints)
         if planned is not None:
             status = _with_partitions(status, partition_summary(instance, key, planned))
+            status = _with_unrun_partitions(status, planned, getattr(spec, "partitions", None) is not None)
         if spec.freshness is not None and status.status in (OK, CHECK):
             fresh = stored_evaluation(instance, key, spec.freshness)
             if not fresh.passed and fresh.severity == dg.AssetCheckSeverity.ERROR:
@@ -172,6 +181,30 @@ def _with_partitions(status: StreamStatus, summary: PartitionSummary) -> StreamS
         return replace(status, partition_summary=summary)
     detail = "; ".join(d for d in (status.detail, summary.failed_text()) if d)
     return replace(status, status=FAILED, detail=detail, partition_summary=summary)
+
+
+def _with_unrun_partitions(status: StreamStatus, planned: dg.PartitionsDefinition, own: bool) -> StreamStatus:
+    """Partitions of a table or files stream that never ran, other than what the schedule runs (`live`, the newest
+    time window): rows only they hold (a key range's rows whose cursor is older than `live`'s position, an old
+    window's) are in no target, and `ok` said it was all loaded (found by a README-only attack). Like `not loaded`
+    no error (nothing is lost, it is not loaded yet), but not plain ok either."""
+    summary = status.partition_summary
+    if not own or summary is None or status.status != OK:
+        return status
+    newest = planned.get_last_partition_key() if isinstance(planned, dg.TimeWindowPartitionsDefinition) else None
+    unrun = [p for p in summary.never_run if p not in (LIVE, newest)]
+    if not unrun:
+        return status
+    first, last = unrun[0], unrun[-1]
+    how = f"--partition {first}`" if first == last else f"--partition {first}`, and so on"
+    if newest is not None and first != last:  # time windows follow one another (key ranges may straddle `live`)
+        how = f"--partition-range {first}...{last}`"
+    detail = (
+        f"{len(unrun)} partition(s) never run ({named(unrun)}): rows only they hold are not in the target (a key "
+        "range planned later holds the rows whose cursor is older than `live`'s position, which `live` skips): "
+        f"run them (`dagster asset materialize ... {how}, a backfill in the UI)"
+    )
+    return replace(status, status=PARTLY_LOADED, detail=detail)
 
 
 def _status(
@@ -374,6 +407,22 @@ def _with_owed_partitions(status: StreamStatus, checkpoints: dict[str, Checkpoin
         f"repairs, when it runs again (`dagster asset materialize ... --partition {first}`)"
     )
     return replace(status, status=CHECK, detail=detail)
+
+
+def _with_rows_outside_windows(status: StreamStatus, checkpoints: dict[str, Checkpoint]) -> StreamStatus:
+    """The newest count of rows no time window reads: rows before the first window or NULL never load (attention
+    until they are gone); future-dated ones load when their window comes (said, not an error)."""
+    counts = [c.details[OUTSIDE] for c in checkpoints.values() if isinstance(c.details.get(OUTSIDE), dict)]
+    if not counts:
+        return status
+    newest = max(counts, key=lambda found: str(found.get("counted_at")))
+    said = outside_text(status.stream, newest)
+    if said is None:
+        return status
+    status = replace(status, outside_windows=f"{said} (counted {newest.get('counted_at')})")
+    if not never_read(newest) or status.status not in (OK, CHECK, NOT_LOADED):
+        return status
+    return replace(status, status=NO_WINDOW, detail="; ".join(d for d in (status.detail, said) if d))
 
 
 def _failed_checks(instance: dg.DagsterInstance, key: dg.AssetKey) -> tuple[list[str], list[str]]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ingestion_assets.catalog import FilesStream, PathKeyPartitions, PathTimePartitions
-from ingestion_assets.partitions import UnknownPartition, key_range, time_window
+from ingestion_assets.partitions import UnknownPartition, key_range, time_window, windows_span
 from ingestion_assets.sources.files import FileInfo
 from ingestion_assets.sources.files.paths import path_moment, path_number
 from ingestion_assets.sources.files.pieces import RowWindow
@@ -57,7 +57,8 @@ class PartitionScope:
         partitions, bounds = self.partitions, self.bounds()
         if not isinstance(partitions, PathTimePartitions) or partitions.column is None or bounds is None:
             return None
-        return RowWindow(partitions.column, bounds[0], bounds[1])
+        first = bounds[0] <= windows_span(partitions, dt.datetime.now(dt.UTC))[0]  # type: ignore[operator]
+        return RowWindow(partitions.column, bounds[0], bounds[1], first=first)
 
 
 def window_sql(client: Any, column: str, window: RowWindow) -> str:
@@ -83,12 +84,12 @@ def path_numbers(spec: FilesStream, relatives: list[str]) -> list[int]:
 
 def unplaced(spec: FilesStream, relatives: list[str]) -> list[str]:
     """Files the stream's glob finds but no partition reads: their path does not match the pattern, or names a
-    moment before the partitions start (`ingest check` names them: they would never load)."""
+    moment before the first window, which may start after `start` (`ingest check` names them: they would never load)."""
     partitions = spec.partitions
     if partitions is None or partitions.pattern is None:
         return []
     if isinstance(partitions, PathKeyPartitions):
         return [r for r in relatives if path_number(partitions.pattern, r) is None]
-    start = dt.datetime.combine(partitions.start, dt.time(), tzinfo=dt.UTC)
+    start = windows_span(partitions, dt.datetime.now(dt.UTC))[0]  # weekly: a Sunday, monthly: the 1st
     moments = {r: path_moment(partitions.pattern, r) for r in relatives}
     return [r for r, moment in moments.items() if moment is None or moment < start]

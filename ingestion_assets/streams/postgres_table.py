@@ -28,6 +28,7 @@ from ingestion_assets.sources.postgres.reader import connect
 from ingestion_assets.sources.postgres.unique_key import repeated_key_error, repeated_keys
 from ingestion_assets.sources.slices import Slice
 from ingestion_assets.streams.late_commits import PROBES, READERS, guard_read
+from ingestion_assets.streams.outside_windows import OUTSIDE, count_outside, outside_text
 from ingestion_assets.streams.table_leaves import (
     GONE,
     LEAF_IDS,
@@ -208,6 +209,7 @@ class PostgresTableStream:
             self._cursor_ordered_alike()
         if after is None and self.spec.write_disposition == "merge" and self.spec.primary_key:
             self._key_unique(plan, window)  # a first full read (of the partition's window): before anything loads
+        outside = count_outside(self, plan, options.partition, options.stored) if window is not None else None
         loader = options.loader or self.loader(options.target, options.partition, plan)
         loader.run_id = options.run_id
         if after is None and window is None and loader.use_initial_load_path() and options.log is not None:
@@ -256,6 +258,11 @@ class PostgresTableStream:
                 options.log.warning(guard.compare_whole)
         if leaves is not None:
             self._settle_leaves(result, leaves, caught_up, options.log, options.stored.get(GONE))
+        if outside is not None:  # rows no window reads: said by every run that counted them, kept for `ingest status`
+            result.details[OUTSIDE] = outside
+            said = outside_text(self.qualified_name, outside)
+            if said is not None and options.log is not None:
+                options.log.warning(said)
         if result.slices == 0:
             loader.create_if_missing(self._empty(plan))
         return result

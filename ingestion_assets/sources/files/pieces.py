@@ -78,3 +78,4 @@ class RowWindow:
     column: str
     low: Any
     high: Any
+    first: bool = False  # the first window: rows before it belong to no partition, and are parked by this one

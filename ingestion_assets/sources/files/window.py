@@ -1,5 +1,6 @@
 """A partition's row window over a file's column: the rows inside it kept, rows with no value parked (they
-belong to no partition), and Parquet row groups whose min/max statistics exclude the window skipped unread."""
+belong to no partition), as are, by the first window, rows before it (no window holds them), and Parquet row
+groups whose min/max statistics exclude the window skipped unread."""
 
 from __future__ import annotations
 
@@ -23,15 +24,24 @@ def within(table: pa.Table, window: RowWindow) -> tuple[pa.Table, list[BadRow]]:
     low, high = (_scalar(v, values.type) for v in (window.low, window.high))
     inside = pc.and_(pc.greater_equal(values, low), pc.less(values, high))
     missing = pc.is_null(inside)
-    bad: list[BadRow] = []
-    if pc.any(missing).as_py():
-        lost = table.filter(missing)
-        for row, raw in zip(
-            lost.column(ROW).to_pylist(), without_texts(lost.drop_columns([ROW])).to_pylist(), strict=True
-        ):
-            problem = f"column {window.column!r} is {raw.get(window.column)!r}: the row belongs to no partition"
-            bad.append(BadRow(row, None, problem, repr(raw)))
+    bad = _parked(table.filter(missing), window, "the row belongs to no partition") if pc.any(missing).as_py() else []
+    if window.first:  # before every window: no partition would ever read it (found by a README-only attack)
+        before = pc.fill_null(pc.less(values, low), False)
+        if pc.any(before).as_py():
+            why = (
+                f"before the first partition's window ({window.low.isoformat()}): the row belongs to no partition "
+                "(move the partitions' `start` back and run the new windows: they read it; then discard this one)"
+            )
+            bad += _parked(table.filter(before), window, why)
     return table.filter(pc.fill_null(inside, False)), bad
+
+
+def _parked(lost: pa.Table, window: RowWindow, why: str) -> list[BadRow]:
+    rows, raws = lost.column(ROW).to_pylist(), without_texts(lost.drop_columns([ROW])).to_pylist()
+    return [
+        BadRow(row, None, f"column {window.column!r} is {raw.get(window.column)!r}: {why}", repr(raw))
+        for row, raw in zip(rows, raws, strict=True)
+    ]
 
 
 def excluded(parquet: pq.ParquetFile, group: int, window: RowWindow) -> bool:
@@ -48,7 +58,7 @@ def excluded(parquet: pq.ParquetFile, group: int, window: RowWindow) -> bool:
         return False
     low, high = (_comparable(v, kind) for v in (window.low, window.high))
     least, most = _comparable(stats.min, kind), _comparable(stats.max, kind)
-    return bool(most < low or least >= high)
+    return bool((most < low and not window.first) or least >= high)  # the first window parks the rows before it
 
 
 def _as_time(values: pa.ChunkedArray, window: RowWindow) -> pa.ChunkedArray:
