@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from ingestion_assets.demo.api_server import DemoApi
+from ingestion_assets.state.summary import request_refresh
 from ingestion_assets_tests.destination_targets import use_destination
 from ingestion_assets_tests.helpers import StreamHarness
 from ingestion_assets_tests.rest.helpers import write_api_catalog
@@ -95,6 +96,11 @@ def test_a_record_merged_again_on_a_lake_keeps_only_its_new_child_rows(
     assert _held(table_format, dataset) == _served(api)
 
     api.put("orders", [_record(1, lines=2, tags=1), {"id": 5, "name": "bare"}])  # grows again, all lists go
+    harness.materialize()
+    assert _held(table_format, dataset) == _served(api)
+
+    api.put("orders", [_record(6, lines=2, tags=0)])  # a refresh that retains the target merges everything again
+    request_refresh(harness.settings, harness.source_name, "orders", "retain")
     harness.materialize()
     assert _held(table_format, dataset) == _served(api)
 

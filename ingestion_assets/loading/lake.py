@@ -104,10 +104,12 @@ class LakeLoader(Loader):
         it the child rows of each merged record that the load did not write go (loading/lake_children.py); all
         before the binding and the checkpoint."""
         pipeline = self._pipeline
+        pending = set(pipeline.list_normalized_load_packages())
         pipeline.extract(resources, loader_file_format="parquet")
         pipeline.normalize()
         nested = nested_of(pipeline.default_schema, self.target.table)
-        written = Written.of(pipeline, [self.target.table, *nested])
+        mine = sorted(set(pipeline.list_normalized_load_packages()) - pending)
+        written = Written.of(pipeline, [self.target.table, *nested], mine)
         pipeline.load()
         schema = pipeline.default_schema
         if self.tables is not self.lake:  # Iceberg: each table's new snapshot durable before the checkpoint

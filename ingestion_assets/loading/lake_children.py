@@ -31,11 +31,12 @@ class Written:
     ids: dict[str, set[str]]
 
     @classmethod
-    def of(cls, pipeline: Any, tables: list[str]) -> Written:
-        """Read from every normalized package dlt's `load` will load (Parquet job files: a lake's format)."""
+    def of(cls, pipeline: Any, tables: list[str], load_ids: list[str]) -> Written:
+        """Read from the normalized packages `load_ids` (this slice's: a package left by an earlier failed load in
+        the process is loaded first by the same `load`, and its children of the same records count as stale)."""
         id_column = pipeline.default_schema.naming.normalize_identifier("_dlt_id")
         ids: dict[str, set[str]] = {table: set() for table in tables}
-        for load_id in pipeline.list_normalized_load_packages():
+        for load_id in load_ids:
             for job in pipeline.get_load_package_info(load_id).jobs.get("new_jobs", []):
                 table = job.job_file_info.table_name
                 if table in ids:
