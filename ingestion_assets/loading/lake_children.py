@@ -67,9 +67,13 @@ def stale_children(
         dataset = tables.dataset(table)
         if parents is None or not len(parents) or dataset is None:
             continue
-        rows = dataset.to_table(columns=[id_column, parent_column])
-        ids = rows.filter(pc.is_in(rows[parent_column], value_set=parents))[id_column].combine_chunks()
-        under[table] = ids.cast(pa.string())
+        # batch by batch: only the merged records' rows are held, not the whole table's ids (no scan filter: Delta
+        # types text as string_view over files holding string, which a pushed-down filter's statistics refuse)
+        found = [
+            batch.column(0).filter(pc.is_in(batch.column(1), value_set=parents)).cast(pa.string())
+            for batch in dataset.to_batches(columns=[id_column, parent_column])
+        ]
+        under[table] = pa.concat_arrays(found) if found else pa.array([], pa.string())
         kept = pa.array(sorted(written.ids.get(table, set())), pa.string())
         gone = under[table].filter(pc.invert(pc.is_in(under[table], value_set=kept)))
         if len(gone):
