@@ -107,16 +107,17 @@ class LakeLoader(Loader):
         pending = set(pipeline.list_normalized_load_packages())
         pipeline.extract(resources, loader_file_format="parquet")
         pipeline.normalize()
-        nested = nested_of(pipeline.default_schema, self.target.table)
-        mine = sorted(set(pipeline.list_normalized_load_packages()) - pending)
-        written = Written.of(pipeline, [self.target.table, *nested], mine)
-        pipeline.load()
         schema = pipeline.default_schema
+        root = schema.naming.normalize_table_identifier(self.target.table)  # the table as dlt names it
+        nested = nested_of(schema, root)
+        mine = sorted(set(pipeline.list_normalized_load_packages()) - pending)
+        written = Written.of(pipeline, [root, *nested], mine)
+        pipeline.load()
         if self.tables is not self.lake:  # Iceberg: each table's new snapshot durable before the checkpoint
-            for table in [self.target.table, *nested]:
+            for table in [root, *nested]:
                 self.tables.sync(table)
-        if written.ids[self.target.table]:
-            stale = stale_children(self.tables, schema, self.target.table, nested, written)
+        if written.ids[root]:
+            stale = stale_children(self.tables, schema, root, nested, written)
             removed = retire_stale_children(self.tables, schema, stale)
             if removed:
                 log.info("%s: %d child row(s) no longer in their merged records' lists removed", self.where(), removed)
