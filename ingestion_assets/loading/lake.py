@@ -9,6 +9,7 @@ the next run re-reads that slice from the checkpoint and the merge on the key ab
 from __future__ import annotations
 
 import contextlib
+import logging
 import posixpath
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -24,6 +25,7 @@ from ingestion_assets.catalog import Destination
 from ingestion_assets.loading.bindings import TABLE as BINDINGS
 from ingestion_assets.loading.bindings import Marker
 from ingestion_assets.loading.dead_letters import DEAD_LETTER_TABLE, record_keys
+from ingestion_assets.loading.lake_children import Written, nested_of, retire_stale_children, stale_children
 from ingestion_assets.loading.lake_sql import LakeSqlView, keep_newest_in_duckdb, lake_sql_view
 from ingestion_assets.loading.lake_tables import LakeTables, TableStore, _literal
 from ingestion_assets.loading.metadata_columns import DELETED_AT, GENERATION, POSITION
@@ -33,6 +35,8 @@ from ingestion_assets.loading.unfit import LAKE, split_unfit, with_parked
 from ingestion_assets.loading.versions import KeyCheck, newest_per_key, quote_name
 from ingestion_assets.schema.changes import SchemaChange
 from ingestion_assets.sources.postgres.landing import sql_type_of_arrow
+
+log = logging.getLogger(__name__)
 
 
 def lake_destination(destination: Destination, credentials: str | dict[str, Any] | None) -> Any:
@@ -82,9 +86,41 @@ class LakeLoader(Loader):
             kind = self.destination.table_format
             if bookkeeping or kind != "parquet":  # plain Parquet: dlt's own files, no table format
                 resource.apply_hints(table_format="delta" if bookkeeping else kind)
-        self._pipeline.run(resources, loader_file_format="parquet")
-        if self.tables is not self.lake:
-            self.tables.sync(self.target.table)
+        if not self._merges_nested(resources):
+            self._pipeline.run(resources, loader_file_format="parquet")
+            if self.tables is not self.lake:
+                self.tables.sync(self.target.table)
+            return
+        self._run_replacing_children(resources)
+
+    def _merges_nested(self, resources: list[Any]) -> bool:
+        """Whether API records that may hold lists merge on their key here (their child rows need replacing)."""
+        return self.max_table_nesting > 0 and any(
+            resource.name == self.target.table and resource.write_disposition == "merge" for resource in resources
+        )
+
+    def _run_replacing_children(self, resources: list[Any]) -> None:
+        """dlt's run in its three steps: the ids the normalized package holds are read before its load, and after
+        it the child rows of each merged record that the load did not write go (loading/lake_children.py); all
+        before the binding and the checkpoint."""
+        pipeline = self._pipeline
+        pending = set(pipeline.list_normalized_load_packages())
+        pipeline.extract(resources, loader_file_format="parquet")
+        pipeline.normalize()
+        schema = pipeline.default_schema
+        root = schema.naming.normalize_table_identifier(self.target.table)  # the table as dlt names it
+        nested = nested_of(schema, root)
+        mine = sorted(set(pipeline.list_normalized_load_packages()) - pending)
+        written = Written.of(pipeline, [root, *nested], mine)
+        pipeline.load()
+        if self.tables is not self.lake:  # Iceberg: each table's new snapshot durable before the checkpoint
+            for table in [root, *nested]:
+                self.tables.sync(table)
+        if written.ids[root]:
+            stale = stale_children(self.tables, schema, root, nested, written)
+            removed = retire_stale_children(self.tables, schema, stale)
+            if removed:
+                log.info("%s: %d child row(s) no longer in their merged records' lists removed", self.where(), removed)
 
     def target_is_empty(self) -> bool:
         with self._lock():
