@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 VERSION_TYPE = pa.decimal128(38, 0)
 Key = tuple[Any, ...]  # primary key values as the log's text
 _UNFIT_DECIMAL = ("NaN", "Infinity", "-Infinity")
+# a change's note for `_ingest_meta` (`on_bad_value: null`), kept in its row under a name no column can have (a
+# PostgreSQL identifier holds no NUL): a source column named `_ingest_meta` is the source's, never our note
+_NOTE = "\x00ingest_note"
 
 
 def version_of(commit_lsn: int, seq: int) -> Decimal:
@@ -109,7 +112,7 @@ class TableChanges:
         problem = self._unfit(new)
         if problem is not None and self.null_bad and not self._key_unfit(new):
             new = {**new, **{name: None for name in self._decimal_columns() if new.get(name) in _UNFIT_DECIMAL}}
-            new[META] = json.dumps({"nulled": problem})
+            new[_NOTE] = json.dumps({"nulled": problem})
         elif problem is not None:
             self._park(new, problem)
             return
@@ -206,7 +209,7 @@ class TableChanges:
             .append_column(POSITION, pa.array([r[POSITION] for r in self.rows], VERSION_TYPE))
             .append_column(GENERATION, pa.repeat(pa.scalar(generation, pa.int64()), count))
             .append_column(DELETED_AT, pa.array([r[DELETED_AT] for r in self.rows], TIMESTAMP_UTC))
-            .append_column(META, pa.array([r.get(META) for r in self.rows], pa.string()))
+            .append_column(META, pa.array([r.get(_NOTE) for r in self.rows], pa.string()))
         )
 
     def _parsed(self) -> pa.Table:
@@ -245,16 +248,17 @@ class TableChanges:
         keyless = [i for i in found if any(not data.column(k)[i].is_valid for k in self.primary_key)]
         for index, why in found.items():
             if index not in keyless:
-                earlier = json.loads(self.rows[index][META])["nulled"] if self.rows[index].get(META) else None
+                earlier = json.loads(self.rows[index][_NOTE])["nulled"] if self.rows[index].get(_NOTE) else None
                 note = "; ".join([earlier, *why] if earlier else why)
-                self.rows[index] = {**self.rows[index], META: json.dumps({"nulled": note})}
+                self.rows[index] = {**self.rows[index], _NOTE: json.dumps({"nulled": note})}
         return data, {i: found[i] for i in keyless}
 
     def dead_letter_rows(self) -> list[tuple[str, str, str]]:
         """(record key, error, raw JSON) of the changes whose values cannot load."""
         keys = self.key_texts([row for row, _ in self.bad])
         return [
-            (key, problem, json.dumps(row, default=str)) for key, (row, problem) in zip(keys, self.bad, strict=True)
+            (key, problem, json.dumps({k: v for k, v in row.items() if k != _NOTE}, default=str))
+            for key, (row, problem) in zip(keys, self.bad, strict=True)
         ]
 
     def key_texts(self, rows: list[dict[str, Any]]) -> list[str]:
