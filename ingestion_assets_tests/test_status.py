@@ -480,3 +480,9 @@ def test_a_stream_with_a_position_but_nothing_loaded_reads_not_loaded_not_ok(
     assert main(["status", "--json"]) == 0
     (said,) = json.loads(capsys.readouterr().out)
     assert said["status"] == "ok", said
+
+
+def test_an_age_a_little_ahead_of_this_clock_reads_zero_not_negative() -> None:
+    from ingestion_assets.observe.status import age_text
+
+    assert [age_text(s) for s in (-0.4, -1.6, 0, 59, 61, 7200)] == ["0s", "0s", "0s", "59s", "1m", "2h"]

@@ -476,6 +476,9 @@ def _slot(settings: Settings, name: str, source: PostgresSource) -> SlotFigures:
 
 
 def age_text(seconds: float) -> str:
+    """`3m`, `2h` ...; a moment a little ahead of this machine's clock (another machine's, the checkpoint's source
+    server's) is `0s`, not `-1s` (attack27)."""
+    seconds = max(seconds, 0.0)
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{int(seconds // size)}{unit}"
