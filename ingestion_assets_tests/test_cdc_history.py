@@ -414,7 +414,14 @@ def test_status_counts_history_partitions_and_names_the_failed_chunk(
     for line in lines:
         assert line["status"] == "failed" and "partition 1000-1999 failed" in line["detail"], line
         summary = line["partition_summary"]
-        assert summary == {"total": 5, "materialized": 1, "failed": ["1000-1999"], "running": [], "missing": 3}
+        assert summary == {
+            "total": 5,
+            "materialized": 1,
+            "failed": ["1000-1999"],
+            "running": [],
+            "missing": 3,
+            "never_run": ["0-999", "2000-2999", "3000-3999"],
+        }
 
 
 @pytest.mark.slow  # ~30 s: the refresh runs `dagster asset materialize --partition live` as the CLI does
