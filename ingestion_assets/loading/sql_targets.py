@@ -12,7 +12,7 @@ import contextlib
 import json
 import zlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import dlt
 import pyarrow as pa
@@ -219,21 +219,18 @@ def table_columns(client: Any, schema: str, table: str) -> dict[str, str]:
 
 def column_types(client: Any, schema: str, table: str) -> dict[str, str]:
     """Column name -> full column type of `schema`.`table` (`bigint(20)`, `decimal(23,0)`; empty: no such table)."""
+    return _columns(client, schema, table, "column_type")
+
+
+def _columns(
+    client: Any, schema: str, table: str, kind: Literal["data_type", "column_type"] = "data_type"
+) -> dict[str, str]:
     rows = client.execute_sql(
-        "SELECT column_name, column_type FROM information_schema.columns WHERE table_schema = %s AND table_name = %s",
+        f"SELECT column_name, {kind} FROM information_schema.columns WHERE table_schema = %s AND table_name = %s",
         schema,
         table,
     )
-    return {str(name): str(kind).lower() for name, kind in rows or []}
-
-
-def _columns(client: Any, schema: str, table: str) -> dict[str, str]:
-    rows = client.execute_sql(
-        "SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = %s AND table_name = %s",
-        schema,
-        table,
-    )
-    return {str(name): str(kind).lower() for name, kind in rows or []}
+    return {str(name): str(found).lower() for name, found in rows or []}
 
 
 def _quote(name: str) -> str:
