@@ -130,10 +130,7 @@ def test_a_nul_parked_on_mariadb_names_mariadb(harness: StreamHarness, scripted_
 def test_a_file_column_past_int64_then_text_widens_its_mariadb_column_in_place(
     tmp_path: Path, mariadb: MariaDb
 ) -> None:
-    drops = Drops(tmp_path)
-    drops.catalog(path="*.csv", primary_key="id")
-    drops.use_destination(mariadb.destination())
-    mariadb.datasets.append("drops")
+    drops = _drops_on(mariadb, tmp_path, path="*.csv", primary_key="id")
     drops.write("w1.csv", "id,amount\n1,5\n2,-6\n", 1_700_000_000)
     drops.run()
     drops.write("w2.csv", f"id,amount\n3,{PAST_INT64}\n", 1_700_000_100)
@@ -215,6 +212,15 @@ def test_a_refresh_swaps_in_the_nested_tables_with_their_root_on_mariadb(
 LONG_TEXT = "y" * 70_000  # past TEXT's 64 KiB
 
 
+def _drops_on(mariadb: MariaDb, tmp_path: Path, **catalog: Any) -> Drops:
+    """A files source `drops` with one stream (`catalog`: its settings) loading into MariaDB."""
+    drops = Drops(tmp_path)
+    drops.catalog(**catalog)
+    drops.use_destination(mariadb.destination())
+    mariadb.datasets.append("drops")
+    return drops
+
+
 def _file_rows(mariadb: MariaDb, columns: str = "id, amount") -> list[tuple[Any, ...]]:
     return [tuple(str(v) for v in row) for row in mariadb.query(f"SELECT {columns} FROM drops.orders ORDER BY 1, 2")]
 
@@ -226,11 +232,8 @@ def test_each_file_partition_widens_the_mariadb_column_another_partition_created
     known by the type MariaDB holds. It was unknown there (MariaDB's catalog was not read), so partition 2's
     numbers past int64 went into the BIGINT column as a new one's and every run failed with "Out of range value
     for column 'amount'"."""
-    drops = Drops(tmp_path)
     partitions = {"by": "time", "pattern": "dt={date}/", "start": "2026-01-01", "granularity": "daily"}
-    drops.catalog(path="**/*.csv", primary_key="id", partitions=partitions)
-    drops.use_destination(mariadb.destination())
-    mariadb.datasets.append("drops")
+    drops = _drops_on(mariadb, tmp_path, path="**/*.csv", primary_key="id", partitions=partitions)
     drops.write("dt=2026-01-01/a.csv", "id,amount\n1,5\n2,-6\n", 1_700_000_000)
     drops.write("dt=2026-01-02/b.csv", f"id,amount\n3,{PAST_INT64}\n", 1_700_000_100)
     drops.run("2026-01-01")
@@ -246,10 +249,7 @@ def test_a_keyless_file_stream_with_deletes_widens_on_mariadb_while_no_session_o
     shortened one, parks a bad row and widens a column twice, in slices of one file: every ALTER gets the table's
     metadata lock at once (a session of the run left in a transaction would hold it: the ALTER would wait)."""
     monkeypatch.setattr(pipeline, "MYSQL_ALTER_WAIT_SECONDS", 3)
-    drops = Drops(tmp_path)
-    drops.catalog(path="*.csv", deletes="hard", files_per_slice=1)
-    drops.use_destination(mariadb.destination())
-    mariadb.datasets.append("drops")
+    drops = _drops_on(mariadb, tmp_path, path="*.csv", deletes="hard", files_per_slice=1)
     drops.write("a.csv", "id,amount\n1,5\n2,6\n", 1_700_000_000)
     drops.write("z.csv", "id,amount\n9,9\n", 1_700_000_050)
     drops.run()
@@ -268,10 +268,7 @@ def test_a_widening_waiting_on_another_sessions_transaction_names_that_session(
     """The ALTER failed after its wait with MariaDB's bare "Lock wait timeout exceeded; try restarting
     transaction", naming neither the lock nor who held it."""
     monkeypatch.setattr(pipeline, "MYSQL_ALTER_WAIT_SECONDS", 2)
-    drops = Drops(tmp_path)
-    drops.catalog(path="*.csv", primary_key="id")
-    drops.use_destination(mariadb.destination())
-    mariadb.datasets.append("drops")
+    drops = _drops_on(mariadb, tmp_path, path="*.csv", primary_key="id")
     drops.write("a.csv", "id,amount\n1,5\n", 1_700_000_000)
     drops.run()
     reader = pymysql.connect(**MARIADB, autocommit=False)  # a BI tool's session, left in its transaction
